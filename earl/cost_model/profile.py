@@ -1,0 +1,190 @@
+"""HardwareProfile: the numbers the cost model prices with.
+
+A profile wraps a datasheet `HardwareSpec` with achieved-efficiency curves (matmul, attention,
+memory bandwidth), per-link alpha-beta parameters and a version stamp. Datasheet profiles use
+conservative defaults; `earl calibrate` measures and fits real ones and writes them as JSON,
+loadable by name (shipped in `earl/cost_model/profiles/`) or by path.
+
+    python -c "from earl.cost_model.profile import load_profile; print(load_profile('h100-sxm-80gb'))"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import platform
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from earl.specs import HARDWARE_CATALOG, HardwareSpec, unknown_name_error
+
+PROFILE_VERSION = 1
+PROFILES_DIR = Path(__file__).parent / "profiles"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EfficiencyCurve:
+    """Achieved fraction of peak as a function of problem size:
+    eff(x) = peak_frac * x / (x + half_size). x is FLOPs (compute) or bytes (memory)."""
+
+    peak_frac: float  # asymptotic achieved fraction of the datasheet peak, (0, 1.5]
+    half_size: float  # problem size (FLOPs or bytes) reaching half of peak_frac
+
+    def __post_init__(self):
+        if not (0 < self.peak_frac <= 1.5):
+            raise ValueError(f"EfficiencyCurve.peak_frac must be in (0, 1.5], got {self.peak_frac}")
+        if self.half_size < 0:
+            raise ValueError(f"EfficiencyCurve.half_size must be >= 0, got {self.half_size}")
+
+    def __call__(self, size: float) -> float:
+        return self.peak_frac * size / (size + self.half_size) if size > 0 else self.peak_frac
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkParams:
+    """alpha-beta model of one link class: t(bytes) = alpha_s + bytes / bw_bytes_s."""
+
+    alpha_s: float  # per-message latency, s
+    bw_bytes_s: float  # achieved bandwidth, bytes/s
+
+    def __post_init__(self):
+        if self.alpha_s < 0 or self.bw_bytes_s <= 0:
+            raise ValueError(f"LinkParams needs alpha_s >= 0 and bw_bytes_s > 0, got "
+                             f"{self.alpha_s}, {self.bw_bytes_s}")
+
+    def time_s(self, nbytes: float) -> float:
+        return self.alpha_s + nbytes / self.bw_bytes_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class HardwareProfile:
+    """Everything device-specific the cost model needs."""
+
+    hardware: HardwareSpec
+    matmul: EfficiencyCurve  # GEMM efficiency vs FLOPs of one GEMM
+    attention: EfficiencyCurve  # attention-kernel efficiency vs FLOPs of one call
+    memory: EfficiencyCurve  # achieved fraction of HBM bandwidth vs bytes moved by one kernel
+    intra: LinkParams  # GPU<->GPU inside a node (per direction, per GPU)
+    op_overhead_s: float = 5e-6  # fixed cost per kernel launch / operator
+    mem_reserve_frac: float = 0.08  # device memory kept free (fragmentation, workspace)
+    mem_reserve_bytes: float = 1.0e9  # plus this many bytes (CUDA context, allocator slack)
+    stamp: dict = field(default_factory=dict)  # source, device, torch, cuda, attention, date, host
+    fit_quality: dict = field(default_factory=dict)  # held-out error per fitted curve
+
+    @property
+    def name(self) -> str:
+        return self.hardware.name
+
+    # ---- serialisation --------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["version"] = PROFILE_VERSION
+        return d
+
+    def save(self, path: str | Path) -> Path:
+        from earl.trace import atomic_write_text
+
+        path = Path(path)
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        return path
+
+    @staticmethod
+    def from_dict(d: dict, source: str = "<dict>") -> "HardwareProfile":
+        if d.get("version") != PROFILE_VERSION:
+            raise ValueError(f"{source}: profile version {d.get('version')!r} is not supported "
+                             f"(expected {PROFILE_VERSION})")
+        try:
+            return HardwareProfile(
+                hardware=HardwareSpec(**d["hardware"]),
+                matmul=EfficiencyCurve(**d["matmul"]),
+                attention=EfficiencyCurve(**d["attention"]),
+                memory=EfficiencyCurve(**d["memory"]),
+                intra=LinkParams(**d["intra"]),
+                op_overhead_s=float(d["op_overhead_s"]),
+                mem_reserve_frac=float(d["mem_reserve_frac"]),
+                mem_reserve_bytes=float(d["mem_reserve_bytes"]),
+                stamp=dict(d.get("stamp", {})),
+                fit_quality=dict(d.get("fit_quality", {})),
+            )
+        except KeyError as e:
+            raise ValueError(f"{source}: profile is missing field {e.args[0]!r}") from None
+        except TypeError as e:
+            raise ValueError(f"{source}: malformed profile ({e})") from None
+
+
+def datasheet_profile(hw: HardwareSpec) -> HardwareProfile:
+    """Defaults before calibration. GPU: measured ceilings of an H100/H200 class part (see
+    shared HARDWARE-FACTS: ~780/989 TFLOP/s for large bf16 GEMMs, ~4.3/4.8 TB/s copies);
+    attention kernels (FlashAttention-2/3 papers) reach roughly 50-70% of peak."""
+    gpu = hw.name != "cpu"
+    return HardwareProfile(
+        hardware=hw,
+        matmul=EfficiencyCurve(peak_frac=0.8 if gpu else 0.5, half_size=2e9 if gpu else 2e6),
+        attention=EfficiencyCurve(peak_frac=0.55 if gpu else 0.3, half_size=4e9 if gpu else 4e6),
+        memory=EfficiencyCurve(peak_frac=0.9 if gpu else 0.6, half_size=8e6 if gpu else 2e5),
+        intra=LinkParams(alpha_s=hw.intra_latency_s, bw_bytes_s=0.8 * hw.intra_bw_bytes_s),
+        op_overhead_s=5e-6 if gpu else 20e-6,
+        mem_reserve_frac=0.08,
+        mem_reserve_bytes=1.0e9 if gpu else 0.5e9,
+        stamp={"source": "datasheet", "device": hw.name},
+    )
+
+
+def list_profiles() -> list[str]:
+    """Names loadable with `load_profile`: the datasheet catalog plus shipped measured files."""
+    shipped = [p.stem for p in PROFILES_DIR.glob("*.json")]
+    return sorted(set(HARDWARE_CATALOG) | set(shipped))
+
+
+def load_profile(name_or_path: str | Path) -> HardwareProfile:
+    """A profile by catalog name, shipped profile name, or JSON file path."""
+    p = Path(name_or_path)
+    if p.suffix == ".json" or p.exists():
+        if not p.is_file():
+            raise ValueError(f"no profile file at {p}")
+        try:
+            d = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{p}: not valid JSON ({e})") from None
+        return HardwareProfile.from_dict(d, source=str(p))
+    key = str(name_or_path).lower()
+    shipped = PROFILES_DIR / f"{key}.json"
+    if shipped.is_file():
+        return HardwareProfile.from_dict(json.loads(shipped.read_text()), source=str(shipped))
+    if key in HARDWARE_CATALOG:
+        return datasheet_profile(HARDWARE_CATALOG[key])
+    raise unknown_name_error("hardware profile", str(name_or_path), list_profiles())
+
+
+def environment_stamp(device: str, attention_backend: str = "unknown") -> dict:
+    """The stamp a profile measured now would carry."""
+    stamp = {
+        "source": "calibrated",
+        "device": device,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "attention": attention_backend,
+    }
+    try:
+        import torch
+
+        stamp["torch"] = torch.__version__
+        stamp["cuda"] = torch.version.cuda or "none"
+    except ImportError:
+        stamp["torch"] = "none"
+    return stamp
+
+
+def check_stamp(profile: HardwareProfile, current: dict) -> list[str]:
+    """Mismatches between a calibrated profile's stamp and the running environment; each is
+    also emitted as a warning (never a silent guess)."""
+    if profile.stamp.get("source") != "calibrated":
+        return []
+    problems = [f"{k}: profile has {profile.stamp.get(k)!r}, running {current.get(k)!r}"
+                for k in ("device", "torch", "cuda") if profile.stamp.get(k) != current.get(k)]
+    for p in problems:
+        warnings.warn(f"profile {profile.name!r} stamp mismatch: {p}", stacklevel=2)
+    return problems

@@ -1,0 +1,154 @@
+"""Data types the policies produce and the simulator / runtime consume.
+
+Pure Python (no torch, no simpy). A `Layout` says which ranks hold which samples under a
+ParallelPlan; a `TransferPlan` says who sends what to whom (executed by the runtime, priced by
+the simulator and cost model); a `ReshardPlan` does the same for weight slices; a `Decision` is
+a selector's answer with its reasons.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from earl.specs import ParallelPlan, Stage
+
+# Intermediate tensors handed from experience preparation to training, bytes per token.
+# Token ids int64 as PyTorch holds them; masks bool; per-token floats fp32.
+TENSOR_BYTES_PER_TOKEN: dict[str, int] = {
+    "input_ids": 8,
+    "loss_mask": 1,
+    "old_logprobs": 4,
+    "ref_logprobs": 4,
+    "advantages": 4,
+}
+# Per-sample scalars (rewards) travel too; bytes per sample.
+TENSOR_BYTES_PER_SAMPLE: dict[str, int] = {"rewards": 4}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sequence of the batch: its id and length in tokens."""
+
+    id: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class RankCoord:
+    """Where a global rank sits in a plan's mesh (rank order: tp fastest, then cp, pp, dp)."""
+
+    rank: int
+    dp: int
+    pp: int
+    cp: int
+    tp: int
+
+
+def rank_coords(plan: ParallelPlan, base_rank: int = 0) -> list[RankCoord]:
+    """Coordinates of every rank of a resolved plan (`base_rank` offsets the rank numbers)."""
+    out = []
+    for dp in range(plan.dp):
+        for pp in range(plan.pp):
+            for cp in range(plan.cp):
+                for tp in range(plan.tp):
+                    r = ((dp * plan.pp + pp) * plan.cp + cp) * plan.tp + tp
+                    out.append(RankCoord(rank=base_rank + r, dp=dp, pp=pp, cp=cp, tp=tp))
+    return out
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A plan plus which samples each data-parallel group holds.
+
+    `assignment[d]` lists the sample ids of dp group `d`. Every rank of that group needs those
+    samples; with cp > 1 a rank needs only its `cp` share of each sample's tokens.
+    """
+
+    plan: ParallelPlan
+    assignment: tuple[tuple[int, ...], ...]  # per dp group: sample ids
+    base_rank: int = 0
+
+    def __post_init__(self):
+        if len(self.assignment) != self.plan.dp:
+            raise ValueError(f"Layout has {len(self.assignment)} dp groups of samples but "
+                             f"plan {self.plan.short()} has dp={self.plan.dp}")
+
+    @property
+    def coords(self) -> list[RankCoord]:
+        return rank_coords(self.plan, self.base_rank)
+
+    def ranks_of_group(self, dp: int) -> list[RankCoord]:
+        return [c for c in self.coords if c.dp == dp]
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Bytes of some tensors of some samples moving from `src` to `dst` (src == dst: local)."""
+
+    src: int
+    dst: int
+    sample_ids: tuple[int, ...]
+    tensors: tuple[str, ...]
+    bytes: int
+
+
+@dataclass
+class TransferPlan:
+    """A dispatcher's output. `controller` is the rank that coordinates (metadata only for
+    layout-aware; all data for centralized). `phases` groups transfers that may run
+    concurrently; phase k+1 starts after phase k finishes (centralized: gather, then scatter)."""
+
+    kind: str
+    controller: int
+    phases: list[list[Transfer]] = field(default_factory=list)
+    metadata_bytes: int = 0  # bytes of control messages through the controller
+    reduce_bytes: int = 0  # bytes of scalar all-reduces (e.g. advantage statistics) per rank
+
+    @property
+    def transfers(self) -> list[Transfer]:
+        return [t for ph in self.phases for t in ph]
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes crossing between distinct ranks."""
+        return sum(t.bytes for t in self.transfers if t.src != t.dst)
+
+
+@dataclass(frozen=True)
+class SliceTransfer:
+    """A slice of one parameter (or optimizer state) tensor moving between ranks.
+
+    `src_range` / `dst_range` are (start, stop) element offsets along dim `dim` of the full
+    (unsharded) tensor, equal in length."""
+
+    src: int
+    dst: int
+    name: str
+    dim: int
+    start: int
+    stop: int
+    bytes: int
+
+
+@dataclass
+class ReshardPlan:
+    """Who sends which weight slices to whom to go from one plan to another."""
+
+    src_plan: ParallelPlan
+    dst_plan: ParallelPlan
+    transfers: list[SliceTransfer] = field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.bytes for t in self.transfers if t.src != t.dst)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A selector's answer: the plan, whether it changed, and why."""
+
+    stage: Stage
+    plan: ParallelPlan
+    switched: bool
+    reason: str
+    predicted: dict = field(default_factory=dict)  # e.g. {"tokens_per_gpu_s": ..., "memory_frac": ...}

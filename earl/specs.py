@@ -1,0 +1,505 @@
+"""Frozen, validated descriptions of models, hardware, clusters, parallel plans and workloads.
+
+Everything else in `earl` (cost model, policies, simulator, runtime) speaks these types. They
+are plain data: constructors do no I/O (loading a model's `config.json` is the explicit
+`ModelSpec.from_hf_config`), derived quantities are properties, and every `__post_init__`
+raises `ValueError` naming the bad value and what would be valid.
+
+    python -c "from earl.specs import ModelSpec; print(ModelSpec.from_name('qwen2.5-7b').num_params)"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+class Stage(str, enum.Enum):
+    """The three RL stages a selector chooses a plan for."""
+
+    ROLLOUT = "rollout"
+    EXPERIENCE = "experience"
+    TRAIN = "train"
+
+
+def unknown_name_error(kind: str, name: str, known) -> ValueError:
+    """A one-line error for an unknown catalog name, listing the known ones."""
+    known = sorted(known)
+    close = difflib.get_close_matches(str(name).lower(), known, n=3)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    return ValueError(f"unknown {kind} {name!r}{hint}; known: {', '.join(known)}")
+
+
+def _check_positive(obj, *names: str) -> None:
+    for n in names:
+        v = getattr(obj, n)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+            raise ValueError(f"{type(obj).__name__}.{n} must be a positive number, got {v!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """A decoder-only transformer (Llama / Qwen2 family) described by its shapes."""
+
+    name: str
+    num_layers: int  # decoder layers
+    hidden_size: int  # model width d
+    num_heads: int  # query heads
+    num_kv_heads: int  # key/value heads (GQA); == num_heads for MHA
+    head_dim: int  # per-head width
+    ffn_hidden: int  # MLP intermediate width
+    vocab_size: int  # rows of the embedding / LM head
+    gated_mlp: bool = True  # SwiGLU (3 matrices) vs. plain MLP (2 matrices)
+    tied_embeddings: bool = False  # LM head shares the embedding matrix
+    qkv_bias: bool = False  # Qwen2 has biases on q/k/v projections
+    dtype: str = "bf16"  # parameter / activation dtype
+
+    def __post_init__(self):
+        _check_positive(self, "num_layers", "hidden_size", "num_heads", "num_kv_heads",
+                        "head_dim", "ffn_hidden", "vocab_size")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"ModelSpec {self.name!r}: num_heads={self.num_heads} is not a "
+                             f"multiple of num_kv_heads={self.num_kv_heads}")
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"ModelSpec.dtype {self.dtype!r} unknown; valid: {', '.join(DTYPE_BYTES)}")
+
+    # ---- derived sizes --------------------------------------------------------------------
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def params_attention(self) -> int:
+        """Parameters of one layer's attention block (q, k, v, o and q/k/v biases)."""
+        h = self.hidden_size
+        p = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
+        if self.qkv_bias:
+            p += self.q_dim + 2 * self.kv_dim
+        return p
+
+    @property
+    def params_mlp(self) -> int:
+        return (3 if self.gated_mlp else 2) * self.hidden_size * self.ffn_hidden
+
+    @property
+    def params_per_layer(self) -> int:
+        return self.params_attention + self.params_mlp + 2 * self.hidden_size  # + 2 RMSNorms
+
+    @property
+    def params_embedding(self) -> int:
+        """Embedding plus (untied) LM head plus the final norm."""
+        emb = self.vocab_size * self.hidden_size
+        return emb * (1 if self.tied_embeddings else 2) + self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        return self.num_layers * self.params_per_layer + self.params_embedding
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes for one token across all layers (K and V), unsharded."""
+        return 2 * self.num_layers * self.kv_dim * self.dtype_bytes
+
+    # ---- constructors ---------------------------------------------------------------------
+    @staticmethod
+    def from_name(name: str) -> "ModelSpec":
+        key = name.lower()
+        if key not in MODEL_CATALOG:
+            raise unknown_name_error("model", name, MODEL_CATALOG)
+        return MODEL_CATALOG[key]
+
+    @staticmethod
+    def from_hf_config(path: str | Path, name: str | None = None) -> "ModelSpec":
+        """Read an HF `config.json` (the file or the checkpoint directory holding it)."""
+        p = Path(path)
+        cfg_path = p / "config.json" if p.is_dir() else p
+        if not cfg_path.is_file():
+            raise ValueError(f"no config.json at {cfg_path}")
+        try:
+            cfg = json.loads(cfg_path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{cfg_path}: not valid JSON ({e})") from None
+        return ModelSpec.from_hf_dict(cfg, name=name or p.name, source=str(cfg_path))
+
+    @staticmethod
+    def from_hf_dict(cfg: dict, *, name: str, source: str = "<dict>") -> "ModelSpec":
+        def need(key: str):
+            if key not in cfg:
+                raise ValueError(f"{source}: missing key {key!r}")
+            return cfg[key]
+
+        heads = int(need("num_attention_heads"))
+        hidden = int(need("hidden_size"))
+        model_type = str(cfg.get("model_type", "llama"))  # optional: only picks defaults
+        dtype = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(
+            str(cfg.get("torch_dtype", "bfloat16")), "bf16")
+        return ModelSpec(
+            name=name,
+            num_layers=int(need("num_hidden_layers")),
+            hidden_size=hidden,
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads", heads)),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            ffn_hidden=int(need("intermediate_size")),
+            vocab_size=int(need("vocab_size")),
+            gated_mlp=True,
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
+            dtype=dtype,
+        )
+
+    def to_hf_dict(self) -> dict:
+        """An HF config dict (Qwen2 when it has qkv bias, else Llama) of these shapes."""
+        qwen = self.qkv_bias
+        return {
+            "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
+            "model_type": "qwen2" if qwen else "llama",
+            "num_hidden_layers": self.num_layers,
+            "hidden_size": self.hidden_size,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.ffn_hidden,
+            "vocab_size": self.vocab_size,
+            "tie_word_embeddings": self.tied_embeddings,
+            "torch_dtype": {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[self.dtype],
+            "hidden_act": "silu",
+            "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 32768,
+            "rope_theta": 1000000.0,
+        }
+
+
+def _qwen(name, layers, hidden, heads, kv, ffn, vocab, tied):
+    return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_heads=heads,
+                     num_kv_heads=kv, head_dim=hidden // heads, ffn_hidden=ffn,
+                     vocab_size=vocab, tied_embeddings=tied, qkv_bias=True)
+
+
+def _llama(name, layers, hidden, heads, kv, ffn, vocab):
+    return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_heads=heads,
+                     num_kv_heads=kv, head_dim=hidden // heads, ffn_hidden=ffn,
+                     vocab_size=vocab, tied_embeddings=False, qkv_bias=False)
+
+
+# Shapes from each model's published HF config.json (Qwen/Qwen2.5-*, meta-llama/Llama-3.1-*).
+MODEL_CATALOG: dict[str, ModelSpec] = {m.name: m for m in [
+    _qwen("qwen2.5-0.5b", 24, 896, 14, 2, 4864, 151936, True),
+    _qwen("qwen2.5-1.5b", 28, 1536, 12, 2, 8960, 151936, True),
+    _qwen("qwen2.5-3b", 36, 2048, 16, 2, 11008, 151936, True),
+    _qwen("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, False),
+    _qwen("qwen2.5-14b", 48, 5120, 40, 8, 13824, 152064, False),
+    _qwen("qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, False),
+    _qwen("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, False),
+    _llama("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256),
+    _llama("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256),
+    # Tiny models for tests and CPU runs (vocab matches earl.runtime's built-in tokenizer).
+    _qwen("tiny", 2, 64, 4, 2, 128, 64, True),
+    _qwen("tiny-wide", 2, 128, 8, 4, 256, 64, True),
+    _llama("tiny-llama", 2, 64, 4, 2, 128, 64),
+]}
+
+
+# --------------------------------------------------------------------------------------------
+# Hardware and network
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class HardwareSpec:
+    """Datasheet facts of one accelerator and its node."""
+
+    name: str
+    peak_flops: float  # dense bf16 FLOP/s
+    hbm_bytes: float  # device memory, bytes
+    hbm_bw_bytes_s: float  # device memory bandwidth, bytes/s
+    gpus_per_node: int  # accelerators per node
+    intra_bw_bytes_s: float  # intra-node link bandwidth per GPU per direction, bytes/s
+    intra_latency_s: float  # intra-node per-message latency, s
+
+    def __post_init__(self):
+        _check_positive(self, "peak_flops", "hbm_bytes", "hbm_bw_bytes_s", "gpus_per_node",
+                        "intra_bw_bytes_s", "intra_latency_s")
+
+    @staticmethod
+    def from_name(name: str) -> "HardwareSpec":
+        key = name.lower()
+        if key not in HARDWARE_CATALOG:
+            raise unknown_name_error("hardware", name, HARDWARE_CATALOG)
+        return HARDWARE_CATALOG[key]
+
+
+GB = 1e9
+GIB = 2**30
+# NVIDIA A100 datasheet (2021): 312 TFLOP/s dense bf16, 80 GB HBM2e at 2,039 GB/s, NVLink 3
+#   600 GB/s total -> 300 GB/s per direction.
+# NVIDIA H100 SXM5 datasheet (2023): 989 TFLOP/s dense bf16, 80 GB HBM3 at 3.35 TB/s, NVLink 4
+#   900 GB/s total -> 450 GB/s per direction.
+# NVIDIA H200 SXM datasheet (2024): same compute as H100, 141 GB HBM3e at 4.8 TB/s.
+HARDWARE_CATALOG: dict[str, HardwareSpec] = {h.name: h for h in [
+    HardwareSpec(name="a100-sxm-80gb", peak_flops=312e12, hbm_bytes=80 * GB,
+                 hbm_bw_bytes_s=2039 * GB, gpus_per_node=8, intra_bw_bytes_s=300 * GB,
+                 intra_latency_s=5e-6),
+    HardwareSpec(name="h100-sxm-80gb", peak_flops=989e12, hbm_bytes=80 * GB,
+                 hbm_bw_bytes_s=3350 * GB, gpus_per_node=8, intra_bw_bytes_s=450 * GB,
+                 intra_latency_s=4e-6),
+    HardwareSpec(name="h200-sxm-141gb", peak_flops=989e12, hbm_bytes=141 * GB,
+                 hbm_bw_bytes_s=4800 * GB, gpus_per_node=8, intra_bw_bytes_s=450 * GB,
+                 intra_latency_s=4e-6),
+    # This 2-core CI/dev machine: rough numbers until `earl calibrate` fits real ones.
+    HardwareSpec(name="cpu", peak_flops=100e9, hbm_bytes=24 * GIB, hbm_bw_bytes_s=10 * GB,
+                 gpus_per_node=2, intra_bw_bytes_s=2 * GB, intra_latency_s=50e-6),
+]}
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetworkSpec:
+    """The inter-node network: NICs per node, their speed, protocol efficiency and latency."""
+
+    name: str
+    nic_bw_bytes_s: float  # line rate of one NIC, bytes/s
+    nics_per_node: int  # NICs per node (1 for a shared node link, 8 for rail-optimised)
+    efficiency: float  # achievable fraction of line rate for large messages (TCP < RDMA)
+    latency_s: float  # per-message latency, s
+    protocol: str = "rdma"  # "tcp" | "rdma" (informational; efficiency/latency carry the cost)
+
+    def __post_init__(self):
+        _check_positive(self, "nic_bw_bytes_s", "nics_per_node", "efficiency", "latency_s")
+        if self.efficiency > 1:
+            raise ValueError(f"NetworkSpec.efficiency must be in (0, 1], got {self.efficiency}")
+        if self.protocol not in ("tcp", "rdma"):
+            raise ValueError(f"NetworkSpec.protocol {self.protocol!r}; valid: tcp, rdma")
+
+    @property
+    def node_bw_bytes_s(self) -> float:
+        """Achievable bytes/s in or out of one node."""
+        return self.nic_bw_bytes_s * self.nics_per_node * self.efficiency
+
+    @staticmethod
+    def from_name(name: str) -> "NetworkSpec":
+        key = name.lower()
+        if key not in NETWORK_CATALOG:
+            raise unknown_name_error("network", name, NETWORK_CATALOG)
+        return NETWORK_CATALOG[key]
+
+
+# TCP efficiency/latency: kernel TCP on 100-200 GbE typically reaches ~50-70% of line rate per
+# stream with tens of microseconds per message; RDMA (IB/RoCE) ~90% with a few microseconds.
+NETWORK_CATALOG: dict[str, NetworkSpec] = {n.name: n for n in [
+    NetworkSpec(name="tcp-200g", nic_bw_bytes_s=25 * GB, nics_per_node=1, efficiency=0.6,
+                latency_s=30e-6, protocol="tcp"),
+    NetworkSpec(name="rdma-200g", nic_bw_bytes_s=25 * GB, nics_per_node=1, efficiency=0.9,
+                latency_s=3e-6, protocol="rdma"),
+    NetworkSpec(name="ib-ndr400x8", nic_bw_bytes_s=50 * GB, nics_per_node=8, efficiency=0.9,
+                latency_s=3e-6, protocol="rdma"),
+    NetworkSpec(name="loopback", nic_bw_bytes_s=2 * GB, nics_per_node=1, efficiency=1.0,
+                latency_s=50e-6, protocol="tcp"),
+]}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSpec:
+    """`nodes` x `gpus_per_node` accelerators of one kind joined by `network`."""
+
+    hardware: HardwareSpec
+    nodes: int = 1
+    gpus_per_node: int = 0  # 0: the hardware's own gpus_per_node
+    network: NetworkSpec = field(default_factory=lambda: NETWORK_CATALOG["rdma-200g"])
+
+    def __post_init__(self):
+        if not isinstance(self.nodes, int) or self.nodes < 1:
+            raise ValueError(f"ClusterSpec.nodes must be >= 1, got {self.nodes!r}")
+        if self.gpus_per_node < 0:
+            raise ValueError(f"ClusterSpec.gpus_per_node must be >= 1, got {self.gpus_per_node}")
+        if self.gpus_per_node == 0:
+            object.__setattr__(self, "gpus_per_node", self.hardware.gpus_per_node)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @staticmethod
+    def for_gpus(hardware: HardwareSpec, gpus: int, network: NetworkSpec | None = None) -> "ClusterSpec":
+        """The smallest cluster of whole nodes (or one partial node) holding `gpus` GPUs."""
+        if gpus < 1:
+            raise ValueError(f"number of GPUs must be >= 1, got {gpus}")
+        per = hardware.gpus_per_node
+        if gpus <= per:
+            nodes, per = 1, gpus
+        elif gpus % per:
+            raise ValueError(f"{gpus} GPUs is not a whole number of {per}-GPU nodes")
+        else:
+            nodes = gpus // per
+        net = network or NETWORK_CATALOG["rdma-200g"]
+        return ClusterSpec(hardware=hardware, nodes=nodes, gpus_per_node=per, network=net)
+
+
+# --------------------------------------------------------------------------------------------
+# Parallel plans
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class ParallelPlan:
+    """Degrees of parallelism for one stage. Rank order is tp fastest, then cp, pp, dp
+    (so tp groups are contiguous ranks and stay inside a node when tp <= gpus_per_node).
+    At most one degree may be -1: `resolve(world)` infers it."""
+
+    tp: int = 1  # tensor parallel
+    pp: int = 1  # pipeline parallel
+    dp: int = 1  # data parallel (rollout: independent engine replicas)
+    cp: int = 1  # context (sequence) parallel
+    micro_batch: int = 1  # sequences per micro-batch (train / logprob)
+    recompute: str = "none"  # activation recompute: none | selective | full
+    sharded_optimizer: bool = False  # ZeRO/FSDP-style sharding of grads+optimizer over dp
+
+    def __post_init__(self):
+        degrees = {"tp": self.tp, "pp": self.pp, "dp": self.dp, "cp": self.cp}
+        for n, v in degrees.items():
+            if not isinstance(v, int) or isinstance(v, bool) or (v < 1 and v != -1):
+                raise ValueError(f"ParallelPlan.{n} must be a positive int or -1, got {v!r}")
+        if sum(v == -1 for v in degrees.values()) > 1:
+            raise ValueError(f"ParallelPlan: at most one degree may be -1, got {degrees}")
+        if not isinstance(self.micro_batch, int) or self.micro_batch < 1:
+            raise ValueError(f"ParallelPlan.micro_batch must be >= 1, got {self.micro_batch!r}")
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"ParallelPlan.recompute {self.recompute!r}; valid: "
+                             f"{', '.join(RECOMPUTE_MODES)}")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def model_parallel(self) -> int:
+        """GPUs holding one model replica."""
+        return self.tp * self.pp * self.cp
+
+    def resolve(self, world: int) -> "ParallelPlan":
+        """Fill a -1 degree so the product equals `world`; check the product."""
+        degrees = {"tp": self.tp, "pp": self.pp, "dp": self.dp, "cp": self.cp}
+        unknown = [n for n, v in degrees.items() if v == -1]
+        if unknown:
+            known = 1
+            for n, v in degrees.items():
+                if v != -1:
+                    known *= v
+            if world % known:
+                raise ValueError(f"cannot infer {unknown[0]}: {world} GPUs is not divisible by "
+                                 f"the other degrees' product {known}")
+            return dataclasses.replace(self, **{unknown[0]: world // known})
+        if self.world_size != world:
+            raise ValueError(f"tp*pp*dp*cp = {self.tp}*{self.pp}*{self.dp}*{self.cp} = "
+                             f"{self.world_size}, but the stage has {world} GPUs")
+        return self
+
+    def validate(self, model: ModelSpec, *, world: int | None = None,
+                 seq_len: int | None = None) -> "ParallelPlan":
+        """Check the plan against a model (and optionally world size and sequence length)."""
+        plan = self.resolve(world) if world is not None else self
+        if model.num_heads % plan.tp:
+            raise ValueError(f"tp={plan.tp} does not divide {model.name}'s "
+                             f"{model.num_heads} attention heads")
+        if model.ffn_hidden % plan.tp:
+            raise ValueError(f"tp={plan.tp} does not divide {model.name}'s "
+                             f"ffn width {model.ffn_hidden}")
+        if plan.pp > model.num_layers:
+            raise ValueError(f"pp={plan.pp} exceeds {model.name}'s {model.num_layers} layers")
+        if seq_len is not None and seq_len % plan.cp:
+            raise ValueError(f"cp={plan.cp} does not divide the sequence length {seq_len}")
+        return plan
+
+    def short(self) -> str:
+        s = f"tp{self.tp}"
+        if self.pp > 1:
+            s += f"-pp{self.pp}"
+        if self.cp > 1:
+            s += f"-cp{self.cp}"
+        s += f"-dp{self.dp}"
+        return s
+
+    def describe(self) -> str:
+        extra = [f"mb{self.micro_batch}"]
+        if self.recompute != "none":
+            extra.append(f"rc-{self.recompute}")
+        if self.sharded_optimizer:
+            extra.append("zero")
+        return self.short() + "-" + "-".join(extra)
+
+    @staticmethod
+    def parse(text: str) -> "ParallelPlan":
+        """Parse the `short()`/`describe()` form, e.g. `tp4-dp2`, `tp2-cp2-dp4-mb2-rc-full-zero`."""
+        kw: dict = {}
+        parts = text.lower().split("-")
+        i = 0
+        while i < len(parts):
+            p = parts[i]
+            if p == "rc" and i + 1 < len(parts):
+                kw["recompute"] = parts[i + 1]
+                i += 2
+                continue
+            if p == "zero":
+                kw["sharded_optimizer"] = True
+            elif p.startswith("mb") and p[2:].lstrip("-").isdigit():
+                kw["micro_batch"] = int(p[2:])
+            elif p[:2] in ("tp", "pp", "dp", "cp") and p[2:].lstrip("-").isdigit():
+                kw[p[:2]] = int(p[2:])
+            else:
+                raise ValueError(f"cannot parse plan {text!r} at {p!r}; expected e.g. "
+                                 "'tp4-pp1-cp1-dp2-mb1-rc-selective-zero'")
+            i += 1
+        return ParallelPlan(**kw)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StagePlan:
+    """One ParallelPlan per RL stage."""
+
+    rollout: ParallelPlan
+    experience: ParallelPlan
+    train: ParallelPlan
+
+    def for_stage(self, stage: Stage | str) -> ParallelPlan:
+        return getattr(self, Stage(stage).value)
+
+    def with_stage(self, stage: Stage | str, plan: ParallelPlan) -> "StagePlan":
+        return dataclasses.replace(self, **{Stage(stage).value: plan})
+
+
+# --------------------------------------------------------------------------------------------
+# Workload
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class WorkloadStats:
+    """What a selector sees before a stage: the observed (runtime) or drawn (sim) workload."""
+
+    step: int = 0  # training step index
+    num_responses: int  # sequences (episodes x samples) in the batch
+    context_mean: float  # tokens per sequence (prompt + all turns), mean
+    context_p95: float  # 95th percentile
+    context_max: float  # maximum
+    turns_mean: float = 1.0  # turns per episode
+    response_tokens_mean: float = 0.0  # model-generated tokens per sequence
+    max_context: int = 0  # configured cap (0: none)
+    memory_headroom_frac: float | None = None  # measured free fraction of device memory
+
+    def __post_init__(self):
+        if self.num_responses < 1:
+            raise ValueError(f"WorkloadStats.num_responses must be >= 1, got {self.num_responses}")
+        if not (0 < self.context_mean <= self.context_p95 <= self.context_max):
+            raise ValueError("WorkloadStats needs 0 < context_mean <= context_p95 <= context_max, "
+                             f"got {self.context_mean}, {self.context_p95}, {self.context_max}")
