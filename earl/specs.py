@@ -20,6 +20,18 @@ from pathlib import Path
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 RECOMPUTE_MODES = ("none", "selective", "full")
 
+# Intermediate tensors handed from experience preparation to training, bytes per token.
+# Token ids int64 as PyTorch holds them; masks bool; per-token floats fp32.
+TENSOR_BYTES_PER_TOKEN: dict[str, int] = {
+    "input_ids": 8,
+    "loss_mask": 1,
+    "old_logprobs": 4,
+    "ref_logprobs": 4,
+    "advantages": 4,
+}
+# Per-sample scalars (rewards) travel too; bytes per sample.
+TENSOR_BYTES_PER_SAMPLE: dict[str, int] = {"rewards": 4}
+
 
 class Stage(str, enum.Enum):
     """The three RL stages a selector chooses a plan for."""
@@ -120,14 +132,14 @@ class ModelSpec:
 
     # ---- constructors ---------------------------------------------------------------------
     @staticmethod
-    def from_name(name: str) -> "ModelSpec":
+    def from_name(name: str) -> ModelSpec:
         key = name.lower()
         if key not in MODEL_CATALOG:
             raise unknown_name_error("model", name, MODEL_CATALOG)
         return MODEL_CATALOG[key]
 
     @staticmethod
-    def from_hf_config(path: str | Path, name: str | None = None) -> "ModelSpec":
+    def from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
         """Read an HF `config.json` (the file or the checkpoint directory holding it)."""
         p = Path(path)
         cfg_path = p / "config.json" if p.is_dir() else p
@@ -140,7 +152,7 @@ class ModelSpec:
         return ModelSpec.from_hf_dict(cfg, name=name or p.name, source=str(cfg_path))
 
     @staticmethod
-    def from_hf_dict(cfg: dict, *, name: str, source: str = "<dict>") -> "ModelSpec":
+    def from_hf_dict(cfg: dict, *, name: str, source: str = "<dict>") -> ModelSpec:
         def need(key: str):
             if key not in cfg:
                 raise ValueError(f"{source}: missing key {key!r}")
@@ -238,7 +250,7 @@ class HardwareSpec:
                         "intra_bw_bytes_s", "intra_latency_s")
 
     @staticmethod
-    def from_name(name: str) -> "HardwareSpec":
+    def from_name(name: str) -> HardwareSpec:
         key = name.lower()
         if key not in HARDWARE_CATALOG:
             raise unknown_name_error("hardware", name, HARDWARE_CATALOG)
@@ -292,7 +304,7 @@ class NetworkSpec:
         return self.nic_bw_bytes_s * self.nics_per_node * self.efficiency
 
     @staticmethod
-    def from_name(name: str) -> "NetworkSpec":
+    def from_name(name: str) -> NetworkSpec:
         key = name.lower()
         if key not in NETWORK_CATALOG:
             raise unknown_name_error("network", name, NETWORK_CATALOG)
@@ -335,7 +347,7 @@ class ClusterSpec:
         return self.nodes * self.gpus_per_node
 
     @staticmethod
-    def for_gpus(hardware: HardwareSpec, gpus: int, network: NetworkSpec | None = None) -> "ClusterSpec":
+    def for_gpus(hardware: HardwareSpec, gpus: int, network: NetworkSpec | None = None) -> ClusterSpec:
         """The smallest cluster of whole nodes (or one partial node) holding `gpus` GPUs."""
         if gpus < 1:
             raise ValueError(f"number of GPUs must be >= 1, got {gpus}")
@@ -389,7 +401,7 @@ class ParallelPlan:
         """GPUs holding one model replica."""
         return self.tp * self.pp * self.cp
 
-    def resolve(self, world: int) -> "ParallelPlan":
+    def resolve(self, world: int) -> ParallelPlan:
         """Fill a -1 degree so the product equals `world`; check the product."""
         degrees = {"tp": self.tp, "pp": self.pp, "dp": self.dp, "cp": self.cp}
         unknown = [n for n, v in degrees.items() if v == -1]
@@ -408,7 +420,7 @@ class ParallelPlan:
         return self
 
     def validate(self, model: ModelSpec, *, world: int | None = None,
-                 seq_len: int | None = None) -> "ParallelPlan":
+                 seq_len: int | None = None) -> ParallelPlan:
         """Check the plan against a model (and optionally world size and sequence length)."""
         plan = self.resolve(world) if world is not None else self
         if model.num_heads % plan.tp:
@@ -441,7 +453,7 @@ class ParallelPlan:
         return self.short() + "-" + "-".join(extra)
 
     @staticmethod
-    def parse(text: str) -> "ParallelPlan":
+    def parse(text: str) -> ParallelPlan:
         """Parse the `short()`/`describe()` form, e.g. `tp4-dp2`, `tp2-cp2-dp4-mb2-rc-full-zero`."""
         kw: dict = {}
         parts = text.lower().split("-")
@@ -476,7 +488,7 @@ class StagePlan:
     def for_stage(self, stage: Stage | str) -> ParallelPlan:
         return getattr(self, Stage(stage).value)
 
-    def with_stage(self, stage: Stage | str, plan: ParallelPlan) -> "StagePlan":
+    def with_stage(self, stage: Stage | str, plan: ParallelPlan) -> StagePlan:
         return dataclasses.replace(self, **{Stage(stage).value: plan})
 
 

@@ -91,7 +91,7 @@ class HardwareProfile:
         return path
 
     @staticmethod
-    def from_dict(d: dict, source: str = "<dict>") -> "HardwareProfile":
+    def from_dict(d: dict, source: str = "<dict>") -> HardwareProfile:
         if d.get("version") != PROFILE_VERSION:
             raise ValueError(f"{source}: profile version {d.get('version')!r} is not supported "
                              f"(expected {PROFILE_VERSION})")

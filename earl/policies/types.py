@@ -10,19 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from earl.specs import ParallelPlan, Stage
-
-# Intermediate tensors handed from experience preparation to training, bytes per token.
-# Token ids int64 as PyTorch holds them; masks bool; per-token floats fp32.
-TENSOR_BYTES_PER_TOKEN: dict[str, int] = {
-    "input_ids": 8,
-    "loss_mask": 1,
-    "old_logprobs": 4,
-    "ref_logprobs": 4,
-    "advantages": 4,
-}
-# Per-sample scalars (rewards) travel too; bytes per sample.
-TENSOR_BYTES_PER_SAMPLE: dict[str, int] = {"rewards": 4}
+from earl.specs import TENSOR_BYTES_PER_SAMPLE, TENSOR_BYTES_PER_TOKEN, ParallelPlan, Stage  # noqa: F401 (re-export)
 
 
 @dataclass(frozen=True)
@@ -31,6 +19,7 @@ class Sample:
 
     id: int
     tokens: int
+    group: int = 0  # advantage-normalisation group (e.g. the prompt index in GRPO)
 
 
 @dataclass(frozen=True)
@@ -90,6 +79,9 @@ class Transfer:
     sample_ids: tuple[int, ...]
     tensors: tuple[str, ...]
     bytes: int
+    # Per sample (parallel to sample_ids): the (start, stop) token range carried. Empty: whole
+    # samples, or per-sample scalars such as rewards (earl.policies.dispatch.cp_token_range).
+    token_ranges: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass

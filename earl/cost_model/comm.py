@@ -1,0 +1,77 @@
+"""Communication costs: alpha-beta collectives on a two-level topology (NVLink inside a node,
+NICs across nodes).
+
+Collective volumes follow Thakur, Rabenseifner & Gropp (2005) and NCCL's bus-bandwidth notes:
+ring all-reduce moves 2(p-1)/p of the message per rank in 2(p-1) steps; all-gather,
+reduce-scatter and all-to-all move (p-1)/p in p-1 steps.
+
+    python -c "from earl.cost_model.comm import *; help(allreduce_s)"
+"""
+
+from __future__ import annotations
+
+import math
+
+from earl.cost_model.profile import HardwareProfile, LinkParams
+from earl.specs import ClusterSpec
+
+COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "p2p")
+
+
+def inter_node_link(cluster: ClusterSpec, ranks_per_node_sharing: int) -> LinkParams:
+    """Per-rank link across nodes when `ranks_per_node_sharing` ranks of a node use the NICs
+    at once (they split the node's bandwidth)."""
+    net = cluster.network
+    share = max(1, min(ranks_per_node_sharing, cluster.gpus_per_node))
+    return LinkParams(alpha_s=net.latency_s, bw_bytes_s=net.node_bw_bytes_s / share)
+
+
+def group_link(cluster: ClusterSpec, profile: HardwareProfile, group_size: int, stride: int = 1,
+               concurrent_groups: bool = True) -> LinkParams:
+    """The bottleneck link of a group of `group_size` ranks spaced `stride` apart.
+
+    A group that fits inside one node uses NVLink. One that spans nodes is limited by the NICs;
+    when every GPU of a node is in some such group at once (`concurrent_groups`), the node's
+    bandwidth is split among its GPUs."""
+    if group_size <= 1:
+        return LinkParams(alpha_s=0.0, bw_bytes_s=float("inf"))
+    if (group_size - 1) * stride < cluster.gpus_per_node:
+        return profile.intra
+    sharing = cluster.gpus_per_node if concurrent_groups else max(1, cluster.gpus_per_node // stride)
+    return inter_node_link(cluster, sharing)
+
+
+def allreduce_s(nbytes: float, p: int, link: LinkParams) -> float:
+    """The faster of a ring (bandwidth-optimal) and a tree / recursive-doubling all-reduce
+    (latency-optimal, 2 log2 p steps of the whole message), as NCCL picks by size."""
+    if p <= 1 or nbytes <= 0:
+        return 0.0
+    ring = 2 * (p - 1) / p * nbytes / link.bw_bytes_s + 2 * (p - 1) * link.alpha_s
+    tree = 2 * math.ceil(math.log2(p)) * (link.alpha_s + nbytes / link.bw_bytes_s)
+    return min(ring, tree)
+
+
+def allgather_s(nbytes: float, p: int, link: LinkParams) -> float:
+    """`nbytes` is the size of the gathered (full) result."""
+    if p <= 1 or nbytes <= 0:
+        return 0.0
+    return (p - 1) / p * nbytes / link.bw_bytes_s + (p - 1) * link.alpha_s
+
+
+reducescatter_s = allgather_s
+alltoall_s = allgather_s
+
+
+def p2p_s(nbytes: float, link: LinkParams) -> float:
+    return 0.0 if nbytes <= 0 else link.alpha_s + nbytes / link.bw_bytes_s
+
+
+def collective_s(kind: str, nbytes: float, p: int, link: LinkParams) -> float:
+    """Time of one collective by name (see COLLECTIVES)."""
+    if kind == "allreduce":
+        return allreduce_s(nbytes, p, link)
+    if kind in ("allgather", "reducescatter", "alltoall"):
+        return allgather_s(nbytes, p, link)
+    if kind == "p2p":
+        return p2p_s(nbytes, link)
+    raise ValueError(f"unknown collective {kind!r}; valid: {', '.join(COLLECTIVES)}")

@@ -1,0 +1,398 @@
+"""CostModel: prices every stage of an agentic RL iteration in time and memory.
+
+One object per (model, cluster, profile). Stage estimates return an `Estimate` (time, memory,
+feasibility, per-component breakdown); the O(1) hooks (`prefill_time_s`, `decode_step_time_s`,
+`kv_capacity_tokens`, `transfer_time_s`) are what the simulator calls on its hot path.
+
+    python -c "from earl.cost_model import CostModel; from earl.specs import *; \
+cm = CostModel(ModelSpec.from_name('qwen2.5-7b'), ClusterSpec.for_gpus(HardwareSpec.from_name('h100-sxm-80gb'), 8)); \
+print(cm.decode(ParallelPlan(tp=2, dp=4), 256, 4096).to_dict())"
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from earl.cost_model import comm, memory
+from earl.cost_model.compute import causal_pairs, forward_pass, train_flops_per_token
+from earl.cost_model.memory import MemoryBreakdown
+from earl.cost_model.profile import HardwareProfile, LinkParams, datasheet_profile
+from earl.specs import TENSOR_BYTES_PER_SAMPLE, TENSOR_BYTES_PER_TOKEN, ClusterSpec, ModelSpec, ParallelPlan
+
+STAGES = ("prefill", "decode", "logprob", "train", "reshard", "dispatch")
+DISPATCHERS = ("centralized", "layout-aware")
+
+
+@dataclass
+class Estimate:
+    """The cost of one stage on the whole cluster slice it runs on."""
+
+    stage: str
+    time_s: float  # wall time of the stage
+    feasible: bool
+    reason: str = ""  # why infeasible (or a note, e.g. reduced decode concurrency)
+    tokens: float = 0.0  # tokens processed (0 where tokens make no sense)
+    gpus: int = 1  # GPUs the stage occupies
+    flops: float = 0.0  # model FLOPs per GPU
+    peak_flops: float = 0.0  # datasheet peak per GPU (for MFU)
+    memory: MemoryBreakdown | None = None
+    breakdown: dict = field(default_factory=dict)  # component -> seconds
+    extras: dict = field(default_factory=dict)
+    plan: ParallelPlan | None = None
+
+    @property
+    def tokens_per_gpu_s(self) -> float:
+        return self.tokens / self.time_s / self.gpus if self.time_s > 0 and self.feasible else 0.0
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        return self.flops / self.time_s / 1e12 if self.time_s > 0 else 0.0
+
+    @property
+    def mfu(self) -> float:
+        return self.flops / self.time_s / self.peak_flops if self.time_s > 0 and self.peak_flops else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "stage": self.stage, "plan": self.plan.describe() if self.plan else None,
+            "time_s": self.time_s, "feasible": self.feasible, "reason": self.reason,
+            "tokens": self.tokens, "gpus": self.gpus, "tokens_per_gpu_s": self.tokens_per_gpu_s,
+            "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu,
+            "memory_per_gpu_bytes": self.memory.total if self.memory else 0.0,
+            "memory": self.memory.to_dict() if self.memory else None,
+            "breakdown": dict(self.breakdown), "extras": dict(self.extras),
+        }
+
+
+def _infeasible(stage: str, plan: ParallelPlan, mem: MemoryBreakdown, gpus: int, what: str) -> Estimate:
+    gib = 2**30
+    reason = (f"{what}: needs {mem.total / gib:.1f} GiB per GPU > {mem.capacity / gib:.1f} GiB "
+              f"(largest: {mem.overflow_component} {getattr(mem, mem.overflow_component) / gib:.1f} GiB)")
+    return Estimate(stage=stage, time_s=math.inf, feasible=False, reason=reason, gpus=gpus,
+                    memory=mem, plan=plan)
+
+
+class CostModel:
+    """Analytical time / memory model of one model on one cluster."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, profile: HardwareProfile | None = None,
+                 *, flash_attention: bool = True):
+        self.model = model
+        self.cluster = cluster
+        self.profile = profile or datasheet_profile(cluster.hardware)
+        self.flash_attention = flash_attention
+        hw = self.profile.hardware
+        self.capacity = hw.hbm_bytes
+        self.reserve = memory.reserve_bytes(hw.hbm_bytes, self.profile.mem_reserve_frac,
+                                            self.profile.mem_reserve_bytes)
+        # hot-path caches (the simulator calls these per event)
+        self.prefill_time_s = lru_cache(maxsize=65536)(self._prefill_time_s)
+        self.kv_capacity_tokens = lru_cache(maxsize=256)(self._kv_capacity_tokens)
+
+    def with_profile(self, profile: HardwareProfile) -> CostModel:
+        return CostModel(self.model, self.cluster, profile, flash_attention=self.flash_attention)
+
+    # ---- links ------------------------------------------------------------------------------
+    def link_of(self, src: int, dst: int) -> str:
+        if src == dst:
+            return "local"
+        g = self.cluster.gpus_per_node
+        return "intra" if src // g == dst // g else "inter"
+
+    def link_params(self, kind: str, sharing: int = 1) -> LinkParams:
+        if kind == "intra":
+            return self.profile.intra
+        return comm.inter_node_link(self.cluster, sharing)
+
+    def transfer_time_s(self, nbytes: float, src_rank: int, dst_rank: int) -> float:
+        kind = self.link_of(src_rank, dst_rank)
+        return 0.0 if kind == "local" else comm.p2p_s(nbytes, self.link_params(kind))
+
+    def _tp_link(self, tp: int) -> LinkParams:
+        return comm.group_link(self.cluster, self.profile, tp, 1)
+
+    # ---- O(1) hooks for the simulator ---------------------------------------------------
+    def _prefill_time_s(self, tp: int, new_tokens: int, prefix_tokens: int = 0, num_seqs: int = 1) -> float:
+        """One replica prefilling `new_tokens` (total over `num_seqs` equal sequences) on top of
+        `prefix_tokens` already cached (total over the same sequences)."""
+        if new_tokens <= 0:
+            return 0.0
+        n, pre = new_tokens / num_seqs, prefix_tokens / num_seqs
+        cost = forward_pass(self.model, self.profile, tp=tp, layers=self.model.num_layers,
+                            tokens=new_tokens, attn_pairs=num_seqs * causal_pairs(n, pre),
+                            kv_tokens=prefix_tokens + new_tokens, lm_tokens=num_seqs)
+        return cost.total_s + self._tp_comm_s(tp, new_tokens, passes=1)
+
+    def decode_step_time_s(self, tp: int, num_seqs: int, total_context_tokens: float) -> float:
+        """One decode iteration of one replica: every running sequence gains one token."""
+        if num_seqs <= 0:
+            return 0.0
+        cost = forward_pass(self.model, self.profile, tp=tp, layers=self.model.num_layers,
+                            tokens=num_seqs, attn_pairs=total_context_tokens,
+                            kv_tokens=total_context_tokens, lm_tokens=num_seqs)
+        return cost.total_s + self._tp_comm_s(tp, num_seqs, passes=1)
+
+    def _kv_capacity_tokens(self, tp: int, pp: int = 1) -> int:
+        """KV-cache tokens one replica (tp x pp GPUs) can hold after weights and reserve."""
+        plan = ParallelPlan(tp=tp, pp=pp)
+        weights = memory.params_per_gpu(self.model, plan) * memory.WEIGHT_BYTES
+        free = self.capacity - self.reserve - weights
+        return max(0, int(free // memory.kv_bytes_per_token_per_gpu(self.model, tp, pp)))
+
+    def _tp_comm_s(self, tp: int, tokens: float, passes: int) -> float:
+        """Two all-reduces of the hidden state per layer per pass (Megatron TP)."""
+        if tp <= 1:
+            return 0.0
+        nbytes = tokens * self.model.hidden_size * self.model.dtype_bytes
+        return 2 * passes * self.model.num_layers * comm.allreduce_s(nbytes, tp, self._tp_link(tp))
+
+    # ---- stage estimates --------------------------------------------------------------------
+    def estimate(self, stage: str, plan: ParallelPlan, batch: int, context: int, **kw) -> Estimate:
+        if stage not in STAGES[:4]:
+            raise ValueError(f"unknown stage {stage!r}; valid: {', '.join(STAGES[:4])}")
+        return getattr(self, stage)(plan, batch, context, **kw)
+
+    def _check(self, plan: ParallelPlan, batch: int, context: int) -> None:
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1 sequence, got {batch}")
+        if context < 1:
+            raise ValueError(f"context must be >= 1 token, got {context}")
+        plan.validate(self.model)
+
+    def memory(self, stage: str, plan: ParallelPlan, batch: int, context: int) -> MemoryBreakdown:
+        cap, res = self.capacity, self.reserve
+        if stage == "train":
+            return memory.train_memory(self.model, plan, context, cap, res, self.flash_attention)
+        if stage == "logprob":
+            return memory.forward_memory(self.model, plan, context, cap, res)
+        if stage in ("prefill", "decode"):
+            per_replica = -(-batch // plan.dp)
+            return memory.inference_memory(self.model, plan, per_replica, context, cap, res)
+        raise ValueError(f"no memory model for stage {stage!r}; valid: prefill, decode, logprob, train")
+
+    def prefill(self, plan: ParallelPlan, batch: int, context: int) -> Estimate:
+        """`batch` sequences of `context` prompt tokens, spread over plan.dp replicas."""
+        self._check(plan, batch, context)
+        gpus = plan.world_size
+        per = -(-batch // plan.dp)
+        fit = min(per, self.kv_capacity_tokens(plan.tp, plan.pp) // context)
+        mem = self.memory("prefill", plan, max(fit, 1) * plan.dp, context)
+        if fit < 1:
+            return _infeasible("prefill", plan, mem, gpus, f"one sequence of {context} tokens")
+        waves = -(-per // fit)
+        t_wave = self.prefill_time_s(plan.tp, fit * context, 0, fit)
+        cost = forward_pass(self.model, self.profile, tp=plan.tp, layers=self.model.num_layers,
+                            tokens=fit * context, attn_pairs=fit * causal_pairs(context, 0),
+                            kv_tokens=fit * context, lm_tokens=fit)
+        t = waves * t_wave
+        return Estimate(stage="prefill", time_s=t, feasible=True, tokens=batch * context, gpus=gpus,
+                        flops=waves * cost.flops * plan.dp * plan.tp / gpus,
+                        peak_flops=self.profile.hardware.peak_flops, memory=mem, plan=plan,
+                        breakdown=self._breakdown(cost, waves, t),
+                        extras={"concurrency": fit, "waves": waves})
+
+    def decode(self, plan: ParallelPlan, batch: int, context: int) -> Estimate:
+        """One decode iteration for `batch` sequences of `context` tokens each, over plan.dp
+        replicas. When they don't all fit in KV memory, the replica runs the concurrency that
+        fits (continuous batching) and `time_s` covers all of them advancing one token."""
+        self._check(plan, batch, context)
+        gpus = plan.world_size
+        per = -(-batch // plan.dp)
+        fit = min(per, self.kv_capacity_tokens(plan.tp, plan.pp) // context)
+        if fit < 1:
+            mem = self.memory("decode", plan, plan.dp, context)
+            return _infeasible("decode", plan, mem, gpus, f"one sequence of {context} tokens of KV")
+        mem = self.memory("decode", plan, fit * plan.dp, context)
+        waves = -(-per // fit)
+        t_step = self.decode_step_time_s(plan.tp, fit, fit * context)
+        cost = forward_pass(self.model, self.profile, tp=plan.tp, layers=self.model.num_layers,
+                            tokens=fit, attn_pairs=fit * context, kv_tokens=fit * context, lm_tokens=fit)
+        t = waves * t_step
+        note = "" if fit == per else (f"only {fit} of {per} sequences per replica fit in KV memory; "
+                                      "throughput at that concurrency (continuous batching)")
+        return Estimate(stage="decode", time_s=t, feasible=True, reason=note, tokens=batch, gpus=gpus,
+                        flops=waves * cost.flops / plan.pp, peak_flops=self.profile.hardware.peak_flops,
+                        memory=mem, plan=plan, breakdown=self._breakdown(cost, waves, t),
+                        extras={"concurrency": fit, "waves": waves, "step_time_s": t_step,
+                                "kv_capacity_tokens": self.kv_capacity_tokens(plan.tp, plan.pp)})
+
+    def _breakdown(self, cost, repeats: float, total: float) -> dict:
+        d = {"linear": cost.linear_s * repeats, "attention": cost.attention_s * repeats,
+             "elementwise": cost.elementwise_s * repeats, "lm_head": cost.lm_head_s * repeats,
+             "overhead": cost.overhead_s * repeats}
+        d["tp_comm"] = max(0.0, total - sum(d.values()))
+        return d
+
+    def _micro_batches(self, plan: ParallelPlan, batch: int) -> tuple[int, int]:
+        per_replica = -(-batch // plan.dp)
+        return per_replica, -(-per_replica // plan.micro_batch)
+
+    def logprob(self, plan: ParallelPlan, batch: int, context: int, passes: int = 1) -> Estimate:
+        """Forward-only log-probs of `batch` sequences (`passes` models: e.g. 2 = ref + old)."""
+        self._check(plan, batch, context)
+        plan.validate(self.model, seq_len=None)
+        gpus = plan.world_size
+        mem = self.memory("logprob", plan, batch, context)
+        if not mem.fits:
+            return _infeasible("logprob", plan, mem, gpus, f"micro-batch of {plan.micro_batch}x{context}")
+        _, m = self._micro_batches(plan, batch)
+        s = context / plan.cp
+        tokens = plan.micro_batch * s
+        cost = forward_pass(self.model, self.profile, tp=plan.tp, layers=-(-self.model.num_layers // plan.pp),
+                            tokens=tokens, attn_pairs=plan.micro_batch * causal_pairs(context, 0) / plan.cp,
+                            kv_tokens=plan.micro_batch * context, lm_tokens=tokens)
+        t_mb = cost.total_s + self._tp_comm_s(plan.tp, tokens, 1) / plan.pp + self._cp_comm_s(plan, context, 1)
+        t = passes * (m + plan.pp - 1) * t_mb
+        return Estimate(stage="logprob", time_s=t, feasible=True, tokens=passes * batch * context, gpus=gpus,
+                        flops=passes * m * cost.flops, peak_flops=self.profile.hardware.peak_flops,
+                        memory=mem, plan=plan, breakdown=self._breakdown(cost, passes * (m + plan.pp - 1), t),
+                        extras={"micro_batches": m, "bubble_frac": (plan.pp - 1) / (m + plan.pp - 1)})
+
+    def _cp_comm_s(self, plan: ParallelPlan, context: int, passes: int) -> float:
+        """Context parallelism: each layer all-gathers K/V across the cp group (forward) and
+        reduce-scatters their gradients (backward)."""
+        if plan.cp <= 1:
+            return 0.0
+        kv = plan.micro_batch * context * 2 * memory.kv_heads_per_gpu(self.model, plan.tp) * \
+            self.model.head_dim * self.model.dtype_bytes
+        link = comm.group_link(self.cluster, self.profile, plan.cp, plan.tp)
+        layers = -(-self.model.num_layers // plan.pp)
+        return passes * layers * comm.allgather_s(kv, plan.cp, link)
+
+    def train(self, plan: ParallelPlan, batch: int, context: int) -> Estimate:
+        """One optimizer step over a global batch of `batch` sequences of `context` tokens."""
+        self._check(plan, batch, context)
+        plan.validate(self.model, seq_len=context if plan.cp > 1 else None)
+        gpus = plan.world_size
+        mem = self.memory("train", plan, batch, context)
+        if not mem.fits:
+            return _infeasible("train", plan, mem, gpus, f"micro-batch {plan.micro_batch}x{context}")
+        per_replica, m = self._micro_batches(plan, batch)
+        s = context / plan.cp
+        tokens = plan.micro_batch * s
+        layers = -(-self.model.num_layers // plan.pp)
+        fwd = forward_pass(self.model, self.profile, tp=plan.tp, layers=layers, tokens=tokens,
+                           attn_pairs=plan.micro_batch * causal_pairs(context, 0) / plan.cp,
+                           kv_tokens=plan.micro_batch * context, lm_tokens=tokens)
+        recompute = {"none": 0.0, "selective": fwd.attention_s, "full": fwd.total_s - fwd.lm_head_s}[plan.recompute]
+        tp_passes = 4 + (2 if plan.recompute == "full" else 0)
+        tp_c = self._tp_comm_s(plan.tp, tokens, tp_passes) / plan.pp
+        cp_c = self._cp_comm_s(plan, context, 2)
+        t_mb = 3 * fwd.total_s + recompute + tp_c + cp_c
+        pipeline = (m + plan.pp - 1) * t_mb
+        pp_p2p = 0.0
+        if plan.pp > 1:
+            act = tokens * self.model.hidden_size * self.model.dtype_bytes / plan.tp
+            link = comm.group_link(self.cluster, self.profile, plan.pp, plan.tp * plan.cp)
+            pp_p2p = 2 * (m + plan.pp - 1) * comm.p2p_s(act, link)
+        p_local = memory.params_per_gpu(self.model, plan)
+        dp_link = comm.group_link(self.cluster, self.profile, plan.dp, plan.model_parallel)
+        dp_sync = comm.allreduce_s(p_local * memory.GRAD_BYTES, plan.dp, dp_link)
+        shard = plan.dp if plan.sharded_optimizer else 1
+        opt_bytes = p_local / shard * (memory.GRAD_BYTES + 2 * memory.OPTIMIZER_BYTES + memory.WEIGHT_BYTES)
+        optimizer = opt_bytes / (self.profile.hardware.hbm_bw_bytes_s * self.profile.memory(opt_bytes))
+        t = pipeline + pp_p2p + dp_sync + optimizer
+        trained = per_replica * plan.dp * context
+        model_flops = train_flops_per_token(self.model, context) * trained / gpus
+        return Estimate(
+            stage="train", time_s=t, feasible=True, tokens=trained, gpus=gpus, flops=model_flops,
+            peak_flops=self.profile.hardware.peak_flops, memory=mem, plan=plan,
+            breakdown={"forward": m * fwd.total_s, "backward": m * 2 * fwd.total_s,
+                       "recompute": m * recompute, "tp_comm": m * tp_c, "cp_comm": m * cp_c,
+                       "pipeline_bubble": (plan.pp - 1) * t_mb, "pp_p2p": pp_p2p,
+                       "dp_grad_sync": dp_sync, "optimizer": optimizer},
+            extras={"micro_batches": m, "bubble_frac": (plan.pp - 1) / (m + plan.pp - 1)})
+
+    # ---- data movement ------------------------------------------------------------------------
+    def reshard(self, src: ParallelPlan, dst: ParallelPlan, include_optimizer: bool = False) -> Estimate:
+        """Move weights (and optionally fp32 master + Adam states) from `src`'s layout to `dst`'s
+        on the same GPUs. Each rank keeps the overlap of its old and new slice; the slowest rank
+        receiving the rest sets the time."""
+        world = src.world_size
+        if dst.world_size != world:
+            raise ValueError(f"reshard needs equal GPU counts, got {src.short()} ({world}) and "
+                             f"{dst.short()} ({dst.world_size})")
+        per_param = memory.WEIGHT_BYTES + (memory.OPTIMIZER_BYTES if include_optimizer else 0)
+        total_bytes = self.model.num_params * per_param
+        worst = 0.0
+        # Only tp and pp change what a rank holds; ranks repeat with period tp*pp*cp, so one
+        # model replica's worth of ranks is enough.
+        for r in range(min(world, dst.model_parallel * src.model_parallel)):
+            need = _shard_interval(r, dst)
+            have = _shard_interval(r, src)
+            size = 1.0 / (dst.tp * dst.pp)
+            worst = max(worst, (size - _overlap_frac(need, have)) * total_bytes)
+        group = max(src.model_parallel, dst.model_parallel)
+        link = comm.group_link(self.cluster, self.profile, group, 1)
+        t = comm.p2p_s(worst, link) if worst > 0 else 0.0
+        moved = worst * world
+        return Estimate(stage="reshard", time_s=t, feasible=True, gpus=world, plan=dst,
+                        breakdown={"transfer": t},
+                        extras={"bytes_per_gpu": worst, "bytes_total": moved, "link_bw_bytes_s": link.bw_bytes_s})
+
+    def dispatch_bytes_per_sample(self, context: int) -> float:
+        return context * sum(TENSOR_BYTES_PER_TOKEN.values()) + sum(TENSOR_BYTES_PER_SAMPLE.values())
+
+    def dispatch(self, kind: str, src: ParallelPlan, dst: ParallelPlan, batch: int, context: int) -> Estimate:
+        """Move the experience tensors of `batch` sequences from the producers (`src` layout) to
+        the training layout (`dst`). `centralized`: everything into one controller, then out
+        again. `layout-aware`: producers send straight to the consumers that need each sample."""
+        if kind not in DISPATCHERS:
+            raise ValueError(f"unknown dispatcher {kind!r}; valid: {', '.join(DISPATCHERS)}")
+        self._check(dst, batch, context)
+        g, nodes = self.cluster.gpus_per_node, self.cluster.nodes
+        per_sample = self.dispatch_bytes_per_sample(context)
+        total = batch * per_sample
+        # every tp/pp-edge rank of a consumer group needs its samples; cp ranks need 1/cp
+        edge_stages = min(dst.pp, 2)
+        consumers = dst.dp * dst.tp * dst.cp * edge_stages
+        delivered = total * dst.tp * edge_stages  # cp splits tokens, tp and pp edges replicate
+        producers = src.dp
+        intra = self.profile.intra
+        net = self.cluster.network
+        node_bw = net.node_bw_bytes_s
+        if kind == "centralized":
+            remote_frac = (nodes - 1) / nodes
+            gather = comm.p2p_s(total * remote_frac, LinkParams(alpha_s=net.latency_s, bw_bytes_s=node_bw)) \
+                + total * (1 - remote_frac) / intra.bw_bytes_s + producers * net.latency_s
+            scatter = comm.p2p_s(delivered * remote_frac, LinkParams(alpha_s=net.latency_s, bw_bytes_s=node_bw)) \
+                + delivered * (1 - remote_frac) / intra.bw_bytes_s + consumers * net.latency_s
+            t = gather + scatter
+            br = {"gather": gather, "scatter": scatter}
+            through_controller = total + delivered
+        else:
+            # balanced: each node sends/receives its share; a sample stays inside its node with
+            # probability 1/nodes (placement is independent of the producer's node)
+            remote_frac = (nodes - 1) / nodes
+            per_node = delivered / nodes
+            net_t = per_node * remote_frac / node_bw if nodes > 1 else 0.0
+            per_gpu_in = delivered / max(1, consumers) * (1 - remote_frac)
+            msgs = -(-consumers // max(1, producers))
+            alltoall = max(net_t, per_gpu_in / intra.bw_bytes_s) + msgs * (net.latency_s if nodes > 1 else intra.alpha_s)
+            world = max(dst.world_size, src.world_size)
+            # advantage normalisation: all-reduce of a few scalars per group
+            stats = comm.allreduce_s(16 * dst.dp, world, comm.group_link(self.cluster, self.profile, world))
+            t = alltoall + stats
+            br = {"alltoall": alltoall, "advantage_stats": stats}
+            through_controller = 64 * batch  # sample ids and lengths only
+        return Estimate(stage="dispatch", time_s=t, feasible=True, tokens=batch * context,
+                        gpus=dst.world_size, plan=dst, breakdown=br,
+                        extras={"payload_bytes": total, "delivered_bytes": delivered,
+                                "controller_bytes": through_controller, "dispatcher": kind})
+
+
+def _shard_interval(rank: int, plan: ParallelPlan) -> tuple[tuple[float, float], tuple[float, float]]:
+    """The slice of the model a rank holds: its layer range (pp) and column range (tp), each as
+    a fraction of [0, 1)."""
+    tp_i = rank % plan.tp
+    pp_i = (rank // (plan.tp * plan.cp)) % plan.pp
+    return (pp_i / plan.pp, (pp_i + 1) / plan.pp), (tp_i / plan.tp, (tp_i + 1) / plan.tp)
+
+
+def _overlap_frac(a, b) -> float:
+    """Fraction of all parameters that slices `a` and `b` share."""
+    def one(x, y):
+        return max(0.0, min(x[1], y[1]) - max(x[0], y[0]))
+    return one(a[0], b[0]) * one(a[1], b[1])
