@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import enum
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -406,10 +407,7 @@ class ParallelPlan:
         degrees = {"tp": self.tp, "pp": self.pp, "dp": self.dp, "cp": self.cp}
         unknown = [n for n, v in degrees.items() if v == -1]
         if unknown:
-            known = 1
-            for n, v in degrees.items():
-                if v != -1:
-                    known *= v
+            known = math.prod(v for v in degrees.values() if v != -1)
             if world % known:
                 raise ValueError(f"cannot infer {unknown[0]}: {world} GPUs is not divisible by "
                                  f"the other degrees' product {known}")

@@ -4,7 +4,8 @@ Both `earl simulate` and `earl run` emit `Span`s; calibrating the simulator is a
 the two traces. Exports: Chrome trace JSON (open in https://ui.perfetto.dev) and a pandas
 DataFrame / CSV.
 
-    python -c "from earl.trace import Span, write_chrome_trace; write_chrome_trace([Span(name='x', stage='rollout', rank=0, t_start=0, t_end=1)], '/tmp/t.json')"
+    python -c "from earl.trace import Span, write_chrome_trace as w; \
+        w([Span(name='x', stage='rollout', rank=0, t_start=0, t_end=1)], '/tmp/t.json')"
 """
 
 from __future__ import annotations

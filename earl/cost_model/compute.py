@@ -97,5 +97,6 @@ def train_flops_per_token(model: ModelSpec, context: int) -> float:
     """Model FLOPs per trained token: 6N (forward + backward of the weights) plus attention,
     (Kaplan et al. 2020; Narayanan et al. 2021), without recompute."""
     attn = 3 * 4 * model.num_layers * model.q_dim * (context + 1) / 2
-    return 6.0 * (model.num_params - model.vocab_size * model.hidden_size * (0 if model.tied_embeddings else 1)) \
-        + attn
+    # the input embedding is a lookup, not a matmul; a tied one is still used as the LM head
+    lookup = 0 if model.tied_embeddings else model.vocab_size * model.hidden_size
+    return 6.0 * (model.num_params - lookup) + attn

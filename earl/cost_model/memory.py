@@ -14,7 +14,8 @@ Transformer Models", Table 2), per layer, in bytes, for 2-byte activations:
 attention kernel (FlashAttention / SDPA) the 5as/h score term is never stored, so the cost
 model treats `none` like `selective` for memory when `flash_attention` is on.
 
-    python -c "from earl.cost_model.memory import korthikanti_activation_bytes as f; print(f(4096,1,8192,64,8,True,'none'))"
+    python -c "from earl.cost_model.memory import korthikanti_activation_bytes as f; \
+        print(f(4096, 1, 8192, 64, 8, True, 'none'))"
 """
 
 from __future__ import annotations

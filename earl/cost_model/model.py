@@ -4,9 +4,7 @@ One object per (model, cluster, profile). Stage estimates return an `Estimate` (
 feasibility, per-component breakdown); the O(1) hooks (`prefill_time_s`, `decode_step_time_s`,
 `kv_capacity_tokens`, `transfer_time_s`) are what the simulator calls on its hot path.
 
-    python -c "from earl.cost_model import CostModel; from earl.specs import *; \
-cm = CostModel(ModelSpec.from_name('qwen2.5-7b'), ClusterSpec.for_gpus(HardwareSpec.from_name('h100-sxm-80gb'), 8)); \
-print(cm.decode(ParallelPlan(tp=2, dp=4), 256, 4096).to_dict())"
+    earl estimate decode --model qwen2.5-7b --hardware h100-sxm-80gb --gpus 8 --tp 2 --batch 256 --context 4096
 """
 
 from __future__ import annotations
@@ -342,7 +340,7 @@ class CostModel:
         if kind not in DISPATCHERS:
             raise ValueError(f"unknown dispatcher {kind!r}; valid: {', '.join(DISPATCHERS)}")
         self._check(dst, batch, context)
-        g, nodes = self.cluster.gpus_per_node, self.cluster.nodes
+        nodes = self.cluster.nodes
         per_sample = self.dispatch_bytes_per_sample(context)
         total = batch * per_sample
         # every tp/pp-edge rank of a consumer group needs its samples; cp ranks need 1/cp
@@ -370,7 +368,8 @@ class CostModel:
             net_t = per_node * remote_frac / node_bw if nodes > 1 else 0.0
             per_gpu_in = delivered / max(1, consumers) * (1 - remote_frac)
             msgs = -(-consumers // max(1, producers))
-            alltoall = max(net_t, per_gpu_in / intra.bw_bytes_s) + msgs * (net.latency_s if nodes > 1 else intra.alpha_s)
+            alpha = net.latency_s if nodes > 1 else intra.alpha_s
+            alltoall = max(net_t, per_gpu_in / intra.bw_bytes_s) + msgs * alpha
             world = max(dst.world_size, src.world_size)
             # advantage normalisation: all-reduce of a few scalars per group
             stats = comm.allreduce_s(16 * dst.dp, world, comm.group_link(self.cluster, self.profile, world))
