@@ -18,8 +18,8 @@ from rich.console import Console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="EARL: efficient agentic RL: cost model, policies, simulator, runtime.")
-console = Console()
-err_console = Console(stderr=True)
+console = Console(width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True, soft_wrap=True)
 
 
 class UserError(ValueError):
@@ -56,6 +56,169 @@ def parse_sets(items: Optional[list[str]]) -> dict[str, str]:
 # estimate / plan  (earl/cost_model, earl/policies)
 # ============================================================================================
 # <estimate-plan>
+def _fmt_s(t: float) -> str:
+    if t == float("inf"):
+        return "inf"
+    return f"{t * 1e3:.3f} ms" if t < 1 else f"{t:.3f} s"
+
+
+def _gib(b: float) -> str:
+    return f"{b / 2**30:.2f} GiB"
+
+
+def _print_estimate(est, title: str) -> None:
+    from rich.table import Table
+
+    t = Table(title=title, show_header=False, title_justify="left")
+    t.add_column("metric", style="bold")
+    t.add_column("value")
+    t.add_row("plan", est.plan.describe() if est.plan else "-")
+    t.add_row("feasible", "[green]yes[/]" if est.feasible else "[red]no[/]")
+    if est.reason:
+        t.add_row("note" if est.feasible else "reason", est.reason)
+    t.add_row("time", _fmt_s(est.time_s))
+    if est.tokens and est.feasible:
+        t.add_row("tokens/s/GPU", f"{est.tokens_per_gpu_s:,.1f}")
+    if est.flops:
+        t.add_row("TFLOP/s/GPU", f"{est.tflops_per_gpu:.1f}")
+        t.add_row("MFU", f"{est.mfu:.1%}")
+    if est.memory:
+        t.add_row("memory/GPU", f"{_gib(est.memory.total)} of {_gib(est.memory.capacity)}")
+        for c in est.memory.COMPONENTS:
+            v = getattr(est.memory, c)
+            if v:
+                t.add_row(f"  {c}", _gib(v))
+    for k, v in est.breakdown.items():
+        if v:
+            t.add_row(f"  time: {k}", _fmt_s(v))
+    for k, v in est.extras.items():
+        t.add_row(f"  {k}", f"{v:,.4g}" if isinstance(v, float) else str(v))
+    console.print(t)
+
+
+@app.command("estimate")
+@user_errors
+def estimate_cmd(
+    stage: str = typer.Argument(..., help="prefill | decode | logprob | train | reshard | dispatch"),
+    model: str = typer.Option("qwen2.5-7b", help="catalog name or path to an HF config.json / checkpoint dir"),
+    hardware: str = typer.Option("h100-sxm-80gb", help="hardware profile name or profile JSON path"),
+    gpus: int = typer.Option(8, help="GPUs the stage runs on"),
+    tp: int = typer.Option(1, help="tensor parallel"),
+    pp: int = typer.Option(1, help="pipeline parallel"),
+    dp: int = typer.Option(-1, help="data parallel (-1: infer from --gpus)"),
+    cp: int = typer.Option(1, help="context parallel"),
+    batch: int = typer.Option(64, help="sequences (decode: spread over all replicas; train: global batch)"),
+    context: int = typer.Option(4096, help="tokens per sequence"),
+    micro_batch: int = typer.Option(1, help="sequences per micro-batch"),
+    recompute: str = typer.Option("none", help="none | selective | full"),
+    sharded_optimizer: bool = typer.Option(False, help="shard grads + optimizer over dp (ZeRO-2)"),
+    to: Optional[str] = typer.Option(None, help="reshard / dispatch: destination plan, e.g. tp4-dp2"),
+    dispatcher: str = typer.Option("layout-aware", help="dispatch: centralized | layout-aware"),
+    network: Optional[str] = typer.Option(None, help="inter-node network: tcp-200g, rdma-200g, rdma-400gx8, ..."),
+    optimizer_state: bool = typer.Option(False, help="reshard: move optimizer states too"),
+    json_out: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
+):
+    """Price one stage of an RL iteration (time, memory, throughput, MFU)."""
+    import json
+
+    from earl.cost_model.model import STAGES
+    from earl.cost_model.resolve import make_cost_model
+    from earl.specs import ParallelPlan
+
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; valid: {', '.join(STAGES)}")
+    cm = make_cost_model(model, hardware, gpus, network)
+    plan = ParallelPlan(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=micro_batch, recompute=recompute,
+                        sharded_optimizer=sharded_optimizer).resolve(gpus)
+    if stage in ("reshard", "dispatch"):
+        dst = ParallelPlan.parse(to).resolve(gpus) if to else plan
+        est = (cm.reshard(plan, dst, include_optimizer=optimizer_state) if stage == "reshard"
+               else cm.dispatch(dispatcher, plan, dst, batch, context))
+    else:
+        est = cm.estimate(stage, plan, batch, context)
+    if json_out:
+        print(json.dumps(est.to_dict(), indent=2, default=str))
+    else:
+        _print_estimate(est, f"{stage}: {cm.model.name} on {gpus} x {cm.profile.name}, "
+                             f"batch {batch} x {context} tokens")
+
+
+@app.command("plan")
+@user_errors
+def plan_cmd(
+    stage: str = typer.Argument(..., help="prefill | decode | logprob | train"),
+    model: str = typer.Option("qwen2.5-7b", help="catalog name or path to an HF config.json / checkpoint dir"),
+    hardware: str = typer.Option("h100-sxm-80gb", help="hardware profile name or profile JSON path"),
+    gpus: int = typer.Option(8, help="GPUs the stage runs on"),
+    batch: int = typer.Option(64, help="sequences"),
+    context: int = typer.Option(4096, help="tokens per sequence (mean, for --selector)"),
+    top: int = typer.Option(10, help="rows to show (0: all)"),
+    network: Optional[str] = typer.Option(None, help="inter-node network: tcp-200g, rdma-200g, ..."),
+    selector: Optional[str] = typer.Option(None, help="also show this selector's decision: static | earl-table | "
+                                                      "cost-model"),
+    current: Optional[str] = typer.Option(None, help="--selector: the plan in use now, e.g. tp4-dp2"),
+    context_p95: Optional[int] = typer.Option(None, help="--selector: p95 context (default: 1.5 x --context)"),
+    context_max: Optional[int] = typer.Option(None, help="--selector: max context (default: 2 x --context)"),
+    json_out: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
+):
+    """Enumerate every valid plan for a stage and rank them by predicted throughput."""
+    import json
+    import time
+
+    from rich.table import Table
+
+    from earl.cost_model.resolve import make_cost_model
+    from earl.cost_model.search import rank_plans
+
+    cm = make_cost_model(model, hardware, gpus, network)
+    t0 = time.perf_counter()
+    ranked = rank_plans(cm, stage, gpus, batch, context)
+    elapsed = time.perf_counter() - t0
+    decision = None
+    if selector:
+        decision = _select_for_plan_cmd(cm, selector, stage, gpus, batch, context, current,
+                                        context_p95, context_max, ranked)
+    shown = ranked[:top] if top else ranked
+    if json_out:
+        out = {"stage": stage, "plans_evaluated": len(ranked), "search_s": elapsed,
+               "plans": [e.to_dict() for _, e in shown]}
+        if decision is not None:
+            out["decision"] = {"plan": decision.plan.describe(), "switched": decision.switched,
+                               "reason": decision.reason, "predicted": decision.predicted}
+        print(json.dumps(out, indent=2, default=str))
+        return
+    n_ok = sum(e.feasible for _, e in ranked)
+    t = Table(title=f"{stage}: {cm.model.name} on {gpus} x {cm.profile.name}, batch {batch} x {context}: "
+                    f"{len(ranked)} plans ({n_ok} feasible) in {elapsed * 1e3:.0f} ms", title_justify="left")
+    for col in ("#", "plan", "tokens/s/GPU", "time", "MFU", "mem/GPU", "why not"):
+        t.add_column(col, justify="right" if col not in ("plan", "why not") else "left")
+    for i, (p, e) in enumerate(shown, 1):
+        t.add_row(str(i), p.describe(), f"{e.tokens_per_gpu_s:,.0f}" if e.feasible else "-", _fmt_s(e.time_s),
+                  f"{e.mfu:.1%}" if e.feasible and e.flops else "-",
+                  _gib(e.memory.total) if e.memory else "-", "" if e.feasible else e.reason)
+    console.print(t)
+    if decision is not None:
+        from earl.policies import format_decision
+
+        console.print(format_decision(decision))
+
+
+def _select_for_plan_cmd(cm, selector, stage, gpus, batch, context, current, p95, mx, ranked):
+    from earl.policies import make_selector
+    from earl.specs import ParallelPlan, Stage, StagePlan, WorkloadStats
+
+    stage_map = {"decode": Stage.ROLLOUT, "prefill": Stage.ROLLOUT, "logprob": Stage.EXPERIENCE,
+                 "train": Stage.TRAIN}
+    if current:
+        cur = ParallelPlan.parse(current).resolve(gpus)
+    else:
+        feasible = [p for p, e in ranked if e.feasible]
+        cur = feasible[-1] if feasible else ranked[0][0]
+    initial = StagePlan(rollout=cur, experience=cur, train=cur)
+    sel = make_selector(selector, cost_model=cm, initial=initial, stage_gpus=gpus)
+    stats = WorkloadStats(num_responses=batch, context_mean=context, context_p95=p95 or int(1.5 * context),
+                          context_max=mx or 2 * context)
+    return sel.select(stage_map[stage], stats, cur)
 # </estimate-plan>
 
 # ============================================================================================

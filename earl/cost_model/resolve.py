@@ -1,0 +1,51 @@
+"""Turn user-facing names and paths into specs and a CostModel (shared by every CLI command).
+
+    python -c "from earl.cost_model.resolve import make_cost_model as m; print(m('tiny', 'cpu', 1))"
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from earl.cost_model.model import CostModel
+from earl.cost_model.profile import load_profile
+from earl.specs import GB, MODEL_CATALOG, NETWORK_CATALOG, ClusterSpec, ModelSpec, NetworkSpec, unknown_name_error
+
+_NET_RE = re.compile(r"^(tcp|rdma)-(\d+(?:\.\d+)?)g(?:x(\d+))?$")
+
+
+def resolve_model(name_or_path: str) -> ModelSpec:
+    """A catalog name, or a path to an HF `config.json` / checkpoint directory."""
+    if name_or_path.lower() in MODEL_CATALOG:
+        return MODEL_CATALOG[name_or_path.lower()]
+    p = Path(name_or_path)
+    if p.exists():
+        return ModelSpec.from_hf_config(p)
+    raise unknown_name_error("model", name_or_path, MODEL_CATALOG)
+
+
+def resolve_network(text: str) -> NetworkSpec:
+    """A catalog name, or `tcp-<Gbps>g[x<NICs>]` / `rdma-<Gbps>g[x<NICs>]` (e.g. `tcp-100g`,
+    `rdma-400gx8`): TCP at 60% of line rate and 30 us, RDMA at 90% and 3 us."""
+    key = text.lower()
+    if key in NETWORK_CATALOG:
+        return NETWORK_CATALOG[key]
+    m = _NET_RE.match(key)
+    if not m:
+        names = ", ".join(sorted(NETWORK_CATALOG))
+        raise ValueError(f"unknown network {text!r}; use one of {names} or tcp-<Gbps>g[x<NICs>] / "
+                         "rdma-<Gbps>g[x<NICs>]")
+    proto, gbps, nics = m.group(1), float(m.group(2)), int(m.group(3) or 1)
+    tcp = proto == "tcp"
+    return NetworkSpec(name=key, nic_bw_bytes_s=gbps / 8 * GB, nics_per_node=nics,
+                       efficiency=0.6 if tcp else 0.9, latency_s=30e-6 if tcp else 3e-6, protocol=proto)
+
+
+def make_cost_model(model: str | ModelSpec, hardware: str, gpus: int, network: str | None = None) -> CostModel:
+    """CostModel for `gpus` GPUs of `hardware` (profile name or JSON path)."""
+    spec = model if isinstance(model, ModelSpec) else resolve_model(model)
+    profile = load_profile(hardware)
+    net = resolve_network(network) if network else None
+    cluster = ClusterSpec.for_gpus(profile.hardware, gpus, net)
+    return CostModel(spec, cluster, profile)

@@ -1,0 +1,65 @@
+"""`earl estimate` and `earl plan` through the real CLI entry point."""
+
+import json
+
+from typer.testing import CliRunner
+
+from earl.cli import app
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_estimate_json_fields():
+    r = run("estimate", "decode", "--model", "qwen2.5-7b", "--gpus", "4", "--tp", "2", "--batch", "64",
+            "--context", "4096", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    for key in ("time_s", "tokens_per_gpu_s", "memory_per_gpu_bytes", "feasible", "reason", "tflops_per_gpu",
+                "mfu", "breakdown"):
+        assert key in d
+    assert d["feasible"] and d["plan"].startswith("tp2-dp2")
+
+
+def test_estimate_dispatch_and_reshard():
+    r = run("estimate", "dispatch", "--model", "qwen2.5-72b", "--gpus", "128", "--tp", "8", "--batch", "256",
+            "--context", "8192", "--dispatcher", "centralized", "--network", "tcp-200g", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["extras"]["dispatcher"] == "centralized"
+    r = run("estimate", "reshard", "--gpus", "4", "--tp", "4", "--to", "tp2-dp2", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["time_s"] > 0
+
+
+def test_estimate_table_output():
+    r = run("estimate", "train", "--model", "qwen2.5-7b", "--gpus", "8", "--tp", "2")
+    assert r.exit_code == 0, r.output
+    assert "tokens/s/GPU" in r.output and "optimizer" in r.output
+
+
+def test_plan_ranks_and_marks_infeasible():
+    r = run("plan", "decode", "--model", "qwen2.5-72b", "--gpus", "16", "--batch", "256", "--context", "32768",
+            "--json", "--top", "0")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["plans_evaluated"] == 4
+    assert [p["feasible"] for p in d["plans"]] == [True, True, False, False]
+    assert "weights" in d["plans"][-1]["reason"]
+
+
+def test_bad_input_exits_2_with_one_line():
+    for args, needle in [
+        (("estimate", "decode", "--model", "gpt-9"), "unknown model 'gpt-9'"),
+        (("estimate", "decode", "--hardware", "tpu"), "unknown hardware profile 'tpu'"),
+        (("estimate", "warp"), "unknown stage 'warp'"),
+        (("estimate", "decode", "--gpus", "8", "--tp", "8", "--model", "qwen2.5-7b"), "does not divide"),
+        (("estimate", "train", "--recompute", "sometimes"), "recompute 'sometimes'"),
+        (("plan", "decode", "--gpus", "0"), "GPUs must be >= 1"),
+    ]:
+        r = run(*args)
+        assert r.exit_code == 2, (args, r.output)
+        assert needle in r.output, (args, r.output)
+        assert "Traceback" not in r.output

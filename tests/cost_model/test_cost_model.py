@@ -1,0 +1,134 @@
+"""Cost model formulas and directions."""
+
+import pytest
+
+from earl.cost_model import CostModel, rank_plans
+from earl.cost_model.compute import causal_pairs, forward_pass, train_flops_per_token
+from earl.cost_model.memory import korthikanti_activation_bytes
+from earl.cost_model.resolve import make_cost_model, resolve_network
+from earl.specs import ClusterSpec, HardwareSpec, ModelSpec, ParallelPlan
+
+
+def cm_for(model="qwen2.5-7b", hw="h100-sxm-80gb", gpus=8, network=None) -> CostModel:
+    return make_cost_model(model, hw, gpus, network)
+
+
+# Korthikanti et al. 2022, Table 2, for s=2048, b=1, h=12288, a=96, t=8 (their 175B config).
+S, B, H, A, T = 2048, 1, 12288, 96, 8
+SBH = S * B * H
+
+
+@pytest.mark.parametrize("sp,mode,expected", [
+    (False, "none", SBH * (10 + 24 / T + 5 * A * S / (H * T))),
+    (True, "none", SBH * (34 / T + 5 * A * S / (H * T))),
+    (False, "selective", SBH * (10 + 24 / T)),
+    (True, "selective", SBH * 34 / T),
+    (True, "full", SBH * 2),
+])
+def test_korthikanti_rows(sp, mode, expected):
+    assert korthikanti_activation_bytes(S, B, H, A, T, sp, mode) == pytest.approx(expected)
+
+
+def test_korthikanti_no_parallelism_row():
+    assert korthikanti_activation_bytes(S, B, H, A, 1, False, "none") == pytest.approx(SBH * (34 + 5 * A * S / H))
+
+
+def test_training_flops_are_6n_per_token_at_short_context():
+    """Summing the operator-level forward FLOPs (x3 for forward + backward) at short context
+    gives 6N per token, N = parameters that take part in matmuls (all but the input lookup)."""
+    m = ModelSpec.from_name("qwen2.5-7b")
+    n_matmul = m.num_params - m.vocab_size * m.hidden_size  # untied: the input embedding is a lookup
+    cm = cm_for("qwen2.5-7b", gpus=1)
+    t = 128
+    fwd = forward_pass(m, cm.profile, tp=1, layers=m.num_layers, tokens=t, attn_pairs=causal_pairs(t, 0),
+                       kv_tokens=t, lm_tokens=t)
+    assert 3 * fwd.flops / t == pytest.approx(6 * n_matmul, rel=0.05)
+    assert train_flops_per_token(m, t) == pytest.approx(6 * n_matmul, rel=0.05)
+    assert 6 * n_matmul == pytest.approx(6 * m.num_params, rel=0.08)
+
+
+def test_more_tp_lowers_memory_per_gpu():
+    cm = cm_for("qwen2.5-72b", gpus=8)
+    mems = [cm.memory("train", ParallelPlan(tp=t, dp=8 // t), 64, 4096).total for t in (1, 2, 4, 8)]
+    assert mems == sorted(mems, reverse=True) and mems[0] > mems[-1]
+    kv = [cm.memory("decode", ParallelPlan(tp=t, dp=8 // t), 64, 4096).total for t in (2, 4, 8)]
+    assert kv == sorted(kv, reverse=True)
+
+
+def test_longer_context_raises_decode_time_and_kv():
+    cm = cm_for("qwen2.5-7b", gpus=4)
+    plan = ParallelPlan(tp=4, dp=1)
+    e1, e2 = cm.decode(plan, 16, 2048), cm.decode(plan, 16, 16384)
+    assert e2.time_s > e1.time_s
+    assert e2.memory.kv_cache == pytest.approx(8 * e1.memory.kv_cache)
+
+
+def test_72b_on_one_80gb_gpu_is_infeasible():
+    cm = cm_for("qwen2.5-72b", gpus=1)
+    est = cm.decode(ParallelPlan(tp=1, dp=1), 1, 1024)
+    assert not est.feasible and "weights" in est.reason
+    assert not cm.train(ParallelPlan(), 1, 1024).feasible
+
+
+def test_decode_reports_reduced_concurrency_not_infeasible():
+    cm = cm_for("qwen2.5-7b", gpus=1)
+    cap = cm.kv_capacity_tokens(1)
+    est = cm.decode(ParallelPlan(), 1000, 32768)
+    assert est.feasible and est.extras["concurrency"] == cap // 32768 < 1000
+    assert "fit in KV memory" in est.reason
+    assert not cm.decode(ParallelPlan(), 1, cap + 1).feasible
+
+
+def test_kv_heads_replicated_when_tp_exceeds_kv_heads():
+    cm = cm_for("llama-3.1-8b", gpus=16)  # 8 KV heads
+    m8 = cm.memory("decode", ParallelPlan(tp=8, dp=2), 2, 1000).kv_cache
+    m16 = cm.memory("decode", ParallelPlan(tp=16, dp=1), 1, 1000).kv_cache
+    assert m16 == pytest.approx(m8)  # one sequence per replica, one KV head per GPU in both
+
+
+def test_pipeline_bubble_fraction():
+    cm = cm_for("qwen2.5-7b", gpus=8)
+    est = cm.train(ParallelPlan(pp=4, dp=2, micro_batch=1), 16, 2048)  # 8 micro-batches per replica
+    assert est.extras["bubble_frac"] == pytest.approx(3 / (8 + 3))
+
+
+def test_layout_aware_dispatch_beats_centralized_at_scale():
+    cm = cm_for("qwen2.5-72b", gpus=128, network="tcp-200g")
+    src = dst = ParallelPlan(tp=8, dp=16)
+    c = cm.dispatch("centralized", src, dst, 512, 16384)
+    la = cm.dispatch("layout-aware", src, dst, 512, 16384)
+    assert c.time_s > 5 * la.time_s
+    assert c.extras["controller_bytes"] > 1000 * la.extras["controller_bytes"]
+
+
+def test_reshard_same_plan_is_free_and_bigger_tp_keeps_local_slices():
+    cm = cm_for("qwen2.5-7b", gpus=4)
+    assert cm.reshard(ParallelPlan(tp=2, dp=2), ParallelPlan(tp=2, dp=2)).time_s == 0
+    grow = cm.reshard(ParallelPlan(tp=1, dp=4), ParallelPlan(tp=4, dp=1))  # tp1 holds everything
+    assert grow.extras["bytes_per_gpu"] == 0
+    shrink = cm.reshard(ParallelPlan(tp=4, dp=1), ParallelPlan(tp=1, dp=4))
+    assert shrink.extras["bytes_per_gpu"] == pytest.approx(0.75 * cm.model.num_params * 2)
+
+
+def test_rank_plans_orders_feasible_first():
+    cm = cm_for("qwen2.5-72b", gpus=64)
+    ranked = rank_plans(cm, "train", 64, 64, 8192)
+    feas = [e.feasible for _, e in ranked]
+    assert feas == sorted(feas, reverse=True) and any(feas) and not all(feas)
+    thr = [e.tokens_per_gpu_s for _, e in ranked if e.feasible]
+    assert thr == sorted(thr, reverse=True)
+    assert all(p.world_size == 64 for p, _ in ranked)
+
+
+def test_network_parsing():
+    n = resolve_network("rdma-400gx8")
+    assert n.nics_per_node == 8 and n.protocol == "rdma" and n.nic_bw_bytes_s == pytest.approx(50e9)
+    with pytest.raises(ValueError, match="unknown network 'ethernet'"):
+        resolve_network("ethernet")
+
+
+def test_cluster_for_gpus():
+    h100 = HardwareSpec.from_name("h100-sxm-80gb")
+    assert ClusterSpec.for_gpus(h100, 1024).nodes == 128
+    with pytest.raises(ValueError, match="12 GPUs is not a whole number of 8-GPU nodes"):
+        ClusterSpec.for_gpus(h100, 12)
