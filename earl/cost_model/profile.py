@@ -72,10 +72,17 @@ class HardwareProfile:
     mem_reserve_bytes: float = 1.0e9  # plus this many bytes (CUDA context, allocator slack)
     stamp: dict = field(default_factory=dict)  # source, device, torch, cuda, attention, date, host
     fit_quality: dict = field(default_factory=dict)  # held-out error per fitted curve
+    # Per-collective links fitted by `earl calibrate` through earl.cost_model.comm's formulas
+    # ("allreduce", "allgather", "alltoall", "p2p" -> LinkParams); empty: every op uses `intra`.
+    collective_links: dict = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return self.hardware.name
+
+    def link_for(self, collective: str) -> LinkParams:
+        """The intra-node link to price `collective` with: its own fitted link if calibrated."""
+        return self.collective_links.get(collective, self.intra)
 
     # ---- serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -107,6 +114,7 @@ class HardwareProfile:
                 mem_reserve_bytes=float(d["mem_reserve_bytes"]),
                 stamp=dict(d.get("stamp", {})),
                 fit_quality=dict(d.get("fit_quality", {})),
+                collective_links={k: LinkParams(**v) for k, v in d.get("collective_links", {}).items()},
             )
         except KeyError as e:
             raise ValueError(f"{source}: profile is missing field {e.args[0]!r}") from None
