@@ -1,0 +1,236 @@
+"""Execute a dispatcher's TransferPlan on torch.distributed: the experience tensors of every
+sample move from the ranks that produced them to the training ranks that need them.
+
+Both dispatchers of `earl.policies.dispatch` run here, from the same executor:
+- `centralized`: phase 1 gathers input_ids, masks, log-probs and rewards on the controller,
+  which computes the advantages; phase 2 scatters each rank's share.
+- `layout-aware`: producers first normalise advantages in place (an all_reduce of per-group
+  scalar statistics: sum, sum of squares, count), then every consumer receives its share
+  straight from a producer (point-to-point; a local copy when producer == consumer).
+Each phase posts all of its receives and sends at once (isend/irecv), one message per
+transfer. What a rank ends up holding is checked against the plan: exactly once, exactly what
+its layout needs.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_dispatch.py
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from earl.policies.dispatch import required_sets
+from earl.policies.types import TENSOR_BYTES_PER_SAMPLE, Layout, Sample, TransferPlan
+
+TENSOR_DTYPES: dict[str, torch.dtype] = {
+    "input_ids": torch.int64,
+    "loss_mask": torch.bool,
+    "old_logprobs": torch.float32,
+    "ref_logprobs": torch.float32,
+    "advantages": torch.float32,
+    "rewards": torch.float32,  # one value per sample
+}
+ADVANTAGE_ESTIMATORS = ("grpo", "reinforce++")
+
+# sample id -> tensor name -> tensor (per-token tensors are 1-D of the sample's length)
+Store = dict[int, dict[str, torch.Tensor]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DispatchStats:
+    """What one rank did during one dispatch."""
+
+    kind: str  # dispatcher name
+    seconds: float  # wall time on this rank, s (after a start barrier, to the last unpack)
+    phase_s: tuple[float, ...]  # per phase
+    advantage_s: float  # computing advantages (incl. the stats all-reduce for layout-aware)
+    bytes_sent: int
+    bytes_recv: int
+    messages: int
+
+
+# --------------------------------------------------------------------------------------------
+# Advantages
+# --------------------------------------------------------------------------------------------
+def _group_key(estimator: str, s: Sample) -> int:
+    if estimator not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"advantage estimator {estimator!r} unknown; valid: {', '.join(ADVANTAGE_ESTIMATORS)}")
+    return s.group if estimator == "grpo" else 0  # REINFORCE++: one batch-wide baseline
+
+
+def group_stats(store: Store, samples: list[Sample], estimator: str,
+                counted: set[int] | None = None) -> dict[int, torch.Tensor]:
+    """group -> float64 [sum, sum of squares, count] of the rewards this rank holds (only the
+    samples in `counted`, when given: tp peers hold copies and must count each sample once)."""
+    stats: dict[int, torch.Tensor] = {}
+    for s in samples:
+        if counted is not None and s.id not in counted:
+            continue
+        if s.id in store and "rewards" in store[s.id]:
+            r = float(store[s.id]["rewards"].double().item())
+            g = _group_key(estimator, s)
+            stats.setdefault(g, torch.zeros(3, dtype=torch.float64))
+            stats[g] += torch.tensor([r, r * r, 1.0], dtype=torch.float64)
+    return stats
+
+
+def fill_advantages(store: Store, samples: list[Sample], stats: dict[int, torch.Tensor],
+                    estimator: str, eps: float = 1e-6) -> None:
+    """advantage = (reward - group mean) / (group std + eps), per token of the sample.
+    std is the population std of the group's rewards."""
+    for s in samples:
+        item = store.get(s.id)
+        if item is None or "rewards" not in item:
+            continue
+        total, sq, n = stats[_group_key(estimator, s)].tolist()
+        mean = total / n
+        std = max(sq / n - mean * mean, 0.0) ** 0.5
+        adv = (float(item["rewards"].double().item()) - mean) / (std + eps)
+        item["advantages"] = torch.full((item["input_ids"].numel(),), adv, dtype=torch.float32)
+
+
+def producer_samples(src: Layout, rank: int) -> set[int]:
+    """Sample ids whose reward this rank counts: the first rank of each src dp group."""
+    p = src.plan
+    return {i for g, ids in enumerate(src.assignment) for i in ids
+            if src.base_rank + g * p.pp * p.cp * p.tp == rank}
+
+
+def distributed_advantages(store: Store, samples: list[Sample], src: Layout, estimator: str = "grpo",
+                           rank: int = 0, group=None) -> None:
+    """Advantages at the producers: only per-group scalars cross the network."""
+    keys = sorted({_group_key(estimator, s) for s in samples})
+    local = group_stats(store, samples, estimator, producer_samples(src, rank))
+    flat = torch.stack([local.get(k, torch.zeros(3, dtype=torch.float64)) for k in keys])
+    if dist.is_initialized():
+        dist.all_reduce(flat, group=group)
+    fill_advantages(store, samples, {k: flat[i] for i, k in enumerate(keys)}, estimator)
+
+
+# --------------------------------------------------------------------------------------------
+# Packing
+# --------------------------------------------------------------------------------------------
+def _pieces(transfer, tokens: dict[int, int]):
+    """(sample id, start, stop) for each sample of a transfer."""
+    ranges = transfer.token_ranges or tuple((0, tokens[i]) for i in transfer.sample_ids)
+    return list(zip(transfer.sample_ids, ranges, strict=True))
+
+
+def _nbytes(name: str, a: int, b: int) -> int:
+    if name in TENSOR_BYTES_PER_SAMPLE:
+        return TENSOR_BYTES_PER_SAMPLE[name]
+    return (b - a) * torch.empty((), dtype=TENSOR_DTYPES[name]).element_size()
+
+
+def _pack(transfer, store: Store, tokens: dict[int, int]) -> torch.Tensor:
+    parts = []
+    for i, (a, b) in _pieces(transfer, tokens):
+        for name in transfer.tensors:
+            t = store[i][name]
+            t = t.reshape(1) if name in TENSOR_BYTES_PER_SAMPLE else t[a:b]
+            parts.append(t.contiguous().view(torch.uint8))
+    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
+
+
+def _unpack(transfer, buf: torch.Tensor, tokens: dict[int, int], out: Store,
+            counts: dict[tuple[int, str], int]) -> None:
+    off = 0
+    for i, (a, b) in _pieces(transfer, tokens):
+        for name in transfer.tensors:
+            n = _nbytes(name, a, b)
+            out.setdefault(i, {})[name] = buf[off:off + n].clone().view(TENSOR_DTYPES[name])
+            counts[(i, name)] = counts.get((i, name), 0) + 1
+            off += n
+
+
+def _copy(transfer, store: Store, tokens: dict[int, int], out: Store,
+          counts: dict[tuple[int, str], int]) -> None:
+    for i, (a, b) in _pieces(transfer, tokens):
+        for name in transfer.tensors:
+            t = store[i][name]
+            out.setdefault(i, {})[name] = t.reshape(1).clone() if name in TENSOR_BYTES_PER_SAMPLE else t[a:b].clone()
+            counts[(i, name)] = counts.get((i, name), 0) + 1
+
+
+# --------------------------------------------------------------------------------------------
+# The executor
+# --------------------------------------------------------------------------------------------
+def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], src: Layout, dst: Layout, *,
+                     estimator: str = "grpo", rank: int | None = None,
+                     check: bool = True) -> tuple[Store, DispatchStats]:
+    """Run `tplan` from this rank's `store` (the samples it produced, with rewards). Returns
+    the samples this rank needs for training under `dst` (per-token tensors + advantages) and
+    timings. Collective over every rank of the world."""
+    rank = (dist.get_rank() if dist.is_initialized() else 0) if rank is None else rank
+    tokens = {s.id: s.tokens for s in samples}
+    if dist.is_initialized():
+        dist.barrier()
+    t_start = time.perf_counter()
+    adv_s = 0.0
+    if tplan.kind != "centralized":
+        t0 = time.perf_counter()
+        distributed_advantages(store, samples, src, estimator, rank)
+        adv_s = time.perf_counter() - t0
+    held: Store = {i: dict(v) for i, v in store.items()}  # grows with staged data (centralized)
+    phase_s = []
+    sent = recv = msgs = 0
+    delivered: Store = {}
+    counts: dict[tuple[int, str], int] = {}
+    for k, phase in enumerate(tplan.phases):
+        t0 = time.perf_counter()
+        final = k == len(tplan.phases) - 1
+        out: Store = delivered if final else held
+        phase_counts: dict[tuple[int, str], int] = counts if final else {}
+        tag_of: dict[tuple[int, int], int] = defaultdict(int)
+        works, inbox = [], []
+        for tr in phase:  # receives first, then sends; tags count transfers per pair
+            tag = tag_of[(tr.src, tr.dst)]
+            tag_of[(tr.src, tr.dst)] += 1
+            if tr.dst == rank and tr.src != rank:
+                n = sum(_nbytes(name, a, b) for _, (a, b) in _pieces(tr, tokens) for name in tr.tensors)
+                buf = torch.empty(n, dtype=torch.uint8)
+                works.append(dist.irecv(buf, src=tr.src, tag=tag))
+                inbox.append((tr, buf))
+                recv += n
+                msgs += 1
+        tag_of.clear()
+        for tr in phase:
+            tag = tag_of[(tr.src, tr.dst)]
+            tag_of[(tr.src, tr.dst)] += 1
+            if tr.src == rank and tr.dst != rank:
+                buf = _pack(tr, held, tokens)
+                works.append(dist.isend(buf, dst=tr.dst, tag=tag))
+                sent += buf.numel()
+                msgs += 1
+            elif tr.src == rank:
+                _copy(tr, held, tokens, out, phase_counts)
+        for w in works:
+            w.wait()
+        for tr, buf in inbox:
+            _unpack(tr, buf, tokens, out, phase_counts)
+        if not final and tplan.kind == "centralized" and rank == tplan.controller:
+            t1 = time.perf_counter()
+            fill_advantages(held, samples, group_stats(held, samples, estimator), estimator)
+            adv_s += time.perf_counter() - t1
+        phase_s.append(time.perf_counter() - t0)
+    stats = DispatchStats(kind=tplan.kind, seconds=time.perf_counter() - t_start, phase_s=tuple(phase_s),
+                          advantage_s=adv_s, bytes_sent=sent, bytes_recv=recv, messages=msgs)
+    if check:
+        check_delivery(counts, dst, samples, rank)
+    return delivered, stats
+
+
+def check_delivery(counts: dict[tuple[int, str], int], dst: Layout, samples: list[Sample],
+                   rank: int) -> None:
+    """Exactly once, exactly what the layout needs (raises RuntimeError otherwise)."""
+    need = set(required_sets(dst, samples).get(rank, {}))
+    twice = sorted(k for k, c in counts.items() if c > 1)
+    missing = sorted(need - counts.keys())
+    extra = sorted(counts.keys() - need)
+    if twice or missing or extra:
+        raise RuntimeError(f"rank {rank}: dispatch delivered {len(twice)} tensors twice (e.g. {twice[:3]}), "
+                           f"missed {len(missing)} (e.g. {missing[:3]}), {len(extra)} unneeded (e.g. {extra[:3]})")
