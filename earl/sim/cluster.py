@@ -1,0 +1,144 @@
+"""SimPy entities of the cluster: GPUs with memory accounting, NVLink ports and node NICs.
+
+Links are SimPy resources, so concurrent transfers through the same port queue behind each
+other (a store-and-forward approximation of bandwidth sharing: n flows of b bytes through one
+port finish after n * b / bandwidth, as with fair sharing, though the first ones finish
+earlier). Intra-node transfers hold the sender's NVLink egress and the receiver's NVLink
+ingress; inter-node transfers hold the sending node's NIC egress and the receiving node's NIC
+ingress (capacity = NICs per node). Each transfer's duration is the cost model's uncontended
+point-to-point time; contention comes only from queueing.
+
+    python -c "import simpy; from earl.sim.cluster import Cluster; help(Cluster)"
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import simpy
+
+from earl.specs import ClusterSpec
+
+
+@dataclass
+class Gpu:
+    """One accelerator: its place in the cluster and the memory the current stage holds."""
+
+    rank: int
+    node: int
+    hbm_bytes: float  # device memory, bytes
+    used_bytes: float = 0.0  # held by the running stage, bytes
+    peak_bytes: float = 0.0  # most ever held, bytes
+    peak_by_stage: dict = field(default_factory=dict)  # stage -> most held in it, bytes
+
+    def hold(self, stage: str, nbytes: float) -> None:
+        """Account the running stage's footprint (the cost model's MemoryBreakdown.total)."""
+        self.used_bytes = nbytes
+        self.peak_bytes = max(self.peak_bytes, nbytes)
+        self.peak_by_stage[stage] = max(self.peak_by_stage.get(stage, 0.0), nbytes)
+
+    @property
+    def headroom_frac(self) -> float:
+        return 1.0 - self.used_bytes / self.hbm_bytes
+
+
+class Port:
+    """One direction of a link (an NVLink port or a node's NICs): a resource plus counters."""
+
+    def __init__(self, env: simpy.Environment, name: str, capacity: int = 1):
+        self.name = name
+        self.res = simpy.Resource(env, capacity=capacity)
+        self.busy_s = 0.0  # seconds some transfer held it
+        self.bytes = 0  # bytes that crossed it
+
+
+@dataclass(frozen=True)
+class TransferRecord:
+    src: int
+    dst: int
+    bytes: int
+    t_start: float  # when the transfer was issued (s)
+    t_begin: float  # when it got its links (after queueing) (s)
+    t_end: float  # when it finished (s)
+
+
+class Cluster:
+    """GPUs, NVLink ports and NICs of a `ClusterSpec`, with transfers priced by `cost_model`."""
+
+    def __init__(self, env: simpy.Environment, spec: ClusterSpec, cost_model):
+        if spec.num_gpus < 1:
+            raise ValueError(f"the cluster has no GPUs ({spec.nodes} x {spec.gpus_per_node})")
+        self.env = env
+        self.spec = spec
+        self.cm = cost_model
+        per = spec.gpus_per_node
+        self.gpus = [Gpu(rank=r, node=r // per, hbm_bytes=spec.hardware.hbm_bytes)
+                     for r in range(spec.num_gpus)]
+        self.nvlink_out = [Port(env, f"nvlink-out{r}") for r in range(spec.num_gpus)]
+        self.nvlink_in = [Port(env, f"nvlink-in{r}") for r in range(spec.num_gpus)]
+        nics = spec.network.nics_per_node
+        self.nic_out = [Port(env, f"nic-out{n}", nics) for n in range(spec.nodes)]
+        self.nic_in = [Port(env, f"nic-in{n}", nics) for n in range(spec.nodes)]
+        self.records: list[TransferRecord] = []
+
+    @property
+    def num_gpus(self) -> int:
+        return len(self.gpus)
+
+    def node_of(self, rank: int) -> int:
+        return self.gpus[rank].node
+
+    def path(self, src: int, dst: int) -> tuple[Port, Port]:
+        """The two ports a transfer holds: egress first, then ingress (a fixed order, so two
+        transfers can never wait on each other in a cycle)."""
+        a, b = self.node_of(src), self.node_of(dst)
+        if a == b:
+            return self.nvlink_out[src], self.nvlink_in[dst]
+        return self.nic_out[a], self.nic_in[b]
+
+    def transfer(self, src: int, dst: int, nbytes: int):
+        """SimPy process: move `nbytes` from `src` to `dst` over the link model."""
+        if not (0 <= src < self.num_gpus and 0 <= dst < self.num_gpus):
+            raise ValueError(f"transfer {src}->{dst} outside the cluster's {self.num_gpus} GPUs")
+        t0 = self.env.now
+        if src == dst or nbytes <= 0:
+            return
+        out_port, in_port = self.path(src, dst)
+        with out_port.res.request() as r_out:
+            yield r_out
+            with in_port.res.request() as r_in:
+                yield r_in
+                t1 = self.env.now
+                dt = self.cm.transfer_time_s(nbytes, src, dst)
+                yield self.env.timeout(dt)
+                for p in (out_port, in_port):
+                    p.busy_s += dt
+                    p.bytes += nbytes
+        self.records.append(TransferRecord(src, dst, nbytes, t0, t1, self.env.now))
+
+    def run_phases(self, phases: Iterable[Iterable[tuple[int, int, int]]]):
+        """SimPy process: phases of (src, dst, bytes) run one after another; the transfers of a
+        phase run concurrently (aggregated per (src, dst) pair: one message per pair)."""
+        for phase in phases:
+            per_pair: dict[tuple[int, int], int] = defaultdict(int)
+            for src, dst, nbytes in phase:
+                if src != dst and nbytes > 0:
+                    per_pair[(src, dst)] += nbytes
+            if not per_pair:
+                continue
+            procs = [self.env.process(self.transfer(s, d, b)) for (s, d), b in
+                     sorted(per_pair.items())]
+            yield self.env.all_of(procs)
+
+    def link_utilisation(self, elapsed_s: float) -> dict[str, float]:
+        """Busiest port of each class as a fraction of `elapsed_s`."""
+        if elapsed_s <= 0:
+            return {}
+        out = {}
+        for cls, ports in (("nvlink", self.nvlink_out + self.nvlink_in),
+                           ("nic", self.nic_out + self.nic_in)):
+            busiest = max((p.busy_s / p.res.capacity for p in ports), default=0.0)
+            out[cls] = busiest / elapsed_s
+        return out

@@ -1,0 +1,391 @@
+"""The rollout engine of one replica: continuous batching of multi-turn episodes.
+
+One `Replica` per data-parallel group of the rollout plan (tp GPUs each) runs as a SimPy
+process. Sequences wait, are admitted while KV-cache tokens allow (capacity from the cost
+model's `kv_capacity_tokens`), are prefilled (the running batch pauses, as in vLLM's default
+scheduler), then decode together; at a turn boundary a sequence leaves the batch for its
+environment latency, keeping its KV cache resident but evictable, and comes back with the
+observation tokens to prefill. When the cache is full the engine first evicts caches of
+sequences that are not running (oldest first; they recompute their context on return), then
+preempts the most recently admitted running sequence (vLLM's recompute preemption). A
+sequence whose turn cannot fit even alone in the replica's cache is an OOM event: the episode
+is dropped.
+
+Time: events happen only when the batch changes (admission, turn end, arrival, preemption).
+Between them the running set is fixed and each decode iteration adds one token per sequence,
+so the time of k iterations is sum_j decode_step_time_s(tp, n, C + j*n). `DecodeClock` sums
+that in closed form on the affine pieces of the cost model's step time (checked at the
+midpoint, split where it is not affine) and solves for the iteration at which the next
+arrival lands. `fine=True` advances one decode iteration per SimPy event instead (for tests).
+
+    python -m pytest tests/sim/test_engine.py -q
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+import simpy
+
+from .workload import Episode
+
+_REL_TOL = 1e-9  # affine check of the decode step time
+
+
+class AffineCache:
+    """Exact affine pieces of a cost-model hook in one variable: for each key, g(key, x) ==
+    a + b * x on a checked interval [lo, hi] (checked at both ends and the midpoint; the
+    hooks are maxima of affine rooflines for x >= 1, i.e. convex, so a midpoint on the chord
+    proves the piece). Probes a
+    wide interval first, so a whole rollout usually costs three hook calls per key."""
+
+    def __init__(self, fn, wide_hi: float):
+        self._fn = fn
+        self._wide_hi = max(float(wide_hi), 1.0)
+        self._lines: dict = {}  # key -> [(lo, hi, a, b), ...] checked affine pieces
+        self.calls = 0  # hook evaluations (for the benchmark)
+
+    def __call__(self, key, x: float) -> float:
+        line = self.line(key, x, x)
+        if line is None:
+            self.calls += 1
+            return self._fn(key, x)
+        return line[0] + line[1] * x
+
+    def _fit(self, key, lo: float, hi: float) -> tuple[float, float] | None:
+        f_lo, f_hi = self._fn(key, lo), self._fn(key, hi)
+        mid = (lo + hi) / 2
+        f_mid = self._fn(key, mid)
+        self.calls += 3
+        b = (f_hi - f_lo) / (hi - lo)
+        a = f_lo - b * lo
+        if abs(f_mid - (a + b * mid)) > _REL_TOL * max(abs(f_lo), abs(f_hi)):
+            return None
+        return a, b
+
+    def line(self, key, lo: float, hi: float) -> tuple[float, float] | None:
+        """(a, b) with g(key, x) == a + b * x on [lo, hi], or None when it is not affine there."""
+        pieces = self._lines.setdefault(key, [])
+        for p_lo, p_hi, a, b in pieces:
+            if p_lo <= lo and hi <= p_hi:
+                return a, b
+        if lo < 1.0:  # at x == 0 a roofline term can vanish (no attention FLOPs): a jump
+            return None
+        wide = max(hi, self._wide_hi)
+        fit = self._fit(key, lo, wide) if wide > lo else None
+        if fit is not None:
+            pieces.append((lo, wide, *fit))
+            return fit
+        if hi <= lo:
+            return None
+        fit = self._fit(key, lo, hi)
+        if fit is None:
+            return None
+        top = hi  # grow the piece while it stays affine, so later queries hit it
+        while top < wide:
+            nxt = min(lo + 4 * (top - lo), wide)
+            wider = self._fit(key, lo, nxt)
+            if wider is None:
+                break
+            top, fit = nxt, wider
+        pieces.append((lo, top, *fit))
+        return fit
+
+
+class DecodeClock:
+    """Sums of decode iteration times of one replica size: k iterations of n sequences from
+    total context C take sum_j decode_step_time_s(tp, n, C + j*n)."""
+
+    def __init__(self, cost_model, tp: int, exact: bool = False):
+        self.tp = tp
+        self.exact = exact  # call the hooks directly every time (fine mode)
+        self.cm = cost_model
+        self.step = AffineCache(lambda n, c: cost_model.decode_step_time_s(tp, n, c),
+                                wide_hi=2 * cost_model.kv_capacity_tokens(tp))
+        self.prefill = AffineCache(lambda new, prefix: cost_model.prefill_time_s(tp, new, prefix),
+                                   wide_hi=cost_model.kv_capacity_tokens(tp))
+
+    @property
+    def calls(self) -> int:
+        return self.step.calls + self.prefill.calls
+
+    def prefill_time_s(self, new_tokens: int, prefix_tokens: int) -> float:
+        if new_tokens <= 0:
+            return 0.0
+        if self.exact:
+            return self.cm.prefill_time_s(self.tp, new_tokens, prefix_tokens)
+        return self.prefill(new_tokens, prefix_tokens)
+
+    def run(self, n: int, context: float, kmax: int, limit_s: float | None) -> tuple[int, float]:
+        """Run up to `kmax` iterations of `n` sequences starting at total context `context`
+        (it grows by n per iteration), stopping after the first iteration that ends at or after
+        `limit_s` (None: no limit). Returns (iterations, seconds)."""
+        if kmax == 1:
+            return 1, (self.cm.decode_step_time_s(self.tp, n, context) if self.exact else
+                       self.step(n, context))
+        line = self.step.line(n, context, context + (kmax - 1) * n)
+        if line is None:  # not affine over the whole range: split it
+            h = kmax // 2
+            k1, t1 = self.run(n, context, h, limit_s)
+            if k1 < h or (limit_s is not None and t1 >= limit_s):
+                return k1, t1
+            k2, t2 = self.run(n, context + h * n, kmax - h, None if limit_s is None else limit_s - t1)
+            return k1 + k2, t1 + t2
+        a, b = line
+        f0, d = a + b * context, b * n
+
+        def total(k: int) -> float:
+            return k * f0 + d * k * (k - 1) / 2
+
+        if limit_s is None or total(kmax) < limit_s:
+            return kmax, total(kmax)
+        # smallest k >= 1 with total(k) >= limit_s: root of d/2 k^2 + (f0 - d/2) k - limit = 0
+        if d > 0:
+            bq = f0 - d / 2
+            k = math.ceil((-bq + math.sqrt(bq * bq + 2 * d * limit_s)) / d)
+        else:
+            k = math.ceil(limit_s / f0)
+        k = min(max(k, 1), kmax)
+        while k > 1 and total(k - 1) >= limit_s:
+            k -= 1
+        while k < kmax and total(k) < limit_s:
+            k += 1
+        return k, total(k)
+
+
+WAITING, RUNNING, ENV, DONE, OOM = range(5)
+
+
+class Seq:
+    """An episode inside the engine."""
+
+    __slots__ = ("ep", "turn", "ctx", "pending", "rem", "resident", "state", "order", "start",
+                 "end", "ctx0")
+
+    def __init__(self, ep: Episode):
+        self.ep = ep
+        self.turn = 0
+        self.ctx = 0  # tokens in context, not counting `pending`
+        self.pending = ep.turns[0][0]  # observation (prompt) tokens still to prefill
+        self.rem = ep.turns[0][1]  # tokens still to generate in this turn
+        self.resident = False  # its KV cache (ctx tokens) is held in this replica
+        self.state = WAITING
+        self.order = -1  # admission counter while running
+        self.start = self.end = self.ctx0 = 0  # decode iteration counters while running
+
+
+@dataclass
+class ReplicaStats:
+    """What one replica did during one rollout."""
+
+    generated_tokens: int = 0  # decoded tokens
+    prefill_tokens: int = 0  # tokens prefilled (prompts, observations, recomputation)
+    recompute_tokens: int = 0  # of which recomputed after eviction / preemption
+    decode_iterations: int = 0
+    events: int = 0  # SimPy timeouts this replica yielded
+    preemptions: int = 0
+    evictions: int = 0
+    oom_episodes: list = field(default_factory=list)  # episode ids dropped: cannot fit
+    finished: dict = field(default_factory=dict)  # episode id -> finish time (s)
+    peak_kv_tokens: int = 0
+    peak_running: int = 0
+    busy_s: float = 0.0  # seconds spent prefilling or decoding
+    t_start: float = 0.0
+    t_end: float = 0.0  # last episode's finish (including its final environment latency)
+
+
+class Replica:
+    """A rollout engine on `tp` GPUs serving `episodes`; a SimPy process from construction."""
+
+    def __init__(self, env: simpy.Environment, *, cost_model, tp: int, episodes: list[Episode],
+                 clock: DecodeClock | None = None, max_num_seqs: int = 256, fine: bool = False,
+                 log: list | None = None, name: str = "replica0"):
+        self.env = env
+        self.cm = cost_model
+        self.tp = tp
+        self.cap = cost_model.kv_capacity_tokens(tp)
+        self.clock = clock or DecodeClock(cost_model, tp, exact=fine)
+        self.max_num_seqs = max_num_seqs
+        self.fine = fine
+        self.log = log
+        self.name = name
+        self.stats = ReplicaStats(t_start=env.now, t_end=env.now)
+        self.waiting: deque[Seq] = deque(Seq(e) for e in episodes if e.turns)
+        self.running: dict[int, Seq] = {}  # admission order -> seq (insertion ordered)
+        self.ends: list[tuple[int, int, Seq]] = []  # heap of (end iteration, order, seq)
+        self.arrivals: list[tuple[float, int, Seq]] = []  # heap of (time, tiebreak, seq)
+        self.cached: OrderedDict[int, Seq] = OrderedDict()  # resident, not running: LRU first
+        self.used = 0  # KV tokens held
+        self.context = 0  # total context of the running sequences
+        self.iters = 0  # decode iterations so far
+        self._order = 0
+        self._tie = 0
+        self.process = env.process(self._run())
+
+    # ---- bookkeeping ----------------------------------------------------------------------------
+    def _note(self, kind: str, seq: Seq | None = None, **kw) -> None:
+        if self.log is not None:
+            self.log.append((self.env.now, self.name, kind, None if seq is None else seq.ep.id, kw))
+
+    def _release(self, s: Seq) -> None:
+        if s.resident:
+            self.used -= s.ctx
+            s.resident = False
+        self.cached.pop(id(s), None)
+
+    def _evict(self, tokens: int) -> None:
+        """Free at least `tokens` KV tokens from caches of sequences that are not running."""
+        freed = 0
+        while freed < tokens and self.cached:
+            _, s = self.cached.popitem(last=False)
+            self.used -= s.ctx
+            freed += s.ctx
+            s.resident = False
+            self.stats.evictions += 1
+            self._note("evict", s, tokens=s.ctx)
+
+    def _oom(self, s: Seq) -> None:
+        self._release(s)
+        s.state = OOM
+        self.stats.oom_episodes.append(s.ep.id)
+        self._note("oom", s, needs=s.ctx + s.pending + s.rem, capacity=self.cap)
+
+    # ---- scheduling -----------------------------------------------------------------------------
+    def _admit(self) -> list[tuple[Seq, int, int]]:
+        """FCFS admission while KV allows: (seq, new tokens to prefill, cached prefix tokens)."""
+        batch: list[tuple[Seq, int, int]] = []
+        while self.waiting and len(self.running) + len(batch) < self.max_num_seqs:
+            s = self.waiting[0]
+            if s.ctx + s.pending + s.rem > self.cap:  # this turn can never fit in this replica
+                self.waiting.popleft()
+                self._oom(s)
+                continue
+            new = s.pending + (0 if s.resident else s.ctx)
+            room = new + len(self.running) + len(batch) + 1  # and one decode step for everyone
+            if self.cap - self.used < room:
+                was_cached = self.cached.pop(id(s), None) is not None
+                self._evict(room - (self.cap - self.used))
+                if was_cached:
+                    self.cached[id(s)] = s
+                    self.cached.move_to_end(id(s), last=False)
+                if self.cap - self.used < room:
+                    break
+            self.waiting.popleft()
+            self.cached.pop(id(s), None)
+            if not s.resident:
+                self.stats.recompute_tokens += s.ctx
+            self.used += new
+            batch.append((s, new, s.ctx if s.resident else 0))
+            s.resident = True
+        return batch
+
+    def _start_decoding(self, s: Seq) -> None:
+        s.ctx += s.pending
+        s.pending = 0
+        s.state = RUNNING
+        s.order = self._order
+        self._order += 1
+        s.start, s.ctx0, s.end = self.iters, s.ctx, self.iters + s.rem
+        self.running[s.order] = s
+        heapq.heappush(self.ends, (s.end, s.order, s))
+        self.context += s.ctx
+
+    def _stop_decoding(self, s: Seq) -> None:
+        del self.running[s.order]
+        s.ctx = s.ctx0 + (self.iters - s.start)
+        s.rem = s.end - self.iters
+        self.context -= s.ctx
+
+    def _preempt_last(self) -> None:
+        _, s = self.running.popitem()
+        self.running[s.order] = s  # _stop_decoding removes it
+        self._stop_decoding(s)
+        self._release(s)
+        s.state = WAITING
+        self.waiting.appendleft(s)
+        self.stats.preemptions += 1
+        self._note("preempt", s, context=s.ctx)
+
+    def _finish_turns(self) -> None:
+        now = self.env.now
+        while self.ends and self.ends[0][0] == self.iters:
+            _, order, s = heapq.heappop(self.ends)
+            if self.running.get(order) is not s:
+                continue  # stale entry of a preempted sequence
+            self._stop_decoding(s)
+            turns = s.ep.turns
+            latency = turns[s.turn][2]
+            s.turn += 1
+            if s.turn < len(turns):
+                s.pending, s.rem = turns[s.turn][0], turns[s.turn][1]
+                s.state = ENV
+                self.cached[id(s)] = s
+                heapq.heappush(self.arrivals, (now + latency, self._tie, s))
+                self._tie += 1
+                self._note("turn_end", s, context=s.ctx, back_at=now + latency)
+            else:
+                self._release(s)
+                s.state = DONE
+                self.stats.finished[s.ep.id] = now + latency
+                self.stats.t_end = max(self.stats.t_end, now + latency)
+                self._note("done", s, context=s.ctx, finish=now + latency)
+
+    def _collect_arrivals(self) -> None:
+        now = self.env.now
+        while self.arrivals and self.arrivals[0][0] <= now:
+            _, _, s = heapq.heappop(self.arrivals)
+            s.state = WAITING
+            self.waiting.append(s)
+            self._note("arrive", s, tokens=s.pending)
+
+    # ---- the process ----------------------------------------------------------------------------
+    def _run(self):
+        env, st = self.env, self.stats
+        while True:
+            self._collect_arrivals()
+            batch = self._admit()
+            if batch:
+                dt = sum(self.clock.prefill_time_s(new, prefix) for _, new, prefix in batch)
+                self._note("prefill", None, seqs=[s.ep.id for s, _, _ in batch],
+                           tokens=sum(n for _, n, _ in batch), time_s=dt)
+                st.prefill_tokens += sum(n for _, n, _ in batch)
+                st.peak_kv_tokens = max(st.peak_kv_tokens, self.used)
+                yield env.timeout(dt)
+                st.events += 1
+                st.busy_s += dt
+                for s, _, _ in batch:
+                    self._start_decoding(s)
+                st.peak_running = max(st.peak_running, len(self.running))
+                continue
+            if self.running:
+                n = len(self.running)
+                if self.cap - self.used < n:  # no room for the next token of everyone
+                    self._evict(n - (self.cap - self.used))
+                    if self.cap - self.used < n:
+                        self._preempt_last()
+                    continue
+                kmax = 1 if self.fine else min(self.ends[0][0] - self.iters,
+                                               (self.cap - self.used) // n)
+                limit = self.arrivals[0][0] - env.now if self.arrivals else None
+                k, dt = self.clock.run(n, self.context, kmax, limit)
+                self._note("decode", None, seqs=n, iterations=k, context=self.context, time_s=dt)
+                yield env.timeout(dt)
+                st.events += 1
+                st.busy_s += dt
+                self.iters += k
+                self.context += n * k
+                self.used += n * k
+                st.generated_tokens += n * k
+                st.decode_iterations += k
+                st.peak_kv_tokens = max(st.peak_kv_tokens, self.used)
+                self._finish_turns()
+            elif self.arrivals:
+                yield env.timeout(self.arrivals[0][0] - env.now)
+                st.events += 1
+            else:
+                assert not self.waiting, "a waiting sequence fits nowhere but was not dropped"
+                break
+        st.t_end = max(st.t_end, env.now)

@@ -1,0 +1,296 @@
+"""Scenario files for `earl simulate`: TOML or YAML, read with safe loaders, plus `--set` overrides.
+
+A scenario names the model, the cluster, the workload, the initial plan per RL stage and the
+policies to evaluate. Files are sectioned (`[cluster]`, `[workload]`, ...); every key is also
+addressable in dotted form (`--set cluster.nodes=4`, `--set workload.gen_tokens=300`). Unknown
+keys are errors naming the closest valid keys. Built-in scenarios live in
+`earl/sim/scenarios/*.toml` and load by name (`earl simulate tool-use`).
+
+    python -c "from earl.sim.scenario import load_scenario; print(load_scenario(None, {'scenario.steps': '3'}))"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tomllib
+
+from earl.specs import (
+    ClusterSpec,
+    HardwareSpec,
+    ModelSpec,
+    NetworkSpec,
+    ParallelPlan,
+    StagePlan,
+)
+
+from .workload import PRESETS, WorkloadSpec, preset
+
+SCENARIOS_DIR = Path(__file__).parent / "scenarios"
+DEFAULT_SCENARIO = "default"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scenario:
+    """Everything one simulated study needs. Plans use `ParallelPlan.parse` syntax."""
+
+    name: str = "custom"  # label in outputs
+    seed: int = 0  # workload seed (same episodes for every policy)
+    steps: int = 20  # RL training steps to simulate
+    model: str = "qwen2.5-7b"  # catalog name or path to an HF config.json
+    hardware: str = "h100-sxm-80gb"  # hardware catalog name
+    nodes: int = 1  # nodes in the cluster
+    gpus_per_node: int = 0  # GPUs per node (0: the hardware's own count)
+    network: str = "rdma-200g"  # inter-node network catalog name
+    profile: str = ""  # hardware profile name or JSON path ("": datasheet defaults)
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    rollout_plan: str = "tp1-dp8"  # initial rollout plan
+    experience_plan: str = "tp1-dp8"  # initial experience-preparation (log-prob) plan
+    train_plan: str = "tp1-dp8"  # initial training plan
+    selector: str = "static"  # parallelism selector for single-policy runs
+    dispatcher: str = "centralized"  # data dispatcher for single-policy runs
+    compare: tuple[str, ...] = ("static/centralized", "earl-table/centralized",
+                                "cost-model/centralized", "cost-model/layout-aware")
+    max_num_seqs: int = 256  # rollout engine: most sequences decoding at once per replica
+    logprob_passes: int = 2  # experience: forward passes (reference + old policy log-probs)
+    fine: bool = False  # one event per decode iteration (slow; for checking the fast mode)
+
+    def __post_init__(self):
+        for n in ("steps", "nodes", "max_num_seqs", "logprob_passes"):
+            v = getattr(self, n)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{_KEY_OF[n]} must be an integer >= 1, got {v!r}")
+        if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 0:
+            raise ValueError(f"cluster.gpus_per_node must be >= 1 (0: the hardware's own), got "
+                             f"{self.gpus_per_node!r}")
+        for entry in self.compare:
+            if entry.count("/") != 1:
+                raise ValueError(f"policy.compare entry {entry!r} must be 'selector/dispatcher', "
+                                 "e.g. 'cost-model/layout-aware'")
+
+    # ---- derived specs (each call validates against the catalogs) ---------------------------
+    def model_spec(self) -> ModelSpec:
+        p = Path(self.model)
+        if p.suffix == ".json" or p.is_dir():
+            return ModelSpec.from_hf_config(p)
+        return ModelSpec.from_name(self.model)
+
+    def cluster_spec(self) -> ClusterSpec:
+        hw = HardwareSpec.from_name(self.hardware)
+        return ClusterSpec(hardware=hw, nodes=self.nodes, gpus_per_node=self.gpus_per_node,
+                           network=NetworkSpec.from_name(self.network))
+
+    def stage_plan(self) -> StagePlan:
+        """The initial plans, resolved against the cluster's GPU count and checked on the model."""
+        model, gpus = self.model_spec(), self.cluster_spec().num_gpus
+        plans = {}
+        for stage, text in (("rollout", self.rollout_plan), ("experience", self.experience_plan),
+                            ("train", self.train_plan)):
+            try:
+                plans[stage] = ParallelPlan.parse(text).validate(model, world=gpus)
+            except ValueError as e:
+                raise ValueError(f"plan.{stage} = {text!r} does not match the cluster "
+                                 f"({self.nodes} x {self.cluster_spec().gpus_per_node} = {gpus} "
+                                 f"GPUs, {model.name}): {e}") from None
+        ro = plans["rollout"]
+        if ro.pp != 1 or ro.cp != 1:
+            raise ValueError(f"plan.rollout = {self.rollout_plan!r}: rollout engines use tp x dp "
+                             "only (pp=1, cp=1)")
+        return StagePlan(**plans)
+
+    def policies(self, compare: bool) -> list[tuple[str, str]]:
+        """(selector, dispatcher) pairs to simulate."""
+        pairs = [tuple(e.split("/")) for e in self.compare] if compare else \
+            [(self.selector, self.dispatcher)]
+        from earl.policies import DISPATCHERS, SELECTORS
+
+        for sel, disp in pairs:
+            if sel not in SELECTORS:
+                raise ValueError(f"unknown selector {sel!r}; valid: {', '.join(sorted(SELECTORS))}")
+            if disp not in DISPATCHERS:
+                raise ValueError(f"unknown dispatcher {disp!r}; valid: "
+                                 f"{', '.join(sorted(DISPATCHERS))}")
+        return pairs
+
+    def check(self) -> Scenario:
+        """Resolve every name and plan once so mistakes surface before simulating."""
+        self.stage_plan()
+        if self.profile:
+            from earl.cost_model.profile import load_profile
+
+            load_profile(self.profile)
+        return self
+
+    def to_flat(self) -> dict:
+        """The scenario as dotted keys (what `--set` accepts), for summary.json."""
+        out = {}
+        for key, (attr, _) in KEYS.items():
+            if key.startswith("workload."):
+                sub = key.split(".", 1)[1]
+                out[key] = self.workload.name if sub == "preset" else getattr(self.workload, sub)
+            else:
+                v = getattr(self, attr)
+                out[key] = list(v) if isinstance(v, tuple) else v
+        return out
+
+
+# dotted key -> (Scenario attribute or WorkloadSpec field, type)
+KEYS: dict[str, tuple[str, type]] = {
+    "scenario.name": ("name", str), "scenario.seed": ("seed", int),
+    "scenario.steps": ("steps", int),
+    "model.name": ("model", str),
+    "cluster.hardware": ("hardware", str), "cluster.nodes": ("nodes", int),
+    "cluster.gpus_per_node": ("gpus_per_node", int), "cluster.network": ("network", str),
+    "cluster.profile": ("profile", str),
+    "plan.rollout": ("rollout_plan", str), "plan.experience": ("experience_plan", str),
+    "plan.train": ("train_plan", str),
+    "policy.selector": ("selector", str), "policy.dispatcher": ("dispatcher", str),
+    "policy.compare": ("compare", tuple),
+    "engine.max_num_seqs": ("max_num_seqs", int), "engine.fine": ("fine", bool),
+    "experience.logprob_passes": ("logprob_passes", int),
+    "workload.preset": ("preset", str),
+}
+for _f in dataclasses.fields(WorkloadSpec):
+    if _f.name != "name":
+        KEYS[f"workload.{_f.name}"] = (_f.name, _f.type if isinstance(_f.type, type) else
+                                      {"int": int, "float": float, "str": str}[_f.type])
+_KEY_OF = {attr: key for key, (attr, _) in KEYS.items() if not key.startswith("workload.")}
+
+
+def unknown_key_error(key: str, where: str) -> ValueError:
+    close = difflib.get_close_matches(key, KEYS, n=3, cutoff=0.5)
+    hint = f"; closest valid keys: {', '.join(close)}" if close else \
+        f"; valid sections: {', '.join(sorted({k.split('.')[0] for k in KEYS}))}"
+    return ValueError(f"unknown scenario key {key!r} in {where}{hint}")
+
+
+def _convert(key: str, value, kind: type, where: str):
+    """A file value (already typed) or a --set string, checked against the key's type."""
+    bad = ValueError(f"{key} = {value!r} in {where}: expected {kind.__name__}")
+    if kind is tuple:
+        if isinstance(value, str):
+            return tuple(v.strip() for v in value.split(",") if v.strip())
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise bad
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise bad
+    if isinstance(value, bool):
+        raise bad
+    if kind is int:
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                raise bad from None
+        raise bad
+    if kind is float:
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise bad from None
+        raise bad
+    if not isinstance(value, (str, int, float)):
+        raise bad
+    return str(value)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def read_scenario_file(path: str | Path) -> dict:
+    """A scenario file as dotted keys -> values (TOML via tomllib, YAML via yaml.safe_load)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"scenario file {p} does not exist (built-in scenarios: "
+                         f"{', '.join(builtin_scenarios())})")
+    text = p.read_text()
+    if p.suffix == ".toml":
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"{p}: invalid TOML ({e})") from None
+    elif p.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ValueError(f"{p}: invalid YAML ({str(e).splitlines()[0]})") from None
+        data = data or {}
+    else:
+        raise ValueError(f"scenario file {p}: unknown suffix {p.suffix!r}; use .toml, .yaml or .yml")
+    if not isinstance(data, dict):
+        raise ValueError(f"{p}: a scenario file must be a mapping of sections to keys")
+    return _flatten(data)
+
+
+def builtin_scenarios() -> list[str]:
+    return sorted(p.stem for p in SCENARIOS_DIR.glob("*.toml"))
+
+
+def resolve_scenario_path(name_or_path: str | Path | None) -> Path:
+    """A built-in scenario name (or None for the default) or a file path."""
+    if name_or_path is None:
+        return SCENARIOS_DIR / f"{DEFAULT_SCENARIO}.toml"
+    p = Path(name_or_path)
+    if not p.suffix and (SCENARIOS_DIR / f"{p.name}.toml").is_file() and not p.exists():
+        return SCENARIOS_DIR / f"{p.name}.toml"
+    return p
+
+
+def build_scenario(flat: dict, where: str = "scenario") -> Scenario:
+    """Dotted keys -> Scenario (workload.preset picks the base workload, other workload keys
+    override it)."""
+    scen_kw, work_kw = {}, {}
+    for key, value in flat.items():
+        if key not in KEYS:
+            raise unknown_key_error(key, where)
+        attr, kind = KEYS[key]
+        v = _convert(key, value, kind, where)
+        (work_kw if key.startswith("workload.") else scen_kw)[attr] = v
+    base = preset(work_kw.pop("preset")) if "preset" in work_kw else WorkloadSpec()
+    try:
+        workload = dataclasses.replace(base, **work_kw)
+    except TypeError as e:  # a mistyped value reaching a comparison in __post_init__
+        raise ValueError(f"workload in {where}: {e}") from None
+    return Scenario(workload=workload, **scen_kw)
+
+
+def load_scenario(name_or_path: str | Path | None = None, sets: dict | None = None) -> Scenario:
+    """File (or built-in name; None: the default) + `--set` overrides -> a checked Scenario."""
+    path = resolve_scenario_path(name_or_path)
+    flat = read_scenario_file(path)
+    for key in sets or {}:
+        if key not in KEYS:
+            raise unknown_key_error(key, "--set")
+    merged = {**flat, **(sets or {})}
+    if "workload.preset" in (sets or {}) and "workload.preset" in flat:
+        # a new preset replaces the file's workload wholesale, keeping only explicit --set keys
+        merged = {k: v for k, v in merged.items()
+                  if not k.startswith("workload.") or k in (sets or {})}
+    return build_scenario(merged, where=str(path) if not sets else f"{path} / --set").check()
+
+
+__all__ = ["Scenario", "KEYS", "PRESETS", "load_scenario", "build_scenario", "builtin_scenarios",
+           "read_scenario_file"]

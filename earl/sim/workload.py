@@ -1,0 +1,246 @@
+"""Agentic workloads for the simulator: multi-turn episodes drawn from seeded distributions.
+
+An episode is a list of turns `(obs_tokens, gen_tokens, env_latency_s)`: the environment (or
+the prompt, for the first turn) hands the model `obs_tokens`, the model generates `gen_tokens`,
+then the environment / tool takes `env_latency_s` to answer. The context grows by both. Across
+training steps the generated tokens per turn grow along a curve (agents learn to reason
+longer), or a workload trace recorded by `earl run` is replayed. A `max_context` cap truncates
+episodes the way the runtime does.
+
+Draws depend only on (seed, step), so every policy compared in one study sees the same episodes.
+
+    python -c "from earl.sim.workload import *; w = Workload(preset('connect-four')); print(w.stats(w.episodes(0)))"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from earl.specs import WorkloadStats, unknown_name_error
+
+GROWTH_CURVES = ("none", "linear", "logistic")
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadSpec:
+    """Distributions of one agentic task. Token counts are lognormal with the given mean and
+    coefficient of variation (cv = 0: constant); turns are uniform in [turns_min, turns_max]."""
+
+    name: str = "custom"  # preset this spec started from
+    episodes_per_step: int = 64  # episodes (responses) rolled out per training step
+    prompt_tokens: float = 256  # first observation (the prompt), tokens, mean
+    prompt_tokens_cv: float = 0.1  # its coefficient of variation
+    turns_min: int = 1  # fewest model turns per episode
+    turns_max: int = 1  # most model turns per episode
+    gen_tokens: float = 128  # tokens the model generates per turn at step 0, mean
+    gen_tokens_cv: float = 0.5  # their coefficient of variation
+    obs_tokens: float = 32  # observation tokens the environment returns per turn, mean
+    obs_tokens_cv: float = 0.2  # their coefficient of variation
+    env_latency_s: float = 0.0  # environment / tool answer latency per turn, seconds, mean
+    env_latency_cv: float = 0.0  # its coefficient of variation
+    growth: str = "none"  # curve of generated tokens over steps: none | linear | logistic
+    growth_factor: float = 1.0  # multiplier on gen_tokens reached at growth_steps
+    growth_steps: int = 100  # steps over which the growth curve rises
+    max_context: int = 0  # tokens; an episode reaching it is truncated (0: no cap)
+    trace: str = ""  # path of a workload trace JSONL (`earl run`) to replay instead of drawing
+
+    def __post_init__(self):
+        for n in ("episodes_per_step", "turns_min", "turns_max", "growth_steps"):
+            v = getattr(self, n)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"workload.{n} must be an integer >= 1, got {v!r}")
+        if self.turns_max < self.turns_min:
+            raise ValueError(f"workload.turns_max={self.turns_max} is below "
+                             f"workload.turns_min={self.turns_min}")
+        for n in ("prompt_tokens", "gen_tokens", "obs_tokens"):
+            if getattr(self, n) < 1:
+                raise ValueError(f"workload.{n} must be >= 1 token, got {getattr(self, n)!r}")
+        for n in ("prompt_tokens_cv", "gen_tokens_cv", "obs_tokens_cv", "env_latency_cv"):
+            if getattr(self, n) < 0:
+                raise ValueError(f"workload.{n} must be >= 0, got {getattr(self, n)!r}")
+        if self.env_latency_s < 0:
+            raise ValueError(f"workload.env_latency_s must be >= 0 seconds, got {self.env_latency_s!r}")
+        if self.growth not in GROWTH_CURVES:
+            raise ValueError(f"workload.growth {self.growth!r}; valid: {', '.join(GROWTH_CURVES)}")
+        if self.growth_factor <= 0:
+            raise ValueError(f"workload.growth_factor must be > 0, got {self.growth_factor!r}")
+        if self.max_context < 0:
+            raise ValueError(f"workload.max_context must be >= 0 tokens (0: no cap), got "
+                             f"{self.max_context!r}")
+
+    def growth_multiplier(self, step: int) -> float:
+        """Factor on the per-turn generated tokens at training step `step`."""
+        x = min(max(step / self.growth_steps, 0.0), 1.0)
+        if self.growth == "none":
+            return 1.0
+        if self.growth == "logistic":  # S-curve through (0, 0) and (1, 1)
+            lo, hi = 1 / (1 + math.exp(5.0)), 1 / (1 + math.exp(-5.0))
+            x = (1 / (1 + math.exp(-10.0 * (x - 0.5))) - lo) / (hi - lo)
+        return 1.0 + (self.growth_factor - 1.0) * x
+
+
+# Named tasks. Numbers are typical of the task, not measured: Connect Four (7x6 board, the
+# agent makes 4-21 moves against an engine that answers in milliseconds, reasoning grows with
+# training; EARL paper's motivating workload), Tic-Tac-Toe (3-5 moves, short boards), and a
+# tool-use agent (long-tailed tool outputs and second-scale tool latency).
+PRESETS: dict[str, WorkloadSpec] = {w.name: w for w in [
+    WorkloadSpec(name="connect-four", episodes_per_step=512, prompt_tokens=350,
+                 prompt_tokens_cv=0.05, turns_min=4, turns_max=18, gen_tokens=150,
+                 gen_tokens_cv=0.6, obs_tokens=90, obs_tokens_cv=0.1, env_latency_s=0.01,
+                 env_latency_cv=0.3, growth="logistic", growth_factor=8.0, growth_steps=100,
+                 max_context=32768),
+    WorkloadSpec(name="tic-tac-toe", episodes_per_step=512, prompt_tokens=220,
+                 prompt_tokens_cv=0.05, turns_min=3, turns_max=5, gen_tokens=100,
+                 gen_tokens_cv=0.5, obs_tokens=40, obs_tokens_cv=0.1, env_latency_s=0.005,
+                 env_latency_cv=0.3, growth="logistic", growth_factor=4.0, growth_steps=100,
+                 max_context=16384),
+    WorkloadSpec(name="tool-use", episodes_per_step=256, prompt_tokens=600,
+                 prompt_tokens_cv=0.3, turns_min=2, turns_max=8, gen_tokens=120,
+                 gen_tokens_cv=0.7, obs_tokens=400, obs_tokens_cv=1.0, env_latency_s=1.0,
+                 env_latency_cv=1.0, growth="linear", growth_factor=2.0, growth_steps=100,
+                 max_context=32768),
+]}
+
+
+def preset(name: str) -> WorkloadSpec:
+    """A built-in workload by name."""
+    if name not in PRESETS:
+        raise unknown_name_error("workload preset", name, PRESETS)
+    return PRESETS[name]
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One drawn episode: `turns[i] = (obs_tokens, gen_tokens, env_latency_s)`."""
+
+    id: int
+    turns: tuple[tuple[int, int, float], ...]
+    truncated: bool = False  # hit max_context
+
+    @property
+    def context_tokens(self) -> int:
+        return sum(o + g for o, g, _ in self.turns)
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(g for _, g, _ in self.turns)
+
+
+def truncate_turns(turns, max_context: int) -> tuple[tuple, bool]:
+    """Cut turns so the context never exceeds `max_context` (0: no cap); True when cut."""
+    if max_context <= 0:
+        return tuple(turns), False
+    out, ctx = [], 0
+    for obs, gen, lat in turns:
+        if ctx + obs >= max_context:  # not even one generated token fits: the episode ends here
+            return tuple(out), True
+        if ctx + obs + gen > max_context:
+            out.append((obs, max_context - ctx - obs, lat))
+            return tuple(out), True
+        out.append((obs, gen, lat))
+        ctx += obs + gen
+    return tuple(out), False
+
+
+def _lognormal(rng: np.random.Generator, mean: float, cv: float, size) -> np.ndarray:
+    if cv == 0:
+        return np.full(size, float(mean))
+    s2 = math.log1p(cv * cv)
+    return rng.lognormal(math.log(mean) - s2 / 2, math.sqrt(s2), size)
+
+
+class Workload:
+    """Episodes per training step, drawn (seeded by (seed, step)) or replayed from a trace."""
+
+    def __init__(self, spec: WorkloadSpec, seed: int = 0):
+        self.spec = spec
+        self.seed = seed
+        self._trace = load_trace(spec.trace) if spec.trace else None
+
+    def episodes(self, step: int) -> list[Episode]:
+        if self._trace is not None:
+            raw = self._trace[step % len(self._trace)]  # a short trace repeats from its start
+            out = []
+            for i, turns in enumerate(raw):
+                t, cut = truncate_turns(turns, self.spec.max_context)
+                if t:
+                    out.append(Episode(id=i, turns=t, truncated=cut))
+            return out
+        return self._draw(step)
+
+    def _draw(self, step: int) -> list[Episode]:
+        s = self.spec
+        rng = np.random.default_rng([self.seed, step])
+        n, tmax = s.episodes_per_step, s.turns_max
+        turns = rng.integers(s.turns_min, s.turns_max + 1, size=n)
+        prompt = _lognormal(rng, s.prompt_tokens, s.prompt_tokens_cv, n)
+        obs = _lognormal(rng, s.obs_tokens, s.obs_tokens_cv, (n, tmax))
+        gen = _lognormal(rng, s.gen_tokens * s.growth_multiplier(step), s.gen_tokens_cv, (n, tmax))
+        lat = _lognormal(rng, s.env_latency_s, s.env_latency_cv, (n, tmax)) if s.env_latency_s else \
+            np.zeros((n, tmax))
+        obs[:, 0] = prompt
+        obs_i = np.maximum(np.rint(obs), 1).astype(int).tolist()
+        gen_i = np.maximum(np.rint(gen), 1).astype(int).tolist()
+        lat_f = lat.tolist()
+        out = []
+        for e in range(n):
+            k = int(turns[e])
+            raw = [(obs_i[e][t], gen_i[e][t], lat_f[e][t]) for t in range(k)]
+            t, cut = truncate_turns(raw, s.max_context)
+            out.append(Episode(id=e, turns=t, truncated=cut))
+        return out
+
+    @staticmethod
+    def stats(episodes: list[Episode], *, step: int = 0, max_context: int = 0,
+              memory_headroom_frac: float | None = None) -> WorkloadStats:
+        """The observed workload a selector sees."""
+        if not episodes:
+            raise ValueError("no episodes to summarise (every episode was dropped)")
+        ctx = np.array([e.context_tokens for e in episodes], dtype=float)
+        return WorkloadStats(
+            step=step, num_responses=len(episodes), context_mean=float(ctx.mean()),
+            context_p95=float(max(np.percentile(ctx, 95), ctx.mean())),
+            context_max=float(ctx.max()),
+            turns_mean=float(np.mean([len(e.turns) for e in episodes])),
+            response_tokens_mean=float(np.mean([e.generated_tokens for e in episodes])),
+            max_context=max_context, memory_headroom_frac=memory_headroom_frac)
+
+
+def load_trace(path: str | Path) -> list[list[list[tuple[int, int, float]]]]:
+    """Read a workload trace JSONL: one line per step,
+    `{"step": int, "episodes": [{"id": int, "turns": [[obs, gen, env_latency_s], ...]}]}`."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"workload trace {p} does not exist")
+    steps = []
+    for lineno, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{p}:{lineno}"
+        try:
+            rec = json.loads(line)
+            eps = rec["episodes"]
+            step = [[(int(o), int(g), float(lat)) for o, g, lat in ep["turns"]] for ep in eps]
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{where}: not a workload trace line ({type(e).__name__}: {e}); "
+                             'expected {"step": 0, "episodes": [{"id": 0, "turns": '
+                             "[[obs, gen, latency_s], ...]}]}") from None
+        for ep in step:
+            for o, g, lat in ep:
+                if o < 0 or g < 0 or lat < 0:
+                    raise ValueError(f"{where}: negative token count or latency in a turn")
+        steps.append(step)
+    if not steps:
+        raise ValueError(f"workload trace {p} holds no steps")
+    return steps
+
+
+def with_overrides(spec: WorkloadSpec, **kw) -> WorkloadSpec:
+    """`spec` with some fields replaced (validated again)."""
+    return dataclasses.replace(spec, **kw)
