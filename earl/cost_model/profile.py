@@ -75,6 +75,9 @@ class HardwareProfile:
     # Per-collective links fitted by `earl calibrate` through earl.cost_model.comm's formulas
     # ("allreduce", "allgather", "alltoall", "p2p" -> LinkParams); empty: every op uses `intra`.
     collective_links: dict = field(default_factory=dict)
+    # Decode attention (one query token per sequence) vs FLOPs of one call, when calibrated
+    # apart from prefill (on CPU it runs ~3x below prefill at equal FLOPs); None: `attention`.
+    attention_decode: EfficiencyCurve | None = None
 
     @property
     def name(self) -> str:
@@ -115,6 +118,8 @@ class HardwareProfile:
                 stamp=dict(d.get("stamp", {})),
                 fit_quality=dict(d.get("fit_quality", {})),
                 collective_links={k: LinkParams(**v) for k, v in d.get("collective_links", {}).items()},
+                attention_decode=(EfficiencyCurve(**d["attention_decode"])
+                                  if d.get("attention_decode") else None),
             )
         except KeyError as e:
             raise ValueError(f"{source}: profile is missing field {e.args[0]!r}") from None

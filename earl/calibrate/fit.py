@@ -1,0 +1,156 @@
+"""Fit the cost model's parameters to measured times, with held-out error.
+
+Both shapes the profile uses are the same affine law in time:
+
+* efficiency curve  eff(x) = peak_frac * x / (x + half_size) gives
+  t(x) = x / (peak * eff(x)) = half_size / R + x / R  with R = peak * peak_frac;
+* alpha-beta link   t(n) = alpha + n / bw.
+
+So one fit, t(x) = fixed_s + x / rate, serves both: `to_curve(peak)` reads it as an efficiency
+curve (peak_frac = rate / peak, half_size = fixed_s * rate) and `to_link()` as a link. The fit
+minimises *relative* error (every size matters, not just the largest) with scipy's
+`curve_fit` and a soft-L1 loss (a shared machine produces outliers). Compute curves are fitted
+under the memory roofline, t = max(fixed_s + x / rate, memory time), exactly as the cost model
+prices an operator. Every fourth point in size order is held out and the error reported is
+the error on those.
+
+    python -m earl.calibrate.fit          # recovers a known curve from synthetic noisy data
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import curve_fit
+
+from earl.cost_model.profile import EfficiencyCurve, LinkParams
+
+MIN_FIT_POINTS = 3  # points the fit needs
+MIN_HELD_POINTS = 1  # points held out to measure it
+HOLDOUT_EVERY = 4  # every 4th point in size order is held out
+
+
+@dataclass(frozen=True, kw_only=True)
+class AffineFit:
+    """t(x) = fixed_s + x / rate, fitted on `n_fit` points and checked on `n_held` others."""
+
+    fixed_s: float  # size-independent seconds per call (latency / small-size inefficiency)
+    rate: float  # asymptotic units of x per second (FLOP/s or bytes/s)
+    n_fit: int  # points used by the fit
+    n_held: int  # held-out points
+    heldout_median_err: float  # median |pred - measured| / measured on held-out points
+    heldout_max_err: float  # worst held-out relative error
+    fit_median_err: float  # median relative error on the fitted points
+    size_min: float  # smallest size measured (FLOPs or bytes)
+    size_max: float  # largest size measured
+
+    def predict_s(self, x: float | np.ndarray) -> float | np.ndarray:
+        return self.fixed_s + np.asarray(x, dtype=float) / self.rate
+
+    def to_curve(self, peak: float) -> EfficiencyCurve:
+        """As an efficiency curve against the datasheet (or measured) `peak` rate."""
+        return EfficiencyCurve(peak_frac=self.rate / peak, half_size=self.fixed_s * self.rate)
+
+    def to_link(self) -> LinkParams:
+        return LinkParams(alpha_s=self.fixed_s, bw_bytes_s=self.rate)
+
+    def quality(self) -> dict:
+        """The profile's `fit_quality` entry for this fit."""
+        return {"n_fit": self.n_fit, "n_held": self.n_held,
+                "heldout_median_err": round(self.heldout_median_err, 4),
+                "heldout_max_err": round(self.heldout_max_err, 4),
+                "fit_median_err": round(self.fit_median_err, 4),
+                "rate": self.rate, "fixed_s": self.fixed_s,
+                "size_min": self.size_min, "size_max": self.size_max}
+
+
+def split_holdout(sizes: Sequence[float], every: int = HOLDOUT_EVERY) -> tuple[list[int], list[int]]:
+    """Indices to fit and to hold out: every `every`-th point in size order (offset so the
+    smallest and largest are always fitted), at least MIN_HELD_POINTS held."""
+    order = sorted(range(len(sizes)), key=lambda i: sizes[i])
+    held = [order[j] for j in range(1, len(order) - 1) if j % every == every // 2]
+    if not held and len(order) >= MIN_FIT_POINTS + MIN_HELD_POINTS:
+        held = [order[len(order) // 2]]
+    fit = [i for i in order if i not in set(held)]
+    return fit, held
+
+
+def _rel_errors(x: np.ndarray, t: np.ndarray, floor: np.ndarray, fixed_s: float,
+                rate: float) -> np.ndarray:
+    return np.abs(np.maximum(fixed_s + x / rate, floor) - t) / t
+
+
+def fit_affine(sizes: Sequence[float], times_s: Sequence[float], *, floor_s: Sequence[float] | None = None,
+               what: str = "curve", every: int = HOLDOUT_EVERY) -> AffineFit:
+    """Fit t = max(fixed_s + x / rate, floor) (fixed_s >= 0, rate > 0) to measured
+    (size, seconds) pairs. `floor_s` is a known lower bound per point (the memory-roofline
+    time of a GEMM or attention call, so memory-bound points do not drag the compute curve);
+    None: no floor, a plain affine fit."""
+    x_all = np.asarray(sizes, dtype=float)
+    t_all = np.asarray(times_s, dtype=float)
+    f_all = np.zeros_like(t_all) if floor_s is None else np.asarray(floor_s, dtype=float)
+    if x_all.shape != t_all.shape or f_all.shape != t_all.shape:
+        raise ValueError(f"{what}: {x_all.size} sizes, {t_all.size} times, {f_all.size} floors")
+    need = MIN_FIT_POINTS + MIN_HELD_POINTS
+    if x_all.size < need:
+        raise ValueError(f"{what}: only {x_all.size} measured points, need at least {need} "
+                         "(raise --budget-s)")
+    if np.any(x_all <= 0) or np.any(t_all <= 0) or not np.all(np.isfinite(t_all)):
+        raise ValueError(f"{what}: sizes and times must be positive and finite")
+    fit_idx, held_idx = split_holdout(list(x_all), every)
+    x, t, fl = x_all[fit_idx], t_all[fit_idx], f_all[fit_idx]
+    # Work in units where sizes and times are O(1), so the optimiser sees a well-scaled problem.
+    xs, ts = float(np.median(x)), float(np.median(t))
+    xn, tn, fn = x / xs, t / ts, fl / ts
+    # Start from the relative-error weighted least-squares line through the points the floor
+    # does not explain (all of them when fewer than two are left), clipped to the feasible set.
+    free = tn > 1.5 * fn
+    if free.sum() < 2:
+        free = np.ones_like(tn, dtype=bool)
+    w = 1.0 / tn[free]
+    a_mat = np.stack([np.ones(free.sum()), xn[free]], axis=1) * w[:, None]
+    (a0, b0), *_ = np.linalg.lstsq(a_mat, tn[free] * w, rcond=None)
+    b_floor = 1e-9 * max(float(np.max(tn / xn)), 1e-12)
+    p0 = [max(float(a0), 0.0), max(float(b0), b_floor * 10, float(np.min(tn / xn)) * 0.5)]
+    idx = np.arange(xn.size, dtype=float)
+
+    def model(ii, aa, bb):
+        i = ii.astype(int)
+        return np.maximum(aa + bb * xn[i], fn[i])
+
+    (a, b), _ = curve_fit(model, idx, tn, p0=p0, sigma=tn, bounds=([0.0, b_floor], [np.inf, np.inf]),
+                          method="trf", loss="soft_l1", f_scale=0.1, max_nfev=4000)
+    fixed_s = float(a) * ts
+    rate = xs / (float(b) * ts)
+    held_err = _rel_errors(x_all[held_idx], t_all[held_idx], f_all[held_idx], fixed_s, rate)
+    fit_err = _rel_errors(x, t, fl, fixed_s, rate)
+    return AffineFit(fixed_s=fixed_s, rate=rate, n_fit=len(fit_idx), n_held=len(held_idx),
+                     heldout_median_err=float(np.median(held_err)),
+                     heldout_max_err=float(np.max(held_err)),
+                     fit_median_err=float(np.median(fit_err)),
+                     size_min=float(np.min(x_all)), size_max=float(np.max(x_all)))
+
+
+def synthetic_times(curve: EfficiencyCurve, peak: float, sizes: Sequence[float], *,
+                    noise: float = 0.0, seed: int = 0) -> list[float]:
+    """Times a device following `curve` exactly would take, with optional relative noise."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for x in sizes:
+        t = x / (peak * curve(x))
+        out.append(t * math.exp(noise * rng.standard_normal()) if noise else t)
+    return out
+
+
+if __name__ == "__main__":
+    true = EfficiencyCurve(peak_frac=0.72, half_size=3e9)
+    peak = 989e12
+    sizes = list(np.logspace(6, 13, 24))
+    f = fit_affine(sizes, synthetic_times(true, peak, sizes, noise=0.03))
+    got = f.to_curve(peak)
+    print(f"true peak_frac {true.peak_frac}, half_size {true.half_size:.3g}; fitted "
+          f"{got.peak_frac:.4f}, {got.half_size:.4g}; held-out median error "
+          f"{f.heldout_median_err:.2%} (max {f.heldout_max_err:.2%})")

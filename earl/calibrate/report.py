@@ -1,0 +1,97 @@
+"""Fit-quality report of a calibration: held-out error of each fitted curve and link, and
+how well the cost model's per-operator rule (max of compute and memory time plus the operator
+overhead, with the fitted profile) reproduces every measured point.
+
+    earl calibrate --device cpu --budget-s 30 --out /tmp/p.json    # prints this table
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from rich.table import Table
+
+from earl.cost_model.profile import HardwareProfile
+from earl.trace import atomic_write_text
+
+if TYPE_CHECKING:
+    from earl.calibrate.bench import Measurement
+    from earl.calibrate.runner import CalibrationResult
+
+UNITS = {"matmul": ("GFLOP/s", 1e9), "attention": ("GFLOP/s", 1e9), "attention_decode": ("GFLOP/s", 1e9),
+         "memory": ("GB/s", 1e9)}
+
+
+def roofline_s(prof: HardwareProfile, m: Measurement) -> float:
+    """Seconds the cost model's per-operator rule (earl.cost_model.compute) gives this call:
+    max(compute, memory) time plus the operator overhead."""
+    hw = prof.hardware
+    t_m = m.bytes / (hw.hbm_bw_bytes_s * prof.memory(m.bytes)) if m.bytes > 0 else 0.0
+    curve = {"attention": prof.attention, "attention_decode": prof.attention_decode or prof.attention,
+             }.get(m.kind, prof.matmul)
+    t_c = m.flops / (hw.peak_flops * curve(m.flops)) if m.flops > 0 and m.kind != "memory" else 0.0
+    return max(t_c, t_m) + prof.op_overhead_s
+
+
+def roofline_checks(prof: HardwareProfile, ms: list[Measurement]) -> dict[str, dict]:
+    """Per kind: relative error |predicted - measured| / measured over all measured points."""
+    out: dict[str, dict] = {}
+    for kind in ("matmul", "attention", "attention_decode", "memory"):
+        pts = [m for m in ms if m.kind == kind]
+        if not pts:
+            continue
+        err = np.array([abs(roofline_s(prof, m) - m.time_s) / m.time_s for m in pts])
+        out[kind] = {"n": len(pts), "median_err": round(float(np.median(err)), 4),
+                     "p90_err": round(float(np.quantile(err, 0.9)), 4),
+                     "max_err": round(float(np.max(err)), 4)}
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def quality_table(res: CalibrationResult) -> Table:
+    prof = res.profile
+    t = Table(title=f"calibration fit quality ({prof.stamp.get('device', '?')}, "
+                    f"{prof.stamp.get('dtype', '?')}, {res.wall_s:.0f} s)")
+    for col in ("fit", "points fit/held", "parameters", "achieved", "held-out median err",
+                "held-out max err", "roofline median err (all pts)"):
+        t.add_column(col, justify="left" if col in ("fit", "parameters") else "right")
+    curves = {"matmul": prof.matmul, "attention": prof.attention,
+              "attention_decode": prof.attention_decode, "memory": prof.memory}
+    for kind in ("matmul", "attention", "attention_decode", "memory"):
+        chk = res.checks.get(kind, {})
+        if kind in res.fits:
+            f, c = res.fits[kind], curves[kind]
+            unit, scale = UNITS[kind]
+            t.add_row(kind, f"{f.n_fit}/{f.n_held}",
+                      f"peak_frac {c.peak_frac:.3f}, half_size {c.half_size:.3g}",
+                      f"{f.rate / scale:.1f} {unit}", _pct(f.heldout_median_err),
+                      _pct(f.heldout_max_err), _pct(chk.get("median_err")))
+        elif chk:
+            t.add_row(kind, f"0/{chk['n']}", "(not fitted)", "-", "-", "-",
+                      _pct(chk.get("median_err")))
+    if res.link:
+        for op, ol in res.link.ops.items():
+            t.add_row(f"{op} ({res.link.backend} x{res.link.world})", f"{ol.n_fit}/{ol.n_held}",
+                      f"alpha {ol.link.alpha_s * 1e6:.1f} us", f"{ol.link.bw_bytes_s / 1e9:.2f} GB/s",
+                      _pct(ol.heldout_median_err), _pct(ol.heldout_max_err), "-")
+    t.caption = (f"op overhead {prof.op_overhead_s * 1e6:.2f} us; attention backend "
+                 f"{prof.stamp.get('attention', '?')}; peak {prof.hardware.peak_flops / 1e9:.1f} GFLOP/s, "
+                 f"memory {prof.hardware.hbm_bw_bytes_s / 1e9:.1f} GB/s")
+    return t
+
+
+def write_measurements(res: CalibrationResult, path: str | Path) -> Path:
+    """The raw points (and collective medians) as JSON, for plots and re-fits."""
+    path = Path(path)
+    doc = {"stamp": res.profile.stamp,
+           "measurements": [m.to_dict() for m in res.measurements],
+           "collectives": ({"backend": res.collectives.backend, "world": res.collectives.world,
+                            "times": res.collectives.times} if res.collectives else None)}
+    atomic_write_text(path, json.dumps(doc, indent=1) + "\n")
+    return path

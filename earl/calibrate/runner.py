@@ -1,0 +1,299 @@
+"""`run_calibration`: measure this device within a time budget, fit the cost model's
+parameters and build a version-stamped `HardwareProfile`.
+
+Phases (each gets a share of the budget): matmul (GEMM efficiency curve), attention (SDPA
+prefill curve; decode attention is priced by the memory roofline and only checked), memory
+(large copies: bandwidth curve), collectives (2+ local processes: the intra-node link).
+Parameters not measured (e.g. the link on a one-GPU machine) come from the `base` profile.
+
+How fitted numbers map onto the profile, matching `earl.cost_model.compute` (which prices an
+operator as max(compute, memory) time plus `op_overhead_s`):
+  op_overhead_s  host seconds per eager operator (back-to-back tiny ops);
+  matmul         fit of (t - op_overhead_s) against GEMM FLOPs under the memory roofline;
+  attention      the same for causal prefill attention (x: FLOPs of one call);
+  attention_decode  the same for decode attention (one query token per sequence);
+  memory         fit of (t - op_overhead_s) of copies against bytes read + written;
+  intra          alpha-beta of point-to-point messages (ping-pong / 2);
+  collective_links  per-op links fitted through earl.cost_model.comm's formulas.
+On CPU there is no datasheet: the peak FLOP/s and bandwidth are set to the fitted asymptotes
+(matmul and memory peak_frac = 1); on a GPU the datasheet peaks stay and peak_frac is what
+was achieved.
+
+    earl calibrate --device cpu --budget-s 60 --out /tmp/cpu.json
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import subprocess
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from earl.calibrate import bench
+from earl.calibrate.collectives import CPU_SIZES, CUDA_SIZES, CollectiveResult, run_collectives
+from earl.calibrate.fit import AffineFit, fit_affine
+from earl.calibrate.linkfit import LinkFit, fit_link
+from earl.calibrate.report import roofline_checks
+from earl.calibrate.timing import resolve_device, resolve_dtype
+from earl.cost_model.profile import HardwareProfile, datasheet_profile, environment_stamp, load_profile
+from earl.specs import HARDWARE_CATALOG, HardwareSpec
+
+PHASES = ("matmul", "attention", "memory", "collectives")
+PHASE_WEIGHTS = {"matmul": 0.35, "attention": 0.30, "memory": 0.10, "collectives": 0.25}
+MIN_BUDGET_S = {"cpu": 8.0, "cuda": 20.0}
+COLLECTIVE_STARTUP_S = 3.0  # spawning ranks and importing torch, not spent benchmarking
+
+# GPU model names (torch.cuda.get_device_name) -> catalog entries
+_GPU_NAMES = (("H200", "h200-sxm-141gb"), ("H100", "h100-sxm-80gb"), ("A100", "a100-sxm-80gb"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrationResult:
+    """What `run_calibration` produced."""
+
+    profile: HardwareProfile  # the fitted profile (not yet written anywhere)
+    fits: dict[str, AffineFit]  # matmul / attention / memory fits
+    link: LinkFit | None  # collective fit (None when not measured)
+    checks: dict[str, dict] = field(default_factory=dict)  # roofline error per kind, see report
+    measurements: list[bench.Measurement] = field(default_factory=list)
+    collectives: CollectiveResult | None = None
+    wall_s: float = 0.0  # seconds the calibration took
+
+
+class Progress:
+    """Progress sink: the CLI passes a rich-backed subclass; the default is silent."""
+
+    def phase(self, name: str, total: int) -> None:
+        """A phase of `total` steps begins."""
+
+    def step(self, name: str, label: str) -> None:
+        """One step of phase `name` finished (or was skipped for lack of budget)."""
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def driver_version(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "n/a"
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10, check=True).stdout
+        return out.splitlines()[0].strip() if out.strip() else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def current_stamp(device: str = "cpu", attention_backend: str = "unknown") -> dict:
+    """The stamp a profile measured here and now would carry (compare with `check_stamp`)."""
+    dev = resolve_device(device)
+    stamp = environment_stamp(device_name(dev), attention_backend)
+    stamp["driver"] = driver_version(dev)
+    return stamp
+
+
+def base_hardware(device: torch.device) -> HardwareSpec:
+    """The catalog entry for this device (CPU: 'cpu'; a known GPU: its datasheet; an unknown
+    GPU: H100 numbers with this card's memory, to be replaced by measured peaks)."""
+    if device.type == "cpu":
+        return HARDWARE_CATALOG["cpu"]
+    name = torch.cuda.get_device_name(device)
+    for key, entry in _GPU_NAMES:
+        if key in name:
+            return HARDWARE_CATALOG[entry]
+    total = torch.cuda.get_device_properties(device).total_memory
+    slug = "cuda-" + "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
+    return dataclasses.replace(HARDWARE_CATALOG["h100-sxm-80gb"], name=slug, hbm_bytes=float(total))
+
+
+def parse_phases(text: str) -> tuple[str, ...]:
+    if text.strip() == "all":
+        return PHASES
+    got = tuple(p.strip() for p in text.split(",") if p.strip())
+    bad = [p for p in got if p not in PHASES]
+    if bad or not got:
+        raise ValueError(f"unknown calibration phase {bad[0] if bad else text!r}; valid: all, "
+                         f"{', '.join(PHASES)}")
+    return got
+
+
+def _fit_kind(ms: list[bench.Measurement], kind: str, overhead_s: float,
+              memory_s=None) -> AffineFit | None:
+    """Fit one kind's points, less the operator overhead the cost model adds itself, under
+    the memory roofline `memory_s(bytes)` (None: no floor). None when nothing was measured."""
+    pts = [m for m in ms if m.kind == kind]
+    if not pts:
+        return None
+    times = [max(m.time_s - overhead_s, 0.1 * m.time_s) for m in pts]
+    floor = [memory_s(m.bytes) for m in pts] if memory_s else None
+    return fit_affine([m.flops if memory_s else m.size for m in pts], times, floor_s=floor,
+                      what=f"{kind} fit")
+
+
+def run_calibration(*, device: str = "cpu", budget_s: float = 90.0, phases: tuple[str, ...] = PHASES,
+                    dtype: str = "auto", threads: int = 0, base: str | None = None,
+                    seed: int = 0, progress: Progress | None = None) -> CalibrationResult:
+    """Measure, fit and return a profile. `threads` 0: one per rank on CPU (a CPU "device" is
+    one core, as in the runtime's gloo ranks)."""
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    for p in phases:
+        if p not in PHASES:
+            raise ValueError(f"unknown calibration phase {p!r}; valid: {', '.join(PHASES)}")
+    if not budget_s >= MIN_BUDGET_S[dev.type]:
+        raise ValueError(f"--budget-s {budget_s:g} is too small to fit anything on {dev.type}; "
+                         f"need at least {MIN_BUDGET_S[dev.type]:g} s")
+    if threads < 0:
+        raise ValueError(f"--threads must be >= 0 (0: automatic), got {threads}")
+    base_prof = load_profile(base) if base else datasheet_profile(base_hardware(dev))
+    progress = progress or Progress()
+    t_start = time.perf_counter()
+    prev_threads = torch.get_num_threads()
+    if dev.type == "cpu":
+        torch.set_num_threads(threads or 1)
+    try:
+        return _calibrate(dev, dt, budget_s, phases, base_prof, seed, progress, t_start)
+    finally:
+        torch.set_num_threads(prev_threads)
+
+
+def _calibrate(dev, dt, budget_s, phases, base_prof, seed, progress, t_start) -> CalibrationResult:
+    plan = bench.CPU_PLAN if dev.type == "cpu" else bench.CUDA_PLAN
+    esize = torch.empty((), dtype=dt).element_size()
+    weights = {p: PHASE_WEIGHTS[p] for p in phases}
+    total_w = sum(weights.values())
+    share = {p: budget_s * w / total_w for p, w in weights.items()}
+    overhead_s = bench.measure_op_overhead(dev)
+    measurements: list[bench.Measurement] = []
+    by_phase = {
+        "matmul": lambda: bench.coarse_to_fine(bench.matmul_cases(plan, esize), key=lambda c: c.flops),
+        "attention": lambda: _interleave(
+            bench.coarse_to_fine([c for c in bench.attention_cases(plan, esize) if c.kind == "attention"],
+                                 key=lambda c: c.flops),
+            bench.coarse_to_fine([c for c in bench.attention_cases(plan, esize)
+                                  if c.kind == "attention_decode"], key=lambda c: c.bytes)),
+        "memory": lambda: bench.coarse_to_fine(bench.memory_cases(plan), key=lambda c: c.bytes),
+    }
+    for phase in (p for p in ("matmul", "attention", "memory") if p in phases):
+        cases = by_phase[phase]()
+        progress.phase(phase, len(cases))
+        measurements += bench.run_cases(
+            cases, device=dev, dtype=dt, budget_s=share[phase], seed=seed,
+            on_case=lambda m, ph=phase: progress.step(ph, m.label if m else "skipped"))
+    coll = None
+    if "collectives" in phases:
+        coll = _run_collectives(dev, share["collectives"], progress)
+    return _build_profile(dev, dt, base_prof, overhead_s, measurements, coll,
+                          time.perf_counter() - t_start)
+
+
+def _interleave(a: list, b: list) -> list:
+    out = []
+    for i in range(max(len(a), len(b))):
+        out += a[i:i + 1] + b[i:i + 1]
+    return out
+
+
+def _run_collectives(dev: torch.device, share_s: float, progress: Progress) -> CollectiveResult | None:
+    progress.phase("collectives", 1)
+    if dev.type == "cuda":
+        world = min(torch.cuda.device_count(), 8)
+        if world < 2:  # NCCL needs one GPU per rank
+            progress.step("collectives", "skipped: one GPU")
+            return None
+        res = run_collectives(backend="nccl", world=world, sizes=CUDA_SIZES,
+                              budget_s=max(1.0, share_s - COLLECTIVE_STARTUP_S))
+    else:
+        res = run_collectives(backend="gloo", world=2, sizes=CPU_SIZES,
+                              budget_s=max(1.0, share_s - COLLECTIVE_STARTUP_S))
+    progress.step("collectives", f"{res.backend} x{res.world}")
+    return res
+
+
+def _build_profile(dev, dt, base_prof: HardwareProfile, overhead_s: float,
+                   ms: list[bench.Measurement], coll: CollectiveResult | None,
+                   wall_s: float) -> CalibrationResult:
+    hw = base_prof.hardware
+    fits: dict[str, AffineFit] = {}
+    # 1. memory first: it is the floor under every compute fit
+    mem_fit = _fit_kind(ms, "memory", overhead_s)
+    mem_curve = base_prof.memory
+    if mem_fit:
+        fits["memory"] = mem_fit
+        if dev.type == "cpu" or mem_fit.rate > 1.5 * hw.hbm_bw_bytes_s:  # no datasheet / beyond it
+            hw = dataclasses.replace(hw, hbm_bw_bytes_s=mem_fit.rate)
+        mem_curve = mem_fit.to_curve(hw.hbm_bw_bytes_s)
+
+    def memory_s(nbytes: float) -> float:
+        return nbytes / (hw.hbm_bw_bytes_s * mem_curve(nbytes)) if nbytes > 0 else 0.0
+
+    # 2. compute curves under that floor (decode attention gets its own curve)
+    for kind in ("matmul", "attention", "attention_decode"):
+        f = _fit_kind(ms, kind, overhead_s, memory_s)
+        if f:
+            fits[kind] = f
+    rates = [f.rate for k, f in fits.items() if k != "memory"]
+    if dev.type == "cpu" and "matmul" in fits:  # no datasheet: the GEMM asymptote is the peak
+        hw = dataclasses.replace(hw, peak_flops=fits["matmul"].rate)
+    if rates and max(rates) > 1.5 * hw.peak_flops:  # faster than its datasheet entry
+        hw = dataclasses.replace(hw, peak_flops=max(rates))
+    # 3. links
+    link = fit_link(coll) if coll else None
+    if link:
+        hw = dataclasses.replace(hw, intra_bw_bytes_s=link.link.bw_bytes_s,
+                                 intra_latency_s=max(link.link.alpha_s, 1e-9))
+    backends = Counter(m.backend for m in ms if m.kind == "attention" and m.backend)
+    backend = backends.most_common(1)[0][0] if backends else base_prof.stamp.get("attention", "unknown")
+    stamp = current_stamp(dev.type, backend)
+    stamp.update({
+        "dtype": str(dt).replace("torch.", ""),
+        "threads": torch.get_num_threads() if dev.type == "cpu" else 0,
+        "measured": sorted({*fits, *(("collectives",) if link else ())}),
+        "base": base_prof.stamp.get("source", "datasheet") + ":" + base_prof.name,
+        "collectives": f"{coll.backend} x{coll.world}" if coll else "not measured",
+        "wall_s": round(wall_s, 1),
+    })
+    quality = {k: f.quality() for k, f in fits.items()}
+    if link:
+        quality["links"] = link.quality()
+
+    def curve(kind: str, fallback):
+        return fits[kind].to_curve(hw.peak_flops) if kind in fits else fallback
+
+    prof = HardwareProfile(
+        hardware=hw,
+        matmul=curve("matmul", base_prof.matmul),
+        attention=curve("attention", base_prof.attention),
+        attention_decode=curve("attention_decode", base_prof.attention_decode),
+        memory=mem_curve,
+        intra=link.link if link else base_prof.intra,
+        collective_links=link.collective_links if link else dict(base_prof.collective_links),
+        op_overhead_s=overhead_s,
+        mem_reserve_frac=base_prof.mem_reserve_frac,
+        mem_reserve_bytes=base_prof.mem_reserve_bytes,
+        stamp=stamp,
+        fit_quality=quality,
+    )
+    checks = roofline_checks(prof, ms)
+    prof = dataclasses.replace(prof, fit_quality={**quality, "roofline": checks})
+    return CalibrationResult(profile=prof, fits=fits, link=link, checks=checks, measurements=ms,
+                             collectives=coll, wall_s=wall_s)
+
+
+def default_out(device: str) -> str:
+    return os.path.join(os.getcwd(), f"earl-profile-{device}.json")
