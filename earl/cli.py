@@ -237,6 +237,53 @@ def _select_for_plan_cmd(cm, selector, stage, gpus, batch, context, current, p95
 # calibrate / validate
 # ============================================================================================
 # <calibrate>
+@app.command("calibrate")
+@user_errors
+def calibrate_cmd(
+    device: str = typer.Option("cpu", help="cpu | cuda"),
+    budget_s: float = typer.Option(90.0, "--budget-s", help="seconds to spend measuring (cpu >= 8, cuda >= 20)"),
+    out: Optional[str] = typer.Option(None, help="profile JSON to write (default ./earl-profile-<device>.json)"),
+    phases: str = typer.Option("all", help="all, or a comma list of matmul,attention,memory,collectives"),
+    dtype: str = typer.Option("auto", help="auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16"),
+    threads: int = typer.Option(0, help="CPU threads per rank (0: 1, as one runtime rank uses)"),
+    base: Optional[str] = typer.Option(None, help="profile (name or path) supplying what is not measured"),
+    measurements: Optional[str] = typer.Option(None, help="also write the raw points to this JSON file"),
+    seed: int = typer.Option(0, help="seed of the benchmark inputs"),
+):
+    """Measure this device (GEMMs, attention, copies, collectives), fit the cost model's
+    efficiency curves and links, and write a version-stamped hardware profile."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress as RichProgress
+
+    from earl.calibrate import Progress, run_calibration
+    from earl.calibrate.report import quality_table, write_measurements
+    from earl.calibrate.runner import default_out, parse_phases
+
+    chosen = parse_phases(phases)
+    out_path = out or default_out(device)
+    if not out_path.endswith(".json"):
+        raise ValueError(f"--out {out_path!r} must name a .json file")
+
+    class Bar(Progress):
+        def __init__(self, rich_progress):
+            self.p, self.tasks = rich_progress, {}
+
+        def phase(self, name, total):
+            self.tasks[name] = self.p.add_task(name, total=total, label="")
+
+        def step(self, name, label):
+            self.p.update(self.tasks[name], advance=1, label=label)
+
+    columns = (TextColumn("{task.description:12s}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("{task.fields[label]}"))
+    with RichProgress(*columns, console=err_console, transient=False) as rp:
+        res = run_calibration(device=device, budget_s=budget_s, phases=chosen, dtype=dtype,
+                              threads=threads, base=base, seed=seed, progress=Bar(rp))
+    res.profile.save(out_path)
+    console.print(quality_table(res))
+    if measurements:
+        write_measurements(res, measurements)
+    console.print(f"wrote {out_path} (load with --hardware {out_path})")
 # </calibrate>
 
 
