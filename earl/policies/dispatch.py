@@ -151,10 +151,10 @@ def _producer_first_rank(src: Layout, group: int, cp_index: int) -> int:
     return src.base_rank + ((group * p.pp + p.pp - 1) * p.cp + cp_index) * p.tp
 
 
-class CentralizedDispatcher:
-    """Gather everything to the controller, then scatter (verl / ROLL single controller)."""
+class Dispatcher:
+    """`plan(src, dst, samples) -> TransferPlan`; subclasses implement `_plan`."""
 
-    name = "centralized"
+    name = ""
 
     def __init__(self, controller: int | None = None):
         self.controller = controller  # None: the src layout's first rank
@@ -162,6 +162,15 @@ class CentralizedDispatcher:
     def plan(self, src: Layout, dst: Layout, samples: Sequence[Sample]) -> TransferPlan:
         with paused_gc():
             return self._plan(src, dst, samples)
+
+    def _plan(self, src: Layout, dst: Layout, samples: Sequence[Sample]) -> TransferPlan:
+        raise NotImplementedError
+
+
+class CentralizedDispatcher(Dispatcher):
+    """Gather everything to the controller, then scatter (verl / ROLL single controller)."""
+
+    name = "centralized"
 
     def _plan(self, src: Layout, dst: Layout, samples: Sequence[Sample]) -> TransferPlan:
         tokens = check_layouts(src, dst, samples)
@@ -196,17 +205,10 @@ class CentralizedDispatcher:
                             metadata_bytes=METADATA_BYTES_PER_SAMPLE * len(tokens))
 
 
-class LayoutAwareDispatcher:
+class LayoutAwareDispatcher(Dispatcher):
     """Producers send each consumer rank exactly its share; metadata only via the controller."""
 
     name = "layout-aware"
-
-    def __init__(self, controller: int | None = None):
-        self.controller = controller
-
-    def plan(self, src: Layout, dst: Layout, samples: Sequence[Sample]) -> TransferPlan:
-        with paused_gc():
-            return self._plan(src, dst, samples)
 
     def _plan(self, src: Layout, dst: Layout, samples: Sequence[Sample]) -> TransferPlan:
         tokens = check_layouts(src, dst, samples)
