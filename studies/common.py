@@ -1,0 +1,120 @@
+"""Shared helpers for the evaluation studies: arguments, output folder, CSV, figures, tables.
+
+Every study script in this folder is a plain program (`python studies/s2_data_volume.py
+--out /tmp/s2 --quick`, or `earl study s2`). It defines `run(out, quick) -> DataFrame`, which
+writes `<name>.csv` and `<name>.png` into `out` and prints its key table, and ends with
+`main(run, __doc__)`. Writes go through a temp file and a rename, so a failed study never
+leaves half a CSV or PNG behind.
+
+    python studies/s2_data_volume.py --quick --out /tmp/s2
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from earl.trace import atomic_write_text  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO / "docs" / "figures"
+
+# The EARL paper's setting (Qwen2.5-72B-Instruct on 16 nodes x 8 H100-80GB, NVLink inside a
+# node, 200 Gbps between nodes); every study starts from these and says where it departs.
+MODEL = "qwen2.5-72b"
+HARDWARE = "h100-sxm-80gb"
+PAPER_GPUS = 128
+NETWORKS = {"TCP": "tcp-200g", "RDMA": "rdma-200g"}
+GIB = 2**30
+
+console = Console(width=None if sys.stdout.isatty() else 140)
+
+
+def parse_args(doc: str | None, argv: list[str] | None = None) -> argparse.Namespace:
+    first = (doc or "").strip().splitlines()[0] if doc else None
+    ap = argparse.ArgumentParser(description=first)
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    ap.add_argument("--quick", action="store_true", help="few points, for tests (seconds)")
+    return ap.parse_args(argv)
+
+
+def main(run, doc: str | None, argv: list[str] | None = None) -> None:
+    """Parse `--out/--quick`, run the study, report where its files went."""
+    args = parse_args(doc, argv)
+    t0 = time.perf_counter()
+    run(args.out, quick=args.quick)
+    console.print(f"[dim]done in {time.perf_counter() - t0:.1f} s; outputs in {args.out}[/]")
+
+
+def write_csv(df: pd.DataFrame, out: Path, name: str) -> Path:
+    path = Path(out) / f"{name}.csv"
+    atomic_write_text(path, df.to_csv(index=False, float_format="%.6g"))
+    return path
+
+
+def save_figure(fig, out: Path, name: str, assumptions: str) -> Path:
+    """Stamp the assumptions under the axes, save as PNG atomically, close the figure."""
+    wrapped = textwrap.fill("Assumptions: " + " ".join(assumptions.split()), width=int(fig.get_figwidth() * 18))
+    lines = wrapped.count("\n") + 1
+    fig.text(0.01, 0.005, wrapped, ha="left", va="bottom", fontsize=7, color="0.3")
+    fig.tight_layout(rect=(0, (0.08 + 0.125 * lines) / fig.get_figheight(), 1, 1))
+    path = Path(out) / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        plt.close(fig)
+    return path
+
+
+def fmt(v) -> str:
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "-"
+        if math.isinf(v):
+            return "inf"
+        if v == 0:
+            return "0"
+        a = abs(v)
+        return f"{v:,.0f}" if a >= 1000 else f"{v:.3g}"
+    return str(v)
+
+
+def print_table(df: pd.DataFrame, title: str, columns: list[str] | None = None) -> None:
+    cols = columns or list(df.columns)
+    t = Table(title=title, title_justify="left")
+    for c in cols:
+        t.add_column(c, justify="left" if df[c].dtype == object else "right")
+    for _, row in df[cols].iterrows():
+        t.add_row(*(fmt(row[c]) for c in cols))
+    console.print(t)
+
+
+def human_bytes(b: float) -> str:
+    for unit, k in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= k:
+            return f"{b / k:.1f} {unit}"
+    return f"{b:.0f} B"
+
+
+def context_label(tokens: int) -> str:
+    return f"{tokens // 1024}K" if tokens % 1024 == 0 else str(tokens)
