@@ -226,9 +226,10 @@ class Replica:
         self.process = env.process(self._run())
 
     # ---- bookkeeping ----------------------------------------------------------------------------
-    def _note(self, kind: str, seq: Seq | None = None, **kw) -> None:
+    def _note(self, kind: str, seq: Seq | None = None, at: float | None = None, **kw) -> None:
         if self.log is not None:
-            self.log.append((self.env.now, self.name, kind, None if seq is None else seq.ep.id, kw))
+            t = self.env.now if at is None else at
+            self.log.append((t, self.name, kind, None if seq is None else seq.ep.id, kw))
 
     def _release(self, s: Seq) -> None:
         if s.resident:
@@ -325,7 +326,8 @@ class Replica:
                 self.cached[id(s)] = s
                 heapq.heappush(self.arrivals, (now + latency, self._tie, s))
                 self._tie += 1
-                self._note("turn_end", s, context=s.ctx, back_at=now + latency)
+                if self.log is not None:
+                    self._note("turn_end", s, context=s.ctx, back_at=now + latency)
             else:
                 self._release(s)
                 s.state = DONE
@@ -339,40 +341,53 @@ class Replica:
             _, _, s = heapq.heappop(self.arrivals)
             s.state = WAITING
             self.waiting.append(s)
-            self._note("arrive", s, tokens=s.pending)
+            if self.log is not None:
+                self._note("arrive", s, tokens=s.pending)
 
     # ---- the process ----------------------------------------------------------------------------
     def _run(self):
-        env, st = self.env, self.stats
+        env, st, clock = self.env, self.stats, self.clock
         while True:
             self._collect_arrivals()
             batch = self._admit()
+            pre = 0.0  # prefill seconds to run before the next decode segment
             if batch:
-                dt = sum(self.clock.prefill_time_s(new, prefix) for _, new, prefix in batch)
-                self._note("prefill", None, seqs=[s.ep.id for s, _, _ in batch],
-                           tokens=sum(n for _, n, _ in batch), time_s=dt)
-                st.prefill_tokens += sum(n for _, n, _ in batch)
+                pre = sum(clock.prefill_time_s(new, prefix) for _, new, prefix in batch)
+                tokens = sum(n for _, n, _ in batch)
+                if self.log is not None:
+                    self._note("prefill", None, seqs=[s.ep.id for s, _, _ in batch], tokens=tokens,
+                               time_s=pre)
+                st.prefill_tokens += tokens
+                st.busy_s += pre
                 st.peak_kv_tokens = max(st.peak_kv_tokens, self.used)
-                yield env.timeout(dt)
-                st.events += 1
-                st.busy_s += dt
                 for s, _, _ in batch:
                     self._start_decoding(s)
                 st.peak_running = max(st.peak_running, len(self.running))
-                continue
+                if self.arrivals and self.arrivals[0][0] <= env.now + pre:
+                    # someone arrives during the prefill: admit it before decoding
+                    yield env.timeout(pre)
+                    st.events += 1
+                    continue
             if self.running:
                 n = len(self.running)
                 if self.cap - self.used < n:  # no room for the next token of everyone
+                    if pre:
+                        yield env.timeout(pre)
+                        st.events += 1
                     self._evict(n - (self.cap - self.used))
                     if self.cap - self.used < n:
                         self._preempt_last()
                     continue
                 kmax = 1 if self.fine else min(self.ends[0][0] - self.iters,
                                                (self.cap - self.used) // n)
-                limit = self.arrivals[0][0] - env.now if self.arrivals else None
-                k, dt = self.clock.run(n, self.context, kmax, limit)
-                self._note("decode", None, seqs=n, iterations=k, context=self.context, time_s=dt)
-                yield env.timeout(dt)
+                limit = self.arrivals[0][0] - env.now - pre if self.arrivals else None
+                k, dt = clock.run(n, self.context, kmax, limit)
+                if self.log is not None:
+                    self._note("decode", None, at=env.now + pre, seqs=n, iterations=k,
+                               context=self.context, time_s=dt)
+                # one event for the prefill (if any) and the decode segment after it: nothing
+                # can change the batch in between
+                yield env.timeout(pre + dt)
                 st.events += 1
                 st.busy_s += dt
                 self.iters += k

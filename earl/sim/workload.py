@@ -15,6 +15,7 @@ Draws depend only on (seed, step), so every policy compared in one study sees th
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -123,11 +124,11 @@ class Episode:
     turns: tuple[tuple[int, int, float], ...]
     truncated: bool = False  # hit max_context
 
-    @property
+    @functools.cached_property
     def context_tokens(self) -> int:
         return sum(o + g for o, g, _ in self.turns)
 
-    @property
+    @functools.cached_property
     def generated_tokens(self) -> int:
         return sum(g for _, g, _ in self.turns)
 
