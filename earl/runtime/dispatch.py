@@ -100,6 +100,31 @@ def producer_samples(src: Layout, rank: int) -> set[int]:
             if src.base_rank + g * p.pp * p.cp * p.tp == rank}
 
 
+def reduce_small(flat: torch.Tensor, root: int = 0, group=None) -> None:
+    """Sum a few scalars over all ranks, in place. On gloo a two-hop star through `root` (one
+    message in, one out per rank): a ring all_reduce needs 2(p-1) sequential hops, each costing
+    a scheduler wake-up on an oversubscribed CPU host. NCCL: all_reduce."""
+    if dist.get_backend(group) != "gloo":
+        dist.all_reduce(flat, group=group)
+        return
+    rank, world = dist.get_rank(), dist.get_world_size(group)
+    if rank != root:
+        dist.send(flat, dst=root, group=group)
+        dist.recv(flat, src=root, group=group)
+        return
+    bufs = [torch.empty_like(flat) for _ in range(world)]
+    works = [dist.irecv(bufs[r], src=r, group=group) for r in range(world) if r != root]
+    for w in works:
+        w.wait()
+    total = flat.clone()
+    for r in range(world):
+        if r != root:
+            total += bufs[r]
+    flat.copy_(total)
+    for w in [dist.isend(flat, dst=r, group=group) for r in range(world) if r != root]:
+        w.wait()
+
+
 def distributed_advantages(store: Store, samples: list[Sample], src: Layout, estimator: str = "grpo",
                            rank: int = 0, group=None) -> None:
     """Advantages at the producers: only per-group scalars cross the network."""
@@ -107,7 +132,7 @@ def distributed_advantages(store: Store, samples: list[Sample], src: Layout, est
     local = group_stats(store, samples, estimator, producer_samples(src, rank))
     flat = torch.stack([local.get(k, torch.zeros(3, dtype=torch.float64)) for k in keys])
     if dist.is_initialized():
-        dist.all_reduce(flat, group=group)
+        reduce_small(flat, group=group)
     fill_advantages(store, samples, {k: flat[i] for i, k in enumerate(keys)}, estimator)
 
 

@@ -1,0 +1,154 @@
+"""Re-shard time vs the bytes-over-bandwidth bound, on real gloo processes.
+
+For each plan change the executor (earl.runtime.reshard) moves the planner's slices
+(earl.policies.reshard). The bound is the busiest rank's bytes (sent or received, whichever is
+larger) over the point-to-point bandwidth measured in the same run between two ranks with one
+large message; the cost model's estimate (CostModel.reshard, 'cpu' profile) is shown alongside.
+The model is a synthetic Qwen2-shaped stack (`--hidden`, `--layers`, fp32) so the bytes are
+large enough for bandwidth, not latency, to matter.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_reshard.py
+    OMP_NUM_THREADS=1 python benchmarks/bench_reshard.py --procs 2 --hidden 512 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from earl.cost_model import CostModel
+from earl.cost_model.profile import load_profile
+from earl.policies.reshard import ParamShape, max_rank_bytes, plan_reshard
+from earl.runtime.dist import run_local
+from earl.runtime.reshard import allocate_local, execute_reshard, local_range
+from earl.specs import HARDWARE_CATALOG, NETWORK_CATALOG, ClusterSpec, ModelSpec, ParallelPlan
+
+STATES = ("exp_avg", "exp_avg_sq")
+
+
+def synthetic_spec(hidden: int, layers: int) -> ModelSpec:
+    return ModelSpec(name=f"synthetic-h{hidden}-l{layers}", num_layers=layers, hidden_size=hidden,
+                     num_heads=16, num_kv_heads=4, head_dim=hidden // 16, ffn_hidden=4 * hidden,
+                     vocab_size=8192, tied_embeddings=True, qkv_bias=True, dtype="fp32")
+
+
+def shapes_of(spec: ModelSpec) -> dict[str, ParamShape]:
+    """Full parameter shapes with the HF names and the TP dims earl.runtime.tp uses."""
+    h, q, kv, f = spec.hidden_size, spec.q_dim, spec.kv_dim, spec.ffn_hidden
+    out = {"model.embed_tokens.weight": ParamShape(shape=(spec.vocab_size, h), tp_dim=None),
+           "model.norm.weight": ParamShape(shape=(h,), tp_dim=None)}
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}."
+        out.update({
+            p + "self_attn.q_proj.weight": ParamShape(shape=(q, h), tp_dim=0),
+            p + "self_attn.q_proj.bias": ParamShape(shape=(q,), tp_dim=0),
+            p + "self_attn.k_proj.weight": ParamShape(shape=(kv, h), tp_dim=0),
+            p + "self_attn.k_proj.bias": ParamShape(shape=(kv,), tp_dim=0),
+            p + "self_attn.v_proj.weight": ParamShape(shape=(kv, h), tp_dim=0),
+            p + "self_attn.v_proj.bias": ParamShape(shape=(kv,), tp_dim=0),
+            p + "self_attn.o_proj.weight": ParamShape(shape=(h, q), tp_dim=1),
+            p + "mlp.gate_proj.weight": ParamShape(shape=(f, h), tp_dim=0),
+            p + "mlp.up_proj.weight": ParamShape(shape=(f, h), tp_dim=0),
+            p + "mlp.down_proj.weight": ParamShape(shape=(h, f), tp_dim=1),
+            p + "input_layernorm.weight": ParamShape(shape=(h,), tp_dim=None),
+            p + "post_attention_layernorm.weight": ParamShape(shape=(h,), tp_dim=None),
+        })
+    return out
+
+
+def cases(world: int) -> list[tuple[str, ParallelPlan, ParallelPlan, bool]]:
+    """(label, src, dst, with optimizer state)."""
+    half = max(1, world // 2)
+    out = [("train->rollout", ParallelPlan(dp=world), ParallelPlan(tp=world), False),
+           ("rollout->train", ParallelPlan(tp=world), ParallelPlan(dp=world), False)]
+    if world >= 4:
+        out.append(("tp2dp2->tp4", ParallelPlan(tp=2, dp=half), ParallelPlan(tp=world), False))
+    out.append(("train switch +adam", ParallelPlan(tp=half, dp=2, sharded_optimizer=True),
+                ParallelPlan(tp=world, sharded_optimizer=True), True))
+    return out
+
+
+def _p2p_bandwidth(nbytes: int, repeats: int) -> float:
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    buf = torch.ones(nbytes, dtype=torch.uint8)
+    times = []
+    for _ in range(repeats + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(buf, dst=1)
+        elif rank == 1:
+            dist.recv(buf, src=0)
+        t = torch.tensor([time.perf_counter() - t0])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        times.append(float(t))
+    return nbytes / statistics.median(times[1:])
+
+
+def _worker(spec: ModelSpec, repeats: int):
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    shapes = shapes_of(spec)
+    bw = _p2p_bandwidth(64 * 2**20, repeats)
+    results = []
+    for label, src, dst, opt in cases(world):
+        states = STATES if opt else ()
+        plan = plan_reshard(shapes, src, dst, world, optimizer_states=states)
+        names = sorted({t.name for t in plan.transfers})
+        full = {n: (s.shape, s.shard_dim) for n, s in shapes.items()}
+        src_t = {}
+        for n in names:
+            shape, dim = full[n.split("/")[0]]
+            lo, hi = local_range(shapes, src, rank, n)
+            size = list(shape)
+            size[dim] = hi - lo
+            src_t[n] = torch.randn(size)
+        dst_t = allocate_local(shapes, dst, rank, names)
+        times = []
+        for _ in range(repeats + 1):
+            dist.barrier()
+            stats = execute_reshard(plan, shapes, src_t, dst_t)
+            t = torch.tensor([stats.seconds])
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            times.append(float(t))
+        results.append((label, src.describe(), dst.describe(), opt, plan.total_bytes,
+                        max_rank_bytes(plan), statistics.median(times[1:])))
+    return bw, results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--procs", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    spec = synthetic_spec(args.hidden, args.layers)
+    print(f"model: {spec.name}, {spec.num_params / 1e6:.1f} M params fp32 "
+          f"({spec.num_params * 4 / 1e6:.0f} MB of weights)")
+    head = (f"{'procs':>5} {'change':<19} {'src':<18} {'dst':<18} {'moved MB':>8} {'busiest MB':>10} "
+            f"{'time ms':>8} {'bound ms':>8} {'time/bound':>10} {'cost model ms':>13}")
+    print(head)
+    print("-" * len(head))
+    for n in args.procs:
+        bw, results = run_local(_worker, n, spec, args.repeats, timeout_s=900)[0]
+        cluster = ClusterSpec(hardware=HARDWARE_CATALOG["cpu"], nodes=1, gpus_per_node=n,
+                              network=NETWORK_CATALOG["loopback"])
+        cm = CostModel(spec, cluster, load_profile("cpu"))
+        for label, src, dst, opt, total, busiest, t in results:
+            bound = busiest / bw
+            pred = cm.reshard(ParallelPlan.parse(src), ParallelPlan.parse(dst), include_optimizer=opt).time_s
+            print(f"{n:>5} {label:<19} {src:<18} {dst:<18} {total / 1e6:>8.1f} {busiest / 1e6:>10.1f} "
+                  f"{t * 1e3:>8.1f} {bound * 1e3:>8.1f} {t / bound if bound else float('nan'):>10.2f} "
+                  f"{pred * 1e3:>13.1f}")
+        print(f"{'':>5} measured point-to-point bandwidth: {bw / 1e9:.2f} GB/s (64 MiB message)")
+
+
+if __name__ == "__main__":
+    main()
