@@ -225,6 +225,66 @@ def _select_for_plan_cmd(cm, selector, stage, gpus, batch, context, current, p95
 # simulate / study  (earl/sim, studies/)
 # ============================================================================================
 # <simulate>
+@app.command()
+@user_errors
+def simulate(
+    scenario: Optional[str] = typer.Argument(
+        None, help="scenario file (.toml/.yaml) or built-in name; default: the EARL paper setting"),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="override a key: section.key=value"),
+    steps: Optional[int] = typer.Option(None, "--steps", help="training steps (scenario.steps)"),
+    out: Optional[str] = typer.Option(None, "--out", help="output folder (default runs/sim-<time>)"),
+    compare: bool = typer.Option(False, "--compare", help="run every policy of policy.compare"),
+    fine: bool = typer.Option(False, "--fine", help="one event per decode iteration (slow)"),
+    plots: bool = typer.Option(True, "--plots/--no-plots", help="write PNG plots"),
+) -> None:
+    """Discrete-event simulation of agentic RL training on a GPU cluster."""
+    import datetime
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from earl.sim.run import check_out_dir, write_outputs
+    from earl.sim.run import simulate as run_simulation
+    from earl.sim.scenario import load_scenario
+
+    sets = parse_sets(set_)
+    if steps is not None:
+        sets["scenario.steps"] = str(steps)
+    if fine:
+        sets["engine.fine"] = "true"
+    sc = load_scenario(scenario, sets)
+    pairs = sc.policies(compare)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_dir = check_out_dir(out or f"runs/sim-{stamp}")
+    console.print(f"[bold]{sc.name}[/]: {sc.model} on {sc.cluster_spec().num_gpus} x {sc.hardware} "
+                  f"({sc.network}), workload {sc.workload.name}, {sc.steps} steps, "
+                  f"{len(pairs)} polic{'y' if len(pairs) == 1 else 'ies'}")
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err_console, transient=True) as bar:
+        task = bar.add_task("simulating", total=sc.steps * len(pairs))
+
+        def progress(label: str, step: int) -> None:
+            bar.update(task, advance=1, description=f"{label} step {step + 1}/{sc.steps}")
+
+        results = run_simulation(sc, compare=compare, progress=progress)
+    table = Table(title=f"{sc.name}: {sc.steps} steps, same seeded workload")
+    for col in ("policy", "tokens/s/GPU", "step time s", "OOM events", "truncated", "dispatch s",
+                "re-shard s", "sync s", "final plans (rollout | experience | train)"):
+        table.add_column(col, justify="left" if col.startswith(("policy", "final")) else "right")
+    for r in results:
+        s = r.summary
+        fp = s["final_plans"]
+        table.add_row(s["policy"], f"{s['throughput_tokens_per_gpu_s']:.1f}",
+                      f"{s['step_time_mean_s']:.1f}", str(s["oom_events"]),
+                      str(s["truncated_episodes"]), f"{s['dispatch_s']:.2f}",
+                      f"{s['reshard_s']:.1f}", f"{s['sync_s']:.1f}",
+                      f"{fp.get('rollout')} | {fp.get('experience')} | {fp.get('train')}")
+    console.print(table)
+    path = write_outputs(sc, results, out_dir, plots=plots)
+    events = sum(r.events for r in results)
+    wall = sum(r.wall_s for r in results)
+    console.print(f"wrote {path}/ (metrics.csv, summary.json, decisions.jsonl, trace.json"
+                  f"{', plots' if plots else ''}); {events:,} events in {wall:.1f} s")
 # </simulate>
 
 # ============================================================================================
