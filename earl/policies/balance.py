@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from earl.policies.types import Sample
 
 Assignment = tuple[tuple[int, ...], ...]
+ALIGN_TOLERANCE = 0.01  # extra imbalance balance_aligned accepts to keep neighbours together
 
 
 def _check(samples: Sequence[Sample], dp: int) -> None:
@@ -72,3 +73,57 @@ def round_robin_samples(samples: Sequence[Sample], dp: int) -> tuple[Assignment,
         groups[i % dp].append(s.id)
         loads[i % dp] += s.tokens
     return tuple(tuple(g) for g in groups), imbalance_ratio(loads)
+
+
+def balance_aligned(samples: Sequence[Sample], dp: int, src_assignment: Assignment
+                    ) -> tuple[Assignment, float]:
+    """Token-balanced placement on `dp` groups that keeps the samples of each source dp group
+    together where it can, so the layout-aware dispatcher sends few, large messages and more
+    of them stay on the producer's own ranks.
+
+    Merging (src groups a multiple of dp): whole source groups, neighbours together (on
+    colocated layouts those are the destination group's own ranks) unless placing them
+    largest-first on the lightest group is more than ALIGN_TOLERANCE more even.
+    Splitting (dp a multiple of the src groups): each source group is split largest-first over
+    its own dp / src parts. Otherwise: samples in source order are cut into dp contiguous runs
+    of about equal tokens. Balance is then that of the source placement (merge / split) or
+    within one sample of even (cut)."""
+    _check(samples, dp)
+    tokens = {s.id: s.tokens for s in samples}
+    placed = [i for g in src_assignment for i in g]
+    if sorted(placed) != sorted(tokens):
+        raise ValueError(f"src_assignment must hold each of the {len(tokens)} samples exactly once")
+    n_src = len(src_assignment)
+    groups: list[list[int]] = [[] for _ in range(dp)]
+    if n_src % dp == 0:
+        # Neighbouring source groups first: on colocated layouts they sit on the destination
+        # group's own ranks, so nothing moves. Largest-first when that is clearly less even.
+        k = n_src // dp
+        loads = [sum(tokens[i] for i in g) for g in src_assignment]
+        contiguous = [sum(loads[d * k:(d + 1) * k]) for d in range(dp)]
+        greedy_of = [0] * n_src
+        greedy = [0] * dp
+        heap = [(0, 0, d) for d in range(dp)]
+        for g in sorted(range(n_src), key=lambda g: (-loads[g], g)):
+            load, count, d = heap[0]
+            greedy_of[g] = d
+            greedy[d] = load + loads[g]
+            heapq.heapreplace(heap, (greedy[d], count + 1, d))
+        use_contiguous = imbalance_ratio(contiguous) <= imbalance_ratio(greedy) + ALIGN_TOLERANCE
+        for g, ids in enumerate(src_assignment):
+            groups[g // k if use_contiguous else greedy_of[g]].extend(ids)
+    elif dp % n_src == 0:
+        k = dp // n_src
+        for g, ids in enumerate(src_assignment):
+            parts, _ = balance_samples([Sample(i, tokens[i]) for i in ids], k)
+            for j, part in enumerate(parts):
+                groups[g * k + j].extend(part)
+    else:
+        total = sum(tokens.values()) or 1
+        before = 0
+        for i in placed:
+            mid = before + tokens[i] / 2
+            groups[min(dp - 1, int(mid * dp / total))].append(i)
+            before += tokens[i]
+    assignment = tuple(tuple(g) for g in groups)
+    return assignment, imbalance_ratio(group_tokens(assignment, samples))

@@ -140,17 +140,25 @@ class CostModelSelector(Selector):
 
         cur = score(current)
         ctx_long = trend["context_horizon"]
+        feasible = [cur if p == current else score(p) for p in self.scorer.candidates(stage)]
+        feasible = sorted((s for s in feasible if s.feasible), key=lambda s: s.stage_time_s)
+        # Branch and bound: a switch only adds time, so once a plan's bare stage time exceeds
+        # the best effective time found (and we hold enough rows to report), the rest lose too.
+        # This keeps the (costly) re-shard pricing to the few plans that could win.
         ranked: list[tuple[float, PlanScore, float]] = []  # (effective time, score, reshard_s)
-        for p in self.scorer.candidates(stage):
-            s = cur if p == current else score(p)
-            if s.feasible:
-                sw = self.scorer.reshard_s(stage, current, p)
-                steps = self.amortize_steps
-                if sw > 0 and ctx_long > ctx_mem and not self.scorer.fits(
-                        stage, p, ctx_long, margin=self.margin, mem_scale=scale):
-                    # the growing tail will push it out again before the switch pays off
-                    steps = max(1.0, min(steps, self.lookahead_steps))
-                ranked.append((s.stage_time_s + sw / steps, s, sw))
+        best_eff = math.inf
+        for s in feasible:
+            if s.stage_time_s > best_eff and len(ranked) >= TOP_CANDIDATES:
+                break
+            sw = self.scorer.reshard_s(stage, current, s.plan)
+            steps = self.amortize_steps
+            if sw > 0 and ctx_long > ctx_mem and not self.scorer.fits(
+                    stage, s.plan, ctx_long, margin=self.margin, mem_scale=scale):
+                # the growing tail will push it out again before the switch pays off
+                steps = max(1.0, min(steps, self.lookahead_steps))
+            eff = s.stage_time_s + sw / steps
+            best_eff = min(best_eff, eff)
+            ranked.append((eff, s, sw))
         ranked.sort(key=lambda r: (r[0], -r[1].tokens_per_gpu_s, r[1].plan.describe()))
         extra = {**trend, "memory_scale": scale,
                  "current": cur.to_dict(), "candidates": [dict(r[1].to_dict(), reshard_s=r[2],

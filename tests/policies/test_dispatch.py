@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from earl.policies.balance import balance_samples, group_tokens, round_robin_samples
+from earl.policies.balance import balance_aligned, balance_samples, group_tokens, round_robin_samples
 from earl.policies.dispatch import (
     CONSUMED_TENSORS,
     PRODUCED_TENSORS,
@@ -216,3 +216,38 @@ def test_balance_beats_round_robin_on_long_tail():
     assert rr > 1.3
     with pytest.raises(ValueError, match="dp"):
         balance_samples(samples, 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 5_000), max_size=80), st.integers(1, 8), st.integers(1, 8))
+def test_balance_aligned_keeps_groups_and_balance(lengths, src_dp, dp):
+    samples = [Sample(i, n) for i, n in enumerate(lengths)]
+    src, src_imb = balance_samples(samples, src_dp)
+    assignment, imbalance = balance_aligned(samples, dp, src)
+    assert len(assignment) == dp
+    assert sorted(i for g in assignment for i in g) == list(range(len(samples)))
+    loads = group_tokens(assignment, samples)
+    assert imbalance == pytest.approx(max(loads) * dp / sum(lengths)) if sum(lengths) else imbalance == 1.0
+    owner = {i: g for g, ids in enumerate(src) for i in ids}
+    if src_dp % dp == 0:  # merging: source groups stay whole
+        for g in range(src_dp):
+            assert len({d for d, ids in enumerate(assignment) for i in ids if owner[i] == g}) <= 1
+    elif dp % src_dp == 0:  # splitting: each destination group draws from one source group
+        assert all(len({owner[i] for i in g}) <= 1 for g in assignment)
+    elif sum(lengths):  # contiguous cut: within one sample of even
+        assert max(loads) <= sum(lengths) / dp + max(lengths) + 1e-9
+
+
+def test_aligned_placement_keeps_colocated_data_local():
+    rng = random.Random(3)
+    samples = [Sample(i, int(rng.lognormvariate(6, 1))) for i in range(256)]
+    src_plan, dst_plan = ParallelPlan(tp=2, dp=8), ParallelPlan(tp=4, dp=4)
+    src_a, _ = balance_samples(samples, src_plan.dp)
+    dst_a, imbalance = balance_aligned(samples, dst_plan.dp, src_a)
+    independent, _ = balance_samples(samples, dst_plan.dp)
+    assert imbalance < 1.02
+    aligned = LayoutAwareDispatcher().plan(Layout(src_plan, src_a), Layout(dst_plan, dst_a), samples)
+    indep = LayoutAwareDispatcher().plan(Layout(src_plan, src_a), Layout(dst_plan, independent), samples)
+    assert received_sets(aligned) == oracle(Layout(dst_plan, dst_a), samples)
+    assert aligned.total_bytes < 0.75 * indep.total_bytes
+    assert len(aligned.transfers) < len(indep.transfers)
