@@ -39,13 +39,18 @@ ASSUMPTIONS = (
 )
 
 
+def with_margin(ranked: list) -> list:
+    """The ranked (plan, estimate) pairs that keep MARGIN of device memory free; if none does,
+    the best plan that fits at all."""
+    safe = [(p, e) for p, e in ranked if e.feasible and e.memory.total <= (1 - MARGIN) * e.memory.capacity]
+    return safe or ranked[:1]
+
+
 def run(out: Path, quick: bool = False) -> pd.DataFrame:
     cm = make_cost_model(MODEL, HARDWARE, PAPER_GPUS, "rdma-200g")
     ctxs = QUICK_CONTEXTS if quick else CONTEXTS
     ranked = {c: rank_plans(cm, "train", PAPER_GPUS, BATCH, c) for c in ctxs}
-    safe = {c: [(p, e) for p, e in r if e.feasible and e.memory.total <= (1 - MARGIN) * e.memory.capacity]
-            for c, r in ranked.items()}
-    safe = {c: r or ranked[c][:1] for c, r in safe.items()}  # none with margin: the best that fits at all
+    safe = {c: with_margin(r) for c, r in ranked.items()}
     start_plan = safe[ctxs[0]][0][0]
     long_plan = safe[ctxs[-1]][0][0]
     rows = []

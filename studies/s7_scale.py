@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from common import GIB, HARDWARE, MODEL, main, print_table, save_figure, write_csv
 
+from earl.cost_model import HardwareProfile
 from earl.cost_model.resolve import make_cost_model
 from earl.policies import make_selector
 from earl.specs import ParallelPlan, Stage, StagePlan, WorkloadStats
@@ -45,9 +46,12 @@ ASSUMPTIONS = (
 )
 
 
-def one_scale(gpus: int) -> dict:
+def one_scale(gpus: int, profile: HardwareProfile | None = None) -> dict:
+    """One RL step at `gpus` GPUs (optionally priced with another hardware profile)."""
     cm = make_cost_model(MODEL, HARDWARE, gpus, NETWORK)
     rdma = make_cost_model(MODEL, HARDWARE, gpus, "rdma-200g")
+    if profile is not None:
+        cm, rdma = cm.with_profile(profile), rdma.with_profile(profile)
     batch = SEQS_PER_GPU * gpus
     sel = make_selector("cost-model", cost_model=cm, initial=INITIAL, stage_gpus=gpus,
                         logprob_passes=LOGPROB_PASSES, patience=1, hysteresis=0.0)

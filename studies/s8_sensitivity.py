@@ -1,0 +1,160 @@
+"""Study 8: how each study's conclusion moves when the hardware profile's efficiencies move by
++-20% (the error bars a calibration could plausibly carry).
+
+The matmul, attention and memory-bandwidth efficiency curves of the H100 profile are scaled one
+at a time and all together (peak_frac x 0.8 and x 1.2, capped at 100% of the datasheet), and
+the headline number of studies 3, 4, 6 and 7 is recomputed along with the plan each one picks.
+
+    python studies/s8_sensitivity.py [--out docs/figures] [--quick]     # or: earl study s8
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from common import HARDWARE, MODEL, PAPER_GPUS, main, print_table, save_figure, write_csv
+from s6_train_plans import BATCH as TRAIN_BATCH
+from s6_train_plans import with_margin
+from s7_scale import one_scale
+
+from earl.cost_model import HardwareProfile, load_profile, rank_plans
+from earl.cost_model.resolve import make_cost_model
+from earl.specs import ParallelPlan
+
+NAME = "s8_sensitivity"
+CURVES = ("matmul", "attention", "memory")
+EXTRA_KNOBS = ("nvlink", "kernel overhead")  # beyond the efficiency curves: link and launch costs
+SCALES = (0.8, 1.2)
+DISPATCH_BATCH = 512
+ASSUMPTIONS = (
+    f"{MODEL} on {HARDWARE}, datasheet profile (matmul 80%, attention 55%, HBM 90% of peak) scaled per curve "
+    "by x0.8 / x1.2 ('all curves': the three together); a scaled peak is capped at 100% (HBM +20% becomes +11%). "
+    "Beyond the curves: NVLink bandwidth (360 GB/s x0.8 / x1.2, capped at the 450 GB/s datasheet) and the per-kernel "
+    "launch overhead (5 us x0.8 / x1.2). "
+    "Metrics as in studies 3 (one engine, tp8 vs tp4 decode), 4 (128 GPUs, TCP, batch 512, 32K), "
+    f"6 (128 GPUs, batch {TRAIN_BATCH}, best plan per context with 10% memory margin vs the plan tuned for 32K, at 8K) "
+    "and 7 (4,096 GPUs, 4 sequences/GPU, 16K mean context). Dashed line: where the conclusion would flip."
+)
+
+
+def scaled_profile(base: HardwareProfile, knobs: tuple[str, ...], factor: float) -> HardwareProfile:
+    """`base` with each named knob scaled by `factor`: an efficiency curve's peak_frac (capped at
+    100%), the NVLink bandwidth ('nvlink', capped at the datasheet) or the per-kernel overhead."""
+    changes: dict = {}
+    for k in knobs:
+        if k in CURVES:
+            changes[k] = dataclasses.replace(getattr(base, k), peak_frac=min(1.0, getattr(base, k).peak_frac * factor))
+        elif k == "nvlink":
+            bw = min(base.hardware.intra_bw_bytes_s, base.intra.bw_bytes_s * factor)
+            changes["intra"] = dataclasses.replace(base.intra, bw_bytes_s=bw)
+        elif k == "kernel overhead":
+            changes["op_overhead_s"] = base.op_overhead_s * factor
+        else:
+            raise ValueError(f"unknown profile knob {k!r}; valid: {', '.join(CURVES + EXTRA_KNOBS)}")
+    return dataclasses.replace(base, **changes)
+
+
+def metrics(profile: HardwareProfile, quick: bool) -> dict:
+    node = make_cost_model(MODEL, HARDWARE, 8).with_profile(profile)
+    cm128 = make_cost_model(MODEL, HARDWARE, PAPER_GPUS, "tcp-200g").with_profile(profile)
+    m: dict = {}
+    for ctx, label in ((32768, "KV-limited: 32K x 32"), (4096, "KV fits: 4K x 32")):
+        t4 = node.decode(ParallelPlan(tp=4, dp=1), 32, ctx).tokens_per_gpu_s
+        t8 = node.decode(ParallelPlan(tp=8, dp=1), 32, ctx).tokens_per_gpu_s
+        m[f"s3 decode tp8/tp4, {label}"] = t8 / t4
+    src, dst = ParallelPlan(tp=8, dp=16), ParallelPlan(tp=8, pp=4, dp=4)
+    m["s4 layout-aware speedup, 32K TCP"] = (cm128.dispatch("centralized", src, dst, DISPATCH_BATCH, 32768).time_s
+                                             / cm128.dispatch("layout-aware", src, dst, DISPATCH_BATCH, 32768).time_s)
+    best8 = with_margin(rank_plans(cm128, "train", PAPER_GPUS, TRAIN_BATCH, 8192))[0]
+    long_plan = with_margin(rank_plans(cm128, "train", PAPER_GPUS, TRAIN_BATCH, 32768))[0][0]
+    fixed = cm128.train(long_plan, TRAIN_BATCH, 8192)
+    m["s6 selected vs tuned-for-32K train plan, 8K"] = best8[1].tokens_per_gpu_s / fixed.tokens_per_gpu_s
+    m["s6 train plan at 8K"] = best8[0].describe()
+    row = one_scale(1024 if quick else 4096, profile)
+    m["s7 centralized dispatch share of step (%)"] = 100 * row["centralized share"]
+    m["s7 rollout plan"] = row["rollout plan"]
+    m["s7 train plan"] = row["train plan"]
+    return m
+
+
+# where each numeric conclusion flips (None: no natural threshold)
+THRESHOLDS = {"s3 decode tp8/tp4, KV-limited: 32K x 32": 1.0, "s3 decode tp8/tp4, KV fits: 4K x 32": 1.0,
+              "s4 layout-aware speedup, 32K TCP": 1.0, "s6 selected vs tuned-for-32K train plan, 8K": 1.0,
+              "s7 centralized dispatch share of step (%)": None}
+
+
+def run(out: Path, quick: bool = False) -> pd.DataFrame:
+    base = load_profile(HARDWARE)
+    variants = [("baseline", (), 1.0)]
+    groups = [(c,) for c in CURVES] + [CURVES] + [(k,) for k in EXTRA_KNOBS]
+    if quick:
+        groups = [CURVES]
+    for knobs in groups:
+        for f in SCALES:
+            name = "all curves" if knobs == CURVES else knobs[0]
+            variants.append((f"{name} x{f:g}", knobs, f))
+    rows = []
+    for label, curves, f in variants:
+        prof = scaled_profile(base, curves, f) if curves else base
+        rows.append({"variant": label, **metrics(prof, quick)})
+    df = pd.DataFrame(rows)
+    baseline = df.iloc[0]
+    for col in [c for c in df.columns if c.endswith("plan") or "plan at" in c]:
+        df[f"{col} changed"] = df[col] != baseline[col]
+    write_csv(df, out, NAME)
+    numeric = list(THRESHOLDS)
+    print_table(df, f"Study 8: conclusions under +-20% profile efficiencies ({HARDWARE})", ["variant"] + numeric)
+    plans = [c for c in df.columns if c.endswith("plan") or c.endswith("at 8K")]
+    print_table(df, "Study 8: plans picked under each variant", ["variant"] + plans)
+    plot(df, numeric, plans, out)
+    return df
+
+
+def plot(df: pd.DataFrame, numeric: list[str], plans: list[str], out: Path) -> Path:
+    n = len(numeric) + 1
+    cols = 3
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(13, 3.2 * rows + 0.6))
+    axes = np.atleast_1d(axes).ravel()
+    variants = list(df["variant"])
+    y = np.arange(len(variants))
+    colors = ["0.35"] + ["tab:red" if "x0.8" in v else "tab:green" for v in variants[1:]]  # x0.8: slower hw
+    colors = ["0.35"] + [("tab:green" if "x0.8" in v else "tab:red") if "overhead" in v else c
+                         for v, c in zip(variants[1:], colors[1:], strict=True)]  # more overhead: slower
+    for ax, metric in zip(axes, numeric, strict=False):
+        vals = df[metric].to_numpy(dtype=float)
+        ax.barh(y, vals, color=colors, alpha=0.8)
+        ax.axvline(vals[0], color="0.2", lw=1)
+        thr = THRESHOLDS[metric]
+        if thr is not None:
+            ax.axvline(thr, color="black", ls="--", lw=1)
+        for yi, v in zip(y, vals, strict=True):
+            ax.annotate(f"{v:.3g}", (v, yi), xytext=(2, 0), textcoords="offset points", va="center", fontsize=7)
+        lo = min(vals.min(), thr if thr is not None else vals.min())
+        ax.set_xlim(min(0, lo), max(vals.max(), thr or 0) * 1.18)
+        ax.set_yticks(y, variants, fontsize=7.5)
+        ax.invert_yaxis()
+        ax.set_title(metric, fontsize=9)
+        ax.grid(True, axis="x", alpha=0.3)
+    ax = axes[len(numeric)]
+    ax.axis("off")
+    changed = []
+    for col in plans:
+        diff = df[df[col] != df[col].iloc[0]]
+        what = ", ".join(f"{v}: {p}" for v, p in zip(diff["variant"], diff[col], strict=True)) or "never"
+        changed.append(f"{col}\n  baseline {df[col].iloc[0]}\n  changes: {what}")
+    ax.text(0, 1, "Plan decisions\n\n" + "\n\n".join(changed), va="top", ha="left", fontsize=7, wrap=True,
+            family="monospace")
+    for ax in axes[n:]:
+        ax.axis("off")
+    fig.suptitle("Sensitivity to the hardware profile: red = slower hardware, green = faster; solid line = baseline, "
+                 "dashed = where the conclusion flips", fontsize=10)
+    return save_figure(fig, out, NAME, ASSUMPTIONS)
+
+
+if __name__ == "__main__":
+    main(run, __doc__)
