@@ -347,6 +347,69 @@ def calibrate_cmd(
 # </calibrate>
 
 
+# ============================================================================================
+# study  (studies/ at the repository root; earl never imports it, it runs the scripts)
+# ============================================================================================
+# <study>
+def _studies_dir():
+    from pathlib import Path
+
+    return Path(__file__).resolve().parent.parent / "studies"
+
+
+def _study_scripts() -> dict:
+    """{stem: path} of every study script (studies/s<N>_<name>.py), in study order."""
+    folder = _studies_dir()
+    if not folder.is_dir():
+        raise ValueError(f"no studies folder at {folder}: `earl study` runs the scripts of a repository checkout")
+    scripts = sorted(folder.glob("s[0-9]*_*.py"), key=lambda p: int(p.stem[1:].split("_")[0]))
+    return {p.stem: p for p in scripts}
+
+
+def resolve_study(name: str, scripts: dict) -> list:
+    """`s2`, `2`, `data_volume`, `s2_data_volume` or `all` -> the scripts to run."""
+    key = name.lower().replace("-", "_")
+    if key == "all":
+        return list(scripts.values())
+    for stem, path in scripts.items():
+        num, _, rest = stem.partition("_")
+        if key in (stem, num, num[1:], rest):
+            return [path]
+    raise ValueError(f"unknown study {name!r}; valid: {', '.join(scripts)} (or s<N>, <N>, all)")
+
+
+@app.command("study")
+@user_errors
+def study_cmd(
+    name: Optional[str] = typer.Argument(None, help="study to run: s1..s8, its full name, or all"),
+    out: Optional[str] = typer.Option(None, help="output folder (default: docs/figures of the checkout)"),
+    quick: bool = typer.Option(False, help="few points, seconds instead of minutes"),
+    list_: bool = typer.Option(False, "--list", help="list the studies and exit"),
+):
+    """Run an evaluation study: writes its CSV and PNG and prints its key table."""
+    import ast
+    import subprocess
+
+    scripts = _study_scripts()
+    if list_ or name is None:
+        for stem, path in scripts.items():
+            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+            summary = " ".join(doc.split("\n\n")[0].split())
+            console.print(f"[bold]{stem}[/]  {summary[:100] + ('...' if len(summary) > 100 else '')}",
+                          highlight=False)
+        return
+    failed = []
+    for path in resolve_study(name, scripts):
+        cmd = [sys.executable, str(path)] + (["--out", out] if out else []) + (["--quick"] if quick else [])
+        console.print(f"[dim]$ {' '.join(cmd)}[/]", highlight=False)
+        if subprocess.run(cmd, check=False).returncode != 0:
+            failed.append(path.stem)
+    if failed:
+        err_console.print(f"[bold red]failed:[/] {', '.join(failed)}")
+        raise typer.Exit(code=1)
+# </study>
+
+
 def main() -> None:
     app(prog_name="earl")
 
