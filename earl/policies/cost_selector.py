@@ -17,6 +17,9 @@ Going past the EARL table (which keys on the average context only):
 * Hysteresis. Unless the current plan is about to stop fitting, a better plan must win by more
   than `hysteresis` (relative stage time, after the switch cost) on `patience` consecutive calls
   for the same stage, so noisy statistics near a crossover do not make the plan flap.
+* Weight sync. Rollout and experience receive the weights from the training layout every
+  step, so a plan there is charged that per-step sync (`cm.reshard`, weights only) and a
+  training plan the sync to the plans in use for both (`charge_sync`).
 * Training picks tp/pp/cp/dp, micro-batch, recompute and optimizer sharding together (every
   combination `enumerate_plans` yields is scored).
 * A measured `memory_headroom_frac` (runtime) that shows more use than predicted for the
@@ -62,7 +65,7 @@ class CostModelSelector(Selector):
     name = "cost-model"
 
     def __init__(self, *, margin: float = 0.10, lookahead_steps: float = 2.0, history: int = 8,
-                 trend_steps: int = 4,
+                 trend_steps: int = 4, charge_sync: bool = True,
                  hysteresis: float = 0.10, patience: int = 2, amortize_steps: float = 8.0, **kw):
         super().__init__(**kw)
         if not 0 <= margin < 1:
@@ -78,6 +81,7 @@ class CostModelSelector(Selector):
         self.patience = patience  # consecutive calls a better plan must win
         self.amortize_steps = amortize_steps  # steps a switch's re-shard cost is spread over
         self.trend_steps = trend_steps  # recent steps the growth rate is fitted on
+        self.charge_sync = charge_sync  # add the per-step train -> rollout/experience weight sync
         self._history: deque[tuple[int, float, float, float]] = deque(maxlen=history)
         self._pending: dict[Stage, tuple[ParallelPlan, int]] = {}
         self._mem_scale: dict[Stage, float] = {}
@@ -139,6 +143,11 @@ class CostModelSelector(Selector):
                                      margin=self.margin, mem_scale=scale)
 
         cur = score(current)
+
+        def sync(p: ParallelPlan) -> float:
+            return self.scorer.sync_s(stage, p, self.in_use) if self.charge_sync else 0.0
+
+        cur_time = cur.stage_time_s + sync(current)
         ctx_long = trend["context_horizon"]
         feasible = [cur if p == current else score(p) for p in self.scorer.candidates(stage)]
         feasible = sorted((s for s in feasible if s.feasible), key=lambda s: s.stage_time_s)
@@ -156,14 +165,14 @@ class CostModelSelector(Selector):
                     stage, s.plan, ctx_long, margin=self.margin, mem_scale=scale):
                 # the growing tail will push it out again before the switch pays off
                 steps = max(1.0, min(steps, self.lookahead_steps))
-            eff = s.stage_time_s + sw / steps
+            eff = s.stage_time_s + sync(s.plan) + sw / steps
             best_eff = min(best_eff, eff)
             ranked.append((eff, s, sw))
         ranked.sort(key=lambda r: (r[0], -r[1].tokens_per_gpu_s, r[1].plan.describe()))
-        extra = {**trend, "memory_scale": scale,
-                 "current": cur.to_dict(), "candidates": [dict(r[1].to_dict(), reshard_s=r[2],
-                                                                effective_time_s=r[0])
-                                                           for r in ranked[:TOP_CANDIDATES]]}
+        rows = [dict(r[1].to_dict(), reshard_s=r[2], sync_s=sync(r[1].plan), effective_time_s=r[0])
+                for r in ranked[:TOP_CANDIDATES]]
+        extra = {**trend, "memory_scale": scale, "current": dict(cur.to_dict(), sync_s=sync(current)),
+                 "candidates": rows}
         if not ranked:
             self._pending.pop(stage, None)
             return self._decision(stage, current, cur, cur, 0.0, False, extra,
@@ -184,7 +193,7 @@ class CostModelSelector(Selector):
                                   f"keep {current.describe()}: best predicted throughput "
                                   f"{cur.tokens_per_gpu_s:,.0f} tokens/s/GPU, {cur.memory_frac:.0%} of "
                                   f"memory at {ctx_mem:,.0f} tokens (runner-up {runner})")
-        gain = cur.stage_time_s / eff - 1.0
+        gain = cur_time / eff - 1.0
         if gain <= self.hysteresis:
             self._pending.pop(stage, None)
             return self._decision(stage, current, cur, cur, 0.0, False, extra,

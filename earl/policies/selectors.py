@@ -155,6 +155,14 @@ class PlanScorer:
         mem = self._memory(stage, plan, quantize_context(ctx_mem)) * mem_scale
         return mem <= (1.0 - margin) * self.cm.capacity
 
+    def sync_s(self, stage: Stage, plan: ParallelPlan, in_use: dict[Stage, ParallelPlan]) -> float:
+        """Per-step weight sync this plan implies: rollout and experience receive the weights
+        from the training layout every step; a training plan sends them to both."""
+        if stage is Stage.TRAIN:
+            return (self.reshard_s(Stage.ROLLOUT, plan, in_use[Stage.ROLLOUT])
+                    + self.reshard_s(Stage.ROLLOUT, plan, in_use[Stage.EXPERIENCE]))
+        return self.reshard_s(Stage.ROLLOUT, in_use[Stage.TRAIN], plan)
+
     def reshard_s(self, stage: Stage, src: ParallelPlan, dst: ParallelPlan) -> float:
         """Seconds to move weights (training: and optimizer states) from `src` to `dst`."""
         if src == dst:
@@ -177,12 +185,16 @@ class Selector:
         self.scorer = PlanScorer(cost_model, stage_gpus, logprob_passes=logprob_passes,
                                  train_steps=train_steps)
         self.initial = StagePlan(**{s.value: initial.for_stage(s).resolve(stage_gpus) for s in Stage})
+        self.in_use: dict[Stage, ParallelPlan] = {s: self.initial.for_stage(s) for s in Stage}
 
     def select(self, stage: Stage | str, stats: WorkloadStats, current: ParallelPlan | None = None
                ) -> Decision:
         stage = Stage(stage)
         current = (current or self.initial.for_stage(stage)).resolve(self.gpus)
-        return self._select(stage, stats, current)
+        self.in_use[stage] = current
+        decision = self._select(stage, stats, current)
+        self.in_use[stage] = decision.plan  # what the other stages' decisions assume next
+        return decision
 
     def _select(self, stage: Stage, stats: WorkloadStats, current: ParallelPlan) -> Decision:
         raise NotImplementedError

@@ -147,12 +147,12 @@ def test_without_tail_trend_and_margin_it_would_oom(cm):
 
 
 def test_cost_model_train_choice_is_the_best_that_fits(cm):
-    """Fresh stats on the scoring grid, switch cost made negligible: the pick must match the
+    """Fresh stats on the scoring grid, switch and sync cost off: the pick must match the
     best throughput among rank_plans' feasible plans that leave the 10% margin free."""
     ctx = 16384
     start = ParallelPlan(tp=8, pp=4, dp=4, sharded_optimizer=True, recompute="full")
     sel = make_selector("cost-model", cost_model=cm, initial=same(start), stage_gpus=GPUS,
-                        patience=1, amortize_steps=1e12)
+                        patience=1, amortize_steps=1e12, charge_sync=False)
     d = sel.select(Stage.TRAIN, stats(0, ctx), start)
     ok = [(p, e) for p, e in rank_plans(cm, "train", GPUS, 512, ctx)
           if e.feasible and e.memory.total <= 0.9 * e.memory.capacity]
@@ -233,3 +233,19 @@ def test_context_grid_rounds_up_idempotently():
         q = quantize_context(x)
         assert x <= q <= max(16, 1.1 * x) + 16 and q % 16 == 0
         assert quantize_context(q) == q
+
+
+def test_weight_sync_is_charged_every_step(cm):
+    """A rollout plan unlike the training layout pays the train -> rollout sync every step."""
+    train = ParallelPlan(tp=8, pp=4, dp=4, sharded_optimizer=True, recompute="full")
+    init = StagePlan(rollout=ParallelPlan(tp=8, dp=16), experience=train, train=train)
+    sel = make_selector("cost-model", cost_model=cm, initial=init, stage_gpus=GPUS)
+    d = sel.select(Stage.ROLLOUT, stats(0, 4000, response_tokens_mean=2000), init.rollout)
+    rows = {c["plan"]: c for c in d.predicted["candidates"]}
+    for plan_text, row in rows.items():
+        plan = ParallelPlan.parse(plan_text)
+        want = cm.reshard(train, plan).time_s
+        assert row["sync_s"] == pytest.approx(want)
+        assert row["effective_time_s"] >= row["stage_time_s"] + want - 1e-9
+    assert d.predicted["current"]["sync_s"] == pytest.approx(cm.reshard(train, init.rollout).time_s)
+    assert sel.in_use[Stage.ROLLOUT] == d.plan
