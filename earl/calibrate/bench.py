@@ -253,16 +253,17 @@ def run_case(case: Case, *, device: torch.device, dtype: torch.dtype, gen: torch
 
 
 def run_cases(cases: list[Case], *, device: torch.device, dtype: torch.dtype, budget_s: float,
-              seed: int = 0, on_case: Callable[[Measurement | None], None] | None = None,
-              ) -> list[Measurement]:
-    """Run cases in order until `budget_s` is spent (checked between cases: each plan caps
-    one call at tens of milliseconds, so the overrun is a few calls at most)."""
+              seed: int = 0, min_cases: int = 6,
+              on_case: Callable[[Measurement | None], None] | None = None) -> list[Measurement]:
+    """Run cases in order until `budget_s` is spent, but at least `min_cases` of them (enough
+    to fit and hold out). The deadline is checked between cases: each plan caps one call at
+    tens of milliseconds, so the overrun is a few calls at most."""
     gen = torch.Generator().manual_seed(seed)
     deadline = time.perf_counter() + budget_s
     out: list[Measurement] = []
     for i, case in enumerate(cases):
         left = deadline - time.perf_counter()
-        if left <= 0:
+        if left <= 0 and len(out) >= min_cases:
             if on_case:
                 on_case(None)
             continue

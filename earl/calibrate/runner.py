@@ -180,33 +180,25 @@ def _calibrate(dev, dt, budget_s, phases, base_prof, seed, progress, t_start) ->
     share = {p: budget_s * w / total_w for p, w in weights.items()}
     overhead_s = bench.measure_op_overhead(dev)
     measurements: list[bench.Measurement] = []
-    by_phase = {
-        "matmul": lambda: bench.coarse_to_fine(bench.matmul_cases(plan, esize), key=lambda c: c.flops),
-        "attention": lambda: _interleave(
-            bench.coarse_to_fine([c for c in bench.attention_cases(plan, esize) if c.kind == "attention"],
-                                 key=lambda c: c.flops),
-            bench.coarse_to_fine([c for c in bench.attention_cases(plan, esize)
-                                  if c.kind == "attention_decode"], key=lambda c: c.bytes)),
-        "memory": lambda: bench.coarse_to_fine(bench.memory_cases(plan), key=lambda c: c.bytes),
+    attn = bench.attention_cases(plan, esize)
+    groups = {  # phase -> [(cases in coarse-to-fine order, share of the phase's budget)]
+        "matmul": [(bench.coarse_to_fine(bench.matmul_cases(plan, esize), key=lambda c: c.flops), 1.0)],
+        "attention": [
+            (bench.coarse_to_fine([c for c in attn if c.kind == "attention"], key=lambda c: c.flops), 0.5),
+            (bench.coarse_to_fine([c for c in attn if c.kind == "attention_decode"], key=lambda c: c.bytes), 0.5)],
+        "memory": [(bench.coarse_to_fine(bench.memory_cases(plan), key=lambda c: c.bytes), 1.0)],
     }
     for phase in (p for p in ("matmul", "attention", "memory") if p in phases):
-        cases = by_phase[phase]()
-        progress.phase(phase, len(cases))
-        measurements += bench.run_cases(
-            cases, device=dev, dtype=dt, budget_s=share[phase], seed=seed,
-            on_case=lambda m, ph=phase: progress.step(ph, m.label if m else "skipped"))
+        progress.phase(phase, sum(len(cases) for cases, _ in groups[phase]))
+        for cases, frac in groups[phase]:
+            measurements += bench.run_cases(
+                cases, device=dev, dtype=dt, budget_s=share[phase] * frac, seed=seed,
+                on_case=lambda m, ph=phase: progress.step(ph, m.label if m else "skipped"))
     coll = None
     if "collectives" in phases:
         coll = _run_collectives(dev, share["collectives"], progress)
     return _build_profile(dev, dt, base_prof, overhead_s, measurements, coll,
                           time.perf_counter() - t_start)
-
-
-def _interleave(a: list, b: list) -> list:
-    out = []
-    for i in range(max(len(a), len(b))):
-        out += a[i:i + 1] + b[i:i + 1]
-    return out
 
 
 def _run_collectives(dev: torch.device, share_s: float, progress: Progress) -> CollectiveResult | None:
@@ -268,6 +260,8 @@ def _build_profile(dev, dt, base_prof: HardwareProfile, overhead_s: float,
         "collectives": f"{coll.backend} x{coll.world}" if coll else "not measured",
         "wall_s": round(wall_s, 1),
     })
+    if dev.type == "cpu" and hasattr(os, "getloadavg"):  # how shared the machine was
+        stamp["load_avg_1m"] = round(os.getloadavg()[0], 2)
     quality = {k: f.quality() for k, f in fits.items()}
     if link:
         quality["links"] = link.quality()

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# GPU check (issue 7): calibrate one GPU (GEMMs, attention, memory bandwidth) and, when
+# `earl validate` exists, compare the simulator with the runtime on a random-initialised model
+# of a real shape (Qwen2.5-1.5B). Everything lands in one folder: $OUT if set, else ./gpu_check.
+# Sized for about 6 minutes on one H200; the CPU path (DEVICE=cpu QUICK=1) is what the tests run.
+#
+#   bash studies/gpu_check.sh                        # on a CUDA machine
+#   DEVICE=cpu QUICK=1 OUT=/tmp/gc bash studies/gpu_check.sh   # ~20 s CPU smoke run
+set -euo pipefail
+
+OUT_DIR="${OUT:-./gpu_check}"
+DEVICE="${DEVICE:-cuda}"
+QUICK="${QUICK:-0}"
+if [ "$QUICK" = 1 ]; then
+  BUDGET="${BUDGET:-8}"; MODEL="${MODEL:-tiny}"; STEPS="${STEPS:-1}"; VALIDATE_LIMIT=240
+else
+  BUDGET="${BUDGET:-150}"; MODEL="${MODEL:-qwen2.5-1.5b}"; STEPS="${STEPS:-3}"; VALIDATE_LIMIT=170
+fi
+PY="${PYTHON:-python3}"
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$(cd "$(dirname "$0")/.." && pwd)"
+mkdir -p "$OUT_DIR"
+status=0
+
+{
+  echo "date: $(date -u +%FT%TZ)  host: $(hostname)  device: $DEVICE  quick: $QUICK"
+  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available()); print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no gpu')"
+  if command -v nvidia-smi >/dev/null; then nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; fi
+} > "$OUT_DIR/env.txt" 2>&1 || status=1
+cat "$OUT_DIR/env.txt"
+
+# 1. calibration (collectives need 2+ GPUs; one GPU keeps the datasheet link)
+timeout $((BUDGET * 2 + 90)) "$PY" -m earl.cli calibrate --device "$DEVICE" --budget-s "$BUDGET" \
+  --phases matmul,attention,memory --out "$OUT_DIR/profile-$DEVICE.json" \
+  --measurements "$OUT_DIR/measurements-$DEVICE.json" 2>&1 | tee "$OUT_DIR/calibrate.log" || status=1
+
+# 2. validation against the runtime, with the profile just measured
+if "$PY" -m earl.cli validate --help >/dev/null 2>&1; then
+  timeout "$VALIDATE_LIMIT" "$PY" -m earl.cli validate --device "$DEVICE" --model "$MODEL" \
+    --steps "$STEPS" --hardware "$OUT_DIR/profile-$DEVICE.json" --out "$OUT_DIR/validate" \
+    2>&1 | tee "$OUT_DIR/validate.log" || status=1
+else
+  echo "earl validate is not available in this checkout: validation skipped" | tee "$OUT_DIR/validate.log"
+fi
+
+echo "gpu_check finished with status $status; results in $OUT_DIR"
+ls -la "$OUT_DIR"
+exit "$status"

@@ -1,0 +1,122 @@
+"""A tiny real calibration, the profile it writes, the `earl calibrate` CLI's errors and the
+GPU-check script's CPU path.
+
+    pytest tests/calibrate/test_calibrate.py
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from earl.calibrate import current_stamp, run_calibration
+from earl.cli import app
+from earl.cost_model import CostModel
+from earl.cost_model.profile import check_stamp, load_profile
+from earl.specs import ClusterSpec, ModelSpec, ParallelPlan
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def calibration():
+    return run_calibration(device="cpu", budget_s=8.0)
+
+
+@pytest.mark.dist
+def test_tiny_calibration_writes_a_loadable_stamped_profile(calibration, tmp_path):
+    res = calibration
+    path = res.profile.save(tmp_path / "cpu.json")
+    loaded = load_profile(str(path))
+    assert loaded == res.profile
+    stamp = loaded.stamp
+    for key in ("device", "driver", "torch", "cuda", "attention", "date", "host", "dtype"):
+        assert stamp[key], key
+    assert stamp["source"] == "calibrated" and stamp["dtype"] == "float32"
+    assert stamp["measured"] == ["attention", "attention_decode", "collectives", "matmul", "memory"]
+    assert check_stamp(loaded, current_stamp("cpu")) == []
+    # every fit reports its held-out error, and the profile carries the measured numbers
+    for kind in ("matmul", "attention", "attention_decode", "memory"):
+        q = loaded.fit_quality[kind]
+        assert q["n_held"] >= 1 and q["n_fit"] >= 3 and q["heldout_median_err"] >= 0
+    assert loaded.hardware.peak_flops == pytest.approx(res.fits["matmul"].rate)
+    assert loaded.matmul.peak_frac == pytest.approx(1.0)
+    assert loaded.hardware.hbm_bw_bytes_s == pytest.approx(res.fits["memory"].rate)
+    assert loaded.op_overhead_s > 0 and loaded.attention_decode is not None
+    assert loaded.intra.alpha_s > 0 and loaded.intra.bw_bytes_s > 0
+    assert loaded.link_for("allreduce") == res.link.ops["all_reduce"].link
+    # the cost model prices with it
+    cm = CostModel(ModelSpec.from_name("tiny"), ClusterSpec.for_gpus(loaded.hardware, 2), loaded)
+    est = cm.decode(ParallelPlan(tp=1, dp=2), batch=4, context=64)
+    assert est.feasible and 0 < est.time_s < 1
+
+
+def test_stamp_mismatch_warns(calibration, tmp_path):
+    d = calibration.profile.to_dict()
+    d["stamp"]["torch"] = "1.0.0"
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(d))
+    with pytest.warns(UserWarning, match="torch: profile has '1.0.0'"):
+        assert check_stamp(load_profile(str(path)), current_stamp("cpu"))
+
+
+def _cli(*args):
+    return CliRunner().invoke(app, ["calibrate", *args])
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--device", "tpu"], "unknown device 'tpu'; valid: cpu, cuda"),
+    (["--budget-s", "2"], "--budget-s 2 is too small to fit anything on cpu; need at least 8 s"),
+    (["--phases", "matmul,disk"], "unknown calibration phase 'disk'"),
+    (["--dtype", "int8"], "unknown dtype 'int8'"),
+    (["--out", "profile.txt"], "must name a .json file"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(args, message):
+    r = _cli(*args)
+    assert r.exit_code == 2, r.output
+    assert message in r.output and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_cli_cuda_without_a_gpu():
+    r = _cli("--device", "cuda")
+    assert r.exit_code == 2 and "device 'cuda' is not available here" in r.output
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d.pop("memory"), "is missing field 'memory'"),
+    (lambda d: d.update(version=99), "profile version 99 is not supported"),
+])
+def test_cli_bad_base_profile(tmp_path, edit, message):
+    d = load_profile("cpu").to_dict()
+    edit(d)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(d))
+    r = _cli("--base", str(path), "--out", str(tmp_path / "p.json"))
+    assert r.exit_code == 2 and message in r.output
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_shipped_cpu_profile_loads_by_name():
+    prof = load_profile("cpu-measured")
+    assert prof.stamp["source"] == "calibrated" and prof.hardware.name == "cpu"
+    assert prof.fit_quality["matmul"]["heldout_median_err"] < 1.0
+
+
+@pytest.mark.dist
+def test_gpu_check_script_cpu_path(tmp_path):
+    env = {**os.environ, "DEVICE": "cpu", "QUICK": "1", "OUT": str(tmp_path), "PYTHON": sys.executable}
+    r = subprocess.run(["bash", str(REPO / "studies" / "gpu_check.sh")], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    prof = load_profile(str(tmp_path / "profile-cpu.json"))
+    assert prof.stamp["source"] == "calibrated"
+    assert "memory" in prof.fit_quality and "links" not in prof.fit_quality
+    points = json.loads((tmp_path / "measurements-cpu.json").read_text())["measurements"]
+    assert {p["kind"] for p in points} == {"matmul", "attention", "attention_decode", "memory"}
+    assert "fit quality" in (tmp_path / "calibrate.log").read_text()
