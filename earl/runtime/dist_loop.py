@@ -1,0 +1,533 @@
+"""The multi-process RL loop: `earl run --nproc N` (via earl.runtime.launch) or plain torchrun.
+
+Every rank holds a training copy of the policy (tp-sharded by the train plan, ZeRO-1 over its
+dp) and a rollout copy (tp-sharded by the rollout plan). Per step:
+1. the selector is asked for each stage's plan; a switched, runnable plan is applied in flight:
+   weights (train plan: plus optimizer state) are re-sharded to it, no restart;
+2. train weights -> rollout layout (earl.runtime.reshard), every step;
+3. rollout: each rollout dp replica plays its share of the episodes (tp peers in lockstep);
+4. experience: trajectories (token lists) are shared, each train dp group computes old
+   log-probs of its share with the train model;
+5. dispatch: the configured dispatcher's TransferPlan is executed (earl.runtime.dispatch),
+   with distributed GRPO advantages;
+6. train: runtime-1's loss + ShardedAdamW (earl.runtime.dist_train).
+A per-rank memory budget (CPU: from the runtime's own accounting of weights, gradients,
+optimizer state and activations) is checked before training; over budget, the runtime
+re-plans to a more memory-sparing train plan, re-shards, and retries the step's training on
+the same samples. Checkpoints gather full weights + optimizer on rank 0 (a re-shard to a
+one-rank plan) and use runtime-1's format, so `--resume` works on the same or another plan.
+A failed peer stops every rank with one clear message.
+
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 -m earl.runtime.dist_loop \
+        --out runs/dist --rollout-plan tp2-dp1 --train-plan tp1-dp2 --set steps=4
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from earl.policies.reshard import plan_reshard
+from earl.policies.types import Layout, Sample
+from earl.runtime.checkpoint import find_checkpoint, load_checkpoint, read_state, save_checkpoint
+from earl.runtime.config import RunConfig, to_dict
+from earl.runtime.dispatch import Store, execute_dispatch
+from earl.runtime.dist import build_plan_groups, init_distributed, print0, shutdown
+from earl.runtime.dist_train import STATES, dist_train_step, make_dist_trainer
+from earl.runtime.engine import TorchEngine
+from earl.runtime.envs import env_options, make_env
+from earl.runtime.loop import mix_seed, outcome_metrics, resolve_config, sampling_params, workload_stats
+from earl.runtime.metrics import RunRecorder
+from earl.runtime.model import load_policy
+from earl.runtime.rollout import rollout
+from earl.runtime.tp import apply_tp, check_tp, param_shapes
+from earl.runtime.trainer import ExperienceBatch, batch_logprobs
+from earl.specs import ParallelPlan, Stage, StagePlan
+from earl.trace import Span, atomic_write_text
+
+ONE = ParallelPlan()
+
+
+@dataclass(frozen=True, kw_only=True)
+class DistOptions:
+    """What the multi-process runtime adds to a RunConfig."""
+
+    rollout_plan: ParallelPlan  # tp x dp of the rollout engines (world = tp * dp)
+    train_plan: ParallelPlan  # tp x dp of experience + training (sharded_optimizer: ZeRO-1)
+    memory_budget_bytes: float = 0.0  # per-rank budget from the runtime's accounting; 0 = none
+    schedule: tuple[tuple[int, str, str], ...] = ()  # scripted decisions (step, stage, plan)
+
+
+class MemoryBudgetExceeded(RuntimeError):
+    pass
+
+
+def _runnable(plan: ParallelPlan, world: int, config) -> str:
+    """'' if the runtime can run `plan`, else why not."""
+    if plan.pp != 1 or plan.cp != 1:
+        return "pp/cp > 1 not supported by the CPU runtime"
+    if plan.world_size != world:
+        return f"needs {plan.world_size} ranks, the job has {world}"
+    try:
+        check_tp(config, plan.tp)
+    except ValueError as e:
+        return str(e)
+    return ""
+
+
+class DistRun:
+    """State of one rank: models, optimizer, plans, recorder (rank 0)."""
+
+    def __init__(self, cfg: RunConfig, opts: DistOptions, out: Path, rank: int, world: int):
+        if cfg.trainer.algo != "grpo" or cfg.trainer.kl_coef:
+            raise ValueError("the multi-process runtime supports trainer.algo=grpo with kl_coef=0; "
+                             f"got {cfg.trainer.algo} with kl_coef={cfg.trainer.kl_coef}")
+        self.cfg, self.opts, self.out, self.rank, self.world = cfg, opts, out, rank, world
+        self.policy = load_policy(cfg.model.path, seed=cfg.seed, dtype=cfg.model.dtype)
+        self.shapes = param_shapes(self.policy.model)
+        self.params = sampling_params(cfg)
+        for plan in (opts.rollout_plan, opts.train_plan):
+            why = _runnable(plan, world, self.policy.model.config)
+            if why:
+                raise ValueError(f"plan {plan.describe()}: {why}")
+        self.plans = StagePlan(rollout=opts.rollout_plan, experience=opts.train_plan, train=opts.train_plan)
+        self.train_groups = None
+        self.roll_groups = None
+        self.events: list[dict] = []  # plan switches / re-plans of the current step
+        self.spans: list[Span] = []
+        self.origin = time.perf_counter()
+        self._build_train(opts.train_plan, init_full=self.policy.model)
+        self._build_rollout(opts.rollout_plan)
+
+    # ---- models under plans --------------------------------------------------------------
+    def _fresh(self) -> torch.nn.Module:
+        return load_policy(self.cfg.model.path, seed=self.cfg.seed, dtype=self.cfg.model.dtype).model
+
+    def _build_train(self, plan: ParallelPlan, init_full=None, state=None) -> None:
+        """(Re)build the train model + optimizer under `plan`; weights and optimizer state come
+        from `init_full` (a full model on every rank) or `state` (tensors re-sharded to plan)."""
+        g = build_plan_groups(plan)
+        model = init_full if init_full is not None else self._fresh()
+        apply_tp(model, plan.tp, g.tp_rank, g.tp_group)
+        self.trainer, self.optim = make_dist_trainer(model, self.shapes, g, self.cfg.trainer,
+                                                     temperature=self.params.logprob_temperature)
+        if state is not None:
+            tensors, step_count = state
+            with torch.no_grad():
+                for n, p in model.named_parameters():
+                    p.copy_(tensors[n])
+            self.optim.load_state_tensors(tensors, step_count)
+        self.train_model, self.train_groups = model, g
+        self.plans = self.plans.with_stage(Stage.TRAIN, plan).with_stage(Stage.EXPERIENCE, plan)
+
+    def _build_rollout(self, plan: ParallelPlan) -> None:
+        g = build_plan_groups(plan)
+        model = apply_tp(self._fresh(), plan.tp, g.tp_rank, g.tp_group).eval()
+        self.roll_model, self.roll_groups = model, g
+        self.engine = TorchEngine(model, self.policy.tokenizer, reuse_kv=self.cfg.reuse_kv)
+        self.plans = self.plans.with_stage(Stage.ROLLOUT, plan)
+
+    def _train_tensors(self) -> dict[str, torch.Tensor]:
+        return {**{n: p.detach() for n, p in self.train_model.named_parameters()},
+                **self.optim.state_tensors()}
+
+    def switch_train(self, plan: ParallelPlan, why: str, step: int) -> None:
+        """Move weights + optimizer state to `plan` in flight."""
+        t0 = time.perf_counter()
+        old = self.plans.train
+        rplan = plan_reshard(self.shapes, old, plan, self.world, optimizer_states=STATES)
+        src = self._train_tensors()
+        step_count = self.optim.step_count
+        from earl.runtime.reshard import allocate_local, execute_reshard
+
+        dst = allocate_local(self.shapes, plan, self.rank, list(src))
+        stats = execute_reshard(rplan, self.shapes, src, dst)
+        self._build_train(plan, state=(dst, step_count))
+        self._event(step, "train", old, plan, why, t0, stats.bytes_sent)
+
+    def switch_rollout(self, plan: ParallelPlan, why: str, step: int) -> None:
+        t0 = time.perf_counter()
+        old = self.plans.rollout
+        self._build_rollout(plan)  # weights arrive with this step's train -> rollout re-shard
+        self._event(step, "rollout", old, plan, why, t0, 0)
+
+    def _event(self, step, stage, old, new, why, t0, nbytes) -> None:
+        self.events.append({"step": step, "stage": stage, "from": old.describe(), "to": new.describe(),
+                            "reason": why})
+        self.span(f"switch_{stage}", "reshard", t0, step, bytes=nbytes,
+                  args={"from": old.describe(), "to": new.describe(), "reason": why})
+        print0(f"step {step}: {stage} plan {old.describe()} -> {new.describe()} ({why})")
+
+    def sync_rollout(self, step: int) -> int:
+        """Train weights -> rollout layout (every step)."""
+        from earl.runtime.reshard import execute_reshard
+
+        t0 = time.perf_counter()
+        rplan = plan_reshard(self.shapes, self.plans.train, self.plans.rollout, self.world)
+        src = {n: p.detach() for n, p in self.train_model.named_parameters()}
+        dst = {n: p.data for n, p in self.roll_model.named_parameters()}
+        stats = execute_reshard(rplan, self.shapes, src, dst)
+        self.span("train_to_rollout", "reshard", t0, step, bytes=stats.bytes_sent)
+        return rplan.total_bytes
+
+    def span(self, name, stage, t0, step, **kw) -> None:
+        self.spans.append(Span(name=name, stage=stage, rank=self.rank, t_start=t0 - self.origin,
+                               t_end=time.perf_counter() - self.origin, step=step, **kw))
+
+    # ---- memory accounting -----------------------------------------------------------------
+    def memory_bytes(self, plan: ParallelPlan, local_tokens: int, longest: int) -> float:
+        """This rank's bytes under train `plan`: both model copies, grads, AdamW slices, and the
+        activations of the largest micro-batch (hidden states per layer + fp32 logits)."""
+        spec = self.policy.spec
+        item = 4
+        weights = sum(_numel(s.shape) // (plan.tp if s.tp_dim is not None else 1)
+                      for s in self.shapes.values()) * item
+        opt = weights * 2 / (plan.dp if plan.sharded_optimizer else 1)
+        rollout = sum(_numel(s.shape) // (self.plans.rollout.tp if s.tp_dim is not None else 1)
+                      for s in self.shapes.values()) * item
+        mb_tokens = min(max(local_tokens, longest), max(self.cfg.trainer.token_budget, longest))
+        act = mb_tokens * (spec.num_layers * 16 * spec.hidden_size / plan.tp + 3 * spec.vocab_size) * item
+        return weights * 2 + opt + rollout + act
+
+    def check_budget(self, local_tokens: int, longest: int, step: int) -> None:
+        budget = self.opts.memory_budget_bytes
+        if not budget:
+            return
+        need = torch.tensor([self.memory_bytes(self.plans.train, local_tokens, longest)], dtype=torch.float64)
+        dist.all_reduce(need, op=dist.ReduceOp.MAX)
+        if need.item() > budget:
+            raise MemoryBudgetExceeded(f"train plan {self.plans.train.describe()} needs "
+                                       f"{need.item() / 2**20:.1f} MiB on the busiest rank, budget "
+                                       f"{budget / 2**20:.1f} MiB")
+
+    def sparing_plan(self, tokens: int, longest: int) -> ParallelPlan | None:
+        """The runnable train plan with the least accounted memory below the current one."""
+        cur = self.memory_bytes(self.plans.train, tokens, longest)
+        best = None
+        for tp in range(1, self.world + 1):
+            if self.world % tp:
+                continue
+            for zero in (False, True):
+                p = ParallelPlan(tp=tp, dp=self.world // tp, sharded_optimizer=zero)
+                if _runnable(p, self.world, self.policy.model.config):
+                    continue
+                m = self.memory_bytes(p, tokens * self.plans.train.dp // p.dp, longest)
+                if m < cur and (best is None or m < best[0]):
+                    best = (m, p)
+        return best[1] if best else None
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+# --------------------------------------------------------------------------------------------
+# One step
+# --------------------------------------------------------------------------------------------
+def _local_batch(delivered: Store, ids: list[int], trajs_by_id: dict, pad_id: int) -> ExperienceBatch:
+    """This rank's training rows: runtime-1's collate of the trajectories, with the tensors the
+    dispatcher delivered (token ids and masks are checked against the trajectories)."""
+    from earl.runtime.trainer import collate
+
+    batch = collate([trajs_by_id[i] for i in ids], pad_id)
+    extra = {k: torch.zeros(batch.input_ids.shape) for k in ("old_logprobs", "ref_logprobs", "advantages")}
+    for r, i in enumerate(ids):
+        d, k = delivered[i], delivered[i]["input_ids"].numel()
+        if not (torch.equal(batch.input_ids[r, :k], d["input_ids"])
+                and torch.equal(batch.loss_mask[r, :k], d["loss_mask"])):
+            raise RuntimeError(f"dispatch delivered wrong tokens for sample {i}")
+        extra["old_logprobs"][r, :k] = d["old_logprobs"]
+        extra["ref_logprobs"][r, :k] = d["ref_logprobs"]
+        extra["advantages"][r, :k] = d["advantages"] * d["loss_mask"]
+    return dataclasses.replace(batch, **extra)
+
+
+def run_step(run: DistRun, step: int, prev_stats, dispatcher, selector) -> tuple[dict, object]:
+    cfg, world = run.cfg, run.world
+    t_step = time.perf_counter()
+    run.events = []
+    decisions = []
+    for stage in Stage:
+        t0 = time.perf_counter()
+        plan, why = None, ""
+        if selector is not None:
+            dec = selector.select(stage, dataclasses.replace(prev_stats, step=step), run.plans.for_stage(stage))
+            decisions.append({"stage": stage.value, "plan": dec.plan.describe(), "switched": dec.switched,
+                              "reason": dec.reason})
+            if dec.switched and stage is not Stage.EXPERIENCE:
+                bad = _runnable(dec.plan, world, run.policy.model.config)
+                plan, why = (None, "") if bad else (dec.plan, dec.reason)
+        for s_step, s_stage, s_plan in run.opts.schedule:
+            if s_step == step and s_stage == stage.value:
+                plan, why = ParallelPlan.parse(s_plan), f"scheduled switch at step {step}"
+        run.span(f"select_{stage.value}", "select", t0, step)
+        if plan is not None and plan != run.plans.for_stage(stage):
+            (run.switch_train if stage is Stage.TRAIN else run.switch_rollout)(plan, why, step)
+
+    run.sync_rollout(step)
+
+    # rollout: episode e goes to replica e % dp; tp peers play it in lockstep
+    t0 = time.perf_counter()
+    rg = run.roll_groups
+    seeds, groups = [], []
+    for g in range(cfg.groups):
+        for _ in range(cfg.group_size):
+            seeds.append(mix_seed(cfg.seed, step, g) % (2**31))
+            groups.append(g)
+    mine = [e for e in range(len(seeds)) if e % run.plans.rollout.dp == rg.dp_rank]
+    gen = torch.Generator().manual_seed(mix_seed(cfg.seed, step, 1_000_001, rg.dp_rank))
+    env_factory = lambda: make_env(cfg.env.name, **env_options(cfg.env.name, cfg.env))
+    local = rollout(run.engine, env_factory, seeds=[seeds[e] for e in mine], group_ids=[groups[e] for e in mine],
+                    params=run.params, generator=gen, max_context=cfg.sampling.max_context,
+                    engine_batch=cfg.engine_batch)
+    for e, t in zip(mine, local, strict=True):
+        t.episode_id = e
+    run.span("rollout", "rollout", t0, step, tokens=sum(t.generated_tokens for t in local))
+    shared: list = [None] * world
+    dist.all_gather_object(shared, local if rg.tp_rank == 0 else [])
+    trajs = sorted((t for part in shared for t in part), key=lambda t: t.episode_id)
+    assert [t.episode_id for t in trajs] == list(range(len(seeds))), "an episode was lost"
+    by_id = {t.episode_id: t for t in trajs}
+    samples = [Sample(id=t.episode_id, tokens=len(t.token_ids), group=t.group_id) for t in trajs]
+    stats = workload_stats(trajs, step, cfg.sampling.max_context)
+
+    train_once = None
+    for _attempt in range(4):  # memory-budget re-plans retry the step on the same samples
+        from earl.policies import balance_samples
+        from earl.runtime.trainer import collate
+
+        tg, plan = run.train_groups, run.plans.train
+        # experience: each train dp group computes old log-probs of its share
+        t0 = time.perf_counter()
+        exp_assign = tuple(tuple(s.id for s in samples[d::plan.dp]) for d in range(plan.dp))
+        mine_exp = [by_id[i] for i in exp_assign[tg.dp_rank]]
+        batch = collate(mine_exp, run.policy.tokenizer.pad_id)
+        old = batch_logprobs(run.train_model, batch, run.params.logprob_temperature, cfg.trainer.token_budget)
+        store: Store = {}
+        for r, t in enumerate(mine_exp):
+            k = len(t.token_ids)
+            store[t.episode_id] = {"input_ids": batch.input_ids[r, :k], "loss_mask": batch.loss_mask[r, :k],
+                                   "old_logprobs": old[r, :k], "ref_logprobs": old[r, :k],
+                                   "rewards": torch.tensor([t.reward])}
+        run.span("logprob", "experience", t0, step, tokens=sum(len(t.token_ids) for t in mine_exp))
+        # dispatch to the training layout
+        t0 = time.perf_counter()
+        src = Layout(plan, exp_assign)
+        dst = Layout(plan, balance_samples(samples, plan.dp)[0])
+        tplan = dispatcher.plan(src, dst, samples)
+        delivered, dstats = execute_dispatch(tplan, store, samples, src, dst, estimator="grpo")
+        run.span(tplan.kind, "dispatch", t0, step, bytes=dstats.bytes_sent)
+        ids = list(dst.assignment[tg.dp_rank])
+        local_batch = _local_batch(delivered, ids, by_id, run.policy.tokenizer.pad_id)
+        try:
+            run.check_budget(int(local_batch.attention_mask.sum()), local_batch.input_ids.shape[1], step)
+        except MemoryBudgetExceeded as e:
+            nxt = run.sparing_plan(int(local_batch.attention_mask.sum()), local_batch.input_ids.shape[1])
+            if nxt is None:
+                raise MemoryBudgetExceeded(f"{e}; no runnable train plan needs less") from None
+            run.switch_train(nxt, f"memory budget: {e}", step)
+            continue
+        t0 = time.perf_counter()
+        train_once = dist_train_step(run.trainer, run.optim, local_batch)
+        run.span("train_step", "train", t0, step, tokens=int(train_once["train_tokens"]))
+        break
+    if train_once is None:
+        raise MemoryBudgetExceeded(f"step {step}: still over the memory budget after re-planning")
+    row = {"step": step, **outcome_metrics(trajs), **train_once, "step_s": time.perf_counter() - t_step,
+           "world": world, "plan_rollout": run.plans.rollout.describe(), "plan_train": run.plans.train.describe(),
+           "plan_switches": len(run.events), "replans": sum("memory budget" in e["reason"] for e in run.events),
+           "switch_reasons": "; ".join(f"{e['stage']}: {e['from']} -> {e['to']} ({e['reason']})"
+                                       for e in run.events),
+           "dispatcher": tplan.kind, "dispatch_bytes": tplan.total_bytes, "dispatch_s": dstats.seconds,
+           "samples_trained": int(train_once["train_tokens"] > 0) * len(samples)}
+    return row, stats, decisions
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints: full tensors on rank 0 (a re-shard to a one-rank plan), runtime-1's format
+# --------------------------------------------------------------------------------------------
+class _FullOptimizer:
+    """Duck-types the optimizer runtime-1's checkpoint functions save / load."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor] | None = None, step_count: int = 0):
+        self.tensors, self.step_count = tensors or {}, step_count
+
+    def state_dict(self) -> dict:
+        return {"tensors": self.tensors, "step": self.step_count}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.tensors, self.step_count = dict(d["tensors"]), int(d["step"])
+
+
+def save_dist_checkpoint(run: DistRun, step: int) -> Path | None:
+    from earl.runtime.reshard import allocate_local, execute_reshard
+
+    rplan = plan_reshard(run.shapes, run.plans.train, ONE, run.world, optimizer_states=STATES)
+    src = run._train_tensors()
+    dst = allocate_local(run.shapes, ONE, run.rank, list(src)) if run.rank == 0 else {}
+    execute_reshard(rplan, run.shapes, src, dst)
+    path = None
+    if run.rank == 0:
+        full = run._fresh()
+        with torch.no_grad():
+            for n, p in full.named_parameters():
+                p.copy_(dst[n])
+        opt = _FullOptimizer({k: v for k, v in dst.items() if "/" in k}, run.optim.step_count)
+        extra = {"plans": {s.value: run.plans.for_stage(s).describe() for s in Stage}, "world": run.world}
+        path = save_checkpoint(run.out, step=step, model=full, optimizer=opt, config=to_dict(run.cfg),
+                               extra=extra, keep=run.cfg.keep_checkpoints)
+    dist.barrier()
+    return path
+
+
+def load_dist_checkpoint(run: DistRun, ckpt: Path) -> int:
+    """Restore onto the current plans (any tp x dp): rank 0 reads, a re-shard spreads."""
+    from earl.runtime.reshard import allocate_local, execute_reshard
+
+    src, step_count = {}, 0
+    if run.rank == 0:
+        full, opt = run._fresh(), _FullOptimizer()
+        load_checkpoint(ckpt, full, opt)
+        src = {**{n: p.detach() for n, p in full.named_parameters()}, **opt.tensors}
+        step_count = opt.step_count
+    box = [step_count]
+    dist.broadcast_object_list(box, src=0)
+    names = list(run._train_tensors())
+    plan = run.plans.train
+    dst = allocate_local(run.shapes, plan, run.rank, names)
+    execute_reshard(plan_reshard(run.shapes, ONE, plan, run.world, optimizer_states=STATES), run.shapes, src, dst)
+    run._build_train(plan, state=(dst, box[0]))
+    return int(read_state(ckpt)["step"])
+
+
+# --------------------------------------------------------------------------------------------
+# Entry points
+# --------------------------------------------------------------------------------------------
+def run_distributed(cfg: RunConfig, out_dir: str | Path, opts: DistOptions, *,
+                    resume: str | Path | None = None) -> list[dict]:
+    """The loop on this rank (inside torchrun); returns rank 0's metric rows."""
+    from earl.cost_model import CostModel
+    from earl.policies import make_dispatcher, make_selector
+    from earl.specs import ClusterSpec, HardwareSpec, WorkloadStats
+
+    env = init_distributed()
+    if env.world < 2:
+        raise ValueError("run_distributed needs torchrun with >= 2 processes (use `earl run` for one)")
+    out = Path(out_dir)
+    ckpt = find_checkpoint(resume) if resume is not None else None
+    torch.set_num_threads(1)
+    torch.manual_seed(cfg.seed)
+    run = DistRun(cfg, opts, out, env.rank, env.world)
+    start = load_dist_checkpoint(run, ckpt) if ckpt is not None else 0
+    if start >= cfg.steps:
+        raise ValueError(f"the checkpoint is at step {start} and steps={cfg.steps}: nothing to do (raise --steps)")
+    rec = None
+    if env.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "config.json", json.dumps(to_dict(cfg), indent=2))
+        atomic_write_text(out / "dist.json", json.dumps({"world": env.world, **{
+            k: (v.describe() if isinstance(v, ParallelPlan) else v) for k, v in dataclasses.asdict(opts).items()
+            if k != "rollout_plan" and k != "train_plan"}, "rollout_plan": opts.rollout_plan.describe(),
+            "train_plan": opts.train_plan.describe()}, default=str))
+        rec = RunRecorder(out, resume_step=start if ckpt is not None else None, tensorboard=False)
+    spec = run.policy.spec
+    cm = CostModel(spec, ClusterSpec.for_gpus(HardwareSpec.from_name("cpu"), env.world))
+    selector = make_selector(cfg.selector, cost_model=cm, initial=run.plans, stage_gpus=env.world) \
+        if cfg.selector != "static" else None
+    dispatcher = make_dispatcher(cfg.dispatcher)
+    first = len(run.policy.tokenizer.encode(make_env(cfg.env.name, **env_options(cfg.env.name, cfg.env)).reset(0)))
+    prev = WorkloadStats(num_responses=cfg.episodes_per_step, context_mean=first + run.params.max_new_tokens,
+                         context_p95=first + run.params.max_new_tokens, context_max=first + run.params.max_new_tokens,
+                         max_context=cfg.sampling.max_context)
+    step = start
+    stage = "setup"
+    try:
+        for step in range(start + 1, cfg.steps + 1):
+            stage = f"step {step}"
+            row, prev, decisions = run_step(run, step, prev, dispatcher, selector)
+            spans: list = [None] * env.world
+            dist.all_gather_object(spans, run.spans)
+            run.spans = []
+            if rec is not None:
+                rec.spans.extend(s for part in spans for s in part)
+                rec.log_step(row, [], decisions + run.events)
+                rec.flush()
+                print0(f"step {step:4d}  reward {row['reward_mean']:+.3f}  loss {row['loss']:+.4f}  "
+                       f"rollout {row['plan_rollout']}  train {row['plan_train']}  {row['step_s']:.2f}s")
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 or step == cfg.steps:
+                stage = f"checkpoint at step {step}"
+                save_dist_checkpoint(run, step)
+    except (RuntimeError, ConnectionError) as e:
+        if isinstance(e, MemoryBudgetExceeded):
+            raise
+        last = _last_checkpoint(out)
+        msg = (f"earl run: rank {env.rank} lost contact with a peer during {stage} "
+               f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); stopping. "
+               f"Last complete checkpoint: {last or 'none'}"
+               + (f"; continue with --resume {out}" if last else ""))
+        print(msg, file=sys.stderr, flush=True)
+        raise SystemExit(3) from None
+    return rec.metrics.rows if rec is not None else []
+
+
+def _last_checkpoint(out: Path) -> str:
+    try:
+        return str(find_checkpoint(out))
+    except ValueError:
+        return ""
+
+
+def parse_args(argv: list[str]) -> tuple[RunConfig, Path, DistOptions, str | None]:
+    from earl.cli import parse_sets
+
+    ap = argparse.ArgumentParser(prog="earl run --nproc N", description="multi-process EARL run")
+    ap.add_argument("config", nargs="?", default=None)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--resume", default=None)
+    ap.add_argument("--rollout-plan", default=None, help="e.g. tp2-dp1 (default: tp1-dpN)")
+    ap.add_argument("--train-plan", default=None, help="e.g. tp1-dp2-zero (default: tp1-dpN-zero)")
+    ap.add_argument("--memory-budget-mb", type=float, default=0.0)
+    ap.add_argument("--schedule", action="append", default=[], help="STEP:STAGE:PLAN scripted switch")
+    ap.add_argument("--set", action="append", default=[], dest="sets")
+    a = ap.parse_args(argv)
+    world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
+    cfg = resolve_config(a.config, resume=a.resume, overrides=parse_sets(a.sets))
+    sched = []
+    for item in a.schedule:
+        parts = item.split(":")
+        if len(parts) != 3 or not parts[0].isdigit() or parts[1] not in ("rollout", "train"):
+            raise ValueError(f"--schedule {item!r}: expected STEP:rollout|train:PLAN, e.g. 3:train:tp2-dp1")
+        sched.append((int(parts[0]), parts[1], ParallelPlan.parse(parts[2]).describe()))
+    opts = DistOptions(
+        rollout_plan=ParallelPlan.parse(a.rollout_plan) if a.rollout_plan else ParallelPlan(dp=world),
+        train_plan=ParallelPlan.parse(a.train_plan) if a.train_plan else ParallelPlan(dp=world, sharded_optimizer=True),
+        memory_budget_bytes=a.memory_budget_mb * 2**20, schedule=tuple(sched))
+    return cfg, Path(a.out), opts, a.resume
+
+
+def main(argv: list[str] | None = None) -> None:
+    code = 0
+    try:
+        cfg, out, opts, resume = parse_args(sys.argv[1:] if argv is None else argv)
+        run_distributed(cfg, out, opts, resume=resume)
+    except ValueError as e:
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
+        code = 2
+    except SystemExit as e:
+        code = int(e.code or 0)
+    shutdown(code)
+
+
+if __name__ == "__main__":
+    main()
