@@ -1,0 +1,117 @@
+"""The simulated RL iteration: fine vs fast agreement, OOM under a static plan vs the
+cost-model selector, dispatch on the link model, re-shard charging, link contention.
+
+    python -m pytest tests/sim/test_iteration.py -q
+"""
+
+from __future__ import annotations
+
+import pytest
+import simpy
+
+from earl.cost_model import CostModel
+from earl.sim.cluster import Cluster
+from earl.sim.iteration import Simulation
+from earl.sim.scenario import load_scenario
+from earl.specs import NETWORK_CATALOG, ClusterSpec, HardwareSpec, ModelSpec
+
+SMALL = {"workload.episodes_per_step": "24", "scenario.steps": "3"}
+
+
+def small(**extra) -> dict:
+    return {**SMALL, **{k.replace("__", "."): str(v) for k, v in extra.items()}}
+
+
+def test_fine_mode_agrees_with_fast_mode():
+    sc = load_scenario("connect-four-small", small(workload__growth_steps=2, scenario__steps=2,
+                                                   workload__episodes_per_step=16))
+    fast = Simulation(sc, "static", "centralized", fine=False).run()
+    fine = Simulation(sc, "static", "centralized", fine=True).run()
+    for a, b in zip(fast.rows, fine.rows, strict=True):
+        assert a["step_time_s"] == pytest.approx(b["step_time_s"], rel=0.05)
+        assert a["rollout_s"] == pytest.approx(b["rollout_s"], rel=1e-6)  # in fact exact
+        assert a["generated_tokens"] == b["generated_tokens"]
+    assert fine.events > 5 * fast.events
+
+
+def test_static_plan_hits_oom_as_context_grows_and_cost_model_does_not():
+    sets = small(scenario__steps=14, workload__episodes_per_step=48, workload__growth_steps=12)
+    sc = load_scenario("connect-four-small", sets)
+    static = Simulation(sc, "static", "layout-aware").run()
+    smart = Simulation(sc, "cost-model", "layout-aware").run()
+    s_oom = [r["oom_events"] for r in static.rows]
+    assert s_oom[0] == 0 and sum(s_oom) > 10  # fine at first, OOM once context has grown
+    assert all(r["plan_train"] == "tp1-dp8-mb1-zero" for r in static.rows)
+    assert sum(r["oom_events"] for r in smart.rows) == 0
+    assert len({r["plan_train"] for r in smart.rows}) > 1  # it moved before running out
+    # both saw the same episodes; the cost-model run trained all of them
+    assert [r["context_max"] for r in static.rows] == [r["context_max"] for r in smart.rows]
+    assert sum(r["trained_episodes"] for r in smart.rows) == 14 * 48
+    tput = [sum(r["trained_tokens"] for r in s.rows) / s.env.now for s in (static, smart)]
+    assert tput[1] > tput[0]
+
+
+def test_reshard_is_charged_exactly_when_the_plan_changes():
+    sc = load_scenario("connect-four-small", small(plan__train="tp2-dp4-mb1-rc-full-zero"))
+    sim = Simulation(sc, "static", "centralized").run()
+    cm = sim.cm
+    plans = sc.stage_plan()
+    expect = cm.reshard(plans.train, plans.experience).time_s
+    assert expect > 0
+    # weights live in the training layout: every step re-shards them for experience preparation
+    # and syncs them to the rollout layout (step 0 starts from the initial rollout weights)
+    for r in sim.rows:
+        assert r["reshard_s"] == pytest.approx(expect, rel=1e-12)
+        assert r["sync_s"] == pytest.approx(cm.reshard(plans.train, plans.rollout).time_s, rel=1e-12)
+    same = Simulation(load_scenario("connect-four-small", small()), "static", "centralized").run()
+    assert all(r["reshard_s"] == 0.0 and r["sync_s"] == 0.0 for r in same.rows)
+
+
+def test_layout_aware_dispatch_beats_centralized_on_the_links():
+    sets = small(cluster__nodes=2, plan__rollout="tp1-dp16", plan__experience="tp1-dp16",
+                 plan__train="tp2-dp8-mb1-rc-full-zero", cluster__network="tcp-200g")
+    sc = load_scenario("connect-four-small", sets)
+    cen = Simulation(sc, "static", "centralized").run()
+    lay = Simulation(sc, "static", "layout-aware").run()
+    for a, b in zip(cen.rows, lay.rows, strict=True):
+        assert a["dispatch_s"] > b["dispatch_s"] > 0
+        assert a["rollout_s"] == pytest.approx(b["rollout_s"], rel=1e-9)  # same workload
+    span = next(s for s in cen.spans if s.stage == "dispatch")
+    assert span.bytes > 0 and span.args["phases"] == 2
+
+
+def test_concurrent_transfers_contend_for_a_nic():
+    hw = HardwareSpec.from_name("h100-sxm-80gb")
+    spec = ClusterSpec(hardware=hw, nodes=2, network=NETWORK_CATALOG["tcp-200g"])
+    cm = CostModel(ModelSpec.from_name("qwen2.5-7b"), spec)
+    one = cm.transfer_time_s(1e9, 0, 8)
+
+    def run(pairs):
+        env = simpy.Environment()
+        cl = Cluster(env, spec, cm)
+        env.process(cl.run_phases([[(s, d, int(1e9)) for s, d in pairs]]))
+        env.run()
+        return env.now, cl
+
+    t, _ = run([(0, 8)])
+    assert t == pytest.approx(one)
+    t, cl = run([(0, 8), (1, 9)])  # both leave node 0 through its one NIC
+    assert t == pytest.approx(2 * one)
+    assert cl.link_utilisation(t)["nic"] == pytest.approx(1.0)
+    t, _ = run([(0, 1), (2, 3)])  # NVLink ports are per GPU: no contention
+    assert t == pytest.approx(cm.transfer_time_s(1e9, 0, 1))
+    with pytest.raises(ValueError, match="no GPUs|outside"):
+        run([(0, 99)])
+
+
+def test_spans_and_rows_cover_every_stage():
+    sim = Simulation(load_scenario("connect-four-small", small()), "cost-model", "layout-aware").run()
+    stages = {s.stage for s in sim.spans}
+    assert {"select", "rollout", "experience", "dispatch", "train"} <= stages
+    assert sum(1 for s in sim.spans if s.stage == "rollout" and s.step == 0) == 8  # 8 replicas
+    for r in sim.rows:
+        parts = r["rollout_s"] + r["experience_s"] + r["dispatch_s"] + r["train_s"] + \
+            r["reshard_s"] + r["sync_s"]
+        assert r["step_time_s"] == pytest.approx(parts, rel=1e-9)
+        assert 0 < r["headroom_min"] < 1
+    assert len(sim.decisions) == 3 * 3  # three stages per step
