@@ -204,8 +204,10 @@ def plan_cmd(
 
 
 def _select_for_plan_cmd(cm, selector, stage, gpus, batch, context, current, p95, mx, ranked):
-    from earl.policies import make_selector
-    from earl.specs import ParallelPlan, Stage, StagePlan, WorkloadStats
+    """The selector's decision for `stage`, starting from `current` (default: the slowest
+    feasible plan, so the selector has something to improve on)."""
+    from earl.policies import explain_selection
+    from earl.specs import ParallelPlan, Stage, WorkloadStats
 
     stage_map = {"decode": Stage.ROLLOUT, "prefill": Stage.ROLLOUT, "logprob": Stage.EXPERIENCE,
                  "train": Stage.TRAIN}
@@ -214,11 +216,9 @@ def _select_for_plan_cmd(cm, selector, stage, gpus, batch, context, current, p95
     else:
         feasible = [p for p, e in ranked if e.feasible]
         cur = feasible[-1] if feasible else ranked[0][0]
-    initial = StagePlan(rollout=cur, experience=cur, train=cur)
-    sel = make_selector(selector, cost_model=cm, initial=initial, stage_gpus=gpus)
     stats = WorkloadStats(num_responses=batch, context_mean=context, context_p95=p95 or int(1.5 * context),
                           context_max=mx or 2 * context)
-    return sel.select(stage_map[stage], stats, cur)
+    return explain_selection(selector, cm, stage_map[stage], stats, cur)
 # </estimate-plan>
 
 # ============================================================================================

@@ -203,7 +203,9 @@ class CostModel:
             mem = self.memory("decode", plan, plan.dp, context)
             return _infeasible("decode", plan, mem, gpus, f"one sequence of {context} tokens of KV")
         mem = self.memory("decode", plan, fit * plan.dp, context)
-        waves = -(-per // fit)
+        # continuous batching keeps `fit` sequences running: all `per` advance one token in
+        # per/fit steps on average (no whole-wave rounding)
+        waves = per / fit
         t_step = self.decode_step_time_s(plan.tp, fit, fit * context)
         cost = forward_pass(self.model, self.profile, tp=plan.tp, layers=self.model.num_layers,
                             tokens=fit, attn_pairs=fit * context, kv_tokens=fit * context, lm_tokens=fit)

@@ -63,3 +63,13 @@ def test_bad_input_exits_2_with_one_line():
         assert r.exit_code == 2, (args, r.output)
         assert needle in r.output, (args, r.output)
         assert "Traceback" not in r.output
+
+
+def test_plan_selector_shows_decision_and_reason():
+    r = run("plan", "decode", "--model", "qwen2.5-72b", "--gpus", "16", "--batch", "256", "--context", "16384",
+            "--selector", "cost-model", "--current", "tp4-dp4", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)["decision"]
+    assert d["plan"].startswith("tp8-dp2") and d["switched"] and "tokens/s/GPU" in d["reason"]
+    r = run("plan", "decode", "--selector", "oracle")
+    assert r.exit_code == 2 and "oracle" in r.output
