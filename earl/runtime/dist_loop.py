@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -350,7 +351,9 @@ def run_step(run: DistRun, step: int, prev_stats, dispatcher, selector) -> tuple
            "switch_reasons": "; ".join(f"{e['stage']}: {e['from']} -> {e['to']} ({e['reason']})"
                                        for e in run.events),
            "dispatcher": tplan.kind, "dispatch_bytes": tplan.total_bytes, "dispatch_s": dstats.seconds,
-           "samples_trained": int(train_once["train_tokens"] > 0) * len(samples)}
+           "samples_trained": len(samples) if train_once["train_tokens"] > 0 else 0,
+           "memory_accounted_bytes": run.memory_bytes(run.plans.train, int(local_batch.attention_mask.sum()),
+                                                      local_batch.input_ids.shape[1])}
     return row, stats, decisions
 
 
@@ -455,6 +458,9 @@ def run_distributed(cfg: RunConfig, out_dir: str | Path, opts: DistOptions, *,
     try:
         for step in range(start + 1, cfg.steps + 1):
             stage = f"step {step}"
+            if os.environ.get("EARL_FAULT_RANK_STEP") == f"{env.rank}:{step}":  # fault-injection test hook
+                print(f"rank {env.rank}: injected fault at step {step}", file=sys.stderr, flush=True)
+                os._exit(17)
             row, prev, decisions = run_step(run, step, prev, dispatcher, selector)
             spans: list = [None] * env.world
             dist.all_gather_object(spans, run.spans)
@@ -501,7 +507,7 @@ def parse_args(argv: list[str]) -> tuple[RunConfig, Path, DistOptions, str | Non
     ap.add_argument("--schedule", action="append", default=[], help="STEP:STAGE:PLAN scripted switch")
     ap.add_argument("--set", action="append", default=[], dest="sets")
     a = ap.parse_args(argv)
-    world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     cfg = resolve_config(a.config, resume=a.resume, overrides=parse_sets(a.sets))
     sched = []
     for item in a.schedule:

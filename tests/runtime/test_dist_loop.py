@@ -1,0 +1,93 @@
+"""The multi-process loop end to end under torchrun (2 gloo ranks): plan switches in flight,
+a memory-budget re-plan that retries the step, a killed rank, and resume on another plan.
+
+    OMP_NUM_THREADS=1 python -m pytest -q -m slow tests/runtime/test_dist_loop.py
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from earl.runtime.launch import torchrun_command
+from earl.trace import read_chrome_trace
+
+SMALL = ["--set", "groups=2", "--set", "group_size=4", "--set", "plots=false"]
+
+
+def _launch(args: list[str], extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(extra_env or {})}
+    return subprocess.run(torchrun_command(2, args), env=env, capture_output=True, text=True, timeout=300)
+
+
+def _rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_plan_switch_mid_training_keeps_training(tmp_path):
+    out = tmp_path / "run"
+    r = _launch(["--out", str(out), "--rollout-plan", "tp2-dp1", "--train-plan", "tp1-dp2-zero",
+                 "--schedule", "2:train:tp2-dp1", "--schedule", "3:rollout:tp1-dp2",
+                 "--set", "steps=4", *SMALL])
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = _rows(out)
+    assert [x["step"] for x in rows] == [1, 2, 3, 4]
+    assert rows[0]["plan_train"].startswith("tp1-dp2") and rows[-1]["plan_train"].startswith("tp2-dp1")
+    assert rows[-1]["plan_rollout"].startswith("tp1-dp2")
+    assert "tp1-dp2-mb1-zero -> tp2-dp1-mb1" in rows[1]["switch_reasons"]
+    assert all(x["samples_trained"] == 8 and x["loss"] == x["loss"] for x in rows)
+    assert all("reward_mean" in x for x in rows)
+    names = {s.name for s in read_chrome_trace(out / "trace.json")}
+    assert {"switch_train", "switch_rollout", "train_to_rollout", "train_step"} <= names
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_memory_budget_replans_and_retries_the_step(tmp_path):
+    base = tmp_path / "base"
+    r = _launch(["--out", str(base), "--train-plan", "tp1-dp2", "--set", "steps=1", *SMALL])
+    assert r.returncode == 0, r.stderr[-3000:]
+    need = _rows(base)[0]["memory_accounted_bytes"]
+    out = tmp_path / "tight"
+    budget_mb = 0.97 * need / 2**20
+    r = _launch(["--out", str(out), "--train-plan", "tp1-dp2", "--memory-budget-mb", f"{budget_mb:.4f}",
+                 "--set", "steps=2", *SMALL])
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = _rows(out)
+    assert rows[0]["replans"] == 1 and "memory budget" in rows[0]["switch_reasons"]
+    assert rows[0]["plan_train"] != "tp1-dp2-mb1"
+    assert rows[0]["memory_accounted_bytes"] <= budget_mb * 2**20
+    # same samples as the unconstrained run: nothing lost, nothing skipped
+    assert rows[0]["samples_trained"] == 8 and rows[0]["reward_mean"] == _rows(base)[0]["reward_mean"]
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_killed_rank_stops_cleanly_and_resume_on_another_plan(tmp_path):
+    out = tmp_path / "run"
+    args = ["--out", str(out), "--train-plan", "tp1-dp2-zero", "--set", "steps=5",
+            "--set", "checkpoint_every=2", *SMALL]
+    r = _launch(args, {"EARL_FAULT_RANK_STEP": "1:4"})
+    assert r.returncode != 0
+    assert "injected fault at step 4" in r.stderr
+    assert (out / "checkpoints" / "step_0000002").is_dir()
+    assert not (out / "checkpoints" / "step_0000004").exists()
+    r = _launch(["--out", str(out), "--resume", str(out), "--train-plan", "tp2-dp1",
+                 "--rollout-plan", "tp2-dp1", "--set", "steps=5"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = _rows(out)
+    assert [x["step"] for x in rows] == [1, 2, 3, 4, 5]
+    assert rows[-1]["plan_train"] == "tp2-dp1-mb1"
+    assert (out / "checkpoints" / "step_0000005").is_dir()
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q", "-m", "slow"]))
