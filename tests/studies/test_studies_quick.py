@@ -1,0 +1,120 @@
+"""Every study runs in quick mode (few points) and writes a sane CSV and a PNG, so none rots.
+
+    pytest tests/studies -q
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+STUDIES = Path(__file__).resolve().parents[2] / "studies"
+NAMES = sorted(p.stem for p in STUDIES.glob("s[0-9]*_*.py"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def studies_on_path():
+    sys.path.insert(0, str(STUDIES))
+    yield
+    sys.path.remove(str(STUDIES))
+
+
+def run_quick(name: str, out: Path) -> pd.DataFrame:
+    mod = importlib.import_module(name)
+    df = mod.run(out, quick=True)
+    csv = out / f"{name}.csv"
+    png = out / f"{name}.png"
+    assert csv.is_file() and png.is_file()
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    back = pd.read_csv(csv)
+    assert len(back) == len(df) > 0
+    assert not any(p.name.startswith(".") for p in out.iterdir()), "temp files left behind"
+    return back
+
+
+def test_every_study_is_tested():
+    assert NAMES == ["s1_context_growth", "s2_data_volume", "s3_decode_tp", "s4_dispatch_latency",
+                     "s5_end_to_end", "s6_train_plans", "s7_scale", "s8_sensitivity"]
+
+
+def test_s1_context_growth(tmp_path):
+    df = run_quick("s1_context_growth", tmp_path)
+    assert (df["episode ctx max"] <= 32768).all()
+    assert (df["episode ctx mean"] <= df["episode ctx p95"]).all()
+    assert (df["turn ctx mean"] < df["episode ctx mean"]).all()
+    assert df["episode ctx mean"].iloc[-1] > 2 * df["episode ctx mean"].iloc[0]  # the context grows
+    assert df["truncated %"].between(0, 100).all()
+
+
+def test_s2_data_volume(tmp_path):
+    df = run_quick("s2_data_volume", tmp_path)
+    # bytes scale with context; centralized is slower than layout-aware; TCP slower than RDMA
+    assert df["payload GiB"].iloc[-1] / df["payload GiB"].iloc[0] == pytest.approx(32, rel=0.01)
+    assert (df["centralized TCP s"] > df["layout-aware TCP s"]).all()
+    assert (df["centralized TCP s"] > df["centralized RDMA s"]).all()
+
+
+def test_s3_decode_tp(tmp_path):
+    df = run_quick("s3_decode_tp", tmp_path)
+    short = df[(df["context"] == 1024) & (df["responses"] == 8)].iloc[0]
+    long = df[(df["context"] == 32768) & (df["responses"] == 128)].iloc[0]
+    assert short["tp4 status"] == "ok" and long["tp4 status"] == "KV-full"
+    assert short["speedup tp8/tp4"] < 1 < long["speedup tp8/tp4"]
+
+
+def test_s4_dispatch_latency(tmp_path):
+    df = run_quick("s4_dispatch_latency", tmp_path)
+    assert set(df["network"]) == {"TCP", "RDMA"}
+    assert (df["speedup"] > 1).all()
+    assert math.isclose(df["gather s"].iloc[0] + df["scatter s"].iloc[0], df["centralized s"].iloc[0], rel_tol=1e-4)
+
+
+def test_s5_end_to_end(tmp_path):
+    df = run_quick("s5_end_to_end", tmp_path)
+    assert len(df) == 12  # 2 starts x 3 selectors x 2 dispatchers
+    assert (df["throughput tok/s/GPU"] > 0).all()
+    assert (df["OOM events"] >= 0).all()
+    static = df[df["selector"] == "static"]
+    assert (static["plan switches"] == 0).all() and (static["total reshard s"] == 0).all()
+    assert (tmp_path / "s5_end_to_end_steps.csv").is_file()
+
+
+def test_s6_train_plans(tmp_path):
+    df = run_quick("s6_train_plans", tmp_path)
+    assert (df["best tok/s/GPU"] > 0).all()
+    assert (df["best MFU"].between(0.05, 0.9)).all()
+    assert df["gain vs tuned for longest"].iloc[0] >= 1.0
+
+
+def test_s7_scale(tmp_path):
+    df = run_quick("s7_scale", tmp_path)
+    assert list(df["gpus"]) == [128, 1024]
+    # weak scaling: centralized dispatch grows with the cluster, layout-aware stays flat
+    assert df["dispatch centralized s"].iloc[1] > 5 * df["dispatch centralized s"].iloc[0]
+    assert df["dispatch layout-aware s"].iloc[1] < 2 * df["dispatch layout-aware s"].iloc[0]
+
+
+def test_s8_sensitivity(tmp_path):
+    df = run_quick("s8_sensitivity", tmp_path)
+    assert list(df["variant"]) == ["baseline", "all curves x0.8", "all curves x1.2"]
+    assert df["s4 layout-aware speedup, 32K TCP"].nunique() == 1  # dispatch does not depend on compute
+
+
+def test_cli_study_list_and_unknown():
+    out = subprocess.run([sys.executable, "-m", "earl.cli", "study", "--list"], capture_output=True, text=True)
+    assert out.returncode == 0 and "s2_data_volume" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "earl.cli", "study", "s99"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "valid: s1_context_growth" in bad.stderr
+
+
+def test_cli_study_runs_one(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "earl.cli", "study", "s4", "--quick", "--out", str(tmp_path)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "s4_dispatch_latency.csv").is_file()
