@@ -25,6 +25,7 @@ s = Simulation(load_scenario(None, {'scenario.steps': '2'}), 'static', 'centrali
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -87,6 +88,7 @@ class Simulation:
         self._clocks: dict[int, DecodeClock] = {}
         self._fit_cache: dict[tuple, int] = {}
         self._stats: WorkloadStats | None = None
+        self._headroom: dict[Stage, float] = {}  # stage -> free memory fraction when it last ran
 
     # ---- helpers ----------------------------------------------------------------------------
     def clock(self, tp: int) -> DecodeClock:
@@ -98,6 +100,9 @@ class Simulation:
         self.spans.append(Span(name=name, stage=stage, rank=rank, t_start=t0, t_end=t1, step=step, **kw))
 
     def _select(self, stage: Stage, stats: WorkloadStats, step: int) -> ParallelPlan:
+        # the headroom this stage's plan left last time it ran (what the runtime measures); the
+        # rollout engine fills its KV cache by design, so rollout reports none
+        stats = dataclasses.replace(stats, memory_headroom_frac=self._headroom.get(stage))
         dec = self.selector.select(stage, stats, self.plans[stage])
         plan = dec.plan.resolve(self.gpus)
         now = self.env.now
@@ -234,8 +239,7 @@ class Simulation:
         tr = self.plans[Stage.TRAIN]
         trained: list[Episode] = []
         if done:
-            stats = Workload.stats(done, step=step, max_context=sc.workload.max_context,
-                                   memory_headroom_frac=ro_mem.headroom_frac)
+            stats = Workload.stats(done, step=step, max_context=sc.workload.max_context)
             ex = self._select(Stage.EXPERIENCE, stats, step)
             reshard_s += yield from self._reshard("re-shard train->experience", "reshard",
                                                   self.train_layout, ex, step)
@@ -249,7 +253,7 @@ class Simulation:
                 self.events += 1
                 experience_s = cost.time_s
                 self._group_spans("log-probs", "experience", ex, cost, t0, step)
-                row["headroom_experience"] = cost.headroom_frac
+                row["headroom_experience"] = self._headroom[Stage.EXPERIENCE] = cost.headroom_frac
                 for g in self.cluster.gpus:
                     g.hold("experience", cost.memory_bytes)
 
@@ -270,11 +274,10 @@ class Simulation:
                     self.events += 1
                     train_s = cost.time_s
                     self._group_spans("train step", "train", tr, cost, t0, step)
-                    row["headroom_train"] = cost.headroom_frac
+                    row["headroom_train"] = self._headroom[Stage.TRAIN] = cost.headroom_frac
                     for g in self.cluster.gpus:
                         g.hold("train", cost.memory_bytes)
-            self._stats = Workload.stats(done, step=step, max_context=sc.workload.max_context,
-                                         memory_headroom_frac=ro_mem.headroom_frac)
+            self._stats = stats
 
         step_s = env.now - t_step
         trained_tokens = sum(e.context_tokens for e in trained)
