@@ -106,7 +106,8 @@ def execute_reshard(plan: ReshardPlan, shapes: dict[str, ParamShape], src: dict[
     sent = recv = msgs = 0
     for peer in sorted(recvs):
         for i, bucket in enumerate(_buckets(recvs[peer], bucket_bytes)):
-            buf = torch.empty(sum(t.bytes for t in bucket), dtype=torch.uint8)
+            buf = torch.empty(sum(t.bytes for t in bucket), dtype=torch.uint8,
+                              device=dst[bucket[0].name].device)
             works.append(dist.irecv(buf, src=peer, group=group, tag=i))
             inbox.append((bucket, buf))
             recv += buf.numel()
