@@ -344,6 +344,68 @@ def calibrate_cmd(
     if measurements:
         write_measurements(res, measurements)
     console.print(f"wrote {out_path} (load with --hardware {out_path})")
+
+
+@app.command("validate")
+@user_errors
+def validate_cmd(
+    config: Optional[str] = typer.Argument(None, help="run config file (TOML/YAML), as for earl run"),
+    hardware: str = typer.Option("cpu-measured", help="calibrated profile: name or JSON path"),
+    out: str = typer.Option(..., help="folder for the runs and the report (must be new or empty)"),
+    steps: int = typer.Option(4, help="runtime steps per variant"),
+    warmup_steps: int = typer.Option(1, help="first steps reported but not scored"),
+    device: Optional[str] = typer.Option(None, help="cpu | cuda (default: the config's)"),
+    model: Optional[str] = typer.Option(None, help="runtime model, or any catalog name (random weights)"),
+    dtype: Optional[str] = typer.Option(None, help="fp32 | bf16 | fp16 (default: bf16 on cuda, else config's)"),
+    variants: Optional[str] = typer.Option(None, help="config variants to rank, e.g. 'engine_batch=0;engine_batch=4'"),
+    sets: Optional[list[str]] = typer.Option(None, "--set", help="config override key=value (repeatable)"),
+):
+    """Run the runtime for a few steps and the simulator on the same config and workload trace;
+    print predicted vs. measured time per stage and peak memory, and the Kendall tau of the
+    variants' ranking."""
+    from rich.table import Table
+
+    from earl.calibrate.validate import parse_variants, run_validation
+    from earl.runtime.loop import resolve_config
+
+    overrides = parse_sets(sets)
+    if device is not None:
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"unknown device {device!r}; valid: cpu, cuda")
+        overrides["model.device"] = device
+        if device == "cuda" and dtype is None:
+            dtype = "bf16"
+    if dtype is not None:
+        overrides["model.dtype"] = dtype
+    cfg = resolve_config(config, overrides=overrides)
+    if str(cfg.model.device).startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("device 'cuda' is not available here; use --device cpu")
+    with console.status("validating: runtime and simulator..."):
+        res = run_validation(config=cfg, profile=hardware, steps=steps, warmup_steps=warmup_steps,
+                             variants=parse_variants(variants), out_dir=out, model=model)
+    t = Table(title=f"earl validate ({res.device}, profile {hardware}, {len(res.variants)} variant(s), "
+                    f"{steps - warmup_steps} scored step(s) each)")
+    for col in ("stage", "measured s", "predicted s", "median err", f"datasheet ({res.datasheet}) s",
+                "datasheet err"):
+        t.add_column(col, justify="left" if col == "stage" else "right")
+    for r in res.table:
+        t.add_row(r["stage"], f"{r['measured_s']:.4f}", f"{r['predicted_s']:.4f}", f"{r['median_err']:.1%}",
+                  f"{r['datasheet_s']:.4f}", f"{r['datasheet_median_err']:.1%}")
+    for v in res.variants:
+        err = abs(v.peak_mem_predicted - v.peak_mem_measured) / v.peak_mem_measured
+        what = f"peak memory, {v.name}" + ("" if res.memory_comparable else " (CPU RSS: not comparable)")
+        t.add_row(what, f"{v.peak_mem_measured / 2**30:.3f} GiB",
+                  f"{v.peak_mem_predicted / 2**30:.3f} GiB", f"{err:.1%}" if res.memory_comparable else "-",
+                  "", "")
+    console.print(t)
+    if len(res.variants) > 1:
+        fmt = lambda x: "n/a" if x is None else f"{x:+.2f}"  # noqa: E731
+        console.print(f"Kendall tau of the variants' total time, predicted vs measured: calibrated "
+                      f"{fmt(res.kendall_tau)}, datasheet {fmt(res.kendall_tau_datasheet)}")
+    console.print(f"wrote {out}/validation.json, validation.csv, scatter.png")
 # </calibrate>
 
 

@@ -27,13 +27,15 @@ UNITS = {"matmul": ("GFLOP/s", 1e9), "attention": ("GFLOP/s", 1e9), "attention_d
 
 def roofline_s(prof: HardwareProfile, m: Measurement) -> float:
     """Seconds the cost model's per-operator rule (earl.cost_model.compute) gives this call:
-    max(compute, memory) time plus the operator overhead."""
+    max(compute, memory) time plus the operator overhead (the bare one: a micro-benchmark
+    calls one operator, not a model layer)."""
     hw = prof.hardware
     t_m = m.bytes / (hw.hbm_bw_bytes_s * prof.memory(m.bytes)) if m.bytes > 0 else 0.0
     curve = {"attention": prof.attention, "attention_decode": prof.attention_decode or prof.attention,
              }.get(m.kind, prof.matmul)
     t_c = m.flops / (hw.peak_flops * curve(m.flops)) if m.flops > 0 and m.kind != "memory" else 0.0
-    return max(t_c, t_m) + prof.op_overhead_s
+    bare = prof.fit_quality.get("op_overhead", {}).get("bare_op_s", prof.op_overhead_s)
+    return max(t_c, t_m) + bare
 
 
 def roofline_checks(prof: HardwareProfile, ms: list[Measurement]) -> dict[str, dict]:
@@ -80,6 +82,10 @@ def quality_table(res: CalibrationResult) -> Table:
             t.add_row(f"{op} ({res.link.backend} x{res.link.world})", f"{ol.n_fit}/{ol.n_held}",
                       f"alpha {ol.link.alpha_s * 1e6:.1f} us", f"{ol.link.bw_bytes_s / 1e9:.2f} GB/s",
                       _pct(ol.heldout_median_err), _pct(ol.heldout_max_err), "-")
+    if res.overhead:
+        o = res.overhead
+        t.add_row("op overhead (eager forwards)", f"{len(o.points)} (leave-one-out)",
+                  f"{o.op_overhead_s * 1e6:.1f} us per counted op", "-", _pct(o.heldout_median_err), "-", "-")
     t.caption = (f"op overhead {prof.op_overhead_s * 1e6:.2f} us; attention backend "
                  f"{prof.stamp.get('attention', '?')}; peak {prof.hardware.peak_flops / 1e9:.1f} GFLOP/s, "
                  f"memory {prof.hardware.hbm_bw_bytes_s / 1e9:.1f} GB/s")

@@ -3,12 +3,15 @@ parameters and build a version-stamped `HardwareProfile`.
 
 Phases (each gets a share of the budget): matmul (GEMM efficiency curve), attention (SDPA
 prefill curve; decode attention is priced by the memory roofline and only checked), memory
-(large copies: bandwidth curve), collectives (2+ local processes: the intra-node link).
+(large copies: bandwidth curve), collectives (2+ local processes: the intra-node link),
+overhead (whole eager forwards of random-initialised catalog models: the effective per-operator
+cost the cost model adds, see earl.calibrate.overhead).
 Parameters not measured (e.g. the link on a one-GPU machine) come from the `base` profile.
 
 How fitted numbers map onto the profile, matching `earl.cost_model.compute` (which prices an
 operator as max(compute, memory) time plus `op_overhead_s`):
-  op_overhead_s  host seconds per eager operator (back-to-back tiny ops);
+  op_overhead_s  effective seconds per counted operator of a real eager forward (phase
+                 "overhead"); without it, host seconds per bare operator (tiny ops);
   matmul         fit of (t - op_overhead_s) against GEMM FLOPs under the memory roofline;
   attention      the same for causal prefill attention (x: FLOPs of one call);
   attention_decode  the same for decode attention (one query token per sequence);
@@ -34,7 +37,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from earl.calibrate import bench
+from earl.calibrate import bench, overhead
 from earl.calibrate.collectives import CPU_SIZES, CUDA_SIZES, CollectiveResult, run_collectives
 from earl.calibrate.fit import AffineFit, fit_affine
 from earl.calibrate.linkfit import LinkFit, fit_link
@@ -43,8 +46,8 @@ from earl.calibrate.timing import resolve_device, resolve_dtype
 from earl.cost_model.profile import HardwareProfile, datasheet_profile, environment_stamp, load_profile
 from earl.specs import HARDWARE_CATALOG, HardwareSpec
 
-PHASES = ("matmul", "attention", "memory", "collectives")
-PHASE_WEIGHTS = {"matmul": 0.35, "attention": 0.30, "memory": 0.10, "collectives": 0.25}
+PHASES = ("matmul", "attention", "memory", "collectives", "overhead")
+PHASE_WEIGHTS = {"matmul": 0.30, "attention": 0.25, "memory": 0.10, "collectives": 0.20, "overhead": 0.15}
 MIN_BUDGET_S = {"cpu": 8.0, "cuda": 20.0}
 COLLECTIVE_STARTUP_S = 3.0  # spawning ranks and importing torch, not spent benchmarking
 
@@ -62,6 +65,7 @@ class CalibrationResult:
     checks: dict[str, dict] = field(default_factory=dict)  # roofline error per kind, see report
     measurements: list[bench.Measurement] = field(default_factory=list)
     collectives: CollectiveResult | None = None
+    overhead: overhead.OverheadFit | None = None  # effective per-operator cost of real forwards
     wall_s: float = 0.0  # seconds the calibration took
 
 
@@ -197,8 +201,27 @@ def _calibrate(dev, dt, budget_s, phases, base_prof, seed, progress, t_start) ->
     coll = None
     if "collectives" in phases:
         coll = _run_collectives(dev, share["collectives"], progress)
-    return _build_profile(dev, dt, base_prof, overhead_s, measurements, coll,
-                          time.perf_counter() - t_start)
+    res = _build_profile(dev, dt, base_prof, overhead_s, measurements, coll, time.perf_counter() - t_start)
+    if "overhead" in phases:
+        res = _fit_forward_overhead(res, dev, dt, share["overhead"], progress)
+    wall = time.perf_counter() - t_start
+    stamp = {**res.profile.stamp, "wall_s": round(wall, 1)}
+    return dataclasses.replace(res, profile=dataclasses.replace(res.profile, stamp=stamp), wall_s=wall)
+
+
+def _fit_forward_overhead(res: CalibrationResult, dev, dt, budget_s: float,
+                          progress: Progress) -> CalibrationResult:
+    """Replace the bare per-operator cost by the effective one of real eager forwards."""
+    progress.phase("overhead", overhead.cases_count(dev))
+    points = overhead.measure_forward_points(
+        device=dev, dtype=dt, prof=res.profile, budget_s=budget_s,
+        on_case=lambda p: progress.step("overhead", p.label if p else "skipped"))
+    fit = overhead.fit_overhead(points)
+    quality = {**res.profile.fit_quality,
+               "op_overhead": {**fit.quality(), "bare_op_s": res.profile.op_overhead_s}}
+    stamp = {**res.profile.stamp, "measured": sorted([*res.profile.stamp["measured"], "overhead"])}
+    prof = dataclasses.replace(res.profile, op_overhead_s=fit.op_overhead_s, fit_quality=quality, stamp=stamp)
+    return dataclasses.replace(res, profile=prof, overhead=fit)
 
 
 def _run_collectives(dev: torch.device, share_s: float, progress: Progress) -> CollectiveResult | None:
