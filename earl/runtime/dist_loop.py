@@ -36,6 +36,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from earl.cost_model import CostModel
+from earl.policies import make_dispatcher, make_selector
+from earl.policies.balance import balance_samples
 from earl.policies.reshard import plan_reshard
 from earl.policies.types import Layout, Sample
 from earl.runtime.checkpoint import find_checkpoint, load_checkpoint, read_state, save_checkpoint
@@ -45,13 +48,21 @@ from earl.runtime.dist import build_plan_groups, init_distributed, print0, shutd
 from earl.runtime.dist_train import STATES, dist_train_step, make_dist_trainer
 from earl.runtime.engine import TorchEngine
 from earl.runtime.envs import env_options, make_env
-from earl.runtime.loop import mix_seed, outcome_metrics, resolve_config, sampling_params, workload_stats
+from earl.runtime.loop import (
+    episode_records,
+    mix_seed,
+    outcome_metrics,
+    resolve_config,
+    sampling_params,
+    workload_stats,
+)
 from earl.runtime.metrics import RunRecorder
 from earl.runtime.model import load_policy
+from earl.runtime.reshard import allocate_local, execute_reshard
 from earl.runtime.rollout import rollout
 from earl.runtime.tp import apply_tp, check_tp, param_shapes
-from earl.runtime.trainer import ExperienceBatch, batch_logprobs
-from earl.specs import ParallelPlan, Stage, StagePlan
+from earl.runtime.trainer import ExperienceBatch, batch_logprobs, collate
+from earl.specs import ClusterSpec, HardwareSpec, ParallelPlan, Stage, StagePlan, WorkloadStats
 from earl.trace import Span, atomic_write_text
 
 ONE = ParallelPlan()
@@ -147,8 +158,6 @@ class DistRun:
         rplan = plan_reshard(self.shapes, old, plan, self.world, optimizer_states=STATES)
         src = self._train_tensors()
         step_count = self.optim.step_count
-        from earl.runtime.reshard import allocate_local, execute_reshard
-
         dst = allocate_local(self.shapes, plan, self.rank, list(src))
         stats = execute_reshard(rplan, self.shapes, src, dst)
         self._build_train(plan, state=(dst, step_count))
@@ -169,8 +178,6 @@ class DistRun:
 
     def sync_rollout(self, step: int) -> int:
         """Train weights -> rollout layout (every step)."""
-        from earl.runtime.reshard import execute_reshard
-
         t0 = time.perf_counter()
         rplan = plan_reshard(self.shapes, self.plans.train, self.plans.rollout, self.world)
         src = {n: p.detach() for n, p in self.train_model.named_parameters()}
@@ -239,8 +246,6 @@ def _numel(shape) -> int:
 def _local_batch(delivered: Store, ids: list[int], trajs_by_id: dict, pad_id: int) -> ExperienceBatch:
     """This rank's training rows: runtime-1's collate of the trajectories, with the tensors the
     dispatcher delivered (token ids and masks are checked against the trajectories)."""
-    from earl.runtime.trainer import collate
-
     batch = collate([trajs_by_id[i] for i in ids], pad_id)
     extra = {k: torch.zeros(batch.input_ids.shape) for k in ("old_logprobs", "ref_logprobs", "advantages")}
     for r, i in enumerate(ids):
@@ -254,7 +259,7 @@ def _local_batch(delivered: Store, ids: list[int], trajs_by_id: dict, pad_id: in
     return dataclasses.replace(batch, **extra)
 
 
-def run_step(run: DistRun, step: int, prev_stats, dispatcher, selector) -> tuple[dict, object]:
+def run_step(run: DistRun, step: int, prev_stats, dispatcher, selector) -> tuple[dict, object, list, list]:
     cfg, world = run.cfg, run.world
     t_step = time.perf_counter()
     run.events = []
@@ -305,9 +310,6 @@ def run_step(run: DistRun, step: int, prev_stats, dispatcher, selector) -> tuple
 
     train_once = None
     for _attempt in range(4):  # memory-budget re-plans retry the step on the same samples
-        from earl.policies import balance_samples
-        from earl.runtime.trainer import collate
-
         tg, plan = run.train_groups, run.plans.train
         # experience: each train dp group computes old log-probs of its share
         t0 = time.perf_counter()
@@ -354,7 +356,7 @@ def run_step(run: DistRun, step: int, prev_stats, dispatcher, selector) -> tuple
            "samples_trained": len(samples) if train_once["train_tokens"] > 0 else 0,
            "memory_accounted_bytes": run.memory_bytes(run.plans.train, int(local_batch.attention_mask.sum()),
                                                       local_batch.input_ids.shape[1])}
-    return row, stats, decisions
+    return row, stats, decisions, episode_records(trajs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -374,8 +376,6 @@ class _FullOptimizer:
 
 
 def save_dist_checkpoint(run: DistRun, step: int) -> Path | None:
-    from earl.runtime.reshard import allocate_local, execute_reshard
-
     rplan = plan_reshard(run.shapes, run.plans.train, ONE, run.world, optimizer_states=STATES)
     src = run._train_tensors()
     dst = allocate_local(run.shapes, ONE, run.rank, list(src)) if run.rank == 0 else {}
@@ -396,8 +396,6 @@ def save_dist_checkpoint(run: DistRun, step: int) -> Path | None:
 
 def load_dist_checkpoint(run: DistRun, ckpt: Path) -> int:
     """Restore onto the current plans (any tp x dp): rank 0 reads, a re-shard spreads."""
-    from earl.runtime.reshard import allocate_local, execute_reshard
-
     src, step_count = {}, 0
     if run.rank == 0:
         full, opt = run._fresh(), _FullOptimizer()
@@ -420,10 +418,6 @@ def load_dist_checkpoint(run: DistRun, ckpt: Path) -> int:
 def run_distributed(cfg: RunConfig, out_dir: str | Path, opts: DistOptions, *,
                     resume: str | Path | None = None) -> list[dict]:
     """The loop on this rank (inside torchrun); returns rank 0's metric rows."""
-    from earl.cost_model import CostModel
-    from earl.policies import make_dispatcher, make_selector
-    from earl.specs import ClusterSpec, HardwareSpec, WorkloadStats
-
     env = init_distributed()
     if env.world < 2:
         raise ValueError("run_distributed needs torchrun with >= 2 processes (use `earl run` for one)")
@@ -461,13 +455,13 @@ def run_distributed(cfg: RunConfig, out_dir: str | Path, opts: DistOptions, *,
             if os.environ.get("EARL_FAULT_RANK_STEP") == f"{env.rank}:{step}":  # fault-injection test hook
                 print(f"rank {env.rank}: injected fault at step {step}", file=sys.stderr, flush=True)
                 os._exit(17)
-            row, prev, decisions = run_step(run, step, prev, dispatcher, selector)
+            row, prev, decisions, episodes = run_step(run, step, prev, dispatcher, selector)
             spans: list = [None] * env.world
             dist.all_gather_object(spans, run.spans)
             run.spans = []
             if rec is not None:
                 rec.spans.extend(s for part in spans for s in part)
-                rec.log_step(row, [], decisions + run.events)
+                rec.log_step(row, episodes, decisions + run.events)
                 rec.flush()
                 print0(f"step {step:4d}  reward {row['reward_mean']:+.3f}  loss {row['loss']:+.4f}  "
                        f"rollout {row['plan_rollout']}  train {row['plan_train']}  {row['step_s']:.2f}s")
@@ -494,32 +488,55 @@ def _last_checkpoint(out: Path) -> str:
         return ""
 
 
-def parse_args(argv: list[str]) -> tuple[RunConfig, Path, DistOptions, str | None]:
-    from earl.cli import parse_sets
-
-    ap = argparse.ArgumentParser(prog="earl run --nproc N", description="multi-process EARL run")
-    ap.add_argument("config", nargs="?", default=None)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--resume", default=None)
-    ap.add_argument("--rollout-plan", default=None, help="e.g. tp2-dp1 (default: tp1-dpN)")
-    ap.add_argument("--train-plan", default=None, help="e.g. tp1-dp2-zero (default: tp1-dpN-zero)")
-    ap.add_argument("--memory-budget-mb", type=float, default=0.0)
-    ap.add_argument("--schedule", action="append", default=[], help="STEP:STAGE:PLAN scripted switch")
-    ap.add_argument("--set", action="append", default=[], dest="sets")
-    a = ap.parse_args(argv)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    cfg = resolve_config(a.config, resume=a.resume, overrides=parse_sets(a.sets))
+def dist_options(world: int, *, rollout_plan: str | None = None, train_plan: str | None = None,
+                 memory_budget_mb: float = 0.0, schedule: list[str] | tuple[str, ...] = ()) -> DistOptions:
+    """DistOptions from command-line strings (what `earl run` passes when WORLD_SIZE > 1).
+    Defaults: rollout tp1-dpN, training tp1-dpN with a ZeRO-1 optimizer."""
+    if memory_budget_mb < 0:
+        raise ValueError(f"--memory-budget-mb must be >= 0, got {memory_budget_mb}")
     sched = []
-    for item in a.schedule:
+    for item in schedule:
         parts = item.split(":")
         if len(parts) != 3 or not parts[0].isdigit() or parts[1] not in ("rollout", "train"):
             raise ValueError(f"--schedule {item!r}: expected STEP:rollout|train:PLAN, e.g. 3:train:tp2-dp1")
         sched.append((int(parts[0]), parts[1], ParallelPlan.parse(parts[2]).describe()))
-    opts = DistOptions(
-        rollout_plan=ParallelPlan.parse(a.rollout_plan) if a.rollout_plan else ParallelPlan(dp=world),
-        train_plan=ParallelPlan.parse(a.train_plan) if a.train_plan else ParallelPlan(dp=world, sharded_optimizer=True),
-        memory_budget_bytes=a.memory_budget_mb * 2**20, schedule=tuple(sched))
-    return cfg, Path(a.out), opts, a.resume
+    return DistOptions(
+        rollout_plan=ParallelPlan.parse(rollout_plan) if rollout_plan else ParallelPlan(dp=world),
+        train_plan=ParallelPlan.parse(train_plan) if train_plan else ParallelPlan(dp=world, sharded_optimizer=True),
+        memory_budget_bytes=memory_budget_mb * 2**20, schedule=tuple(sched))
+
+
+def parse_args(argv: list[str]) -> tuple[RunConfig, Path, DistOptions, str | None]:
+    """`earl run`'s arguments ([CONFIG] --env --model --steps --out --resume --set) plus the
+    multi-process ones (--rollout-plan --train-plan --memory-budget-mb --schedule)."""
+    ap = argparse.ArgumentParser(prog="earl run --nproc N", description="multi-process EARL run")
+    ap.add_argument("config", nargs="?", default=None)
+    ap.add_argument("--env", default=None)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--out", default=None, help="run folder (default: the --resume folder)")
+    ap.add_argument("--resume", default=None)
+    ap.add_argument("--rollout-plan", default=None, help="e.g. tp2-dp1 (default: tp1-dpN)")
+    ap.add_argument("--train-plan", default=None, help="e.g. tp1-dp2-zero (default: tp1-dpN-zero)")
+    ap.add_argument("--memory-budget-mb", type=float, default=0.0, help="per-rank budget; 0 = none")
+    ap.add_argument("--schedule", action="append", default=[], help="STEP:rollout|train:PLAN scripted switch")
+    ap.add_argument("--set", action="append", default=[], dest="sets")
+    a = ap.parse_args(argv)
+    if a.out is None and a.resume is None:
+        raise ValueError("give --out DIR (or --resume DIR to continue a run)")
+    sets = {}
+    for item in a.sets:
+        if "=" not in item:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        key, val = item.split("=", 1)
+        sets[key.strip()] = val.strip()
+    for key, val in (("env.name", a.env), ("model.path", a.model), ("steps", a.steps)):
+        if val is not None:
+            sets[key] = str(val)
+    cfg = resolve_config(a.config, resume=a.resume, overrides=sets)
+    opts = dist_options(int(os.environ.get("WORLD_SIZE", "1")), rollout_plan=a.rollout_plan,
+                        train_plan=a.train_plan, memory_budget_mb=a.memory_budget_mb, schedule=a.schedule)
+    return cfg, Path(a.out or a.resume), opts, a.resume
 
 
 def main(argv: list[str] | None = None) -> None:
