@@ -2,7 +2,8 @@
 # GPU check (issue 7): calibrate one GPU (GEMMs, attention, memory bandwidth) and, when
 # `earl validate` exists, compare the simulator with the runtime on a random-initialised model
 # of a real shape (Qwen2.5-1.5B). Everything lands in one folder: $OUT if set, else ./gpu_check.
-# Sized for about 6 minutes on one H200; the CPU path (DEVICE=cpu QUICK=1) is what the tests run.
+# Sized for about 6 minutes on one H200 (calibration 120 s of measuring, then 3 config variants x
+# 3 runtime steps of the calculator env); the CPU path (DEVICE=cpu QUICK=1) is what the tests run.
 #
 #   bash studies/gpu_check.sh                        # on a CUDA machine
 #   DEVICE=cpu QUICK=1 OUT=/tmp/gc bash studies/gpu_check.sh   # ~20 s CPU smoke run
@@ -12,9 +13,12 @@ OUT_DIR="${OUT:-./gpu_check}"
 DEVICE="${DEVICE:-cuda}"
 QUICK="${QUICK:-0}"
 if [ "$QUICK" = 1 ]; then
-  BUDGET="${BUDGET:-8}"; MODEL="${MODEL:-tiny}"; STEPS="${STEPS:-1}"; VALIDATE_LIMIT=240
+  BUDGET="${BUDGET:-8}"; MODEL="${MODEL:-tiny}"; STEPS="${STEPS:-2}"; VALIDATE_LIMIT=240
+  WORKLOAD=(--set groups=2 --set group_size=2); VARIANTS="engine_batch=0;engine_batch=1"
 else
-  BUDGET="${BUDGET:-150}"; MODEL="${MODEL:-qwen2.5-1.5b}"; STEPS="${STEPS:-3}"; VALIDATE_LIMIT=170
+  BUDGET="${BUDGET:-120}"; MODEL="${MODEL:-qwen2.5-1.5b}"; STEPS="${STEPS:-3}"; VALIDATE_LIMIT=200
+  WORKLOAD=(--set groups=4 --set group_size=8 --set env.name=calculator)
+  VARIANTS="engine_batch=0;engine_batch=8;engine_batch=2"
 fi
 PY="${PYTHON:-python3}"
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$(cd "$(dirname "$0")/.." && pwd)"
@@ -28,16 +32,17 @@ status=0
 } > "$OUT_DIR/env.txt" 2>&1 || status=1
 cat "$OUT_DIR/env.txt"
 
-# 1. calibration (collectives need 2+ GPUs; one GPU keeps the datasheet link)
+# 1. calibration (collectives need 2+ GPUs: a one-GPU machine keeps the datasheet link)
 timeout $((BUDGET * 2 + 90)) "$PY" -m earl.cli calibrate --device "$DEVICE" --budget-s "$BUDGET" \
-  --phases matmul,attention,memory --out "$OUT_DIR/profile-$DEVICE.json" \
+  --phases matmul,attention,memory,overhead --out "$OUT_DIR/profile-$DEVICE.json" \
   --measurements "$OUT_DIR/measurements-$DEVICE.json" 2>&1 | tee "$OUT_DIR/calibrate.log" || status=1
 
 # 2. validation against the runtime, with the profile just measured
 if "$PY" -m earl.cli validate --help >/dev/null 2>&1; then
   timeout "$VALIDATE_LIMIT" "$PY" -m earl.cli validate --device "$DEVICE" --model "$MODEL" \
     --steps "$STEPS" --hardware "$OUT_DIR/profile-$DEVICE.json" --out "$OUT_DIR/validate" \
-    2>&1 | tee "$OUT_DIR/validate.log" || status=1
+    --variants "$VARIANTS" "${WORKLOAD[@]}" 2>&1 | tee "$OUT_DIR/validate.log" || status=1
+  rm -rf "$OUT_DIR/validate/model" "$OUT_DIR"/validate/runs/*/checkpoints  # weights: large, random
 else
   echo "earl validate is not available in this checkout: validation skipped" | tee "$OUT_DIR/validate.log"
 fi

@@ -13,18 +13,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from earl.calibrate import current_stamp, run_calibration
+from earl.calibrate import current_stamp
 from earl.cli import app
 from earl.cost_model import CostModel
 from earl.cost_model.profile import check_stamp, load_profile
 from earl.specs import ClusterSpec, ModelSpec, ParallelPlan
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def calibration():
-    return run_calibration(device="cpu", budget_s=8.0)
 
 
 @pytest.mark.dist
@@ -111,8 +106,9 @@ def test_shipped_cpu_profile_loads_by_name():
     assert prof.fit_quality["matmul"]["heldout_median_err"] < 1.0
 
 
-@pytest.mark.dist
+@pytest.mark.slow
 def test_gpu_check_script_cpu_path(tmp_path):
+    """The whole script on the CPU (~40 s): calibration, then validation with its profile."""
     env = {**os.environ, "DEVICE": "cpu", "QUICK": "1", "OUT": str(tmp_path), "PYTHON": sys.executable}
     r = subprocess.run(["bash", str(REPO / "studies" / "gpu_check.sh")], env=env, capture_output=True,
                        text=True, timeout=300)
@@ -123,3 +119,6 @@ def test_gpu_check_script_cpu_path(tmp_path):
     points = json.loads((tmp_path / "measurements-cpu.json").read_text())["measurements"]
     assert {p["kind"] for p in points} == {"matmul", "attention", "attention_decode", "memory"}
     assert "fit quality" in (tmp_path / "calibrate.log").read_text()
+    report = json.loads((tmp_path / "validate" / "validation.json").read_text())
+    assert {r["stage"] for r in report["stages"]} >= {"rollout", "experience", "train"}
+    assert len(report["variants"]) == 2 and (tmp_path / "validate" / "scatter.png").is_file()
