@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+LINESTYLES = ("-", "--", "-.", ":")  # policies that coincide stay visible
 STAGE_COLUMNS = ("rollout_s", "experience_s", "dispatch_s", "train_s", "reshard_s", "sync_s")
 
 
@@ -31,8 +32,9 @@ def plot_throughput(rows: list[dict], path: Path) -> None:
     plt = _plt()
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True)
     groups = _by_policy(rows)
-    for label, rs in groups.items():
-        ax1.plot([r["step"] for r in rs], [r["throughput_tokens_per_gpu_s"] for r in rs], label=label)
+    for i, (label, rs) in enumerate(groups.items()):
+        ax1.plot([r["step"] for r in rs], [r["throughput_tokens_per_gpu_s"] for r in rs], label=label,
+                 ls=LINESTYLES[i % len(LINESTYLES)])
         ooms = [r for r in rs if r["oom_events"]]
         if ooms:
             ax1.scatter([r["step"] for r in ooms], [r["throughput_tokens_per_gpu_s"] for r in ooms],
@@ -77,8 +79,9 @@ def plot_memory(rows: list[dict], path: Path) -> None:
     """Smallest free fraction of GPU memory over the step's stages, per policy."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 4))
-    for label, rs in _by_policy(rows).items():
-        ax.plot([r["step"] for r in rs], [r["headroom_min"] for r in rs], label=label)
+    for i, (label, rs) in enumerate(_by_policy(rows).items()):
+        ax.plot([r["step"] for r in rs], [r["headroom_min"] for r in rs], label=label,
+                ls=LINESTYLES[i % len(LINESTYLES)])
     ax.axhline(0.0, color="red", lw=0.8)
     ax.set_ylabel("memory headroom (fraction free)")
     ax.set_xlabel("training step")
