@@ -70,10 +70,13 @@ def _view(t: torch.Tensor, tr: SliceTransfer, lo: int) -> torch.Tensor:
 
 
 def _buckets(transfers: list[SliceTransfer], bucket_bytes: int) -> list[list[SliceTransfer]]:
+    """Small slices packed together up to `bucket_bytes`; a slice of half a bucket or more
+    travels alone (then a contiguous one is sent and received in place, without copies)."""
     out: list[list[SliceTransfer]] = []
     size = 0
     for t in transfers:
-        if not out or (size + t.bytes > bucket_bytes and out[-1]):
+        alone = 2 * t.bytes >= bucket_bytes
+        if not out or alone or 2 * out[-1][-1].bytes >= bucket_bytes or size + t.bytes > bucket_bytes:
             out.append([])
             size = 0
         out[-1].append(t)
@@ -106,10 +109,19 @@ def execute_reshard(plan: ReshardPlan, shapes: dict[str, ParamShape], src: dict[
     sent = recv = msgs = 0
     for peer in sorted(recvs):
         for i, bucket in enumerate(_buckets(recvs[peer], bucket_bytes)):
-            buf = torch.empty(sum(t.bytes for t in bucket), dtype=torch.uint8,
-                              device=dst[bucket[0].name].device)
+            direct = None
+            if len(bucket) == 1:
+                tr = bucket[0]
+                view = _view(dst[tr.name], tr, local_range(shapes, plan.dst_plan, rank, tr.name)[0])
+                if view.is_contiguous():
+                    direct = view.reshape(-1).view(torch.uint8)
+            if direct is not None:
+                buf = direct
+            else:
+                buf = torch.empty(sum(t.bytes for t in bucket), dtype=torch.uint8,
+                                  device=dst[bucket[0].name].device)
+                inbox.append((bucket, buf))
             works.append(dist.irecv(buf, src=peer, group=group, tag=i))
-            inbox.append((bucket, buf))
             recv += buf.numel()
             msgs += 1
     for peer in sorted(sends):
