@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from earl.policies.dispatch import required_sets
 from earl.policies.types import TENSOR_BYTES_PER_SAMPLE, Layout, Sample, TransferPlan
+from earl.runtime.dist import comm_device
 
 TENSOR_DTYPES: dict[str, torch.dtype] = {
     "input_ids": torch.int64,
@@ -132,7 +133,9 @@ def distributed_advantages(store: Store, samples: list[Sample], src: Layout, est
     local = group_stats(store, samples, estimator, producer_samples(src, rank))
     flat = torch.stack([local.get(k, torch.zeros(3, dtype=torch.float64)) for k in keys])
     if dist.is_initialized():
+        flat = flat.to(comm_device())
         reduce_small(flat, group=group)
+        flat = flat.cpu()
     fill_advantages(store, samples, {k: flat[i] for i, k in enumerate(keys)}, estimator)
 
 
@@ -167,7 +170,7 @@ def _unpack(transfer, buf: torch.Tensor, tokens: dict[int, int], out: Store,
     for i, (a, b) in _pieces(transfer, tokens):
         for name in transfer.tensors:
             n = _nbytes(name, a, b)
-            out.setdefault(i, {})[name] = buf[off:off + n].clone().view(TENSOR_DTYPES[name])
+            out.setdefault(i, {})[name] = buf[off:off + n].cpu().clone().view(TENSOR_DTYPES[name])
             counts[(i, name)] = counts.get((i, name), 0) + 1
             off += n
 
@@ -191,6 +194,7 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
     the samples this rank needs for training under `dst` (per-token tensors + advantages) and
     timings. Collective over every rank of the world."""
     rank = (dist.get_rank() if dist.is_initialized() else 0) if rank is None else rank
+    device = comm_device()
     tokens = {s.id: s.tokens for s in samples}
     if dist.is_initialized():
         dist.barrier()
@@ -217,7 +221,7 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
             tag_of[(tr.src, tr.dst)] += 1
             if tr.dst == rank and tr.src != rank:
                 n = sum(_nbytes(name, a, b) for _, (a, b) in _pieces(tr, tokens) for name in tr.tensors)
-                buf = torch.empty(n, dtype=torch.uint8)
+                buf = torch.empty(n, dtype=torch.uint8, device=device)
                 works.append(dist.irecv(buf, src=tr.src, tag=tag))
                 inbox.append((tr, buf))
                 recv += n
@@ -227,7 +231,7 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
             tag = tag_of[(tr.src, tr.dst)]
             tag_of[(tr.src, tr.dst)] += 1
             if tr.src == rank and tr.dst != rank:
-                buf = _pack(tr, held, tokens)
+                buf = _pack(tr, held, tokens).to(device)
                 works.append(dist.isend(buf, dst=tr.dst, tag=tag))
                 sent += buf.numel()
                 msgs += 1

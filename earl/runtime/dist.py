@@ -60,6 +60,14 @@ def init_distributed(backend: str | None = None, timeout_s: float = 120.0) -> Di
     return DistEnv(rank=rank, world=world, local_rank=local_rank, backend=backend, device=device)
 
 
+def comm_device() -> torch.device:
+    """Where tensors handed to collectives must live: the current CUDA device under NCCL,
+    else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def print0(*args, **kwargs) -> None:
     """print on global rank 0 only (every rank when there is no process group)."""
     if not dist.is_initialized() or dist.get_rank() == 0:

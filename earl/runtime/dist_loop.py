@@ -44,7 +44,7 @@ from earl.policies.types import Layout, Sample
 from earl.runtime.checkpoint import find_checkpoint, load_checkpoint, read_state, save_checkpoint
 from earl.runtime.config import RunConfig, to_dict
 from earl.runtime.dispatch import Store, execute_dispatch
-from earl.runtime.dist import build_plan_groups, init_distributed, print0, shutdown
+from earl.runtime.dist import build_plan_groups, comm_device, init_distributed, print0, shutdown
 from earl.runtime.dist_train import STATES, dist_train_step, make_dist_trainer
 from earl.runtime.engine import TorchEngine
 from earl.runtime.envs import env_options, make_env
@@ -128,7 +128,7 @@ class DistRun:
         from `init_full` (a full model on every rank) or `state` (tensors re-sharded to plan)."""
         g = build_plan_groups(plan)
         model = init_full if init_full is not None else self._fresh()
-        apply_tp(model, plan.tp, g.tp_rank, g.tp_group)
+        apply_tp(model, plan.tp, g.tp_rank, g.tp_group).to(comm_device())
         self.trainer, self.optim = make_dist_trainer(model, self.shapes, g, self.cfg.trainer,
                                                      temperature=self.params.logprob_temperature)
         if state is not None:
@@ -142,7 +142,7 @@ class DistRun:
 
     def _build_rollout(self, plan: ParallelPlan) -> None:
         g = build_plan_groups(plan)
-        model = apply_tp(self._fresh(), plan.tp, g.tp_rank, g.tp_group).eval()
+        model = apply_tp(self._fresh(), plan.tp, g.tp_rank, g.tp_group).to(comm_device()).eval()
         self.roll_model, self.roll_groups = model, g
         self.engine = TorchEngine(model, self.policy.tokenizer, reuse_kv=self.cfg.reuse_kv)
         self.plans = self.plans.with_stage(Stage.ROLLOUT, plan)
@@ -158,7 +158,7 @@ class DistRun:
         rplan = plan_reshard(self.shapes, old, plan, self.world, optimizer_states=STATES)
         src = self._train_tensors()
         step_count = self.optim.step_count
-        dst = allocate_local(self.shapes, plan, self.rank, list(src))
+        dst = allocate_local(self.shapes, plan, self.rank, list(src), device=comm_device())
         stats = execute_reshard(rplan, self.shapes, src, dst)
         self._build_train(plan, state=(dst, step_count))
         self._event(step, "train", old, plan, why, t0, stats.bytes_sent)
@@ -209,7 +209,8 @@ class DistRun:
         budget = self.opts.memory_budget_bytes
         if not budget:
             return
-        need = torch.tensor([self.memory_bytes(self.plans.train, local_tokens, longest)], dtype=torch.float64)
+        need = torch.tensor([self.memory_bytes(self.plans.train, local_tokens, longest)], dtype=torch.float64,
+                            device=comm_device())
         dist.all_reduce(need, op=dist.ReduceOp.MAX)
         if need.item() > budget:
             raise MemoryBudgetExceeded(f"train plan {self.plans.train.describe()} needs "
@@ -378,15 +379,15 @@ class _FullOptimizer:
 def save_dist_checkpoint(run: DistRun, step: int) -> Path | None:
     rplan = plan_reshard(run.shapes, run.plans.train, ONE, run.world, optimizer_states=STATES)
     src = run._train_tensors()
-    dst = allocate_local(run.shapes, ONE, run.rank, list(src)) if run.rank == 0 else {}
+    dst = allocate_local(run.shapes, ONE, run.rank, list(src), device=comm_device()) if run.rank == 0 else {}
     execute_reshard(rplan, run.shapes, src, dst)
     path = None
     if run.rank == 0:
         full = run._fresh()
         with torch.no_grad():
             for n, p in full.named_parameters():
-                p.copy_(dst[n])
-        opt = _FullOptimizer({k: v for k, v in dst.items() if "/" in k}, run.optim.step_count)
+                p.copy_(dst[n].cpu())
+        opt = _FullOptimizer({k: v.cpu() for k, v in dst.items() if "/" in k}, run.optim.step_count)
         extra = {"plans": {s.value: run.plans.for_stage(s).describe() for s in Stage}, "world": run.world}
         path = save_checkpoint(run.out, step=step, model=full, optimizer=opt, config=to_dict(run.cfg),
                                extra=extra, keep=run.cfg.keep_checkpoints)
@@ -400,13 +401,14 @@ def load_dist_checkpoint(run: DistRun, ckpt: Path) -> int:
     if run.rank == 0:
         full, opt = run._fresh(), _FullOptimizer()
         load_checkpoint(ckpt, full, opt)
-        src = {**{n: p.detach() for n, p in full.named_parameters()}, **opt.tensors}
+        src = {k: v.to(comm_device()) for k, v in
+               {**{n: p.detach() for n, p in full.named_parameters()}, **opt.tensors}.items()}
         step_count = opt.step_count
     box = [step_count]
     dist.broadcast_object_list(box, src=0)
     names = list(run._train_tensors())
     plan = run.plans.train
-    dst = allocate_local(run.shapes, plan, run.rank, names)
+    dst = allocate_local(run.shapes, plan, run.rank, names, device=comm_device())
     execute_reshard(plan_reshard(run.shapes, ONE, plan, run.world, optimizer_states=STATES), run.shapes, src, dst)
     run._build_train(plan, state=(dst, box[0]))
     return int(read_state(ckpt)["step"])

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from earl.policies.reshard import ParamShape, holdings
 from earl.runtime.config import TrainerConfig
-from earl.runtime.dist import PlanGroups
+from earl.runtime.dist import PlanGroups, comm_device
 from earl.runtime.trainer import ExperienceBatch, Trainer
 
 STATES = ("exp_avg", "exp_avg_sq")
@@ -73,8 +73,9 @@ class ShardedAdamW:
             off += g.numel()
 
     def grad_norm(self) -> float:
-        sharded = torch.zeros((), dtype=torch.float64)
-        replicated = torch.zeros((), dtype=torch.float64)
+        dev = next(iter(self.params.values())).device
+        sharded = torch.zeros((), dtype=torch.float64, device=dev)
+        replicated = torch.zeros((), dtype=torch.float64, device=dev)
         for name, p in self.params.items():
             sq = p.grad.double().pow(2).sum()
             if self.shapes[name].tp_dim is None:
@@ -97,7 +98,8 @@ class ShardedAdamW:
                 views.append(view)
                 parts.append(view.reshape(-1) if owner != rank else view.contiguous().reshape(-1))
             flat = torch.cat(parts) if owner == rank else torch.empty(sum(v.numel() for v in views),
-                                                                      dtype=views[0].dtype)
+                                                                      dtype=views[0].dtype,
+                                                                      device=views[0].device)
             dist.broadcast(flat, src=owner, group=self.groups.dp_group)
             if owner != rank:
                 off = 0
@@ -164,7 +166,7 @@ def dist_train_step(trainer: Trainer, optim: ShardedAdamW, local: ExperienceBatc
     """One optimizer step over the global batch, given this rank's dp share `local` (every tp
     rank of a dp group passes the same share). Returns global token-weighted stats."""
     groups = optim.groups
-    n_local = torch.tensor([float(local.loss_mask.sum())], dtype=torch.float64)
+    n_local = torch.tensor([float(local.loss_mask.sum())], dtype=torch.float64, device=comm_device())
     n_global = n_local.clone()
     if groups.plan.dp > 1:
         dist.all_reduce(n_global, group=groups.dp_group)
@@ -173,7 +175,7 @@ def dist_train_step(trainer: Trainer, optim: ShardedAdamW, local: ExperienceBatc
     trainer.optimizer = optim  # Trainer._optimizer_step: zero_grad(), backward, then .step()
     stats = trainer._optimizer_step(local)
     keys = [k for k in sorted(stats) if k not in ("grad_norm", "train_tokens")]
-    vec = torch.tensor([stats[k] * optim.scale for k in keys], dtype=torch.float64)
+    vec = torch.tensor([stats[k] * optim.scale for k in keys], dtype=torch.float64, device=comm_device())
     if groups.plan.dp > 1:
         dist.all_reduce(vec, group=groups.dp_group)
     out = dict(zip(keys, vec.tolist(), strict=True))
