@@ -248,7 +248,8 @@ class CostModel:
         return Estimate(stage="logprob", time_s=t, feasible=True, tokens=passes * batch * context, gpus=gpus,
                         flops=passes * m * cost.flops, peak_flops=self.profile.hardware.peak_flops,
                         memory=mem, plan=plan, breakdown=self._breakdown(cost, passes * (m + plan.pp - 1), t),
-                        extras={"micro_batches": m, "bubble_frac": (plan.pp - 1) / (m + plan.pp - 1)})
+                        extras={"micro_batches": m, "micro_batch_s": t_mb,
+                                "bubble_frac": (plan.pp - 1) / (m + plan.pp - 1)})
 
     def _cp_comm_s(self, plan: ParallelPlan, context: int, passes: int) -> float:
         """Context parallelism: each layer all-gathers K/V across the cp group (forward) and
@@ -303,7 +304,50 @@ class CostModel:
                        "recompute": m * recompute, "tp_comm": m * tp_c, "cp_comm": m * cp_c,
                        "pipeline_bubble": (plan.pp - 1) * t_mb, "pp_p2p": pp_p2p,
                        "dp_grad_sync": dp_sync, "optimizer": optimizer},
-            extras={"micro_batches": m, "bubble_frac": (plan.pp - 1) / (m + plan.pp - 1)})
+            extras={"micro_batches": m, "micro_batch_s": t_mb, "pp_p2p_per_mb_s": pp_p2p / (m + plan.pp - 1),
+                    "bubble_frac": (plan.pp - 1) / (m + plan.pp - 1)})
+
+    def mixed_batch(self, stage: str, plan: ParallelPlan, lengths, *, buckets: int = 8, passes: int = 1,
+                    imbalance: float = 1.0) -> Estimate:
+        """Price `logprob` or `train` over sequences of different lengths, as one stage.
+
+        Lengths are sorted into up to `buckets` equal-count buckets, each priced at its mean
+        length (rounded up to a multiple of cp); micro-batches of all buckets stream through
+        one pipeline, so its fill/drain is paid once, as are the dp gradient sync and the
+        optimizer step. `imbalance` (max/mean tokens over dp groups) stretches the streaming
+        part: the slowest group sets the pace."""
+        if stage not in ("logprob", "train"):
+            raise ValueError(f"mixed_batch prices logprob or train, not {stage!r}")
+        ctx = sorted(int(c) for c in lengths)
+        if not ctx:
+            raise ValueError("mixed_batch needs at least one sequence length")
+        n_buckets = max(1, min(buckets, len(ctx) // max(1, plan.dp)))
+        size = -(-len(ctx) // n_buckets)
+        stream = fill = p2p = 0.0
+        last = None
+        for i in range(0, len(ctx), size):
+            chunk = ctx[i:i + size]
+            c = -(-sum(chunk) // len(chunk))
+            c = -(-c // plan.cp) * plan.cp
+            est = (self.logprob(plan, len(chunk), c) if stage == "logprob" else self.train(plan, len(chunk), c))
+            if not est.feasible:
+                return est
+            m, t_mb = est.extras["micro_batches"], est.extras["micro_batch_s"]
+            stream += m * t_mb
+            fill = max(fill, (plan.pp - 1) * t_mb)
+            p2p += est.extras.get("pp_p2p_per_mb_s", 0.0) * m
+            last = est
+        once = 0.0
+        if stage == "train":
+            once = last.breakdown["dp_grad_sync"] + last.breakdown["optimizer"]
+        t = passes * (stream * imbalance + fill + p2p) + once
+        mem = self.memory(stage, plan, len(ctx), ctx[-1])
+        return Estimate(stage=stage, time_s=t, feasible=mem.fits, reason="" if mem.fits else "longest sequence",
+                        tokens=passes * sum(ctx) if stage == "logprob" else sum(ctx), gpus=plan.world_size,
+                        peak_flops=self.profile.hardware.peak_flops, memory=mem, plan=plan,
+                        breakdown={"stream": passes * stream * imbalance, "pipeline_fill": passes * fill,
+                                   "pp_p2p": passes * p2p, "grad_sync_optimizer": once},
+                        extras={"buckets": n_buckets, "imbalance": imbalance})
 
     # ---- data movement ------------------------------------------------------------------------
     def reshard(self, src: ParallelPlan, dst: ParallelPlan, include_optimizer: bool = False) -> Estimate:

@@ -150,23 +150,11 @@ class Simulation:
         assignment, imbalance = balance_samples(samples, plan.dp)
         tok = {s.id: s.tokens for s in samples}
         group_tokens = tuple(sum(tok[i] for i in g) for g in assignment)
-        buckets = max(1, min(MAX_BUCKETS, len(ctx) // plan.dp))
-        total = fixed = 0.0
-        for chunk in np.array_split(np.array(ctx), buckets):
-            if not len(chunk):
-                continue
-            c = int(math.ceil(chunk.mean() / plan.cp) * plan.cp)
-            if stage == "logprob":
-                est = self.cm.logprob(plan, len(chunk), c, passes=self.sc.logprob_passes)
-                total += est.time_s
-            else:
-                est = self.cm.train(plan, len(chunk), c)
-                once = est.breakdown.get("dp_grad_sync", 0.0) + est.breakdown.get("optimizer", 0.0)
-                total += est.time_s - once
-                fixed = max(fixed, once)
-            assert est.feasible, f"{stage} {plan.describe()} infeasible at {c} tokens after OOM filter"
+        passes = self.sc.logprob_passes if stage == "logprob" else 1
+        est = self.cm.mixed_batch(stage, plan, ctx, buckets=MAX_BUCKETS, passes=passes, imbalance=imbalance)
+        assert est.feasible, f"{stage} {plan.describe()} infeasible at {ctx[-1]} tokens after OOM filter"
         mem = self.cm.memory(stage, plan, plan.dp, ctx[-1])
-        return StageCost(time_s=total * imbalance + fixed, memory_bytes=mem.total,
+        return StageCost(time_s=est.time_s, memory_bytes=mem.total,
                          headroom_frac=mem.headroom_frac, imbalance=imbalance,
                          group_tokens=group_tokens)
 
