@@ -91,3 +91,34 @@ def test_killed_rank_stops_cleanly_and_resume_on_another_plan(tmp_path):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q", "-m", "slow"]))
+
+
+def test_bad_multi_process_options_are_one_line_errors():
+    from earl.runtime.dist_loop import dist_options, parse_args
+
+    with pytest.raises(ValueError, match=r"expected STEP:rollout\|train:PLAN"):
+        dist_options(2, schedule=["2:warmup:tp2"])
+    with pytest.raises(ValueError, match="cannot parse plan"):
+        dist_options(2, train_plan="tp2-xx")
+    with pytest.raises(ValueError, match="--out DIR"):
+        parse_args(["--steps", "3"])
+    with pytest.raises(ValueError, match="--nproc must be an integer >= 2"):
+        torchrun_command(1, [])
+    opts = dist_options(4, rollout_plan="tp2-dp2")
+    assert opts.train_plan.dp == 4 and opts.train_plan.sharded_optimizer and opts.rollout_plan.tp == 2
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_cost_model_selector_switch_is_applied_in_flight(tmp_path):
+    out = tmp_path / "run"
+    r = _launch(["--out", str(out), "--train-plan", "tp1-dp2-zero", "--set", "selector=cost-model",
+                 "--set", "steps=3", *SMALL])
+    assert r.returncode == 0, r.stderr[-3000:]
+    decisions = [json.loads(x) for x in (out / "decisions.jsonl").read_text().splitlines() if x.strip()]
+    switched = [d for d in decisions if d.get("switched") and d["stage"] == "train"]
+    applied = [d for d in decisions if "from" in d and d["stage"] == "train"]
+    assert switched and applied, "the selector did not switch the train plan in this setting"
+    assert applied[0]["to"] == switched[0]["plan"]
+    rows = _rows(out)
+    assert rows[-1]["plan_train"] == applied[0]["to"] and len(rows) == 3

@@ -40,11 +40,12 @@ def _tp_worker(model_name: str, tp: int):
 
 
 @pytest.mark.dist
-def test_tp2_rollout_matches_tp1_greedy_tokens_and_logprobs():
-    policy = build_builtin("tiny", seed=0)
+@pytest.mark.parametrize("model_name", ["tiny", "tiny-llama"])  # Qwen2 (q/k/v bias) and Llama
+def test_tp2_rollout_matches_tp1_greedy_tokens_and_logprobs(model_name):
+    policy = build_builtin(model_name, seed=0)
     with torch.no_grad():
         ref = _rollout(policy.model, policy.tokenizer)
-    results = run_local(_tp_worker, 2, "tiny", 2, timeout_s=120)
+    results = run_local(_tp_worker, 2, model_name, 2, timeout_s=120)
     full_q = policy.model.model.layers[0].self_attn.q_proj.weight.shape[0]
     for rank, (got, local_q) in enumerate(results):
         assert local_q * 2 == full_q, "the q projection is not sharded"
