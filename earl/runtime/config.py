@@ -1,0 +1,234 @@
+"""The configuration of `earl run`: one frozen dataclass per component plus the run itself.
+
+Sources, later ones winning: the built-in default (tiny model, Tic-Tac-Toe vs a random
+opponent), a TOML/YAML file (sections [model], [env], [sampling], [trainer], top-level run keys),
+CLI flags, then `--set key=value` (dotted `trainer.lr=3e-4`, or a leaf name that is unique).
+A typo is an error naming the close matches.
+
+    earl run --set trainer.lr=3e-3 --set steps=50
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ALGOS = ("grpo", "reinforce++")
+SELECTOR_NAMES = ("static", "earl-table", "cost-model")
+DISPATCHER_NAMES = ("centralized", "layout-aware")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    path: str = "tiny"  # a built-in name (tiny, tiny-wide, tiny-llama) or a local HF checkpoint dir
+    dtype: str = "fp32"  # fp32 | bf16 | fp16
+    device: str = "cpu"  # torch device for the single-process runtime (cpu, cuda, cuda:1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvConfig:
+    name: str = "tic-tac-toe"  # tic-tac-toe | connect-four | calculator
+    opponent: str = "random"  # games: random | lookahead
+    agent_starts: str = "always"  # games: always | never | alternate
+    invalid_action: str = "end"  # games: end the episode, or "retry"
+    invalid_reward: float = -1.0  # games: reward of an invalid move (per-try share in retry mode)
+    max_retries: int = 2  # games: consecutive invalid tries allowed in retry mode
+    valid_move_reward: float = 0.1  # games: reward of each legal move (dense shaping)
+    max_turns: int = 4  # calculator: model turns per episode
+    tool_timeout_s: float = 1.0  # calculator: seconds before a tool call becomes an error
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingConfig:
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus mass
+    max_new_tokens: int = 0  # per turn; 0 = the environment's default
+    stop: tuple[str, ...] = ()  # stop strings; empty = the environment's default
+    max_context: int = 4096  # tokens per episode; longer episodes are cut (outcome "truncated")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerConfig:
+    algo: str = "grpo"  # grpo | reinforce++
+    lr: float = 2e-3  # AdamW learning rate
+    weight_decay: float = 0.0  # AdamW weight decay
+    betas: tuple[float, float] = (0.9, 0.99)  # AdamW betas
+    clip_eps: float = 0.2  # PPO ratio clip
+    kl_coef: float = 0.0  # KL to the frozen initial model; 0 = no reference model
+    entropy_coef: float = 0.0  # entropy bonus on generated tokens
+    grad_clip: float = 1.0  # max global grad norm; 0 = off
+    token_budget: int = 16384  # padded tokens per micro-batch (forward+backward at once)
+    minibatches: int = 1  # optimizer steps per training step (the batch is split)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    steps: int = 150  # training steps
+    groups: int = 16  # prompt groups per step (distinct env seeds)
+    group_size: int = 8  # episodes per group (GRPO's G)
+    seed: int = 0  # seeds the model init, sampling and the environments
+    engine: str = "pytorch"  # pytorch | vllm
+    reuse_kv: bool = True  # keep each episode's KV cache across turns
+    engine_batch: int = 0  # episodes per engine batch; 0 = all of the step's episodes at once
+    selector: str = "static"  # static | earl-table | cost-model
+    dispatcher: str = "layout-aware"  # centralized | layout-aware
+    checkpoint_every: int = 50  # steps between checkpoints; 0 = only at the end
+    keep_checkpoints: int = 2  # newest checkpoints kept
+    threads: int = 2  # torch CPU threads
+    plots: bool = True  # PNG plots at the end
+
+    def __post_init__(self):
+        for name in ("steps", "groups", "group_size", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.checkpoint_every < 0 or self.engine_batch < 0 or self.keep_checkpoints < 1:
+            raise ValueError("checkpoint_every and engine_batch must be >= 0, keep_checkpoints >= 1")
+        if self.selector not in SELECTOR_NAMES:
+            raise ValueError(f"selector {self.selector!r} unknown; valid: {', '.join(SELECTOR_NAMES)}")
+        if self.dispatcher not in DISPATCHER_NAMES:
+            raise ValueError(f"dispatcher {self.dispatcher!r} unknown; valid: "
+                             f"{', '.join(DISPATCHER_NAMES)}")
+        if self.trainer.algo not in ALGOS:
+            raise ValueError(f"trainer.algo {self.trainer.algo!r} unknown; valid: {', '.join(ALGOS)}")
+
+    @property
+    def episodes_per_step(self) -> int:
+        return self.groups * self.group_size
+
+
+SECTIONS = {"model": ModelConfig, "env": EnvConfig, "sampling": SamplingConfig,
+            "trainer": TrainerConfig}
+
+
+def all_keys() -> list[str]:
+    keys = [f.name for f in dataclasses.fields(RunConfig) if f.name not in SECTIONS]
+    for sec, cls in SECTIONS.items():
+        keys += [f"{sec}.{f.name}" for f in dataclasses.fields(cls)]
+    return keys
+
+
+def resolve_key(key: str) -> str:
+    """A dotted key, given a dotted key or a unique leaf name."""
+    keys = all_keys()
+    if key in keys:
+        return key
+    leaf = [k for k in keys if k.split(".")[-1] == key]
+    if len(leaf) == 1:
+        return leaf[0]
+    close = list(dict.fromkeys(difflib.get_close_matches(key, keys + [k.split(".")[-1] for k in keys],
+                                                         n=3)))
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    raise ValueError(f"unknown config key {key!r}{hint}; valid: {', '.join(keys)}")
+
+
+def _convert(key: str, value, typ):
+    """Coerce a (string or parsed) value to a field's type; ValueError on a mismatch."""
+    origin = typing.get_origin(typ)
+    try:
+        if typ is bool:
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in ("true", "1", "yes", "on"):
+                return True
+            if str(value).lower() in ("false", "0", "no", "off"):
+                return False
+            raise ValueError
+        if typ is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if typ is float:
+            return float(value)
+        if typ is str:
+            if not isinstance(value, (str, int, float)):
+                raise ValueError
+            return str(value)
+        if origin is tuple:
+            if isinstance(value, str):
+                value = json.loads(value) if value.strip().startswith("[") else value.split(",")
+            args = typing.get_args(typ)
+            elem = args[0]
+            return tuple(_convert(key, v, elem) for v in value)
+    except (ValueError, TypeError, json.JSONDecodeError):
+        pass
+    else:
+        raise AssertionError(f"unhandled config type {typ}")
+    raise ValueError(f"config key {key!r}: cannot use {value!r} as {getattr(typ, '__name__', typ)}")
+
+
+def _field_types(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def to_dict(cfg: RunConfig) -> dict:
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+def apply_overrides(cfg: RunConfig, overrides: dict) -> RunConfig:
+    """Return `cfg` with `{key: value}` applied (dotted or unique-leaf keys)."""
+    top: dict = {}
+    sections: dict[str, dict] = {}
+    for raw_key, value in overrides.items():
+        key = resolve_key(raw_key)
+        if "." in key:
+            sec, name = key.split(".")
+            typ = _field_types(SECTIONS[sec])[name]
+            sections.setdefault(sec, {})[name] = _convert(key, value, typ)
+        else:
+            top[key] = _convert(key, value, _field_types(RunConfig)[key])
+    for sec, vals in sections.items():
+        top[sec] = dataclasses.replace(getattr(cfg, sec), **vals)
+    return dataclasses.replace(cfg, **top)
+
+
+def from_dict(data: dict, base: RunConfig | None = None) -> RunConfig:
+    """Nested dict (as in a TOML/YAML file or a checkpoint) -> RunConfig; typos are errors."""
+    if not isinstance(data, dict):
+        raise ValueError(f"config must be a mapping of keys to values, got {type(data).__name__}")
+    flat: dict = {}
+    for k, v in data.items():
+        if k in SECTIONS:
+            if not isinstance(v, dict):
+                raise ValueError(f"config section [{k}] must be a table, got {v!r}")
+            for kk, vv in v.items():
+                flat[f"{k}.{kk}"] = vv
+        else:
+            flat[k] = v
+    for k in flat:  # dotted keys only here: a file names its sections
+        if k not in all_keys():
+            close = difflib.get_close_matches(k, all_keys(), n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise ValueError(f"unknown config key {k!r}{hint}")
+    return apply_overrides(base or RunConfig(), flat)
+
+
+def load_config_file(path: str | Path) -> RunConfig:
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"config file {str(p)!r} does not exist")
+    text = p.read_text()
+    if p.suffix == ".toml":
+        import tomllib
+
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"{p}: invalid TOML ({e})") from None
+    elif p.suffix in (".yaml", ".yml", ".json"):
+        import yaml
+
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            raise ValueError(f"{p}: invalid YAML ({str(e).splitlines()[0]})") from None
+    else:
+        raise ValueError(f"config file {p.name!r}: expected a .toml, .yaml, .yml or .json file")
+    return from_dict(data)

@@ -1,0 +1,149 @@
+"""The environment protocol, and the shared turn logic of two-player board games.
+
+An environment speaks text: `reset(seed)` returns the first observation (the prompt) and
+`step(action_text)` returns the next observation, a reward and whether the episode ended. Model
+output is untrusted: environments parse it and turn anything unparseable or illegal into a
+penalty, a retry or the end of the episode, never an exception.
+
+    python -c "from earl.runtime.envs import make_env; e = make_env('tic-tac-toe'); print(e.reset(0))"
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Protocol
+
+OUTCOMES = ("win", "draw", "loss", "invalid", "correct", "wrong", "truncated")
+OPPONENTS = ("random", "lookahead")
+AGENT_STARTS = ("always", "never", "alternate")
+INVALID_MODES = ("end", "retry")
+
+
+@dataclass(frozen=True)
+class StepResult:
+    observation: str  # text appended to the context before the next turn
+    reward: float  # reward of this step (the episode return is the sum)
+    done: bool  # the episode is over
+    invalid: bool = False  # the action was unparseable or illegal
+    outcome: str = ""  # one of OUTCOMES once done
+    info: dict = field(default_factory=dict)
+
+
+class Env(Protocol):
+    """What the rollout needs from an environment. Implement this to plug in your own."""
+
+    max_new_tokens: int  # default generation budget per turn, tokens
+    stop: tuple[str, ...]  # default stop strings
+
+    def reset(self, seed: int) -> str: ...
+
+    def step(self, action: str) -> StepResult: ...
+
+
+def check_choice(kind: str, value: str, valid: tuple[str, ...]) -> str:
+    if value not in valid:
+        raise ValueError(f"{kind} {value!r} unknown; valid: {', '.join(valid)}")
+    return value
+
+
+class BoardGameEnv:
+    """A two-player game against a scripted opponent; the agent plays 'x', the opponent 'o'.
+
+    Subclasses define the board: `legal_moves`, `apply`, `winner`, `render`, `parse_move`.
+    Rewards: win 1, draw 0, loss -1, plus `valid_move_reward` for each legal move (a dense
+    signal that teaches legal play first). An illegal or unparseable move either ends the episode
+    with `invalid_reward` ("end") or, in "retry" mode, costs `invalid_reward / (max_retries+1)`
+    and shows the board again; more than `max_retries` invalid moves in a row end it."""
+
+    max_new_tokens = 1
+    stop: tuple[str, ...] = ("\n",)
+    title = "game"
+
+    def __init__(self, *, opponent: str = "random", agent_starts: str = "always",
+                 invalid_action: str = "end", invalid_reward: float = -1.0, max_retries: int = 2,
+                 valid_move_reward: float = 0.0):
+        self.opponent = check_choice("opponent", opponent, OPPONENTS)
+        self.agent_starts = check_choice("agent_starts", agent_starts, AGENT_STARTS)
+        self.invalid_action = check_choice("invalid_action", invalid_action, INVALID_MODES)
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        self.invalid_reward = float(invalid_reward)
+        self.max_retries = max_retries
+        self.valid_move_reward = float(valid_move_reward)
+        self.rng = random.Random(0)
+        self.board: list[str] = []
+        self.retries = 0
+
+    # ---- board rules (subclasses) ----------------------------------------------------------
+    def new_board(self) -> list[str]:
+        raise NotImplementedError
+
+    def legal_moves(self) -> list[int]:
+        raise NotImplementedError
+
+    def apply(self, move: int, player: str) -> None:
+        raise NotImplementedError
+
+    def winner(self) -> str | None:
+        """'x', 'o', 'draw' or None while the game goes on."""
+        raise NotImplementedError
+
+    def render(self) -> str:
+        raise NotImplementedError
+
+    def parse_move(self, text: str) -> int | None:
+        raise NotImplementedError
+
+    # ---- the protocol ----------------------------------------------------------------------
+    def reset(self, seed: int) -> str:
+        self.rng = random.Random(seed)
+        self.board = self.new_board()
+        self.retries = 0
+        starts = {"always": True, "never": False, "alternate": seed % 2 == 0}[self.agent_starts]
+        if not starts:
+            self.apply(self.opponent_move(), "o")
+        return f"{self.title} x\n{self.render()}\n"
+
+    def step(self, action: str) -> StepResult:
+        move = self.parse_move(action)
+        if move is None or move not in self.legal_moves():
+            return self._invalid()
+        self.retries = 0
+        self.apply(move, "x")
+        if (w := self.winner()) is None:
+            self.apply(self.opponent_move(), "o")
+            w = self.winner()
+        if w is not None:
+            return self._end(w)
+        return StepResult(observation=f"{self.render()}\n", reward=self.valid_move_reward, done=False)
+
+    def _invalid(self) -> StepResult:
+        self.retries += 1
+        if self.invalid_action == "end" or self.retries > self.max_retries:
+            return StepResult(observation="invalid\n", reward=self.invalid_reward, done=True,
+                              invalid=True, outcome="invalid")
+        return StepResult(observation=f"invalid\n{self.render()}\n", invalid=True, done=False,
+                          reward=self.invalid_reward / (self.max_retries + 1))
+
+    def _end(self, w: str) -> StepResult:
+        outcome = {"x": "win", "o": "loss", "draw": "draw"}[w]
+        reward = {"win": 1.0, "loss": -1.0, "draw": 0.0}[outcome] + self.valid_move_reward
+        return StepResult(observation=f"{outcome}\n", reward=reward, done=True, outcome=outcome)
+
+    # ---- scripted opponent -----------------------------------------------------------------
+    def opponent_move(self) -> int:
+        moves = self.legal_moves()
+        if self.opponent == "lookahead":
+            for player in ("o", "x"):  # win now if possible, else block the agent's win
+                for m in moves:
+                    if self._wins_after(m, player):
+                        return m
+        return self.rng.choice(moves)
+
+    def _wins_after(self, move: int, player: str) -> bool:
+        saved = list(self.board)
+        self.apply(move, player)
+        won = self.winner() == player
+        self.board = saved
+        return won

@@ -1,0 +1,240 @@
+"""Experience preparation and the policy-gradient update.
+
+Stages exchange explicit batches: `collate` turns trajectories into an `ExperienceBatch` (padded
+tensors), `Trainer.prepare` fills in old / reference log-probs and advantages (GRPO's
+group-relative or REINFORCE++'s batch-normalised returns), and `Trainer.step` runs the clipped
+policy loss with token-budget micro-batching, AdamW and gradient clipping. The loss is a
+token-mean over the whole (mini)batch, so any split into micro-batches or data-parallel shards
+gives the same gradient.
+
+    pytest tests/runtime/test_trainer.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+
+from earl.runtime.config import TrainerConfig
+from earl.runtime.rollout import Trajectory
+
+
+@dataclass
+class ExperienceBatch:
+    """N right-padded sequences of T tokens. Per-token tensors at position t describe token t
+    (log p(token t | tokens < t)); position 0 is always a prompt token."""
+
+    sample_ids: torch.Tensor  # [N] long, the episode ids
+    group_ids: torch.Tensor  # [N] long
+    input_ids: torch.Tensor  # [N, T] long
+    attention_mask: torch.Tensor  # [N, T] bool, real tokens
+    loss_mask: torch.Tensor  # [N, T] bool, model-generated tokens
+    engine_logprobs: torch.Tensor  # [N, T] float, from the rollout engine
+    rewards: torch.Tensor  # [N] float, episode returns
+    token_rewards: torch.Tensor  # [N, T] float, each step's reward on that turn's last token
+    old_logprobs: torch.Tensor | None = None  # [N, T] float, policy before this step
+    ref_logprobs: torch.Tensor | None = None  # [N, T] float, frozen reference
+    advantages: torch.Tensor | None = None  # [N, T] float
+
+    @property
+    def size(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.attention_mask.sum(1)
+
+    def select(self, idx: list[int] | torch.Tensor) -> ExperienceBatch:
+        """Rows `idx`, cropped to their longest sequence."""
+        idx = torch.as_tensor(idx, dtype=torch.long)
+        width = int(self.lengths[idx].max()) if len(idx) else 0
+        out = {}
+        for f in dataclasses.fields(self):
+            t = getattr(self, f.name)
+            if t is None:
+                out[f.name] = None
+            elif t.dim() == 2:
+                out[f.name] = t[idx, :width]
+            else:
+                out[f.name] = t[idx]
+        return ExperienceBatch(**out)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) is not None}
+
+
+def collate(trajs: list[Trajectory], pad_id: int) -> ExperienceBatch:
+    n, width = len(trajs), max(len(t.token_ids) for t in trajs)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attn = torch.zeros(n, width, dtype=torch.bool)
+    mask = torch.zeros(n, width, dtype=torch.bool)
+    lps = torch.zeros(n, width)
+    tok_r = torch.zeros(n, width)
+    for i, t in enumerate(trajs):
+        for pos, r in t.step_rewards:
+            tok_r[i, pos] += r
+        k = len(t.token_ids)
+        ids[i, :k] = torch.tensor(t.token_ids)
+        attn[i, :k] = True
+        mask[i, :k] = torch.tensor(t.loss_mask, dtype=torch.bool)
+        lps[i, :k] = torch.tensor(t.logprobs)
+    return ExperienceBatch(
+        sample_ids=torch.tensor([t.episode_id for t in trajs]),
+        group_ids=torch.tensor([t.group_id for t in trajs]),
+        input_ids=ids, attention_mask=attn, loss_mask=mask, engine_logprobs=lps,
+        rewards=torch.tensor([t.reward for t in trajs], dtype=torch.float32), token_rewards=tok_r)
+
+
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   temperature: float, with_entropy: bool = False):
+    """[n, t] log p(token t | < t) at `temperature` (column 0 is 0), optionally the entropy."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask.long()).logits[:, :-1].float()
+    logp_all = torch.log_softmax(logits / temperature, dim=-1)
+    lp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    lp = torch.nn.functional.pad(lp, (1, 0))
+    if not with_entropy:
+        return lp, None
+    ent = -(logp_all.exp() * logp_all).sum(-1)
+    return lp, torch.nn.functional.pad(ent, (1, 0))
+
+
+def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Group row indices so that rows x longest row <= token_budget (a longer row goes alone).
+    Rows are taken longest first, which keeps padding low."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        width = max([lengths[j] for j in cur] + [lengths[i]])
+        if cur and (len(cur) + 1) * width > token_budget:
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    return out
+
+
+@torch.no_grad()
+def batch_logprobs(model, batch: ExperienceBatch, temperature: float, token_budget: int) -> torch.Tensor:
+    """Forward-only log-probs of a whole batch, micro-batched."""
+    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+    dev = next(model.parameters()).device
+    for mb in micro_batches(batch.lengths.tolist(), token_budget):
+        sub = batch.select(mb)
+        lp, _ = token_logprobs(model, sub.input_ids.to(dev), sub.attention_mask.to(dev), temperature)
+        out[mb, :lp.shape[1]] = lp.cpu()
+    return out * batch.attention_mask
+
+
+def grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """(r - group mean) / (group std + eps), per sample."""
+    adv = torch.zeros_like(rewards)
+    for g in group_ids.unique():
+        sel = group_ids == g
+        r = rewards[sel]
+        std = r.std(unbiased=False) if r.numel() > 1 else torch.tensor(0.0)
+        adv[sel] = (r - r.mean()) / (std + eps)
+    return adv
+
+
+def reinforce_pp_advantages(token_rewards: torch.Tensor, loss_mask: torch.Tensor, old_lp: torch.Tensor,
+                            ref_lp: torch.Tensor | None, kl_coef: float, eps: float = 1e-6) -> torch.Tensor:
+    """REINFORCE++: per-token reward -kl_coef * (log pi_old - log pi_ref) on generated tokens
+    plus each environment step's reward on the last token of its turn; undiscounted
+    return-to-go; then whitened over all generated tokens of the batch."""
+    mask = loss_mask.float()
+    tok_r = token_rewards.clone()
+    if ref_lp is not None and kl_coef:
+        tok_r = tok_r - kl_coef * (old_lp - ref_lp) * mask
+    returns = tok_r.flip(1).cumsum(1).flip(1) * mask
+    n = mask.sum().clamp(min=1)
+    mean = returns.sum() / n
+    var = (((returns - mean) * mask) ** 2).sum() / n
+    return (returns - mean) / (var.sqrt() + eps) * mask
+
+
+class Trainer:
+    """Owns the optimizer of `model` (which it does not build) and an optional frozen reference."""
+
+    def __init__(self, model: torch.nn.Module, cfg: TrainerConfig, *, temperature: float,
+                 ref_model: torch.nn.Module | None = None):
+        if cfg.kl_coef and ref_model is None:
+            raise ValueError("trainer.kl_coef > 0 needs a reference model")
+        self.model, self.cfg, self.ref_model = model, cfg, ref_model
+        self.temperature = temperature
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
+                                           weight_decay=cfg.weight_decay)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def prepare(self, batch: ExperienceBatch) -> ExperienceBatch:
+        """Experience stage: old and reference log-probs, then advantages."""
+        old = batch_logprobs(self.model, batch, self.temperature, self.cfg.token_budget)
+        ref = (batch_logprobs(self.ref_model, batch, self.temperature, self.cfg.token_budget)
+               if self.ref_model is not None and self.cfg.kl_coef else None)
+        if self.cfg.algo == "grpo":
+            adv = grpo_advantages(batch.rewards, batch.group_ids)[:, None] * batch.loss_mask
+        else:
+            adv = reinforce_pp_advantages(batch.token_rewards, batch.loss_mask, old, ref, self.cfg.kl_coef)
+        return dataclasses.replace(batch, old_logprobs=old, ref_logprobs=ref, advantages=adv)
+
+    def step(self, batch: ExperienceBatch, generator: torch.Generator | None = None) -> dict:
+        """One training step: `cfg.minibatches` optimizer steps over a shuffled split."""
+        assert batch.advantages is not None, "call prepare() first"
+        n = batch.size
+        perm = torch.randperm(n, generator=generator) if self.cfg.minibatches > 1 else torch.arange(n)
+        chunks = [c.tolist() for c in perm.chunk(self.cfg.minibatches) if len(c)]
+        stats: dict[str, float] = {}
+        self.model.train()
+        for chunk in chunks:
+            mb_stats = self._optimizer_step(batch.select(chunk))
+            for k, v in mb_stats.items():
+                stats[k] = stats.get(k, 0.0) + v / len(chunks)
+        return stats
+
+    def _optimizer_step(self, batch: ExperienceBatch) -> dict:
+        cfg, dev = self.cfg, self.device
+        total_tokens = max(int(batch.loss_mask.sum()), 1)
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0}
+        for mb in micro_batches(batch.lengths.tolist(), cfg.token_budget):
+            sub = batch.select(mb)
+            t = {k: v.to(dev) for k, v in sub.tensors().items()}
+            mask = t["loss_mask"].float()
+            lp, ent = token_logprobs(self.model, t["input_ids"], t["attention_mask"],
+                                     self.temperature, with_entropy=True)
+            ratio = torch.exp(lp - t["old_logprobs"])
+            adv = t["advantages"]
+            pg = -torch.minimum(ratio * adv, ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv)
+            loss_tok = pg - cfg.entropy_coef * ent
+            if cfg.kl_coef and cfg.algo == "grpo":
+                d = t["ref_logprobs"] - lp
+                kl = torch.exp(d) - d - 1  # k3 estimator, >= 0
+                loss_tok = loss_tok + cfg.kl_coef * kl
+                sums["kl"] += float((kl.detach() * mask).sum())
+            elif "ref_logprobs" in t:
+                sums["kl"] += float(((lp.detach() - t["ref_logprobs"]) * mask).sum())
+            loss = (loss_tok * mask).sum() / total_tokens
+            loss.backward()
+            sums["loss"] += float(loss.detach()) * total_tokens
+            sums["pg_loss"] += float((pg.detach() * mask).sum())
+            clipped = ((ratio.detach() - 1).abs() > cfg.clip_eps).float()
+            sums["clip_frac"] += float((clipped * mask).sum())
+            sums["entropy"] += float((ent.detach() * mask).sum())
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if cfg.grad_clip:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
+        else:
+            grad_norm = float(torch.norm(torch.stack([p.grad.norm() for p in params])))
+        self.optimizer.step()
+        out = {k: v / total_tokens for k, v in sums.items()}
+        out["grad_norm"] = grad_norm if math.isfinite(grad_norm) else float("nan")
+        out["train_tokens"] = float(total_tokens)
+        return out

@@ -1,0 +1,13 @@
+"""Shared fixtures for the runtime tests (CPU, tiny random models)."""
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    from earl.runtime.model import load_policy
+
+    return load_policy("tiny", seed=0)

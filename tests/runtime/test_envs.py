@@ -1,0 +1,172 @@
+"""Environment rules: wins, draws, invalid moves, opponents, tool calls."""
+
+import time
+
+import pytest
+
+from earl.runtime.envs import make_env
+from earl.runtime.envs.calculator import Calculator, ToolError, calculate
+from earl.runtime.envs.connect_four import ConnectFour
+from earl.runtime.envs.tictactoe import TicTacToe
+
+
+def ttt(board: str) -> TicTacToe:
+    """A game with a given board ('x', 'o', '.' per cell, row-major)."""
+    e = TicTacToe()
+    e.reset(0)
+    e.board = ["" if c == "." else c for c in board]
+    return e
+
+
+@pytest.mark.parametrize("board,winner", [
+    ("xxx" "oo." "...", "x"), ("o.x" "o.x" "o..", "o"), ("x.o" ".xo" "..x", "x"),
+    ("..o" ".o." "o.x", "o"), ("xox" "xoo" "oxx", "draw"), ("x.." "..." "...", None)])
+def test_tictactoe_winner(board, winner):
+    assert ttt(board).winner() == winner
+
+
+def test_tictactoe_agent_wins_and_rewards():
+    e = ttt("xx." "oo." "...")
+    r = e.step("3")
+    assert r.done and r.outcome == "win" and r.reward == 1.0 and not r.invalid
+
+
+def test_tictactoe_loss_and_draw():
+    e = ttt("x.." "oo." "x..")
+    e.opponent = "lookahead"
+    r = e.step("9")  # the agent does not block; the lookahead opponent completes its row
+    assert r.done and r.outcome == "loss" and r.reward == -1.0
+    e = ttt("xox" "xoo" "ox.")
+    r = e.step("9")  # fills the last cell without a line
+    assert r.done and r.outcome == "draw" and r.reward == 0.0
+
+
+@pytest.mark.parametrize("action", ["1", "0", "x", "", "12", "five", "\n5"])
+def test_tictactoe_invalid_moves_end_the_episode(action):
+    e = ttt("x.." "o.." "...")
+    r = e.step(action)
+    assert r.done and r.invalid and r.outcome == "invalid" and r.reward == -1.0
+
+
+def test_tictactoe_retry_mode():
+    e = TicTacToe(invalid_action="retry", max_retries=1, invalid_reward=-1.0)
+    e.reset(0)
+    r = e.step("a")
+    assert not r.done and r.invalid and r.reward == pytest.approx(-0.5) and "invalid" in r.observation
+    r = e.step("b")
+    assert r.done and r.outcome == "invalid"
+
+
+def test_tictactoe_opponent_starts_and_observation_format():
+    e = TicTacToe(agent_starts="never")
+    obs = e.reset(3)
+    board = obs.removeprefix("tic-tac-toe x\n")
+    assert board.count("o") == 1 and board.count("|") == 2 and board.endswith("\n")
+    e = TicTacToe()
+    assert e.reset(0) == "tic-tac-toe x\n123|456|789\n"
+    r = e.step("5")
+    assert "x" in r.observation.split("|")[1] and r.reward == 0.0
+
+
+def test_lookahead_blocks_and_wins():
+    e = ttt("xx." "o.." "...")
+    e.opponent = "lookahead"
+    assert e.opponent_move() == 3  # block the agent's row
+    e = ttt("xx." "oo." "x..")
+    e.opponent = "lookahead"
+    assert e.opponent_move() == 6  # winning beats blocking
+
+
+def c4(cols: list[int], first: str = "x") -> ConnectFour:
+    e = ConnectFour()
+    e.reset(0)
+    p = first
+    for c in cols:
+        e.apply(c, p)
+        p = "o" if p == "x" else "x"
+    return e
+
+
+def test_connect_four_wins():
+    assert c4([1, 2, 1, 2, 1, 2, 1]).winner() == "x"  # vertical
+    assert c4([1, 1, 2, 2, 3, 3, 4]).winner() == "x"  # horizontal
+    assert c4([1, 2, 2, 3, 4, 3, 3, 4, 4, 7, 4]).winner() == "x"  # diagonal /
+    assert c4([7, 6, 6, 5, 4, 5, 5, 4, 4, 1, 4]).winner() == "x"  # diagonal \
+    assert c4([1, 2, 3]).winner() is None
+
+
+def test_connect_four_full_column_is_invalid_and_draw():
+    e = c4([3] * 6)
+    assert 3 not in e.legal_moves()
+    r = e.step("3")
+    assert r.done and r.invalid and r.outcome == "invalid"
+    e = ConnectFour()
+    e.reset(0)
+    e.board = list("xxoxxox" "ooxooxo" "xxoxxox" "ooxooxo" "xxoxxox" "ooxooxo")
+    assert e.winner() == "draw"
+    assert ConnectFour().parse_move("8") is None
+
+
+def test_connect_four_plays_to_the_end():
+    e = make_env("connect-four", opponent="random")
+    e.reset(1)
+    for _ in range(30):
+        move = e.legal_moves()[0]
+        r = e.step(str(move))
+        if r.done:
+            assert r.outcome in ("win", "loss", "draw")
+            break
+    else:
+        pytest.fail("game did not end")
+
+
+def test_calculator_parser():
+    assert calculate("2*(3+4)") == "14"
+    assert calculate("7/2") == "3.5"
+    assert calculate("-3+5") == "2"
+    for bad in ("__import__('os')", "2**3", "1/0", "(1+2", "9" * 13, "1" * 70):
+        with pytest.raises(ToolError):
+            calculate(bad)
+
+
+def test_calculator_episode():
+    e = Calculator()
+    q = e.reset(5)
+    expr = q.removeprefix("q: ").strip()
+    r = e.step(f"calc({expr})")
+    assert not r.done and r.observation.startswith("= ")
+    answer = r.observation[2:].strip()
+    r = e.step(f"ans {answer}")
+    assert r.done and r.outcome == "correct" and r.reward == 1.0
+    e.reset(5)
+    r = e.step("calc(1/0)")
+    assert "error: division by zero" in r.observation and not r.done
+    r = e.step("hello")
+    assert r.invalid and "expected" in r.observation
+    r = e.step("ans 0.123")
+    assert r.done and r.outcome == "wrong"
+
+
+def test_tool_exceptions_and_timeouts_become_observations():
+    def slow(_):
+        time.sleep(0.5)
+        return "late"
+
+    def broken(_):
+        raise RuntimeError("boom")
+
+    e = Calculator(tools={"slow": slow, "broken": broken}, tool_timeout_s=0.05, max_turns=3)
+    e.reset(0)
+    r = e.step("slow(1)")
+    assert "timed out" in r.observation and not r.done
+    r = e.step("broken(1)")
+    assert "boom" in r.observation
+    r = e.step("broken(1)")
+    assert r.done and r.outcome == "truncated"
+
+
+def test_unknown_env_and_option():
+    with pytest.raises(ValueError, match="unknown env"):
+        make_env("chess")
+    with pytest.raises(ValueError, match="opponent"):
+        make_env("tic-tac-toe", opponent="perfect")

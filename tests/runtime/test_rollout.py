@@ -1,0 +1,79 @@
+"""Rollouts are token-in token-out: the loss mask covers exactly the generated tokens."""
+
+import torch
+
+from earl.runtime.engine import SamplingParams, TorchEngine
+from earl.runtime.envs.base import StepResult
+from earl.runtime.rollout import rollout
+from earl.runtime.trainer import collate
+
+
+class EchoEnv:
+    """Records every action and observation; ends after a seed-dependent number of turns."""
+
+    max_new_tokens = 4
+    stop = ("\n",)
+
+    def __init__(self, log):
+        self.log = log
+
+    def reset(self, seed):
+        self.turns, self.seed = 0, seed
+        self.log[seed] = {"obs": [f"start {seed}\n"], "actions": []}
+        return self.log[seed]["obs"][0]
+
+    def step(self, action):
+        self.turns += 1
+        self.log[self.seed]["actions"].append(action)
+        done = self.turns >= 1 + self.seed % 3
+        obs = f"seen {len(action)} chars\n"
+        if not done:
+            self.log[self.seed]["obs"].append(obs)
+        return StepResult(observation=obs, reward=float(self.turns), done=done, outcome="win" if done else "")
+
+
+def test_mask_covers_exactly_generated_tokens(tiny):
+    tok = tiny.tokenizer
+    log = {}
+    eng = TorchEngine(tiny.model, tok)
+    params = SamplingParams(temperature=1.0, max_new_tokens=4, stop=("\n",))
+    trajs = rollout(eng, lambda: EchoEnv(log), seeds=list(range(6)), group_ids=[0, 0, 1, 1, 2, 2],
+                    params=params, generator=torch.Generator().manual_seed(0), max_context=512)
+    for tr in trajs:
+        rec = log[tr.episode_id]
+        assert len(tr.turns) == 1 + tr.episode_id % 3 == len(rec["actions"])
+        # rebuild the sequence from the env's point of view: obs, action, obs, action, ...
+        expect_ids, expect_mask, gen_spans = [tok.bos_id], [0], []
+        pos = 0
+        for i, action in enumerate(rec["actions"]):
+            obs_ids = tok.encode(rec["obs"][i])
+            expect_ids += obs_ids
+            expect_mask += [0] * len(obs_ids)
+            n_gen = tr.turns[i].gen_tokens
+            gen_spans.append(len(expect_ids))
+            expect_ids += tr.token_ids[len(expect_ids):len(expect_ids) + n_gen]
+            expect_mask += [1] * n_gen
+            pos += n_gen
+        assert tr.token_ids == expect_ids
+        assert tr.loss_mask == expect_mask
+        # the generated tokens decode to exactly the actions the env received
+        for start, turn, action in zip(gen_spans, tr.turns, rec["actions"], strict=True):
+            assert tok.decode(tr.token_ids[start:start + turn.gen_tokens]) == action
+        assert all(lp == 0.0 for lp, m in zip(tr.logprobs, tr.loss_mask, strict=True) if not m)
+        assert all(lp < 0.0 for lp, m in zip(tr.logprobs, tr.loss_mask, strict=True) if m)
+        assert tr.reward == sum(range(1, len(tr.turns) + 1))
+        assert tr.turns[0].obs_tokens == len(tok.encode(rec["obs"][0])) + 1  # prompt incl. bos
+    batch = collate(trajs, tok.pad_id)
+    for i, tr in enumerate(trajs):
+        assert batch.loss_mask[i].sum() == sum(tr.loss_mask) == tr.generated_tokens
+        assert batch.token_rewards[i].sum() == tr.reward
+        assert not batch.loss_mask[i, len(tr.token_ids):].any()
+
+
+def test_max_context_truncates(tiny):
+    log = {}
+    eng = TorchEngine(tiny.model, tiny.tokenizer)
+    params = SamplingParams(max_new_tokens=4, stop=("\n",))
+    trajs = rollout(eng, lambda: EchoEnv(log), seeds=[2], group_ids=[0], params=params,
+                    generator=torch.Generator().manual_seed(0), max_context=16)
+    assert trajs[0].outcome == "truncated" and len(trajs[0].token_ids) <= 16
