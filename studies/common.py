@@ -25,6 +25,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from PIL import Image  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -63,6 +64,7 @@ def main(run, doc: str | None, argv: list[str] | None = None) -> None:
 def write_csv(df: pd.DataFrame, out: Path, name: str) -> Path:
     path = Path(out) / f"{name}.csv"
     atomic_write_text(path, df.to_csv(index=False, float_format="%.6g"))
+    os.chmod(path, 0o644)
     return path
 
 
@@ -78,6 +80,11 @@ def save_figure(fig, out: Path, name: str, assumptions: str) -> Path:
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=110)
+        # palette PNG: line plots need few colours; keeps committed figures ~100 KB
+        with Image.open(tmp) as im:
+            small = im.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT)
+        small.save(tmp, format="PNG", optimize=True)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -26,6 +26,7 @@ from earl.sim.workload import Workload, with_overrides
 NAME = "s1_context_growth"
 QUICK = {"scenario.steps": "6", "workload.episodes_per_step": "64", "workload.growth_steps": "6"}
 POLICY = "static/centralized"
+OTHER_CAPS = (8192, 16384)  # tighter caps: truncation share only (workload draws, no simulation)
 
 
 def scenario(quick: bool):
@@ -44,7 +45,8 @@ def assumptions(sc) -> str:
         f"turns, prompt {w.prompt_tokens:.0f}, observation {w.obs_tokens:.0f} and generated {w.gen_tokens:.0f} "
         f"tokens per turn at step 0 (lognormal, cv {w.gen_tokens_cv}), generation growing x{w.growth_factor:g} "
         f"({w.growth}) over {w.growth_steps} steps, cap {w.max_context:,} tokens (episodes reaching it are "
-        f"truncated). Turn context = tokens the model sees when it starts a turn. Static plans: rollout "
+        f"truncated; the truncation panel also shows 8K and 16K caps on the same episodes). "
+        f"Turn context = tokens the model sees when it starts a turn. Static plans: rollout "
         f"{sc.rollout_plan}, experience {sc.experience_plan}, train {sc.train_plan}; {sc.steps} steps, seed {sc.seed}."
     )
 
@@ -52,6 +54,7 @@ def assumptions(sc) -> str:
 def workload_rows(sc) -> list[dict]:
     capped = Workload(sc.workload, seed=sc.seed)
     uncapped = Workload(with_overrides(sc.workload, max_context=0), seed=sc.seed)
+    tighter = {c: Workload(with_overrides(sc.workload, max_context=c), seed=sc.seed) for c in OTHER_CAPS}
     rows = []
     for step in range(sc.steps):
         eps = capped.episodes(step)
@@ -71,6 +74,8 @@ def workload_rows(sc) -> list[dict]:
             "gen tokens per turn": np.mean(gen), "turns per episode": np.mean([len(e.turns) for e in eps]),
             "truncated %": 100 * np.mean([e.truncated for e in eps]),
             "uncapped ctx p95": np.percentile(raw, 95), "uncapped ctx max": raw.max(),
+            **{f"truncated % at {c // 1024}K cap": 100 * np.mean([e.truncated for e in w.episodes(step)])
+               for c, w in tighter.items()},
         })
     return rows
 
@@ -112,18 +117,22 @@ def plot(df: pd.DataFrame, sc, fail: int | None, out: Path) -> Path:
     ax1.plot(s, df["turn ctx mean"], color="tab:orange", label="turn context, mean")
     ax1.plot(s, df["turn ctx max"], color="tab:orange", ls=":", label="turn context, max")
     ax1.axhline(cap, color="tab:red", lw=1)
-    ax1.annotate(f"max context {cap:,}", (s.iloc[0], cap), xytext=(2, 3), textcoords="offset points",
-                 color="tab:red", fontsize=8)
+    ax1.annotate(f"max context {cap:,}", (s.iloc[-1], cap), xytext=(0, 3), textcoords="offset points",
+                 color="tab:red", fontsize=8, ha="right")
     ax1.set_ylim(0, max(df["uncapped ctx max"].max(), cap) * 1.08)
     ax1.set_xlabel("training step")
     ax1.set_ylabel("tokens")
     ax1.set_title("Context length over training")
     ax1.legend(fontsize=7, loc="upper left")
     ax1.grid(True, alpha=0.3)
-    ax2.bar(s, df["truncated %"], color="tab:red", alpha=0.7)
+    ax2.plot(s, df["truncated %"], color="tab:red", label=f"cap {cap // 1024}K (simulated)")
+    for c, ls in zip(OTHER_CAPS, ("--", ":"), strict=True):
+        ax2.plot(s, df[f"truncated % at {c // 1024}K cap"], color="tab:red", ls=ls, alpha=0.7,
+                 label=f"cap {c // 1024}K (same episodes)")
     ax2.set_xlabel("training step")
     ax2.set_ylabel("episodes truncated at the cap (%)")
     ax2.set_title("Share of truncated episodes")
+    ax2.legend(fontsize=7, loc="upper left")
     ax2.grid(True, axis="y", alpha=0.3)
     for col, color in (("headroom_rollout", "tab:green"), ("headroom_experience", "tab:olive"),
                        ("headroom_train", "tab:purple")):
@@ -138,8 +147,8 @@ def plot(df: pd.DataFrame, sc, fail: int | None, out: Path) -> Path:
     ax3b.set_ylabel("OOM events per step", color="tab:red")
     if fail is not None:
         ax3.axvline(fail, color="tab:red", ls="--")
-        ax3.annotate(f"first OOM: step {fail}", (fail, 95), xytext=(4, 0), textcoords="offset points",
-                     color="tab:red", fontsize=8, va="top")
+        ax3.annotate(f"first OOM: step {fail}", (fail, 95), xytext=(-4, 0), textcoords="offset points",
+                     color="tab:red", fontsize=8, va="top", ha="right")
     h1, l1 = ax3.get_legend_handles_labels()
     h2, l2 = ax3b.get_legend_handles_labels()
     ax3.legend(h1 + h2, l1 + l2, fontsize=7, loc="lower left")

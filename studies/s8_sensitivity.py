@@ -47,10 +47,16 @@ def scaled_profile(base: HardwareProfile, knobs: tuple[str, ...], factor: float)
     changes: dict = {}
     for k in knobs:
         if k in CURVES:
-            changes[k] = dataclasses.replace(getattr(base, k), peak_frac=min(1.0, getattr(base, k).peak_frac * factor))
+            fields = (k, "attention_decode") if k == "attention" and base.attention_decode else (k,)
+            for f in fields:  # a calibrated profile may carry a separate decode-attention curve
+                curve = getattr(base, f)
+                changes[f] = dataclasses.replace(curve, peak_frac=min(1.0, curve.peak_frac * factor))
         elif k == "nvlink":
-            bw = min(base.hardware.intra_bw_bytes_s, base.intra.bw_bytes_s * factor)
-            changes["intra"] = dataclasses.replace(base.intra, bw_bytes_s=bw)
+            cap = base.hardware.intra_bw_bytes_s
+            links = {"intra": base.intra, **{f"collective:{c}": v for c, v in base.collective_links.items()}}
+            scaled = {n: dataclasses.replace(v, bw_bytes_s=min(cap, v.bw_bytes_s * factor)) for n, v in links.items()}
+            changes["intra"] = scaled.pop("intra")
+            changes["collective_links"] = {n.split(":", 1)[1]: v for n, v in scaled.items()}
         elif k == "kernel overhead":
             changes["op_overhead_s"] = base.op_overhead_s * factor
         else:

@@ -31,7 +31,7 @@ def run_quick(name: str, out: Path) -> pd.DataFrame:
     csv = out / f"{name}.csv"
     png = out / f"{name}.png"
     assert csv.is_file() and png.is_file()
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     back = pd.read_csv(csv)
     assert len(back) == len(df) > 0
     assert not any(p.name.startswith(".") for p in out.iterdir()), "temp files left behind"
