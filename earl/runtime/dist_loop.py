@@ -6,8 +6,9 @@ dp) and a rollout copy (tp-sharded by the rollout plan). Per step:
    weights (train plan: plus optimizer state) are re-sharded to it, no restart;
 2. train weights -> rollout layout (earl.runtime.reshard), every step;
 3. rollout: each rollout dp replica plays its share of the episodes (tp peers in lockstep);
-4. experience: trajectories (token lists) are shared, each train dp group computes old
-   log-probs of its share with the train model;
+4. experience: trajectories (token lists) are shared, each experience dp group computes old
+   log-probs of its share (the train model itself when the experience plan's tp x dp equals
+   the train plan's, else its own copy, re-sharded from training every step);
 5. dispatch: the configured dispatcher's TransferPlan is executed (earl.runtime.dispatch),
    with distributed GRPO advantages;
 6. train: runtime-1's loss + ShardedAdamW (earl.runtime.dist_train).
@@ -73,7 +74,8 @@ class DistOptions:
     """What the multi-process runtime adds to a RunConfig."""
 
     rollout_plan: ParallelPlan  # tp x dp of the rollout engines (world = tp * dp)
-    train_plan: ParallelPlan  # tp x dp of experience + training (sharded_optimizer: ZeRO-1)
+    train_plan: ParallelPlan  # tp x dp of training (sharded_optimizer: ZeRO-1)
+    experience_plan: ParallelPlan | None = None  # tp x dp of the log-prob pass; None: the train plan's
     memory_budget_bytes: float = 0.0  # per-rank budget from the runtime's accounting; 0 = none
     schedule: tuple[tuple[int, str, str], ...] = ()  # scripted decisions (step, stage, plan)
 
@@ -106,18 +108,20 @@ class DistRun:
         self.policy = load_policy(cfg.model.path, seed=cfg.seed, dtype=cfg.model.dtype)
         self.shapes = param_shapes(self.policy.model)
         self.params = sampling_params(cfg)
-        for plan in (opts.rollout_plan, opts.train_plan):
+        exp_plan = opts.experience_plan or opts.train_plan
+        for plan in (opts.rollout_plan, exp_plan, opts.train_plan):
             why = _runnable(plan, world, self.policy.model.config)
             if why:
                 raise ValueError(f"plan {plan.describe()}: {why}")
-        self.plans = StagePlan(rollout=opts.rollout_plan, experience=opts.train_plan, train=opts.train_plan)
-        self.train_groups = None
-        self.roll_groups = None
+        self.plans = StagePlan(rollout=opts.rollout_plan, experience=exp_plan, train=opts.train_plan)
+        self.train_groups = self.roll_groups = self.exp_groups = None
+        self.exp_model = None  # None: the log-prob pass runs on the train model (same tp x dp)
         self.events: list[dict] = []  # plan switches / re-plans of the current step
         self.spans: list[Span] = []
         self.origin = time.perf_counter()
         self._build_train(opts.train_plan, init_full=self.policy.model)
         self._build_rollout(opts.rollout_plan)
+        self._build_experience(exp_plan)
 
     # ---- models under plans --------------------------------------------------------------
     def _fresh(self) -> torch.nn.Module:
@@ -138,7 +142,17 @@ class DistRun:
                     p.copy_(tensors[n])
             self.optim.load_state_tensors(tensors, step_count)
         self.train_model, self.train_groups = model, g
-        self.plans = self.plans.with_stage(Stage.TRAIN, plan).with_stage(Stage.EXPERIENCE, plan)
+        self.plans = self.plans.with_stage(Stage.TRAIN, plan)
+
+    def _build_experience(self, plan: ParallelPlan) -> None:
+        """The log-prob model: the train model itself when the layouts agree, else its own copy
+        (weights re-sharded from training every step)."""
+        g = build_plan_groups(plan)
+        same = (plan.tp, plan.dp) == (self.plans.train.tp, self.plans.train.dp)
+        self.exp_model = None if same else apply_tp(self._fresh(), plan.tp, g.tp_rank, g.tp_group).to(
+            comm_device()).eval()
+        self.exp_groups = self.train_groups if same else g
+        self.plans = self.plans.with_stage(Stage.EXPERIENCE, plan)
 
     def _build_rollout(self, plan: ParallelPlan) -> None:
         g = build_plan_groups(plan)
@@ -169,6 +183,12 @@ class DistRun:
         self._build_rollout(plan)  # weights arrive with this step's train -> rollout re-shard
         self._event(step, "rollout", old, plan, why, t0, 0)
 
+    def switch_experience(self, plan: ParallelPlan, why: str, step: int) -> None:
+        t0 = time.perf_counter()
+        old = self.plans.experience
+        self._build_experience(plan)  # weights arrive with this step's train -> experience re-shard
+        self._event(step, "experience", old, plan, why, t0, 0)
+
     def _event(self, step, stage, old, new, why, t0, nbytes) -> None:
         self.events.append({"step": step, "stage": stage, "from": old.describe(), "to": new.describe(),
                             "reason": why})
@@ -176,14 +196,17 @@ class DistRun:
                   args={"from": old.describe(), "to": new.describe(), "reason": why})
         print0(f"step {step}: {stage} plan {old.describe()} -> {new.describe()} ({why})")
 
-    def sync_rollout(self, step: int) -> int:
-        """Train weights -> rollout layout (every step)."""
+    def sync_weights(self, stage: Stage, step: int) -> int:
+        """Train weights -> the rollout (or a separate experience) model's layout, every step."""
+        model = self.roll_model if stage is Stage.ROLLOUT else self.exp_model
+        if model is None:
+            return 0
         t0 = time.perf_counter()
-        rplan = plan_reshard(self.shapes, self.plans.train, self.plans.rollout, self.world)
+        rplan = plan_reshard(self.shapes, self.plans.train, self.plans.for_stage(stage), self.world)
         src = {n: p.detach() for n, p in self.train_model.named_parameters()}
-        dst = {n: p.data for n, p in self.roll_model.named_parameters()}
+        dst = {n: p.data for n, p in model.named_parameters()}
         stats = execute_reshard(rplan, self.shapes, src, dst)
-        self.span("train_to_rollout", "reshard", t0, step, bytes=stats.bytes_sent)
+        self.span(f"train_to_{stage.value}", "reshard", t0, step, bytes=stats.bytes_sent)
         return rplan.total_bytes
 
     def span(self, name, stage, t0, step, **kw) -> None:
@@ -199,8 +222,9 @@ class DistRun:
         weights = sum(_numel(s.shape) // (plan.tp if s.tp_dim is not None else 1)
                       for s in self.shapes.values()) * item
         opt = weights * 2 / (plan.dp if plan.sharded_optimizer else 1)
-        rollout = sum(_numel(s.shape) // (self.plans.rollout.tp if s.tp_dim is not None else 1)
-                      for s in self.shapes.values()) * item
+        copies = [self.plans.rollout] + ([self.plans.experience] if self.exp_model is not None else [])
+        rollout = sum(_numel(s.shape) // (c.tp if s.tp_dim is not None else 1)
+                      for s in self.shapes.values() for c in copies) * item
         mb_tokens = min(max(local_tokens, longest), max(self.cfg.trainer.token_budget, longest))
         act = mb_tokens * (spec.num_layers * 16 * spec.hidden_size / plan.tp + 3 * spec.vocab_size) * item
         return weights * 2 + opt + rollout + act
@@ -272,7 +296,7 @@ def run_step(run: DistRun, step: int, prev_stats, dispatcher, selector) -> tuple
             dec = selector.select(stage, dataclasses.replace(prev_stats, step=step), run.plans.for_stage(stage))
             decisions.append({"stage": stage.value, "plan": dec.plan.describe(), "switched": dec.switched,
                               "reason": dec.reason})
-            if dec.switched and stage is not Stage.EXPERIENCE:
+            if dec.switched:
                 bad = _runnable(dec.plan, world, run.policy.model.config)
                 plan, why = (None, "") if bad else (dec.plan, dec.reason)
         for s_step, s_stage, s_plan in run.opts.schedule:
@@ -280,9 +304,10 @@ def run_step(run: DistRun, step: int, prev_stats, dispatcher, selector) -> tuple
                 plan, why = ParallelPlan.parse(s_plan), f"scheduled switch at step {step}"
         run.span(f"select_{stage.value}", "select", t0, step)
         if plan is not None and plan != run.plans.for_stage(stage):
-            (run.switch_train if stage is Stage.TRAIN else run.switch_rollout)(plan, why, step)
+            {Stage.TRAIN: run.switch_train, Stage.ROLLOUT: run.switch_rollout,
+             Stage.EXPERIENCE: run.switch_experience}[stage](plan, why, step)
 
-    run.sync_rollout(step)
+    run.sync_weights(Stage.ROLLOUT, step)
 
     # rollout: episode e goes to replica e % dp; tp peers play it in lockstep
     t0 = time.perf_counter()
@@ -312,12 +337,15 @@ def run_step(run: DistRun, step: int, prev_stats, dispatcher, selector) -> tuple
     train_once = None
     for _attempt in range(4):  # memory-budget re-plans retry the step on the same samples
         tg, plan = run.train_groups, run.plans.train
-        # experience: each train dp group computes old log-probs of its share
+        eg, exp_plan = run.exp_groups, run.plans.experience
+        run.sync_weights(Stage.EXPERIENCE, step)
+        # experience: each experience dp group computes old log-probs of its share
         t0 = time.perf_counter()
-        exp_assign = tuple(tuple(s.id for s in samples[d::plan.dp]) for d in range(plan.dp))
-        mine_exp = [by_id[i] for i in exp_assign[tg.dp_rank]]
+        exp_assign = tuple(tuple(s.id for s in samples[d::exp_plan.dp]) for d in range(exp_plan.dp))
+        mine_exp = [by_id[i] for i in exp_assign[eg.dp_rank]]
         batch = collate(mine_exp, run.policy.tokenizer.pad_id)
-        old = batch_logprobs(run.train_model, batch, run.params.logprob_temperature, cfg.trainer.token_budget)
+        old = batch_logprobs(run.exp_model or run.train_model, batch, run.params.logprob_temperature,
+                             cfg.trainer.token_budget)
         store: Store = {}
         for r, t in enumerate(mine_exp):
             k = len(t.token_ids)
@@ -327,7 +355,7 @@ def run_step(run: DistRun, step: int, prev_stats, dispatcher, selector) -> tuple
         run.span("logprob", "experience", t0, step, tokens=sum(len(t.token_ids) for t in mine_exp))
         # dispatch to the training layout
         t0 = time.perf_counter()
-        src = Layout(plan, exp_assign)
+        src = Layout(exp_plan, exp_assign)
         dst = Layout(plan, balance_samples(samples, plan.dp)[0])
         tplan = dispatcher.plan(src, dst, samples)
         delivered, dstats = execute_dispatch(tplan, store, samples, src, dst, estimator="grpo")
@@ -349,7 +377,8 @@ def run_step(run: DistRun, step: int, prev_stats, dispatcher, selector) -> tuple
     if train_once is None:
         raise MemoryBudgetExceeded(f"step {step}: still over the memory budget after re-planning")
     row = {"step": step, **outcome_metrics(trajs), **train_once, "step_s": time.perf_counter() - t_step,
-           "world": world, "plan_rollout": run.plans.rollout.describe(), "plan_train": run.plans.train.describe(),
+           "world": world, "plan_rollout": run.plans.rollout.describe(),
+           "plan_experience": run.plans.experience.describe(), "plan_train": run.plans.train.describe(),
            "plan_switches": len(run.events), "replans": sum("memory budget" in e["reason"] for e in run.events),
            "switch_reasons": "; ".join(f"{e['stage']}: {e['from']} -> {e['to']} ({e['reason']})"
                                        for e in run.events),
@@ -435,10 +464,9 @@ def run_distributed(cfg: RunConfig, out_dir: str | Path, opts: DistOptions, *,
     if env.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "config.json", json.dumps(to_dict(cfg), indent=2))
-        atomic_write_text(out / "dist.json", json.dumps({"world": env.world, **{
-            k: (v.describe() if isinstance(v, ParallelPlan) else v) for k, v in dataclasses.asdict(opts).items()
-            if k != "rollout_plan" and k != "train_plan"}, "rollout_plan": opts.rollout_plan.describe(),
-            "train_plan": opts.train_plan.describe()}, default=str))
+        atomic_write_text(out / "dist.json", json.dumps({
+            "world": env.world, "plans": {st.value: run.plans.for_stage(st).describe() for st in Stage},
+            "memory_budget_bytes": opts.memory_budget_bytes, "schedule": [list(x) for x in opts.schedule]}))
         rec = RunRecorder(out, resume_step=start if ckpt is not None else None, tensorboard=False)
     spec = run.policy.spec
     cm = CostModel(spec, ClusterSpec.for_gpus(HardwareSpec.from_name("cpu"), env.world))
@@ -491,7 +519,8 @@ def _last_checkpoint(out: Path) -> str:
 
 
 def dist_options(world: int, *, rollout_plan: str | None = None, train_plan: str | None = None,
-                 memory_budget_mb: float = 0.0, schedule: list[str] | tuple[str, ...] = ()) -> DistOptions:
+                 experience_plan: str | None = None, memory_budget_mb: float = 0.0,
+                 schedule: list[str] | tuple[str, ...] = ()) -> DistOptions:
     """DistOptions from command-line strings (what `earl run` passes when WORLD_SIZE > 1).
     Defaults: rollout tp1-dpN, training tp1-dpN with a ZeRO-1 optimizer."""
     if memory_budget_mb < 0:
@@ -499,12 +528,14 @@ def dist_options(world: int, *, rollout_plan: str | None = None, train_plan: str
     sched = []
     for item in schedule:
         parts = item.split(":")
-        if len(parts) != 3 or not parts[0].isdigit() or parts[1] not in ("rollout", "train"):
-            raise ValueError(f"--schedule {item!r}: expected STEP:rollout|train:PLAN, e.g. 3:train:tp2-dp1")
+        if len(parts) != 3 or not parts[0].isdigit() or parts[1] not in ("rollout", "experience", "train"):
+            raise ValueError(f"--schedule {item!r}: expected STEP:rollout|experience|train:PLAN, "
+                             "e.g. 3:train:tp2-dp1")
         sched.append((int(parts[0]), parts[1], ParallelPlan.parse(parts[2]).describe()))
     return DistOptions(
         rollout_plan=ParallelPlan.parse(rollout_plan) if rollout_plan else ParallelPlan(dp=world),
         train_plan=ParallelPlan.parse(train_plan) if train_plan else ParallelPlan(dp=world, sharded_optimizer=True),
+        experience_plan=ParallelPlan.parse(experience_plan) if experience_plan else None,
         memory_budget_bytes=memory_budget_mb * 2**20, schedule=tuple(sched))
 
 
@@ -520,8 +551,10 @@ def parse_args(argv: list[str]) -> tuple[RunConfig, Path, DistOptions, str | Non
     ap.add_argument("--resume", default=None)
     ap.add_argument("--rollout-plan", default=None, help="e.g. tp2-dp1 (default: tp1-dpN)")
     ap.add_argument("--train-plan", default=None, help="e.g. tp1-dp2-zero (default: tp1-dpN-zero)")
+    ap.add_argument("--experience-plan", default=None, help="e.g. tp2-dp1 (default: the train plan)")
     ap.add_argument("--memory-budget-mb", type=float, default=0.0, help="per-rank budget; 0 = none")
-    ap.add_argument("--schedule", action="append", default=[], help="STEP:rollout|train:PLAN scripted switch")
+    ap.add_argument("--schedule", action="append", default=[],
+                    help="STEP:rollout|experience|train:PLAN scripted switch")
     ap.add_argument("--set", action="append", default=[], dest="sets")
     a = ap.parse_args(argv)
     if a.out is None and a.resume is None:
@@ -537,7 +570,8 @@ def parse_args(argv: list[str]) -> tuple[RunConfig, Path, DistOptions, str | Non
             sets[key] = str(val)
     cfg = resolve_config(a.config, resume=a.resume, overrides=sets)
     opts = dist_options(int(os.environ.get("WORLD_SIZE", "1")), rollout_plan=a.rollout_plan,
-                        train_plan=a.train_plan, memory_budget_mb=a.memory_budget_mb, schedule=a.schedule)
+                        train_plan=a.train_plan, experience_plan=a.experience_plan,
+                        memory_budget_mb=a.memory_budget_mb, schedule=a.schedule)
     return cfg, Path(a.out or a.resume), opts, a.resume
 
 

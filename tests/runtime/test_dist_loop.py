@@ -96,7 +96,7 @@ if __name__ == "__main__":
 def test_bad_multi_process_options_are_one_line_errors():
     from earl.runtime.dist_loop import dist_options, parse_args
 
-    with pytest.raises(ValueError, match=r"expected STEP:rollout\|train:PLAN"):
+    with pytest.raises(ValueError, match=r"expected STEP:rollout\|experience\|train:PLAN"):
         dist_options(2, schedule=["2:warmup:tp2"])
     with pytest.raises(ValueError, match="cannot parse plan"):
         dist_options(2, train_plan="tp2-xx")
