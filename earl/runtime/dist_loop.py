@@ -116,6 +116,7 @@ class DistRun:
         self.plans = StagePlan(rollout=opts.rollout_plan, experience=exp_plan, train=opts.train_plan)
         self.train_groups = self.roll_groups = self.exp_groups = None
         self.exp_model = None  # None: the log-prob pass runs on the train model (same tp x dp)
+        self.exp_follows_train = opts.experience_plan is None  # until the experience plan is switched
         self.events: list[dict] = []  # plan switches / re-plans of the current step
         self.spans: list[Span] = []
         self.origin = time.perf_counter()
@@ -175,6 +176,8 @@ class DistRun:
         dst = allocate_local(self.shapes, plan, self.rank, list(src), device=comm_device())
         stats = execute_reshard(rplan, self.shapes, src, dst)
         self._build_train(plan, state=(dst, step_count))
+        # the experience copy is re-derived: it may now coincide with (or differ from) training
+        self._build_experience(plan if self.exp_follows_train else self.plans.experience)
         self._event(step, "train", old, plan, why, t0, stats.bytes_sent)
 
     def switch_rollout(self, plan: ParallelPlan, why: str, step: int) -> None:
@@ -186,6 +189,7 @@ class DistRun:
     def switch_experience(self, plan: ParallelPlan, why: str, step: int) -> None:
         t0 = time.perf_counter()
         old = self.plans.experience
+        self.exp_follows_train = False
         self._build_experience(plan)  # weights arrive with this step's train -> experience re-shard
         self._event(step, "experience", old, plan, why, t0, 0)
 
