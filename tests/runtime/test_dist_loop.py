@@ -122,3 +122,22 @@ def test_cost_model_selector_switch_is_applied_in_flight(tmp_path):
     assert applied[0]["to"] == switched[0]["plan"]
     rows = _rows(out)
     assert rows[-1]["plan_train"] == applied[0]["to"] and len(rows) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_same_run_on_two_train_plans_gives_the_same_metrics(tmp_path):
+    """Training on tp2-dp1 or on tp1-dp2 with a sharded optimizer is the same computation."""
+    rows = {}
+    for train in ("tp2-dp1", "tp1-dp2-zero"):
+        out = tmp_path / train
+        r = _launch(["--out", str(out), "--rollout-plan", "tp2-dp1", "--train-plan", train,
+                     "--set", "steps=3", *SMALL])
+        assert r.returncode == 0, r.stderr[-3000:]
+        rows[train] = _rows(out)
+    a, b = rows["tp2-dp1"], rows["tp1-dp2-zero"]
+    assert any(x["loss"] != 0 for x in a), "no learning signal in this setting"
+    for x, y in zip(a, b, strict=True):
+        assert x["reward_mean"] == y["reward_mean"] and x["train_tokens"] == y["train_tokens"]
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-4, abs=1e-6)
+        assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-3, abs=1e-6)
