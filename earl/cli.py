@@ -291,6 +291,44 @@ def simulate(
 # run  (earl/runtime)
 # ============================================================================================
 # <run>
+@app.command("run")
+@user_errors
+def run_cmd(
+    config: Optional[str] = typer.Argument(None, help="TOML/YAML run config (default: the built-in "
+                                           "tiny model playing Tic-Tac-Toe vs a random opponent)"),
+    env: Optional[str] = typer.Option(None, "--env", help="connect-four | tic-tac-toe | calculator"),
+    model: Optional[str] = typer.Option(None, "--model", help="local HF checkpoint dir, or tiny"),
+    steps: Optional[int] = typer.Option(None, "--steps", help="training steps"),
+    out: Optional[str] = typer.Option(None, "--out", help="output folder (default runs/run-<time>)"),
+    resume: Optional[str] = typer.Option(None, "--resume", help="run folder or checkpoint to continue"),
+    sets: Optional[list[str]] = typer.Option(None, "--set", help="config override key=value, e.g. "
+                                             "trainer.lr=3e-3 (repeatable)"),
+    quiet: bool = typer.Option(False, "--quiet", help="no progress bar; a line every 10% of the run"),
+):
+    """Train a policy with agentic RL on one process (CPU or one GPU)."""
+    from earl.runtime.loop import check_config, default_out_dir, resolve_config, summarize, train
+
+    overrides: dict = parse_sets(sets)
+    for key, value in (("env.name", env), ("model.path", model), ("steps", steps)):
+        if value is not None:
+            overrides[key] = value
+    cfg = resolve_config(config, resume=resume, overrides=overrides)
+    check_config(cfg)
+    out_dir = out or default_out_dir(resume)
+    try:
+        result = train(cfg, out_dir, resume=resume, progress=not quiet and console.is_terminal,
+                       echo=console.print)
+    except KeyboardInterrupt:
+        from earl.runtime.checkpoint import find_checkpoint
+
+        try:
+            last = str(find_checkpoint(out_dir))
+        except ValueError:
+            last = "none yet"
+        err_console.print(f"interrupted; last complete checkpoint: {last}; continue with "
+                          f"earl run --resume {out_dir}")
+        raise typer.Exit(code=130) from None
+    console.print(summarize(result))
 # </run>
 
 # ============================================================================================

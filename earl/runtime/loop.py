@@ -27,7 +27,7 @@ from earl.runtime.config import RunConfig, apply_overrides, from_dict, load_conf
 from earl.runtime.engine import SamplingParams, make_engine
 from earl.runtime.envs import ENVS, env_options, make_env
 from earl.runtime.metrics import RunRecorder, plot_run
-from earl.runtime.model import frozen_copy, load_policy
+from earl.runtime.model import check_dtype, check_model_path, frozen_copy, load_policy
 from earl.runtime.rollout import Trajectory, rollout
 from earl.runtime.trainer import ExperienceBatch, Trainer, collate
 from earl.specs import ParallelPlan, Stage, StagePlan, WorkloadStats, unknown_name_error
@@ -59,6 +59,32 @@ def resolve_config(config_file: str | Path | None = None, *, resume: str | Path 
     return apply_overrides(cfg, overrides or {})
 
 
+def default_out_dir(resume: str | Path | None) -> Path:
+    """The run folder of a checkpoint being resumed, else a new runs/run-<time>."""
+    if resume is not None:
+        ckpt = find_checkpoint(resume)
+        return ckpt.parent.parent
+    return Path("runs") / time.strftime("run-%Y%m%d-%H%M%S")
+
+
+def summarize(result: RunResult) -> str:
+    """First-10 vs last-10 steps of the run, and where its outputs are."""
+    rows = result.metrics
+    head, tail = rows[:10], rows[-10:]
+
+    def avg(rs, k):
+        vals = [r[k] for r in rs if r.get(k) is not None]
+        return sum(vals) / len(vals) if vals else float("nan")
+
+    keys = [k for k in ("reward_mean", "win_rate", "draw_rate", "loss_rate", "correct_rate",
+                        "invalid_move_rate") if any(r.get(k) for r in rows)]
+    lines = [f"steps {rows[0]['step']}-{rows[-1]['step']}: first 10 -> last 10"]
+    lines += [f"  {k:18s} {avg(head, k):+.3f} -> {avg(tail, k):+.3f}" for k in keys]
+    lines.append(f"outputs in {result.out_dir}: metrics.csv, metrics.jsonl, workload.jsonl, "
+                 f"decisions.jsonl, trace.json, plots/, checkpoints/ (last: {result.last_checkpoint})")
+    return "\n".join(lines)
+
+
 def sampling_params(cfg: RunConfig) -> SamplingParams:
     env_cls = ENVS[cfg.env.name]
     s = cfg.sampling
@@ -79,8 +105,10 @@ def mix_seed(*parts: int) -> int:
 def workload_stats(trajs: list[Trajectory], step: int, max_context: int) -> WorkloadStats:
     ctx = sorted(len(t.token_ids) for t in trajs)
     n = len(ctx)
-    return WorkloadStats(step=step, num_responses=n, context_mean=sum(ctx) / n,
-                         context_p95=float(ctx[min(n - 1, int(0.95 * n))]), context_max=float(ctx[-1]),
+    mean = sum(ctx) / n
+    p95 = max(float(ctx[min(n - 1, int(0.95 * n))]), mean)  # a heavy tail can lift the mean above
+    return WorkloadStats(step=step, num_responses=n, context_mean=mean,
+                         context_p95=p95, context_max=float(ctx[-1]),
                          turns_mean=sum(len(t.turns) for t in trajs) / n,
                          response_tokens_mean=sum(t.generated_tokens for t in trajs) / n,
                          max_context=max_context)
@@ -173,17 +201,20 @@ class Policies:
         return batch.select(order), info
 
 
-def _validate(cfg: RunConfig) -> None:
+def check_config(cfg: RunConfig) -> None:
+    """Fail early (ValueError) on an unknown env, bad env options or sampling settings."""
     if cfg.env.name not in ENVS:
         raise unknown_name_error("env", cfg.env.name, ENVS)
     make_env(cfg.env.name, **env_options(cfg.env.name, cfg.env))  # checks the env options
+    check_model_path(cfg.model.path)
+    check_dtype(cfg.model.dtype)
     sampling_params(cfg)
 
 
 def train(cfg: RunConfig, out_dir: str | Path, *, resume: str | Path | None = None,
           progress: bool = True, echo=print) -> RunResult:
     """Run (or continue) training; write everything under `out_dir`."""
-    _validate(cfg)
+    check_config(cfg)
     out = Path(out_dir)
     ckpt = find_checkpoint(resume) if resume is not None else None
     if ckpt is None and (out / "checkpoints").is_dir():
@@ -204,9 +235,12 @@ def train(cfg: RunConfig, out_dir: str | Path, *, resume: str | Path | None = No
         state = load_checkpoint(ckpt, model, trainer.optimizer)
         start = int(state["step"])
         pol.plans = StagePlan(**{k: ParallelPlan.parse(v) for k, v in state["plans"].items()})
+        resumed_stats = WorkloadStats(**state["stats"])
     if start >= cfg.steps:
         raise ValueError(f"the checkpoint is at step {start} and steps={cfg.steps}: nothing to do "
                          "(raise --steps)")
+    echo(f"earl run: {cfg.model.path} on {cfg.env.name}, steps {start + 1}-{cfg.steps} x "
+         f"{cfg.episodes_per_step} episodes, {cfg.trainer.algo} -> {out}")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.json", json.dumps(to_dict(cfg), indent=2))
     rec = RunRecorder(out, resume_step=start if ckpt is not None else None)
@@ -219,6 +253,8 @@ def train(cfg: RunConfig, out_dir: str | Path, *, resume: str | Path | None = No
                                context_p95=prompt_len + params.max_new_tokens,
                                context_max=prompt_len + params.max_new_tokens,
                                max_context=cfg.sampling.max_context)
+    if ckpt is not None:
+        prev_stats = resumed_stats
     last_ckpt = ckpt
     bar = _Progress(cfg.steps, start, enabled=progress)
     step = start
@@ -229,7 +265,7 @@ def train(cfg: RunConfig, out_dir: str | Path, *, resume: str | Path | None = No
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 or step == cfg.steps:
                 rec.flush()
                 extra = {"plans": {s.value: pol.plans.for_stage(s).describe() for s in Stage},
-                         "model_source": policy.source}
+                         "model_source": policy.source, "stats": dataclasses.asdict(prev_stats)}
                 last_ckpt = save_checkpoint(out, step=step, model=model, optimizer=trainer.optimizer,
                                             config=to_dict(cfg), extra=extra, keep=cfg.keep_checkpoints)
             else:
@@ -249,7 +285,7 @@ def train(cfg: RunConfig, out_dir: str | Path, *, resume: str | Path | None = No
 
 def _one_step(cfg, step, engine, trainer, pol: Policies, rec: RunRecorder, env_factory, params,
               prev_stats, origin, device):
-    t_step = time.perf_counter()
+    t_step, cpu0 = time.perf_counter(), time.process_time()
     spans: list[Span] = []
     decisions: list[dict] = []
 
@@ -302,12 +338,16 @@ def _one_step(cfg, step, engine, trainer, pol: Policies, rec: RunRecorder, env_f
     tstats = trainer.step(batch, generator=train_gen)
     t6 = time.perf_counter()
     span("train_step", "train", t5, t6, tokens=int(tstats["train_tokens"]))
+    if getattr(engine, "model", None) is not trainer.model:  # e.g. vLLM: push the new weights
+        engine.update_weights((n, p.detach()) for n, p in trainer.model.named_parameters())
+        span("weight_sync", "sync", t6, time.perf_counter())
 
     row = {"step": step, **outcome_metrics(trajs), **tstats,
            "prefill_tokens": es.prefill_tokens - st0.prefill_tokens,
            "decode_tokens": es.decode_tokens - st0.decode_tokens,
            "rollout_s": t1 - t0, "env_s": env_s, "experience_s": t3 - t2, "dispatch_s": t5 - t4,
            "train_s": t6 - t5, "step_s": time.perf_counter() - t_step,
+           "step_cpu_s": time.process_time() - cpu0,
            "gen_tokens_per_s": (es.generated_tokens - st0.generated_tokens) / max(t1 - t0, 1e-9),
            "peak_mem_bytes": peak_memory_bytes(device),
            "dispatch_transfers": disp["transfers"], "dispatch_bytes": disp["bytes"],

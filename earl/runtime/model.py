@@ -65,12 +65,15 @@ def build_builtin(name: str, *, seed: int, dtype: str = "fp32") -> Policy:
     return Policy(model=model, tokenizer=CharTokenizer(), spec=spec, source=name)
 
 
-def load_hf(path: str | Path, *, dtype: str = "fp32") -> Policy:
-    """Load a local HF checkpoint directory (config.json + *.safetensors [+ tokenizer])."""
-    from transformers import AutoModelForCausalLM
-
-    torch_dtype = check_dtype(dtype)
+def check_model_path(path: str) -> None:
+    """Cheap checks (no weights read): a built-in name, or a directory with config.json and
+    safetensors weights."""
+    if path in BUILTIN_MODELS:
+        return
     d = Path(path)
+    if not d.exists():
+        raise ValueError(f"model {path!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) "
+                         "nor an existing directory")
     if not d.is_dir():
         raise ValueError(f"model path {str(path)!r} is not a directory; give a local HF checkpoint "
                          f"directory or one of: {', '.join(BUILTIN_MODELS)}")
@@ -79,6 +82,15 @@ def load_hf(path: str | Path, *, dtype: str = "fp32") -> Policy:
     if not list(d.glob("*.safetensors")):
         raise ValueError(f"model directory {d} has no *.safetensors weights "
                          "(only safetensors checkpoints are loaded)")
+
+
+def load_hf(path: str | Path, *, dtype: str = "fp32") -> Policy:
+    """Load a local HF checkpoint directory (config.json + *.safetensors [+ tokenizer])."""
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = check_dtype(dtype)
+    d = Path(path)
+    check_model_path(str(d))
     spec = ModelSpec.from_hf_config(d)
     try:
         model = AutoModelForCausalLM.from_pretrained(str(d), local_files_only=True, dtype=torch_dtype,
@@ -92,11 +104,9 @@ def load_hf(path: str | Path, *, dtype: str = "fp32") -> Policy:
 
 def load_policy(path: str, *, seed: int = 0, dtype: str = "fp32") -> Policy:
     """`path` is a built-in name (see BUILTIN_MODELS) or a local checkpoint directory."""
+    check_model_path(path)
     if path in BUILTIN_MODELS:
         return build_builtin(path, seed=seed, dtype=dtype)
-    if not Path(path).exists():
-        raise ValueError(f"model {path!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) "
-                         "nor an existing directory")
     return load_hf(path, dtype=dtype)
 
 

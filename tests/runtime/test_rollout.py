@@ -44,8 +44,7 @@ def test_mask_covers_exactly_generated_tokens(tiny):
         assert len(tr.turns) == 1 + tr.episode_id % 3 == len(rec["actions"])
         # rebuild the sequence from the env's point of view: obs, action, obs, action, ...
         expect_ids, expect_mask, gen_spans = [tok.bos_id], [0], []
-        pos = 0
-        for i, action in enumerate(rec["actions"]):
+        for i in range(len(rec["actions"])):
             obs_ids = tok.encode(rec["obs"][i])
             expect_ids += obs_ids
             expect_mask += [0] * len(obs_ids)
@@ -53,7 +52,6 @@ def test_mask_covers_exactly_generated_tokens(tiny):
             gen_spans.append(len(expect_ids))
             expect_ids += tr.token_ids[len(expect_ids):len(expect_ids) + n_gen]
             expect_mask += [1] * n_gen
-            pos += n_gen
         assert tr.token_ids == expect_ids
         assert tr.loss_mask == expect_mask
         # the generated tokens decode to exactly the actions the env received

@@ -1,0 +1,110 @@
+"""The RL loop end to end on the tiny model: outputs, exact resume, and bad input via the CLI."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from earl.cli import app
+from earl.runtime.checkpoint import find_checkpoint
+from earl.runtime.loop import resolve_config, train
+
+SMALL = {"groups": 2, "group_size": 4, "checkpoint_every": 2, "plots": "false", "threads": 1}
+
+
+def small(**kw):
+    return resolve_config(overrides={**SMALL, **kw})
+
+
+def deterministic(row: dict) -> dict:
+    return {k: v for k, v in row.items()
+            if not (k.endswith("_s") or k in ("gen_tokens_per_s", "peak_mem_bytes"))}
+
+
+@pytest.fixture(scope="module")
+def four_steps(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "a"
+    return train(small(steps=4), out, progress=False, echo=lambda s: None)
+
+
+def test_run_writes_all_outputs(four_steps):
+    out = four_steps.out_dir
+    for f in ("metrics.csv", "metrics.jsonl", "workload.jsonl", "decisions.jsonl", "trace.json",
+              "config.json"):
+        assert (out / f).is_file(), f
+    rows = four_steps.metrics
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for r in rows:
+        assert r["episodes"] == 8
+        assert sum(r[f"{o}_rate"] for o in ("win", "draw", "loss", "invalid", "truncated")) == pytest.approx(1)
+        assert r["rollout_s"] > 0 and r["train_s"] > 0 and r["tokens"] > 0
+    # the workload trace the simulator replays: one line per step, turns of [obs, gen, latency]
+    lines = [json.loads(x) for x in (out / "workload.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2, 3, 4]
+    ep = lines[0]["episodes"][0]
+    assert set(ep) == {"id", "turns"} and len(ep["turns"][0]) == 3 and ep["turns"][0][0] > 1
+    # the selector was consulted before each of the three stages every step
+    dec = [json.loads(x) for x in (out / "decisions.jsonl").read_text().splitlines()]
+    assert [d["stage"] for d in dec[:3]] == ["rollout", "experience", "train"] and len(dec) == 12
+    trace = json.loads((out / "trace.json").read_text())
+    cats = {e["cat"] for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert {"rollout", "experience", "dispatch", "train", "select"} <= cats
+    assert find_checkpoint(out).name == "step_0000004"
+    assert len(list((out / "checkpoints").glob("step_*"))) == 2  # keep_checkpoints
+
+
+def test_resume_is_exact(four_steps, tmp_path):
+    out = tmp_path / "b"
+    train(small(steps=2), out, progress=False, echo=lambda s: None)
+    cfg = resolve_config(resume=out, overrides={"steps": 4})
+    res = train(cfg, out, resume=out, progress=False, echo=lambda s: None)
+    assert res.first_step == 3
+    assert [deterministic(r) for r in res.metrics] == [deterministic(r) for r in four_steps.metrics]
+    wa = (four_steps.out_dir / "workload.jsonl").read_text().splitlines()
+    wb = (out / "workload.jsonl").read_text().splitlines()
+    strip = lambda line: [[t[:2] for t in e["turns"]] for e in json.loads(line)["episodes"]]
+    assert [strip(x) for x in wa] == [strip(x) for x in wb]
+
+
+def test_reinforce_pp_with_kl_runs(tmp_path):
+    res = train(small(steps=2, **{"trainer.algo": "reinforce++", "trainer.kl_coef": "0.05",
+                                  "selector": "earl-table",
+                                  "dispatcher": "centralized"}),
+                tmp_path / "c", progress=False, echo=lambda s: None)
+    assert res.metrics[0]["kl"] == pytest.approx(0, abs=1e-6)  # policy == reference at step 1
+    assert all(r["grad_norm"] >= 0 for r in res.metrics)
+
+
+def test_calculator_env_runs(tmp_path):
+    res = train(small(steps=1, **{"env.name": "calculator", "sampling.max_new_tokens": "6"}),
+                tmp_path / "d", progress=False, echo=lambda s: None)
+    r = res.metrics[0]
+    assert r["correct_rate"] + r["wrong_rate"] + r["truncated_rate"] == pytest.approx(1)
+
+
+def one_line_error(result) -> str:
+    assert result.exit_code == 2, result.output
+    lines = [x for x in result.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    return lines[0]
+
+
+def test_cli_bad_input(tmp_path, four_steps):
+    runner = CliRunner()
+    base = ["run", "--out", str(tmp_path / "x"), "--quiet"]
+    assert "unknown env" in one_line_error(runner.invoke(app, base + ["--env", "chess"]))
+    (tmp_path / "m").mkdir()
+    assert "config.json" in one_line_error(runner.invoke(app, base + ["--model", str(tmp_path / "m")]))
+    assert "did you mean" in one_line_error(runner.invoke(app, base + ["--set", "trainer.lrr=1"]))
+    cfg_file = tmp_path / "c.toml"
+    cfg_file.write_text("[trainer]\nlearning_rate = 0.1\n")
+    assert "unknown config key" in one_line_error(runner.invoke(app, [*base, str(cfg_file)]))
+    assert "no checkpoint" in one_line_error(runner.invoke(app, base + ["--resume", str(tmp_path)]))
+    # a corrupted checkpoint: garbage weights
+    import shutil
+
+    run = tmp_path / "corrupt"
+    shutil.copytree(four_steps.out_dir, run)
+    (find_checkpoint(run) / "model.safetensors").write_bytes(b"\x00" * 100)
+    msg = one_line_error(runner.invoke(app, ["run", "--resume", str(run), "--steps", "6", "--quiet"]))
+    assert "corrupted" in msg
