@@ -18,7 +18,7 @@ if [ "$QUICK" = 1 ]; then
 else
   BUDGET="${BUDGET:-120}"; MODEL="${MODEL:-qwen2.5-1.5b}"; STEPS="${STEPS:-3}"; VALIDATE_LIMIT=200
   WORKLOAD=(--set groups=4 --set group_size=8 --set env.name=calculator)
-  VARIANTS="engine_batch=0;engine_batch=8;engine_batch=2"
+  VARIANTS="engine_batch=0;engine_batch=16;engine_batch=8"
 fi
 PY="${PYTHON:-python3}"
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$(cd "$(dirname "$0")/.." && pwd)"

@@ -90,9 +90,10 @@ def kendall_tau(a: list[float], b: list[float]) -> float | None:
     return None if tau is None or math.isnan(tau) else float(tau)
 
 
-def random_checkpoint(name: str, directory: Path, dtype: str) -> Path:
+def random_checkpoint(name: str, directory: Path, dtype: str, device: str = "cpu") -> Path:
     """A random-initialised HF checkpoint of a catalog model's shapes (no weights downloaded),
-    with the runtime's built-in tokenizer, so the runtime can load a real-size model."""
+    with the runtime's built-in tokenizer, so the runtime can load a real-size model. The
+    weights are initialised on `device` (a GPU does a 1.5B model in a second)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -103,7 +104,7 @@ def random_checkpoint(name: str, directory: Path, dtype: str) -> Path:
         return directory
     spec = MODEL_CATALOG[name]
     cfg = hf_config_from_spec(spec, dtype)
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), torch.device(device):
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(cfg, dtype=TORCH_DTYPES[dtype])
     save_hf(Policy(model=model, tokenizer=CharTokenizer(), spec=spec, source=name), directory)
@@ -216,7 +217,8 @@ def run_validation(*, config, profile: str, steps: int = 4, warmup_steps: int = 
     for _, ov in variants or []:
         apply_overrides(config, ov)  # a typo in a variant fails before anything runs
     if model and model.lower() in MODEL_CATALOG and model.lower() not in BUILTIN_MODELS:
-        model = str(random_checkpoint(model.lower(), out / "model", config.model.dtype))
+        model = str(random_checkpoint(model.lower(), out / "model", config.model.dtype,
+                                      str(config.model.device)))
     if model:
         config = apply_overrides(config, {"model.path": model})
     device = "cuda" if str(config.model.device).startswith("cuda") else "cpu"
