@@ -421,9 +421,15 @@ def validate_cmd(
 
         if not torch.cuda.is_available():
             raise ValueError("device 'cuda' is not available here; use --device cpu")
-    with console.status("validating: runtime and simulator..."):
+    import warnings
+
+    with console.status("validating: runtime and simulator..."), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         res = run_validation(config=cfg, profile=hardware, steps=steps, warmup_steps=warmup_steps,
                              variants=parse_variants(variants), out_dir=out, model=model)
+    for w in caught:
+        if "stamp mismatch" in str(w.message):
+            err_console.print(f"[yellow]warning:[/] {w.message}", highlight=False)
     t = Table(title=f"earl validate ({res.device}, profile {hardware}, {len(res.variants)} variant(s), "
                     f"{steps - warmup_steps} scored step(s) each)")
     for col in ("stage", "measured s", "predicted s", "median err", f"datasheet ({res.datasheet}) s",

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from earl.cost_model import CostModel
-from earl.cost_model.profile import HardwareProfile, datasheet_profile, load_profile
+from earl.cost_model.profile import HardwareProfile, check_stamp, datasheet_profile, load_profile
 from earl.specs import MODEL_CATALOG, ClusterSpec, ModelSpec
 from earl.trace import atomic_write_text
 
@@ -222,6 +222,9 @@ def run_validation(*, config, profile: str, steps: int = 4, warmup_steps: int = 
     if model:
         config = apply_overrides(config, {"model.path": model})
     device = "cuda" if str(config.model.device).startswith("cuda") else "cpu"
+    from earl.calibrate.runner import current_stamp
+
+    check_stamp(prof, current_stamp(device))  # a mismatch warns; it never silently guesses
     if device == "cpu" and prof.stamp.get("threads") and config.threads != prof.stamp["threads"]:
         # the profile describes one rank with this many threads; the runtime must match it
         config = apply_overrides(config, {"threads": prof.stamp["threads"]})

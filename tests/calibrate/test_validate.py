@@ -84,3 +84,14 @@ def test_cli_refuses_a_used_out_folder_and_a_broken_profile(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(d))
     r = _cli("--out", str(tmp_path / "v"), "--hardware", str(tmp_path / "bad.json"))
     assert r.exit_code == 2 and "is missing field 'intra'" in r.output
+
+
+def test_cli_warns_when_the_profile_was_measured_elsewhere(calibration, tmp_path):
+    d = calibration.profile.to_dict()
+    d["stamp"]["torch"] = "2.0.0"
+    (tmp_path / "old.json").write_text(json.dumps(d))
+    r = _cli("--out", str(tmp_path / "v"), "--steps", "2", "--set", "groups=1", "--set", "group_size=2",
+             "--hardware", str(tmp_path / "old.json"))
+    assert r.exit_code == 0, r.output
+    assert "stamp mismatch: torch: profile has '2.0.0'" in r.output
+    assert "rollout" in r.output and (tmp_path / "v" / "validation.json").is_file()
