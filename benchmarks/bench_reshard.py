@@ -5,8 +5,9 @@ For each plan change the executor (earl.runtime.reshard) moves the planner's sli
 bytes (sent or received, whichever is larger) over the point-to-point bandwidth between two
 ranks (one large message); the host bound is all bytes moved over the total rate all ranks
 reach when each sends to every other at once (on one host the processes share cores and
-memory bandwidth, so this is the honest floor). The cost model's estimate (CostModel.reshard,
-'cpu' profile) is shown alongside.
+memory bandwidth, so this is the honest floor). The cost model's view ('cpu' profile) is shown
+twice: pricing this exact plan message by message (`price_reshard`) and its closed-form
+`CostModel.reshard`.
 The model is a synthetic Qwen2-shaped stack (`--hidden`, `--layers`, fp32) so the bytes are
 large enough for bandwidth, not latency, to matter.
 
@@ -24,7 +25,7 @@ import torch
 
 from earl.cost_model import CostModel
 from earl.cost_model.profile import load_profile
-from earl.policies.reshard import ParamShape, max_rank_bytes, plan_reshard
+from earl.policies.reshard import ParamShape, max_rank_bytes, plan_reshard, price_reshard
 from earl.runtime.dist import run_local
 from earl.runtime.reshard import allocate_local, execute_reshard, local_range
 from earl.specs import HARDWARE_CATALOG, NETWORK_CATALOG, ClusterSpec, ModelSpec, ParallelPlan
@@ -143,8 +144,7 @@ def _worker(spec: ModelSpec, repeats: int):
             t = torch.tensor([stats.seconds])
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             times.append(float(t))
-        results.append((label, src.describe(), dst.describe(), opt, plan.total_bytes,
-                        max_rank_bytes(plan), statistics.median(times[1:])))
+        results.append((label, src.describe(), dst.describe(), opt, plan, statistics.median(times[1:])))
     return bw, agg, results
 
 
@@ -159,7 +159,8 @@ def main() -> None:
     print(f"model: {spec.name}, {spec.num_params / 1e6:.1f} M params fp32 "
           f"({spec.num_params * 4 / 1e6:.0f} MB of weights)")
     head = (f"{'procs':>5} {'change':<19} {'src':<18} {'dst':<18} {'moved MB':>8} {'busiest MB':>10} "
-            f"{'time ms':>8} {'link bound':>10} {'x':>5} {'host bound':>10} {'x':>5} {'cost model ms':>13}")
+            f"{'time ms':>8} {'link bound':>10} {'x':>5} {'host bound':>10} {'x':>5} {'cm plan ms':>10} "
+            f"{'cm formula ms':>13}")
     print(head)
     print("-" * len(head))
     for n in args.procs:
@@ -167,18 +168,23 @@ def main() -> None:
         cluster = ClusterSpec(hardware=HARDWARE_CATALOG["cpu"], nodes=1, gpus_per_node=n,
                               network=NETWORK_CATALOG["loopback"])
         cm = CostModel(spec, cluster, load_profile("cpu"))
-        for label, src, dst, opt, total, busiest, t in results:
+        for label, src, dst, opt, plan, t in results:
+            total, busiest = plan.total_bytes, max_rank_bytes(plan)
             link, host = busiest / bw, total / agg
+            priced = price_reshard(plan, cm)
             pred = cm.reshard(ParallelPlan.parse(src), ParallelPlan.parse(dst), include_optimizer=opt).time_s
             nan = float("nan")
             print(f"{n:>5} {label:<19} {src:<18} {dst:<18} {total / 1e6:>8.1f} {busiest / 1e6:>10.1f} "
                   f"{t * 1e3:>8.1f} {link * 1e3:>10.1f} {t / link if link else nan:>5.2f} "
-                  f"{host * 1e3:>10.1f} {t / host if host else nan:>5.2f} {pred * 1e3:>13.1f}")
+                  f"{host * 1e3:>10.1f} {t / host if host else nan:>5.2f} {priced * 1e3:>10.1f} "
+                  f"{pred * 1e3:>13.1f}")
         print(f"{'':>5} measured: point-to-point {bw / 1e9:.2f} GB/s (one 64 MiB message); all ranks "
               f"sending to all at once {agg / 1e9:.2f} GB/s in total (16 MiB per pair)")
     print("link bound = busiest rank's bytes / point-to-point bandwidth (what a network with a link "
           "per rank allows); host bound = all moved bytes / the all-to-all total (this host's "
-          "processes share its cores and memory bandwidth); x = measured / bound")
+          "processes share its cores and memory bandwidth); x = measured / bound; cm plan = the cost "
+          "model pricing this exact plan (earl.policies.reshard.price_reshard); cm formula = "
+          "CostModel.reshard's closed form")
 
 
 if __name__ == "__main__":

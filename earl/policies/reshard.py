@@ -145,3 +145,21 @@ def max_rank_bytes(plan: ReshardPlan) -> int:
             sent[t.src] = sent.get(t.src, 0) + t.bytes
             recv[t.dst] = recv.get(t.dst, 0) + t.bytes
     return max([0, *sent.values(), *recv.values()])
+
+
+def price_reshard(plan: ReshardPlan, cost_model, bucket_bytes: int = 32 * 2**20) -> float:
+    """Seconds the cost model gives this exact plan: each rank sends its buckets to one peer
+    after another and receives likewise (`cost_model.transfer_time_s` per message: latency +
+    bytes over the link the two ranks share); ranks work in parallel, the slowest sets the time."""
+    pair_bytes: dict[tuple[int, int], int] = {}
+    for t in plan.transfers:
+        if t.src != t.dst:
+            pair_bytes[(t.src, t.dst)] = pair_bytes.get((t.src, t.dst), 0) + t.bytes
+    send: dict[int, float] = {}
+    recv: dict[int, float] = {}
+    for (s, d), nbytes in pair_bytes.items():
+        messages = max(1, -(-nbytes // bucket_bytes))
+        t = sum(cost_model.transfer_time_s(nbytes / messages, s, d) for _ in range(messages))
+        send[s] = send.get(s, 0.0) + t
+        recv[d] = recv.get(d, 0.0) + t
+    return max([0.0, *send.values(), *recv.values()])

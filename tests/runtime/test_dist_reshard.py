@@ -126,3 +126,18 @@ def test_roundtrip_train_rollout_train_is_bit_exact(train, rollout):
         assert ok_opt_mid, f"rank {rank}: optimizer state landed in the wrong place"
         assert ok_opt, f"rank {rank}: optimizer state round trip not bit-exact"
     assert sum(r[4] for r in results) > 0
+
+
+def test_cost_model_prices_the_plan_by_its_busiest_rank():
+    from earl.cost_model import CostModel
+    from earl.policies.reshard import price_reshard
+    from earl.specs import HARDWARE_CATALOG, MODEL_CATALOG, ClusterSpec
+
+    cm = CostModel(MODEL_CATALOG["tiny"], ClusterSpec(hardware=HARDWARE_CATALOG["cpu"], gpus_per_node=4))
+    shapes = {"w": ParamShape(shape=(64, 64), tp_dim=0)}
+    p = ParallelPlan(tp=2, dp=2)
+    assert price_reshard(plan_reshard(shapes, p, p, 4), cm) == 0.0
+    plan = plan_reshard(shapes, ParallelPlan(tp=1, dp=1), ParallelPlan(tp=4), 4)
+    # rank 0 alone holds the tensor and sends a quarter to each of the three others in turn
+    want = 3 * cm.transfer_time_s(16 * 64 * 4, 0, 1)
+    assert price_reshard(plan, cm) == pytest.approx(want)
