@@ -45,7 +45,14 @@ from earl.policies.types import Layout, Sample
 from earl.runtime.checkpoint import find_checkpoint, load_checkpoint, read_state, save_checkpoint
 from earl.runtime.config import RunConfig, to_dict
 from earl.runtime.dispatch import Store, execute_dispatch
-from earl.runtime.dist import build_plan_groups, comm_device, init_distributed, print0, shutdown
+from earl.runtime.dist import (
+    build_plan_groups,
+    comm_device,
+    exchange_objects,
+    init_distributed,
+    print0,
+    shutdown,
+)
 from earl.runtime.dist_train import STATES, dist_train_step, make_dist_trainer
 from earl.runtime.engine import TorchEngine
 from earl.runtime.envs import env_options, make_env
@@ -272,20 +279,47 @@ def _numel(shape) -> int:
 # --------------------------------------------------------------------------------------------
 # One step
 # --------------------------------------------------------------------------------------------
-def _local_batch(delivered: Store, ids: list[int], trajs_by_id: dict, pad_id: int) -> ExperienceBatch:
-    """This rank's training rows: runtime-1's collate of the trajectories, with the tensors the
-    dispatcher delivered (token ids and masks are checked against the trajectories)."""
-    batch = collate([trajs_by_id[i] for i in ids], pad_id)
-    extra = {k: torch.zeros(batch.input_ids.shape) for k in ("old_logprobs", "ref_logprobs", "advantages")}
+def _local_batch(delivered: Store, ids: list[int], meta: dict[int, tuple], pad_id: int) -> ExperienceBatch:
+    """This rank's training rows, built only from what the dispatcher delivered (plus the
+    per-sample group and reward from the step's metadata); fields the loss does not read
+    (engine log-probs, per-token rewards, ...) are zeros."""
+    n, width = len(ids), max(delivered[i]["input_ids"].numel() for i in ids)
+    rows = {"input_ids": torch.full((n, width), pad_id, dtype=torch.long),
+            "attention_mask": torch.zeros(n, width, dtype=torch.bool),
+            "loss_mask": torch.zeros(n, width, dtype=torch.bool)}
+    for name in ("old_logprobs", "ref_logprobs", "advantages"):
+        rows[name] = torch.zeros(n, width)
     for r, i in enumerate(ids):
         d, k = delivered[i], delivered[i]["input_ids"].numel()
-        if not (torch.equal(batch.input_ids[r, :k], d["input_ids"])
-                and torch.equal(batch.loss_mask[r, :k], d["loss_mask"])):
-            raise RuntimeError(f"dispatch delivered wrong tokens for sample {i}")
-        extra["old_logprobs"][r, :k] = d["old_logprobs"]
-        extra["ref_logprobs"][r, :k] = d["ref_logprobs"]
-        extra["advantages"][r, :k] = d["advantages"] * d["loss_mask"]
-    return dataclasses.replace(batch, **extra)
+        rows["input_ids"][r, :k] = d["input_ids"]
+        rows["attention_mask"][r, :k] = True
+        rows["loss_mask"][r, :k] = d["loss_mask"]
+        rows["old_logprobs"][r, :k] = d["old_logprobs"]
+        rows["ref_logprobs"][r, :k] = d["ref_logprobs"]
+        rows["advantages"][r, :k] = d["advantages"] * d["loss_mask"]
+    fields = {"sample_ids": torch.tensor(ids), "group_ids": torch.tensor([meta[i][1] for i in ids]),
+              "rewards": torch.tensor([meta[i][2] for i in ids], dtype=torch.float32), **rows}
+    for f in dataclasses.fields(ExperienceBatch):  # anything else runtime-1 adds: zeros [N, T]
+        if f.name not in fields and f.default is dataclasses.MISSING:
+            fields[f.name] = torch.zeros(n, width)
+    return ExperienceBatch(**fields)
+
+
+def _hand_off(run: DistRun, local: list, exp_assign) -> dict[int, object]:
+    """Rollout -> experience: each rollout replica sends every experience rank the trajectories
+    of its share, point to point. Returns {episode id: trajectory} this rank needs."""
+    eg_plan = run.plans.experience
+    want_of = {d * eg_plan.tp + t: set(ids) for d, ids in enumerate(exp_assign) for t in range(eg_plan.tp)}
+    outgoing: dict[int, list] = {}
+    for t in local:
+        for dst, ids in want_of.items():
+            if t.episode_id in ids:
+                outgoing.setdefault(dst, []).append(t)
+    got = exchange_objects(outgoing)
+    mine = {t.episode_id: t for part in got.values() for t in part}
+    need = want_of.get(run.rank, set())
+    assert set(mine) == need, f"rank {run.rank}: hand-off delivered {sorted(mine)[:5]}.., needs {sorted(need)[:5]}.."
+    return mine
 
 
 def run_step(run: DistRun, step: int, prev_stats, dispatcher, selector) -> tuple[dict, object, list, list]:
@@ -330,13 +364,20 @@ def run_step(run: DistRun, step: int, prev_stats, dispatcher, selector) -> tuple
     for e, t in zip(mine, local, strict=True):
         t.episode_id = e
     run.span("rollout", "rollout", t0, step, tokens=sum(t.generated_tokens for t in local))
-    shared: list = [None] * world
-    dist.all_gather_object(shared, local if rg.tp_rank == 0 else [])
-    trajs = sorted((t for part in shared for t in part), key=lambda t: t.episode_id)
-    assert [t.episode_id for t in trajs] == list(range(len(seeds))), "an episode was lost"
-    by_id = {t.episode_id: t for t in trajs}
-    samples = [Sample(id=t.episode_id, tokens=len(t.token_ids), group=t.group_id) for t in trajs]
-    stats = workload_stats(trajs, step, cfg.sampling.max_context)
+    local = local if rg.tp_rank == 0 else []  # tp peers hold identical copies; replica leaders send
+    # metadata to every rank (id, tokens, group, reward); full trajectories only to rank 0 (metrics,
+    # workload trace) and, point to point, to the experience ranks that need them
+    metas: list = [None] * world
+    dist.all_gather_object(metas, [(t.episode_id, len(t.token_ids), t.group_id, t.reward) for t in local])
+    meta = {m[0]: m for part in metas for m in part}
+    assert sorted(meta) == list(range(len(seeds))), "an episode was lost"
+    samples = [Sample(id=i, tokens=meta[i][1], group=meta[i][2]) for i in sorted(meta)]
+    everything: list | None = [None] * world if run.rank == 0 else None
+    dist.gather_object(local, everything, dst=0)
+    trajs = sorted((t for part in everything for t in part), key=lambda t: t.episode_id) if everything else []
+    box = [workload_stats(trajs, step, cfg.sampling.max_context) if run.rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)  # every rank's selector must see the same stats
+    stats = box[0]
 
     train_once = None
     for _attempt in range(4):  # memory-budget re-plans retry the step on the same samples
@@ -346,6 +387,7 @@ def run_step(run: DistRun, step: int, prev_stats, dispatcher, selector) -> tuple
         # experience: each experience dp group computes old log-probs of its share
         t0 = time.perf_counter()
         exp_assign = tuple(tuple(s.id for s in samples[d::exp_plan.dp]) for d in range(exp_plan.dp))
+        by_id = _hand_off(run, local, exp_assign)
         mine_exp = [by_id[i] for i in exp_assign[eg.dp_rank]]
         batch = collate(mine_exp, run.policy.tokenizer.pad_id)
         old = batch_logprobs(run.exp_model or run.train_model, batch, run.params.logprob_temperature,
@@ -365,7 +407,7 @@ def run_step(run: DistRun, step: int, prev_stats, dispatcher, selector) -> tuple
         delivered, dstats = execute_dispatch(tplan, store, samples, src, dst, estimator="grpo")
         run.span(tplan.kind, "dispatch", t0, step, bytes=dstats.bytes_sent)
         ids = list(dst.assignment[tg.dp_rank])
-        local_batch = _local_batch(delivered, ids, by_id, run.policy.tokenizer.pad_id)
+        local_batch = _local_batch(delivered, ids, meta, run.policy.tokenizer.pad_id)
         try:
             run.check_budget(int(local_batch.attention_mask.sum()), local_batch.input_ids.shape[1], step)
         except MemoryBudgetExceeded as e:
@@ -380,7 +422,8 @@ def run_step(run: DistRun, step: int, prev_stats, dispatcher, selector) -> tuple
         break
     if train_once is None:
         raise MemoryBudgetExceeded(f"step {step}: still over the memory budget after re-planning")
-    row = {"step": step, **outcome_metrics(trajs), **train_once, "step_s": time.perf_counter() - t_step,
+    row = {"step": step, **(outcome_metrics(trajs) if trajs else {}), **train_once,
+           "step_s": time.perf_counter() - t_step,
            "world": world, "plan_rollout": run.plans.rollout.describe(),
            "plan_experience": run.plans.experience.describe(), "plan_train": run.plans.train.describe(),
            "plan_switches": len(run.events), "replans": sum("memory budget" in e["reason"] for e in run.events),
