@@ -121,8 +121,11 @@ def fit_affine(sizes: Sequence[float], times_s: Sequence[float], *, floor_s: Seq
         i = ii.astype(int)
         return np.maximum(aa + bb * xn[i], fn[i])
 
-    (a, b), _ = curve_fit(model, idx, tn, p0=p0, sigma=tn, bounds=([0.0, b_floor], [np.inf, np.inf]),
-                          method="trf", loss="soft_l1", f_scale=0.1, max_nfev=4000)
+    try:
+        (a, b), _ = curve_fit(model, idx, tn, p0=p0, sigma=tn, bounds=([0.0, b_floor], [np.inf, np.inf]),
+                              method="trf", loss="soft_l1", f_scale=0.1, max_nfev=4000)
+    except RuntimeError:  # no convergence (very noisy points): keep the least-squares start
+        a, b = p0
     fixed_s = float(a) * ts
     rate = xs / (float(b) * ts)
     held_err = _rel_errors(x_all[held_idx], t_all[held_idx], f_all[held_idx], fixed_s, rate)
