@@ -112,7 +112,7 @@ def train_memory(model: ModelSpec, plan: ParallelPlan, context: int, capacity: f
     """Per-GPU memory of a training step with 1F1B pipelining (the first stage keeps pp
     micro-batches in flight, i.e. all layers' worth of activations)."""
     p = params_per_gpu(model, plan)
-    shard = plan.dp if plan.sharded_optimizer else 1
+    shard = plan.dp * plan.cp if plan.sharded_optimizer else 1  # cp ranks hold the same weights
     s = -(-context // plan.cp)
     mode = "selective" if (flash_attention and plan.recompute == "none") else plan.recompute
     per_layer = korthikanti_activation_bytes(s, plan.micro_batch, model.hidden_size, model.num_heads,

@@ -20,6 +20,11 @@ from earl.cost_model.profile import HardwareProfile, LinkParams, datasheet_profi
 from earl.specs import TENSOR_BYTES_PER_SAMPLE, TENSOR_BYTES_PER_TOKEN, ClusterSpec, ModelSpec, ParallelPlan
 
 STAGES = ("prefill", "decode", "logprob", "train", "reshard", "dispatch")
+# What one single-controller process moves per second when it gathers and scatters batches
+# (serialisation, host copies, object-store hops). The EARL paper (Tan et al. 2025, sec. 1)
+# reports ~1 TB of intermediate data taking over 20 minutes through verl's controller for a
+# 200B model at 32K context, i.e. <= ~0.8 GB/s; we round to 1 GB/s.
+CONTROLLER_BW_BYTES_S = 1.0e9
 DISPATCHERS = ("centralized", "layout-aware")
 
 
@@ -76,7 +81,10 @@ class CostModel:
     """Analytical time / memory model of one model on one cluster."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, profile: HardwareProfile | None = None,
-                 *, flash_attention: bool = True):
+                 *, flash_attention: bool = True, controller_bw_bytes_s: float = CONTROLLER_BW_BYTES_S):
+        if controller_bw_bytes_s <= 0:
+            raise ValueError(f"controller_bw_bytes_s must be > 0, got {controller_bw_bytes_s}")
+        self.controller_bw_bytes_s = controller_bw_bytes_s
         self.model = model
         self.cluster = cluster
         self.profile = profile or datasheet_profile(cluster.hardware)
@@ -90,7 +98,8 @@ class CostModel:
         self.kv_capacity_tokens = lru_cache(maxsize=256)(self._kv_capacity_tokens)
 
     def with_profile(self, profile: HardwareProfile) -> CostModel:
-        return CostModel(self.model, self.cluster, profile, flash_attention=self.flash_attention)
+        return CostModel(self.model, self.cluster, profile, flash_attention=self.flash_attention,
+                         controller_bw_bytes_s=self.controller_bw_bytes_s)
 
     # ---- links ------------------------------------------------------------------------------
     def link_of(self, src: int, dst: int) -> str:
@@ -289,9 +298,13 @@ class CostModel:
             link = comm.group_link(self.cluster, self.profile, plan.pp, plan.tp * plan.cp)
             pp_p2p = 2 * (m + plan.pp - 1) * comm.p2p_s(act, link)
         p_local = memory.params_per_gpu(self.model, plan)
-        dp_link = comm.group_link(self.cluster, self.profile, plan.dp, plan.model_parallel)
-        dp_sync = comm.allreduce_s(p_local * memory.GRAD_BYTES, plan.dp, dp_link)
-        shard = plan.dp if plan.sharded_optimizer else 1
+        # gradients are reduced over every rank holding the same weights: the dp x cp group
+        grad_group = plan.dp * plan.cp
+        span = (plan.cp - 1) * plan.tp + (plan.dp - 1) * plan.tp * plan.cp * plan.pp
+        dp_link = (self.profile.intra if span < self.cluster.gpus_per_node
+                   else comm.inter_node_link(self.cluster, self.cluster.gpus_per_node))
+        dp_sync = comm.allreduce_s(p_local * memory.GRAD_BYTES, grad_group, dp_link)
+        shard = grad_group if plan.sharded_optimizer else 1
         opt_bytes = p_local / shard * (memory.GRAD_BYTES + 2 * memory.OPTIMIZER_BYTES + memory.WEIGHT_BYTES)
         optimizer = opt_bytes / (self.profile.hardware.hbm_bw_bytes_s * self.profile.memory(opt_bytes))
         t = pipeline + pp_p2p + dp_sync + optimizer
@@ -403,6 +416,9 @@ class CostModel:
                 + total * (1 - remote_frac) / intra.bw_bytes_s + producers * net.latency_s
             scatter = comm.p2p_s(delivered * remote_frac, LinkParams(alpha_s=net.latency_s, bw_bytes_s=node_bw)) \
                 + delivered * (1 - remote_frac) / intra.bw_bytes_s + consumers * net.latency_s
+            # the controller process itself caps both phases
+            gather = max(gather, total / self.controller_bw_bytes_s)
+            scatter = max(scatter, delivered / self.controller_bw_bytes_s)
             t = gather + scatter
             br = {"gather": gather, "scatter": scatter}
             through_controller = total + delivered

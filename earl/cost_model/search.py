@@ -49,7 +49,7 @@ def enumerate_plans(stage: str, model: ModelSpec, gpus: int, context: int | None
                         plans.append(ParallelPlan(tp=t, pp=p, cp=c, dp=dp, micro_batch=mb))
                         continue
                     for rc in RECOMPUTE_MODES:
-                        for zero in ((False, True) if dp > 1 else (False,)):
+                        for zero in ((False, True) if dp * c > 1 else (False,)):
                             plans.append(ParallelPlan(tp=t, pp=p, cp=c, dp=dp, micro_batch=mb,
                                                       recompute=rc, sharded_optimizer=zero))
     return plans

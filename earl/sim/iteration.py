@@ -34,7 +34,7 @@ import simpy
 
 from earl.cost_model import CostModel
 from earl.cost_model.profile import load_profile
-from earl.policies import Layout, Sample, balance_samples, make_dispatcher, make_selector
+from earl.policies import Layout, Sample, balance_aligned, balance_samples, make_dispatcher, make_selector
 from earl.specs import ParallelPlan, Stage, WorkloadStats
 from earl.trace import Span
 
@@ -267,6 +267,14 @@ class Simulation:
                         g.hold("train", cost.memory_bytes)
             self._stats = stats
 
+        oom_events = len(oom_ids) + ex_oom + tr_oom
+        restart_s = 0.0
+        if oom_events and sc.oom_restart_s > 0:
+            # an OOM kills the job: it restarts from the last checkpoint before going on
+            t0 = env.now
+            yield env.timeout(sc.oom_restart_s)
+            restart_s = sc.oom_restart_s
+            self._span("restart after OOM", "other", 0, t0, env.now, step, args={"oom_events": oom_events})
         step_s = env.now - t_step
         trained_tokens = sum(e.context_tokens for e in trained)
         ctx = np.array([e.context_tokens for e in drawn] or [0])
@@ -274,7 +282,7 @@ class Simulation:
         row.update(
             step_time_s=step_s, rollout_s=rollout_s, experience_s=experience_s,
             dispatch_s=dispatch_s, train_s=train_s, reshard_s=reshard_s, sync_s=sync_s,
-            experience_oom=ex_oom, train_oom=tr_oom, oom_events=len(oom_ids) + ex_oom + tr_oom,
+            experience_oom=ex_oom, train_oom=tr_oom, oom_events=oom_events, restart_s=restart_s,
             trained_episodes=len(trained), trained_tokens=trained_tokens,
             throughput_tokens_per_gpu_s=trained_tokens / step_s / self.gpus if step_s > 0 else 0.0,
             generated_tokens_per_gpu_s=row["generated_tokens"] / step_s / self.gpus if step_s else 0.0,
@@ -303,14 +311,16 @@ class Simulation:
         keep = {e.id for e in trained}
         samples = [Sample(e.id, e.context_tokens) for e in kept if e.id in keep]
         src_assign, _ = balance_samples(samples, ex.dp)
-        dst_assign, _ = balance_samples(samples, tr.dp)
+        # training groups keep producers' samples where balance allows (fewer, local transfers)
+        dst_assign, _ = balance_aligned(samples, tr.dp, src_assign)
         src = Layout(ex, tuple(tuple(g) for g in src_assign))
         dst = Layout(tr, tuple(tuple(g) for g in dst_assign))
         tplan = self.dispatcher.plan(src, dst, samples)
         t0 = self.env.now
         phases = [[(t.src, t.dst, t.bytes) for t in ph] for ph in tplan.phases]
         n_before = len(self.cluster.records)
-        yield self.env.process(self.cluster.run_phases(phases))
+        controller = tplan.controller if tplan.kind == "centralized" else None
+        yield self.env.process(self.cluster.run_phases(phases, controller))
         self.events += len(self.cluster.records) - n_before
         # control messages through the controller, then the scalar all-reduce (recursive
         # doubling: log2(world) rounds of one small message, the farthest partner each round)

@@ -57,12 +57,15 @@ class Scenario:
     max_num_seqs: int = 256  # rollout engine: most sequences decoding at once per replica
     logprob_passes: int = 2  # experience: forward passes (reference + old policy log-probs)
     fine: bool = False  # one event per decode iteration (slow; for checking the fast mode)
+    oom_restart_s: float = 0.0  # s charged to a step with an OOM event (job restart from checkpoint)
 
     def __post_init__(self):
         for n in ("steps", "nodes", "max_num_seqs", "logprob_passes"):
             v = getattr(self, n)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{_KEY_OF[n]} must be an integer >= 1, got {v!r}")
+        if not isinstance(self.oom_restart_s, (int, float)) or self.oom_restart_s < 0:
+            raise ValueError(f"failure.oom_restart_s must be >= 0 seconds, got {self.oom_restart_s!r}")
         if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 0:
             raise ValueError(f"cluster.gpus_per_node must be >= 1 (0: the hardware's own), got "
                              f"{self.gpus_per_node!r}")
@@ -151,6 +154,7 @@ KEYS: dict[str, tuple[str, type]] = {
     "policy.compare": ("compare", tuple),
     "engine.max_num_seqs": ("max_num_seqs", int), "engine.fine": ("fine", bool),
     "experience.logprob_passes": ("logprob_passes", int),
+    "failure.oom_restart_s": ("oom_restart_s", float),
     "workload.preset": ("preset", str),
 }
 for _f in dataclasses.fields(WorkloadSpec):

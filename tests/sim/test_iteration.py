@@ -51,6 +51,19 @@ def test_static_plan_hits_oom_as_context_grows_and_cost_model_does_not():
     assert tput[1] > tput[0]
 
 
+def test_oom_restart_is_charged_once_per_failing_step():
+    sets = small(scenario__steps=14, workload__episodes_per_step=48, workload__growth_steps=12)
+    base = Simulation(load_scenario("connect-four-small", sets), "static", "layout-aware").run()
+    sets["failure.oom_restart_s"] = "300"
+    charged = Simulation(load_scenario("connect-four-small", sets), "static", "layout-aware").run()
+    failing = [r["oom_events"] > 0 for r in base.rows]
+    assert any(failing) and not all(failing)
+    assert [r["restart_s"] for r in charged.rows] == [300.0 if f else 0.0 for f in failing]
+    for a, b, f in zip(base.rows, charged.rows, failing, strict=True):
+        assert b["step_time_s"] == pytest.approx(a["step_time_s"] + (300.0 if f else 0.0))
+    assert any(s.name == "restart after OOM" for s in charged.spans)
+
+
 def test_reshard_is_charged_exactly_when_the_plan_changes():
     sc = load_scenario("connect-four-small", small(plan__train="tp2-dp4-mb1-rc-full-zero"))
     sim = Simulation(sc, "static", "centralized").run()

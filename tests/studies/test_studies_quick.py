@@ -54,10 +54,12 @@ def test_s1_context_growth(tmp_path):
 
 def test_s2_data_volume(tmp_path):
     df = run_quick("s2_data_volume", tmp_path)
-    # bytes scale with context; centralized is slower than layout-aware; TCP slower than RDMA
+    # bytes scale with context; centralized is slower than layout-aware; TCP no faster than RDMA
+    # (centralized is capped by the controller process itself, so the network barely matters)
     assert df["payload GiB"].iloc[-1] / df["payload GiB"].iloc[0] == pytest.approx(32, rel=0.01)
     assert (df["centralized TCP s"] > df["layout-aware TCP s"]).all()
-    assert (df["centralized TCP s"] > df["centralized RDMA s"]).all()
+    assert (df["centralized TCP s"] >= df["centralized RDMA s"]).all()
+    assert (df["layout-aware TCP s"] > df["layout-aware RDMA s"]).all()
 
 
 def test_s3_decode_tp(tmp_path):
