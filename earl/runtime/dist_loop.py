@@ -6,8 +6,9 @@ dp) and a rollout copy (tp-sharded by the rollout plan). Per step:
    weights (train plan: plus optimizer state) are re-sharded to it, no restart;
 2. train weights -> rollout layout (earl.runtime.reshard), every step;
 3. rollout: each rollout dp replica plays its share of the episodes (tp peers in lockstep);
-4. experience: trajectories (token lists) are shared, each experience dp group computes old
-   log-probs of its share (the train model itself when the experience plan's tp x dp equals
+4. experience: replica leaders send each experience rank the trajectories of its share (point
+   to point; metadata goes to every rank), each experience dp group computes old log-probs of
+   its share (the train model itself when the experience plan's tp x dp equals
    the train plan's, else its own copy, re-sharded from training every step);
 5. dispatch: the configured dispatcher's TransferPlan is executed (earl.runtime.dispatch),
    with distributed GRPO advantages;
@@ -15,9 +16,9 @@ dp) and a rollout copy (tp-sharded by the rollout plan). Per step:
 A per-rank memory budget (CPU: from the runtime's own accounting of weights, gradients,
 optimizer state and activations) is checked before training; over budget, the runtime
 re-plans to a more memory-sparing train plan, re-shards, and retries the step's training on
-the same samples. Checkpoints gather full weights + optimizer on rank 0 (a re-shard to a
-one-rank plan) and use runtime-1's format, so `--resume` works on the same or another plan.
-A failed peer stops every rank with one clear message.
+the same samples. Per-rank state and switches: earl.runtime.dist_state; checkpoints (resume on
+the same or another plan): earl.runtime.dist_checkpoint. A failed peer stops every rank with
+one clear message.
 
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 -m earl.runtime.dist_loop \
         --out runs/dist --rollout-plan tp2-dp1 --train-plan tp1-dp2 --set steps=4
@@ -31,7 +32,6 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -40,240 +40,32 @@ import torch.distributed as dist
 from earl.cost_model import CostModel
 from earl.policies import make_dispatcher, make_selector
 from earl.policies.balance import balance_samples
-from earl.policies.reshard import plan_reshard
 from earl.policies.types import Layout, Sample
-from earl.runtime.checkpoint import find_checkpoint, load_checkpoint, read_state, save_checkpoint
+from earl.runtime.checkpoint import find_checkpoint
 from earl.runtime.config import RunConfig, to_dict
 from earl.runtime.dispatch import Store, execute_dispatch
 from earl.runtime.dist import (
-    build_plan_groups,
-    comm_device,
     exchange_objects,
     init_distributed,
     print0,
     shutdown,
 )
-from earl.runtime.dist_train import STATES, dist_train_step, make_dist_trainer
-from earl.runtime.engine import TorchEngine
+from earl.runtime.dist_checkpoint import load_dist_checkpoint, save_dist_checkpoint
+from earl.runtime.dist_state import DistOptions, DistRun, MemoryBudgetExceeded, runnable
+from earl.runtime.dist_train import dist_train_step
 from earl.runtime.envs import env_options, make_env
 from earl.runtime.loop import (
     episode_records,
     mix_seed,
     outcome_metrics,
     resolve_config,
-    sampling_params,
     workload_stats,
 )
 from earl.runtime.metrics import RunRecorder
-from earl.runtime.model import load_policy
-from earl.runtime.reshard import allocate_local, execute_reshard
 from earl.runtime.rollout import rollout
-from earl.runtime.tp import apply_tp, check_tp, param_shapes
 from earl.runtime.trainer import ExperienceBatch, batch_logprobs, collate
-from earl.specs import ClusterSpec, HardwareSpec, ParallelPlan, Stage, StagePlan, WorkloadStats
-from earl.trace import Span, atomic_write_text
-
-ONE = ParallelPlan()
-
-
-@dataclass(frozen=True, kw_only=True)
-class DistOptions:
-    """What the multi-process runtime adds to a RunConfig."""
-
-    rollout_plan: ParallelPlan  # tp x dp of the rollout engines (world = tp * dp)
-    train_plan: ParallelPlan  # tp x dp of training (sharded_optimizer: ZeRO-1)
-    experience_plan: ParallelPlan | None = None  # tp x dp of the log-prob pass; None: the train plan's
-    memory_budget_bytes: float = 0.0  # per-rank budget from the runtime's accounting; 0 = none
-    schedule: tuple[tuple[int, str, str], ...] = ()  # scripted decisions (step, stage, plan)
-
-
-class MemoryBudgetExceeded(RuntimeError):
-    pass
-
-
-def _runnable(plan: ParallelPlan, world: int, config) -> str:
-    """'' if the runtime can run `plan`, else why not."""
-    if plan.pp != 1 or plan.cp != 1:
-        return "pp/cp > 1 not supported by the CPU runtime"
-    if plan.world_size != world:
-        return f"needs {plan.world_size} ranks, the job has {world}"
-    try:
-        check_tp(config, plan.tp)
-    except ValueError as e:
-        return str(e)
-    return ""
-
-
-class DistRun:
-    """State of one rank: models, optimizer, plans, recorder (rank 0)."""
-
-    def __init__(self, cfg: RunConfig, opts: DistOptions, out: Path, rank: int, world: int):
-        if cfg.trainer.algo != "grpo" or cfg.trainer.kl_coef:
-            raise ValueError("the multi-process runtime supports trainer.algo=grpo with kl_coef=0; "
-                             f"got {cfg.trainer.algo} with kl_coef={cfg.trainer.kl_coef}")
-        self.cfg, self.opts, self.out, self.rank, self.world = cfg, opts, out, rank, world
-        self.policy = load_policy(cfg.model.path, seed=cfg.seed, dtype=cfg.model.dtype)
-        self.shapes = param_shapes(self.policy.model)
-        self.params = sampling_params(cfg)
-        exp_plan = opts.experience_plan or opts.train_plan
-        for plan in (opts.rollout_plan, exp_plan, opts.train_plan):
-            why = _runnable(plan, world, self.policy.model.config)
-            if why:
-                raise ValueError(f"plan {plan.describe()}: {why}")
-        self.plans = StagePlan(rollout=opts.rollout_plan, experience=exp_plan, train=opts.train_plan)
-        self.train_groups = self.roll_groups = self.exp_groups = None
-        self.exp_model = None  # None: the log-prob pass runs on the train model (same tp x dp)
-        self.exp_follows_train = opts.experience_plan is None  # until the experience plan is switched
-        self.events: list[dict] = []  # plan switches / re-plans of the current step
-        self.spans: list[Span] = []
-        self.origin = time.perf_counter()
-        self._build_train(opts.train_plan, init_full=self.policy.model)
-        self._build_rollout(opts.rollout_plan)
-        self._build_experience(exp_plan)
-
-    # ---- models under plans --------------------------------------------------------------
-    def _fresh(self) -> torch.nn.Module:
-        return load_policy(self.cfg.model.path, seed=self.cfg.seed, dtype=self.cfg.model.dtype).model
-
-    def _build_train(self, plan: ParallelPlan, init_full=None, state=None) -> None:
-        """(Re)build the train model + optimizer under `plan`; weights and optimizer state come
-        from `init_full` (a full model on every rank) or `state` (tensors re-sharded to plan)."""
-        g = build_plan_groups(plan)
-        model = init_full if init_full is not None else self._fresh()
-        apply_tp(model, plan.tp, g.tp_rank, g.tp_group).to(comm_device())
-        self.trainer, self.optim = make_dist_trainer(model, self.shapes, g, self.cfg.trainer,
-                                                     temperature=self.params.logprob_temperature)
-        if state is not None:
-            tensors, step_count = state
-            with torch.no_grad():
-                for n, p in model.named_parameters():
-                    p.copy_(tensors[n])
-            self.optim.load_state_tensors(tensors, step_count)
-        self.train_model, self.train_groups = model, g
-        self.plans = self.plans.with_stage(Stage.TRAIN, plan)
-
-    def _build_experience(self, plan: ParallelPlan) -> None:
-        """The log-prob model: the train model itself when the layouts agree, else its own copy
-        (weights re-sharded from training every step)."""
-        g = build_plan_groups(plan)
-        same = (plan.tp, plan.dp) == (self.plans.train.tp, self.plans.train.dp)
-        self.exp_model = None if same else apply_tp(self._fresh(), plan.tp, g.tp_rank, g.tp_group).to(
-            comm_device()).eval()
-        self.exp_groups = self.train_groups if same else g
-        self.plans = self.plans.with_stage(Stage.EXPERIENCE, plan)
-
-    def _build_rollout(self, plan: ParallelPlan) -> None:
-        g = build_plan_groups(plan)
-        model = apply_tp(self._fresh(), plan.tp, g.tp_rank, g.tp_group).to(comm_device()).eval()
-        self.roll_model, self.roll_groups = model, g
-        self.engine = TorchEngine(model, self.policy.tokenizer, reuse_kv=self.cfg.reuse_kv)
-        self.plans = self.plans.with_stage(Stage.ROLLOUT, plan)
-
-    def _train_tensors(self) -> dict[str, torch.Tensor]:
-        return {**{n: p.detach() for n, p in self.train_model.named_parameters()},
-                **self.optim.state_tensors()}
-
-    def switch_train(self, plan: ParallelPlan, why: str, step: int) -> None:
-        """Move weights + optimizer state to `plan` in flight."""
-        t0 = time.perf_counter()
-        old = self.plans.train
-        rplan = plan_reshard(self.shapes, old, plan, self.world, optimizer_states=STATES)
-        src = self._train_tensors()
-        step_count = self.optim.step_count
-        dst = allocate_local(self.shapes, plan, self.rank, list(src), device=comm_device())
-        stats = execute_reshard(rplan, self.shapes, src, dst)
-        self._build_train(plan, state=(dst, step_count))
-        # the experience copy is re-derived: it may now coincide with (or differ from) training
-        self._build_experience(plan if self.exp_follows_train else self.plans.experience)
-        self._event(step, "train", old, plan, why, t0, stats.bytes_sent)
-
-    def switch_rollout(self, plan: ParallelPlan, why: str, step: int) -> None:
-        t0 = time.perf_counter()
-        old = self.plans.rollout
-        self._build_rollout(plan)  # weights arrive with this step's train -> rollout re-shard
-        self._event(step, "rollout", old, plan, why, t0, 0)
-
-    def switch_experience(self, plan: ParallelPlan, why: str, step: int) -> None:
-        t0 = time.perf_counter()
-        old = self.plans.experience
-        self.exp_follows_train = False
-        self._build_experience(plan)  # weights arrive with this step's train -> experience re-shard
-        self._event(step, "experience", old, plan, why, t0, 0)
-
-    def _event(self, step, stage, old, new, why, t0, nbytes) -> None:
-        self.events.append({"step": step, "stage": stage, "from": old.describe(), "to": new.describe(),
-                            "reason": why})
-        self.span(f"switch_{stage}", "reshard", t0, step, bytes=nbytes,
-                  args={"from": old.describe(), "to": new.describe(), "reason": why})
-        print0(f"step {step}: {stage} plan {old.describe()} -> {new.describe()} ({why})")
-
-    def sync_weights(self, stage: Stage, step: int) -> int:
-        """Train weights -> the rollout (or a separate experience) model's layout, every step."""
-        model = self.roll_model if stage is Stage.ROLLOUT else self.exp_model
-        if model is None:
-            return 0
-        t0 = time.perf_counter()
-        rplan = plan_reshard(self.shapes, self.plans.train, self.plans.for_stage(stage), self.world)
-        src = {n: p.detach() for n, p in self.train_model.named_parameters()}
-        dst = {n: p.data for n, p in model.named_parameters()}
-        stats = execute_reshard(rplan, self.shapes, src, dst)
-        self.span(f"train_to_{stage.value}", "reshard", t0, step, bytes=stats.bytes_sent)
-        return rplan.total_bytes
-
-    def span(self, name, stage, t0, step, **kw) -> None:
-        self.spans.append(Span(name=name, stage=stage, rank=self.rank, t_start=t0 - self.origin,
-                               t_end=time.perf_counter() - self.origin, step=step, **kw))
-
-    # ---- memory accounting -----------------------------------------------------------------
-    def memory_bytes(self, plan: ParallelPlan, local_tokens: int, longest: int) -> float:
-        """This rank's bytes under train `plan`: both model copies, grads, AdamW slices, and the
-        activations of the largest micro-batch (hidden states per layer + fp32 logits)."""
-        spec = self.policy.spec
-        item = 4
-        weights = sum(_numel(s.shape) // (plan.tp if s.tp_dim is not None else 1)
-                      for s in self.shapes.values()) * item
-        opt = weights * 2 / (plan.dp if plan.sharded_optimizer else 1)
-        copies = [self.plans.rollout] + ([self.plans.experience] if self.exp_model is not None else [])
-        rollout = sum(_numel(s.shape) // (c.tp if s.tp_dim is not None else 1)
-                      for s in self.shapes.values() for c in copies) * item
-        mb_tokens = min(max(local_tokens, longest), max(self.cfg.trainer.token_budget, longest))
-        act = mb_tokens * (spec.num_layers * 16 * spec.hidden_size / plan.tp + 3 * spec.vocab_size) * item
-        return weights * 2 + opt + rollout + act
-
-    def check_budget(self, local_tokens: int, longest: int, step: int) -> None:
-        budget = self.opts.memory_budget_bytes
-        if not budget:
-            return
-        need = torch.tensor([self.memory_bytes(self.plans.train, local_tokens, longest)], dtype=torch.float64,
-                            device=comm_device())
-        dist.all_reduce(need, op=dist.ReduceOp.MAX)
-        if need.item() > budget:
-            raise MemoryBudgetExceeded(f"train plan {self.plans.train.describe()} needs "
-                                       f"{need.item() / 2**20:.1f} MiB on the busiest rank, budget "
-                                       f"{budget / 2**20:.1f} MiB")
-
-    def sparing_plan(self, tokens: int, longest: int) -> ParallelPlan | None:
-        """The runnable train plan with the least accounted memory below the current one."""
-        cur = self.memory_bytes(self.plans.train, tokens, longest)
-        best = None
-        for tp in range(1, self.world + 1):
-            if self.world % tp:
-                continue
-            for zero in (False, True):
-                p = ParallelPlan(tp=tp, dp=self.world // tp, sharded_optimizer=zero)
-                if _runnable(p, self.world, self.policy.model.config):
-                    continue
-                m = self.memory_bytes(p, tokens * self.plans.train.dp // p.dp, longest)
-                if m < cur and (best is None or m < best[0]):
-                    best = (m, p)
-        return best[1] if best else None
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
+from earl.specs import ClusterSpec, HardwareSpec, ParallelPlan, Stage, WorkloadStats
+from earl.trace import atomic_write_text
 
 
 # --------------------------------------------------------------------------------------------
@@ -335,7 +127,7 @@ def run_step(run: DistRun, step: int, prev_stats, dispatcher, selector) -> tuple
             decisions.append({"stage": stage.value, "plan": dec.plan.describe(), "switched": dec.switched,
                               "reason": dec.reason})
             if dec.switched:
-                bad = _runnable(dec.plan, world, run.policy.model.config)
+                bad = runnable(dec.plan, world, run.policy.model.config)
                 plan, why = (None, "") if bad else (dec.plan, dec.reason)
         for s_step, s_stage, s_plan in run.opts.schedule:
             if s_step == step and s_stage == stage.value:
@@ -434,60 +226,6 @@ def run_step(run: DistRun, step: int, prev_stats, dispatcher, selector) -> tuple
            "memory_accounted_bytes": run.memory_bytes(run.plans.train, int(local_batch.attention_mask.sum()),
                                                       local_batch.input_ids.shape[1])}
     return row, stats, decisions, episode_records(trajs)
-
-
-# --------------------------------------------------------------------------------------------
-# Checkpoints: full tensors on rank 0 (a re-shard to a one-rank plan), runtime-1's format
-# --------------------------------------------------------------------------------------------
-class _FullOptimizer:
-    """Duck-types the optimizer runtime-1's checkpoint functions save / load."""
-
-    def __init__(self, tensors: dict[str, torch.Tensor] | None = None, step_count: int = 0):
-        self.tensors, self.step_count = tensors or {}, step_count
-
-    def state_dict(self) -> dict:
-        return {"tensors": self.tensors, "step": self.step_count}
-
-    def load_state_dict(self, d: dict) -> None:
-        self.tensors, self.step_count = dict(d["tensors"]), int(d["step"])
-
-
-def save_dist_checkpoint(run: DistRun, step: int) -> Path | None:
-    rplan = plan_reshard(run.shapes, run.plans.train, ONE, run.world, optimizer_states=STATES)
-    src = run._train_tensors()
-    dst = allocate_local(run.shapes, ONE, run.rank, list(src), device=comm_device()) if run.rank == 0 else {}
-    execute_reshard(rplan, run.shapes, src, dst)
-    path = None
-    if run.rank == 0:
-        full = run._fresh()
-        with torch.no_grad():
-            for n, p in full.named_parameters():
-                p.copy_(dst[n].cpu())
-        opt = _FullOptimizer({k: v.cpu() for k, v in dst.items() if "/" in k}, run.optim.step_count)
-        extra = {"plans": {s.value: run.plans.for_stage(s).describe() for s in Stage}, "world": run.world}
-        path = save_checkpoint(run.out, step=step, model=full, optimizer=opt, config=to_dict(run.cfg),
-                               extra=extra, keep=run.cfg.keep_checkpoints)
-    dist.barrier()
-    return path
-
-
-def load_dist_checkpoint(run: DistRun, ckpt: Path) -> int:
-    """Restore onto the current plans (any tp x dp): rank 0 reads, a re-shard spreads."""
-    src, step_count = {}, 0
-    if run.rank == 0:
-        full, opt = run._fresh(), _FullOptimizer()
-        load_checkpoint(ckpt, full, opt)
-        src = {k: v.to(comm_device()) for k, v in
-               {**{n: p.detach() for n, p in full.named_parameters()}, **opt.tensors}.items()}
-        step_count = opt.step_count
-    box = [step_count]
-    dist.broadcast_object_list(box, src=0)
-    names = list(run._train_tensors())
-    plan = run.plans.train
-    dst = allocate_local(run.shapes, plan, run.rank, names, device=comm_device())
-    execute_reshard(plan_reshard(run.shapes, ONE, plan, run.world, optimizer_states=STATES), run.shapes, src, dst)
-    run._build_train(plan, state=(dst, box[0]))
-    return int(read_state(ckpt)["step"])
 
 
 # --------------------------------------------------------------------------------------------
