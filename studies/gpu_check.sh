@@ -28,6 +28,7 @@ status=0
 {
   echo "date: $(date -u +%FT%TZ)  host: $(hostname)  device: $DEVICE  quick: $QUICK"
   "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available()); print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no gpu')"
+  "$PY" -c "import typer, rich, scipy, simpy, transformers; print('modules ok: transformers', transformers.__version__)"
   if command -v nvidia-smi >/dev/null; then nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; fi
 } > "$OUT_DIR/env.txt" 2>&1 || status=1
 cat "$OUT_DIR/env.txt"
