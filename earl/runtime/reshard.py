@@ -1,9 +1,10 @@
 """Execute a re-shard plan (earl.policies.reshard.plan_reshard) on torch.distributed.
 
-Each rank copies the slices it keeps, packs the slices it sends to one peer into byte buckets
-(at most `bucket_bytes` each, in plan order, so both ends cut the same buckets), posts every
-receive and send at once (isend/irecv; gloo or NCCL) and unpacks into the destination
-tensors in place. Slices are copied, never recomputed: a round trip is bit-exact.
+Each rank packs the slices it sends to one peer into byte buckets (at most `bucket_bytes`
+each, in plan order, so both ends cut the same buckets; a large contiguous slice travels alone,
+sent and received in place), posts every receive and send at once (isend/irecv; gloo or NCCL),
+copies the slices it keeps while those are in flight, and unpacks into the destination
+tensors. Slices are copied, never recomputed: a round trip is bit-exact.
 
     OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_dist_reshard.py
 """
@@ -95,12 +96,10 @@ def execute_reshard(plan: ReshardPlan, shapes: dict[str, ParamShape], src: dict[
     sends: dict[int, list[SliceTransfer]] = defaultdict(list)
     recvs: dict[int, list[SliceTransfer]] = defaultdict(list)
     local_bytes = 0
+    local: list[SliceTransfer] = []
     for tr in plan.transfers:
         if tr.src == rank and tr.dst == rank:
-            s_lo = local_range(shapes, plan.src_plan, rank, tr.name)[0]
-            d_lo = local_range(shapes, plan.dst_plan, rank, tr.name)[0]
-            _view(dst[tr.name], tr, d_lo).copy_(_view(src[tr.name], tr, s_lo))
-            local_bytes += tr.bytes
+            local.append(tr)
         elif tr.src == rank:
             sends[tr.dst].append(tr)
         elif tr.dst == rank:
@@ -134,6 +133,11 @@ def execute_reshard(plan: ReshardPlan, shapes: dict[str, ParamShape], src: dict[
             works.append(dist.isend(buf, dst=peer, group=group, tag=i))
             sent += buf.numel()
             msgs += 1
+    for tr in local:  # copies this rank keeps, while the messages are in flight
+        s_lo = local_range(shapes, plan.src_plan, rank, tr.name)[0]
+        d_lo = local_range(shapes, plan.dst_plan, rank, tr.name)[0]
+        _view(dst[tr.name], tr, d_lo).copy_(_view(src[tr.name], tr, s_lo))
+        local_bytes += tr.bytes
     for w in works:
         w.wait()
     for bucket, buf in inbox:
