@@ -7,7 +7,9 @@ benchmark times whole forward passes of random-initialised catalog models (prefi
 cache, decode steps with one) exactly as the runtime runs them, subtracts what the fitted
 curves already explain (`earl.cost_model.compute.forward_pass` with zero overhead), and
 divides the rest by the operators the cost model counts. The median over cases becomes the
-profile's `op_overhead_s`.
+profile's `op_overhead_s`. Then the runtime's own generation engine is timed the same way:
+what a decode iteration costs beyond the model forward (sampling, stop checks, padded masks,
+cache bookkeeping) becomes `step_overhead_s`.
 
     python -m earl.calibrate.overhead      # CPU, tiny models, a few seconds
 """
@@ -135,6 +137,56 @@ def fit_overhead(points: list[ForwardPoint]) -> OverheadFit:
                        heldout_median_err=statistics.median(errs))
 
 
+ENGINE_CASES = {"cpu": ("tiny", (1, 4, 16)), "cuda": ("qwen2.5-0.5b", (1, 16, 64))}  # model, batches
+ENGINE_PROMPT, ENGINE_NEW = 16, 24  # prompt tokens, tokens generated per timed turn
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineFit:
+    """Per-iteration engine cost beyond the forward the cost model prices."""
+
+    step_overhead_s: float  # median over batches of (measured - cost model) per decode iteration
+    points: tuple[tuple[int, float, float], ...]  # (batch, measured s / iteration, predicted s)
+
+    def quality(self) -> dict:
+        return {"step_overhead_s": self.step_overhead_s,
+                "points": [{"batch": b, "measured_s": m, "predicted_s": p} for b, m, p in self.points]}
+
+
+def measure_engine(*, device: torch.device, dtype: torch.dtype, prof: HardwareProfile) -> EngineFit:
+    """Time decode iterations of the runtime's own generation engine (sampling, stop checks,
+    padded masks and all) and compare each with the cost model's decode step at that batch."""
+    from earl.cost_model import CostModel
+    from earl.runtime.engine import SamplingParams, TorchEngine
+    from earl.runtime.tokenizer import CharTokenizer
+    from earl.specs import ClusterSpec
+
+    name, batches = ENGINE_CASES[device.type]
+    spec, model = _build(name, device, dtype)
+    spec = dataclasses.replace(spec, dtype={torch.float32: "fp32"}.get(dtype, "bf16"))
+    cm = CostModel(spec, ClusterSpec.for_gpus(prof.hardware, 1), prof)
+    tok = CharTokenizer()
+    params = SamplingParams(temperature=1.0, max_new_tokens=ENGINE_NEW, stop=(), stop_at_eos=False)
+    gen = torch.Generator(device=device).manual_seed(0)
+    points = []
+    for b in batches:
+        engine = TorchEngine(model, tok)
+        prompts = {r: torch.randint(1, tok.vocab_size, (ENGINE_PROMPT,)).tolist() for r in range(b)}
+        engine.open(b).generate(prompts, params, gen)  # warm-up
+        per_iter = []
+        for _ in range(3):
+            before = dataclasses.replace(engine.stats)
+            engine.open(b).generate(prompts, params, gen)
+            iters = ENGINE_NEW - 1  # forwards after the prefill
+            per_iter.append((engine.stats.decode_s - before.decode_s) / iters)
+        measured = statistics.median(per_iter)
+        ctx = b * (ENGINE_PROMPT + ENGINE_NEW / 2)  # mean cached tokens over the turn
+        points.append((b, measured, cm.decode_step_time_s(1, b, ctx)))
+    del model
+    return EngineFit(step_overhead_s=max(0.0, statistics.median(m - p for _, m, p in points)),
+                     points=tuple(points))
+
+
 def cases_count(device: torch.device) -> int:
     cases = CPU_CASES if device.type == "cpu" else CUDA_CASES
     return len(cases["models"]) * (len(cases["prefill"]) + len(cases["decode"]))
@@ -151,3 +203,8 @@ if __name__ == "__main__":
         print(f"{p.label:32s} {p.time_s * 1e3:8.3f} ms  explained {p.explained_s * 1e3:8.3f} ms  "
               f"per op {p.per_op_s * 1e6:7.1f} us")
     print(f"op_overhead_s {fit.op_overhead_s * 1e6:.1f} us, leave-one-out error {fit.heldout_median_err:.1%}")
+    prof = dataclasses.replace(load_profile("cpu-measured"), op_overhead_s=fit.op_overhead_s)
+    eng = measure_engine(device=torch.device("cpu"), dtype=torch.float32, prof=prof)
+    for b, m, p in eng.points:
+        print(f"engine decode iteration b={b:3d}: {m * 1e3:7.3f} ms, cost model {p * 1e3:7.3f} ms")
+    print(f"step_overhead_s {eng.step_overhead_s * 1e3:.3f} ms")

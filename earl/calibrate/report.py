@@ -86,6 +86,9 @@ def quality_table(res: CalibrationResult) -> Table:
         o = res.overhead
         t.add_row("op overhead (eager forwards)", f"{len(o.points)} (leave-one-out)",
                   f"{o.op_overhead_s * 1e6:.1f} us per counted op", "-", _pct(o.heldout_median_err), "-", "-")
+    if res.engine:
+        t.add_row("engine step overhead", f"{len(res.engine.points)} batches",
+                  f"{res.engine.step_overhead_s * 1e3:.3f} ms per decode iteration", "-", "-", "-", "-")
     t.caption = (f"op overhead {prof.op_overhead_s * 1e6:.2f} us; attention backend "
                  f"{prof.stamp.get('attention', '?')}; peak {prof.hardware.peak_flops / 1e9:.1f} GFLOP/s, "
                  f"memory {prof.hardware.hbm_bw_bytes_s / 1e9:.1f} GB/s")

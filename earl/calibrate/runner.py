@@ -12,6 +12,7 @@ How fitted numbers map onto the profile, matching `earl.cost_model.compute` (whi
 operator as max(compute, memory) time plus `op_overhead_s`):
   op_overhead_s  effective seconds per counted operator of a real eager forward (phase
                  "overhead"); without it, host seconds per bare operator (tiny ops);
+  step_overhead_s  the runtime engine's seconds per decode iteration beyond the forward;
   matmul         fit of (t - op_overhead_s) against GEMM FLOPs under the memory roofline;
   attention      the same for causal prefill attention (x: FLOPs of one call);
   attention_decode  the same for decode attention (one query token per sequence);
@@ -66,6 +67,7 @@ class CalibrationResult:
     measurements: list[bench.Measurement] = field(default_factory=list)
     collectives: CollectiveResult | None = None
     overhead: overhead.OverheadFit | None = None  # effective per-operator cost of real forwards
+    engine: overhead.EngineFit | None = None  # generation-engine cost per iteration beyond the forward
     wall_s: float = 0.0  # seconds the calibration took
 
 
@@ -212,16 +214,19 @@ def _calibrate(dev, dt, budget_s, phases, base_prof, seed, progress, t_start) ->
 def _fit_forward_overhead(res: CalibrationResult, dev, dt, budget_s: float,
                           progress: Progress) -> CalibrationResult:
     """Replace the bare per-operator cost by the effective one of real eager forwards."""
-    progress.phase("overhead", overhead.cases_count(dev))
+    progress.phase("overhead", overhead.cases_count(dev) + 1)
     points = overhead.measure_forward_points(
         device=dev, dtype=dt, prof=res.profile, budget_s=budget_s,
         on_case=lambda p: progress.step("overhead", p.label if p else "skipped"))
     fit = overhead.fit_overhead(points)
-    quality = {**res.profile.fit_quality,
+    prof = dataclasses.replace(res.profile, op_overhead_s=fit.op_overhead_s)
+    engine = overhead.measure_engine(device=dev, dtype=dt, prof=prof)
+    progress.step("overhead", "engine")
+    quality = {**res.profile.fit_quality, "step_overhead": engine.quality(),
                "op_overhead": {**fit.quality(), "bare_op_s": res.profile.op_overhead_s}}
     stamp = {**res.profile.stamp, "measured": sorted([*res.profile.stamp["measured"], "overhead"])}
-    prof = dataclasses.replace(res.profile, op_overhead_s=fit.op_overhead_s, fit_quality=quality, stamp=stamp)
-    return dataclasses.replace(res, profile=prof, overhead=fit)
+    prof = dataclasses.replace(prof, step_overhead_s=engine.step_overhead_s, fit_quality=quality, stamp=stamp)
+    return dataclasses.replace(res, profile=prof, overhead=fit, engine=engine)
 
 
 def _run_collectives(dev: torch.device, share_s: float, progress: Progress) -> CollectiveResult | None:

@@ -78,6 +78,10 @@ class HardwareProfile:
     # Decode attention (one query token per sequence) vs FLOPs of one call, when calibrated
     # apart from prefill (on CPU it runs ~3x below prefill at equal FLOPs); None: `attention`.
     attention_decode: EfficiencyCurve | None = None
+    # Host seconds per generation-engine iteration (one prefill or decode forward) spent outside
+    # the model: sampling, stop checks, mask and cache bookkeeping. Measured by `earl calibrate`
+    # on the runtime's own engine; 0 for datasheet profiles.
+    step_overhead_s: float = 0.0
 
     @property
     def name(self) -> str:
@@ -120,6 +124,7 @@ class HardwareProfile:
                 collective_links={k: LinkParams(**v) for k, v in d.get("collective_links", {}).items()},
                 attention_decode=(EfficiencyCurve(**d["attention_decode"])
                                   if d.get("attention_decode") else None),
+                step_overhead_s=float(d.get("step_overhead_s", 0.0)),
             )
         except KeyError as e:
             raise ValueError(f"{source}: profile is missing field {e.args[0]!r}") from None

@@ -45,6 +45,8 @@ def test_tiny_calibration_writes_a_loadable_stamped_profile(calibration, tmp_pat
     assert loaded.attention_decode is not None
     # the effective per-operator cost of real eager forwards exceeds a bare operator's
     assert loaded.op_overhead_s > loaded.fit_quality["op_overhead"]["bare_op_s"] > 0
+    # the runtime's engine does work beyond the forward each decode iteration
+    assert loaded.step_overhead_s == res.engine.step_overhead_s > 0
     assert loaded.intra.alpha_s > 0 and loaded.intra.bw_bytes_s > 0
     assert loaded.link_for("allreduce") == res.link.ops["all_reduce"].link
     # the cost model prices with it
