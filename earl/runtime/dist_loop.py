@@ -61,7 +61,7 @@ from earl.runtime.loop import (
     resolve_config,
     workload_stats,
 )
-from earl.runtime.metrics import RunRecorder
+from earl.runtime.metrics import RunRecorder, plot_run
 from earl.runtime.rollout import rollout
 from earl.runtime.trainer import ExperienceBatch, batch_logprobs, collate
 from earl.specs import ClusterSpec, HardwareSpec, ParallelPlan, Stage, WorkloadStats
@@ -221,10 +221,12 @@ def run_step(run: DistRun, step: int, prev_stats, dispatcher, selector) -> tuple
            "plan_switches": len(run.events), "replans": sum("memory budget" in e["reason"] for e in run.events),
            "switch_reasons": "; ".join(f"{e['stage']}: {e['from']} -> {e['to']} ({e['reason']})"
                                        for e in run.events),
-           "dispatcher": tplan.kind, "dispatch_bytes": tplan.total_bytes, "dispatch_s": dstats.seconds,
+           "dispatcher": tplan.kind, "dispatch_bytes": tplan.total_bytes,
            "samples_trained": len(samples) if train_once["train_tokens"] > 0 else 0,
            "memory_accounted_bytes": run.memory_bytes(run.plans.train, int(local_batch.attention_mask.sum()),
                                                       local_batch.input_ids.shape[1])}
+    for stage in ("rollout", "experience", "dispatch", "train", "reshard"):  # this rank's stage times
+        row[f"{stage}_s"] = sum(sp.duration_s for sp in run.spans if sp.stage == stage and sp.step == step)
     return row, stats, decisions, episode_records(trajs)
 
 
@@ -293,6 +295,8 @@ def run_distributed(cfg: RunConfig, out_dir: str | Path, opts: DistOptions, *,
                + (f"; continue with --resume {out}" if last else ""))
         print(msg, file=sys.stderr, flush=True)
         raise SystemExit(3) from None
+    if rec is not None and cfg.plots:
+        plot_run(out)
     return rec.metrics.rows if rec is not None else []
 
 
@@ -357,7 +361,8 @@ def parse_args(argv: list[str]) -> tuple[RunConfig, Path, DistOptions, str | Non
     opts = dist_options(int(os.environ.get("WORLD_SIZE", "1")), rollout_plan=a.rollout_plan,
                         train_plan=a.train_plan, experience_plan=a.experience_plan,
                         memory_budget_mb=a.memory_budget_mb, schedule=a.schedule)
-    return cfg, Path(a.out or a.resume), opts, a.resume
+    out = Path(a.out) if a.out else find_checkpoint(a.resume).parent.parent  # the run folder
+    return cfg, out, opts, a.resume
 
 
 def main(argv: list[str] | None = None) -> None:
