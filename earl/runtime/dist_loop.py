@@ -51,10 +51,12 @@ from earl.runtime.dist import (
     shutdown,
 )
 from earl.runtime.dist_checkpoint import load_dist_checkpoint, save_dist_checkpoint
-from earl.runtime.dist_state import DistOptions, DistRun, MemoryBudgetExceeded, runnable
+from earl.runtime.dist_state import DistOptions, DistRun, MemoryBudgetExceeded, check_supported, runnable
 from earl.runtime.dist_train import dist_train_step
 from earl.runtime.envs import env_options, make_env
 from earl.runtime.loop import (
+    check_config,
+    default_out_dir,
     episode_records,
     mix_seed,
     outcome_metrics,
@@ -64,7 +66,7 @@ from earl.runtime.loop import (
 from earl.runtime.metrics import RunRecorder, plot_run
 from earl.runtime.rollout import rollout
 from earl.runtime.trainer import ExperienceBatch, batch_logprobs, collate
-from earl.specs import ClusterSpec, HardwareSpec, ParallelPlan, Stage, WorkloadStats
+from earl.specs import MODEL_CATALOG, ClusterSpec, HardwareSpec, ModelSpec, ParallelPlan, Stage, WorkloadStats
 from earl.trace import atomic_write_text
 
 
@@ -209,7 +211,8 @@ def run_step(run: DistRun, step: int, prev_stats, dispatcher, selector) -> tuple
             run.switch_train(nxt, f"memory budget: {e}", step)
             continue
         t0 = time.perf_counter()
-        train_once = dist_train_step(run.trainer, run.optim, local_batch)
+        train_once = dist_train_step(run.trainer, run.optim, local_batch,
+                                     progress=(step - 1) / max(cfg.steps - 1, 1))
         run.span("train_step", "train", t0, step, tokens=int(train_once["train_tokens"]))
         break
     if train_once is None:
@@ -328,7 +331,7 @@ def dist_options(world: int, *, rollout_plan: str | None = None, train_plan: str
         memory_budget_bytes=memory_budget_mb * 2**20, schedule=tuple(sched))
 
 
-def parse_args(argv: list[str]) -> tuple[RunConfig, Path, DistOptions, str | None]:
+def parse_args(argv: list[str], world: int | None = None) -> tuple[RunConfig, Path, DistOptions, str | None]:
     """`earl run`'s arguments ([CONFIG] --env --model --steps --out --resume --set) plus the
     multi-process ones (--rollout-plan --train-plan --memory-budget-mb --schedule)."""
     ap = argparse.ArgumentParser(prog="earl run --nproc N", description="multi-process EARL run")
@@ -358,11 +361,34 @@ def parse_args(argv: list[str]) -> tuple[RunConfig, Path, DistOptions, str | Non
         if val is not None:
             sets[key] = str(val)
     cfg = resolve_config(a.config, resume=a.resume, overrides=sets)
-    opts = dist_options(int(os.environ.get("WORLD_SIZE", "1")), rollout_plan=a.rollout_plan,
+    world = int(os.environ.get("WORLD_SIZE", "1")) if world is None else world
+    opts = dist_options(world, rollout_plan=a.rollout_plan,
                         train_plan=a.train_plan, experience_plan=a.experience_plan,
                         memory_budget_mb=a.memory_budget_mb, schedule=a.schedule)
-    out = Path(a.out) if a.out else find_checkpoint(a.resume).parent.parent  # the run folder
+    out = Path(a.out) if a.out else default_out_dir(a.resume)  # a resumed checkpoint's run folder
     return cfg, out, opts, a.resume
+
+
+def check_launch(nproc: int, argv: list[str]) -> list[str]:
+    """Validate a multi-process run's arguments before any process starts (ValueError: one
+    line for the user); returns them with an explicit --out (all ranks must agree on it)."""
+    if not any(a == "--out" or a.startswith("--out=") for a in argv) and \
+            not any(a == "--resume" or a.startswith("--resume=") for a in argv):
+        argv = [*argv, "--out", str(default_out_dir(None))]
+    cfg, out, opts, _ = parse_args(argv, world=nproc)
+    check_config(cfg)
+    spec = (ModelSpec.from_name(cfg.model.path) if cfg.model.path in MODEL_CATALOG
+            else ModelSpec.from_hf_config(cfg.model.path))
+    plans = [opts.rollout_plan, opts.train_plan] + ([opts.experience_plan] if opts.experience_plan else [])
+    plans += [ParallelPlan.parse(p) for _, _, p in opts.schedule]
+    for plan in plans:
+        plan.validate(spec, world=nproc)
+        if spec.num_kv_heads % plan.tp:
+            raise ValueError(f"tp={plan.tp} does not divide {spec.name}'s {spec.num_kv_heads} key/value heads")
+        if plan.pp != 1 or plan.cp != 1:
+            raise ValueError(f"plan {plan.short()}: the multi-process runtime runs tp x dp plans (pp=1, cp=1)")
+    check_supported(cfg)
+    return argv
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -45,6 +45,19 @@ class MemoryBudgetExceeded(RuntimeError):
     pass
 
 
+def check_supported(cfg: RunConfig) -> None:
+    """What the multi-process runtime does not run yet, as one-line errors."""
+    t = cfg.trainer
+    if t.algo != "grpo" or t.kl_coef:
+        raise ValueError("the multi-process runtime supports trainer.algo=grpo with kl_coef=0; "
+                         f"got trainer.algo={t.algo} with kl_coef={t.kl_coef}")
+    if t.minibatches != 1:
+        raise ValueError(f"the multi-process runtime takes one optimizer step per training step "
+                         f"(trainer.minibatches=1), got {t.minibatches}")
+    if cfg.engine != "pytorch":
+        raise ValueError(f"the multi-process runtime runs the pytorch engine, got engine={cfg.engine}")
+
+
 def runnable(plan: ParallelPlan, world: int, config) -> str:
     """'' if the runtime can run `plan`, else why not."""
     if plan.pp != 1 or plan.cp != 1:
@@ -62,9 +75,7 @@ class DistRun:
     """State of one rank: models, optimizer, plans, recorder (rank 0)."""
 
     def __init__(self, cfg: RunConfig, opts: DistOptions, out: Path, rank: int, world: int):
-        if cfg.trainer.algo != "grpo" or cfg.trainer.kl_coef:
-            raise ValueError("the multi-process runtime supports trainer.algo=grpo with kl_coef=0; "
-                             f"got {cfg.trainer.algo} with kl_coef={cfg.trainer.kl_coef}")
+        check_supported(cfg)
         self.cfg, self.opts, self.out, self.rank, self.world = cfg, opts, out, rank, world
         self.policy = load_policy(cfg.model.path, seed=cfg.seed, dtype=cfg.model.dtype)
         self.shapes = param_shapes(self.policy.model)

@@ -162,7 +162,7 @@ def make_dist_trainer(model: torch.nn.Module, shapes: dict[str, ParamShape], gro
     return trainer, optim
 
 
-def dist_train_step(trainer: Trainer, optim: ShardedAdamW, local: ExperienceBatch) -> dict:
+def dist_train_step(trainer: Trainer, optim: ShardedAdamW, local: ExperienceBatch, progress: float = 0.0) -> dict:
     """One optimizer step over the global batch, given this rank's dp share `local` (every tp
     rank of a dp group passes the same share). Returns global token-weighted stats."""
     groups = optim.groups
@@ -172,6 +172,9 @@ def dist_train_step(trainer: Trainer, optim: ShardedAdamW, local: ExperienceBatc
         dist.all_reduce(n_global, group=groups.dp_group)
     optim.scale = float(n_local.item() / max(n_global.item(), 1.0))
     assert not trainer.cfg.grad_clip, "build the Trainer with grad_clip=0: ShardedAdamW clips globally"
+    lr = trainer.lr_at(progress)  # runtime-1's decay schedule, applied to the sharded AdamW
+    for group in optim.inner.param_groups:
+        group["lr"] = lr
     trainer.optimizer = optim  # Trainer._optimizer_step: zero_grad(), backward, then .step()
     stats = trainer._optimizer_step(local)
     keys = [k for k in sorted(stats) if k not in ("grad_norm", "train_tokens")]
@@ -181,4 +184,5 @@ def dist_train_step(trainer: Trainer, optim: ShardedAdamW, local: ExperienceBatc
     out = dict(zip(keys, vec.tolist(), strict=True))
     out["grad_norm"] = optim.last_norm
     out["train_tokens"] = float(n_global.item())
+    out["lr"] = lr
     return out

@@ -22,11 +22,16 @@ def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
 
 
 def launch(nproc: int, argv: list[str], *, env: dict | None = None) -> int:
-    """Run torchrun locally and wait; returns its exit code (0 ok, 2 bad input, else a failure).
+    """Check the arguments here (ValueError: a one-line user error, nothing started), then run
+    torchrun locally and wait; returns its exit code (0 ok, 2 bad input, else a failure).
 
-    When a rank dies, torchrun stops the others; the survivors print which peer was lost and
-    where the last complete checkpoint is, and this prints a one-line summary."""
-    cmd = torchrun_command(nproc, argv)
+    `argv` are `earl run`'s arguments without --nproc: [CONFIG] --env --model --steps --out
+    --resume --set, plus --rollout-plan --train-plan --experience-plan --memory-budget-mb
+    --schedule. When a rank dies, torchrun stops the others; the survivors print which peer was
+    lost and where the last complete checkpoint is, and this prints a one-line summary."""
+    from earl.runtime.dist_loop import check_launch
+
+    cmd = torchrun_command(nproc, check_launch(nproc, list(argv)))
     run_env = {**os.environ, **(env or {})}
     run_env.setdefault("OMP_NUM_THREADS", "1")
     proc = subprocess.run(cmd, env=run_env, check=False)

@@ -104,6 +104,15 @@ def test_bad_multi_process_options_are_one_line_errors():
         parse_args(["--steps", "3"])
     with pytest.raises(ValueError, match="--nproc must be an integer >= 2"):
         torchrun_command(1, [])
+    from earl.runtime.dist_loop import check_launch
+
+    with pytest.raises(ValueError, match="tp=4 does not divide tiny's 2 key/value heads"):
+        check_launch(4, ["--out", "x", "--train-plan", "tp4-dp1"])
+    with pytest.raises(ValueError, match="unknown config key 'trainer.lrr'"):
+        check_launch(2, ["--out", "x", "--set", "trainer.lrr=1"])
+    with pytest.raises(ValueError, match="trainer.minibatches=1"):
+        check_launch(2, ["--out", "x", "--set", "trainer.minibatches=2"])
+    assert "--out" in check_launch(2, ["--steps", "2"])  # one default folder for every rank
     opts = dist_options(4, rollout_plan="tp2-dp2")
     assert opts.train_plan.dp == 4 and opts.train_plan.sharded_optimizer and opts.rollout_plan.tp == 2
 
