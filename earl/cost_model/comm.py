@@ -27,16 +27,17 @@ def inter_node_link(cluster: ClusterSpec, ranks_per_node_sharing: int) -> LinkPa
 
 
 def group_link(cluster: ClusterSpec, profile: HardwareProfile, group_size: int, stride: int = 1,
-               concurrent_groups: bool = True) -> LinkParams:
+               concurrent_groups: bool = True, collective: str = "p2p") -> LinkParams:
     """The bottleneck link of a group of `group_size` ranks spaced `stride` apart.
 
     A group that fits inside one node uses NVLink. One that spans nodes is limited by the NICs;
     when every GPU of a node is in some such group at once (`concurrent_groups`), the node's
-    bandwidth is split among its GPUs."""
+    bandwidth is split among its GPUs. Inside a node, a calibrated profile may carry a link
+    fitted for this `collective`."""
     if group_size <= 1:
         return LinkParams(alpha_s=0.0, bw_bytes_s=float("inf"))
     if (group_size - 1) * stride < cluster.gpus_per_node:
-        return profile.intra
+        return profile.link_for(collective)
     sharing = cluster.gpus_per_node if concurrent_groups else max(1, cluster.gpus_per_node // stride)
     return inter_node_link(cluster, sharing)
 

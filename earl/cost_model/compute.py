@@ -56,9 +56,10 @@ def gemm_time_s(m: float, k: float, n: float, prof: HardwareProfile, dtype_bytes
 
 
 def forward_pass(model: ModelSpec, prof: HardwareProfile, *, tp: int, layers: int, tokens: float,
-                 attn_pairs: float, kv_tokens: float, lm_tokens: float) -> PassCost:
+                 attn_pairs: float, kv_tokens: float, lm_tokens: float, decode: bool = False) -> PassCost:
     """Per-GPU cost of pushing `tokens` new tokens through `layers` layers (and the LM head for
-    `lm_tokens` of them) with tensor parallelism `tp`."""
+    `lm_tokens` of them) with tensor parallelism `tp`. `decode`: one query token per sequence,
+    priced on the profile's decode-attention curve when it has one."""
     h, b = model.hidden_size, model.dtype_bytes
     qkv_n = (model.q_dim + 2 * model.kv_dim) / tp
     f = model.ffn_hidden / tp
@@ -70,7 +71,8 @@ def forward_pass(model: ModelSpec, prof: HardwareProfile, *, tp: int, layers: in
     attn_flops = 4.0 * attn_pairs * model.head_dim * heads
     kv_local = kv_heads_per_gpu(model, tp) * model.head_dim
     attn_bytes = kv_tokens * 2 * kv_local * b + 2 * tokens * heads * model.head_dim * b
-    attention = _op_time(attn_flops, attn_bytes, prof, prof.attention)
+    attn_curve = prof.attention_decode if decode and prof.attention_decode else prof.attention
+    attention = _op_time(attn_flops, attn_bytes, prof, attn_curve)
     # norms, residual adds, rope, activation: ~12 reads/writes of a token's hidden state
     elem_bytes = tokens * (12 * h + 3 * f) * b
     elementwise = _op_time(0.0, elem_bytes, prof, prof.memory)

@@ -118,7 +118,7 @@ class CostModel:
         return 0.0 if kind == "local" else comm.p2p_s(nbytes, self.link_params(kind))
 
     def _tp_link(self, tp: int) -> LinkParams:
-        return comm.group_link(self.cluster, self.profile, tp, 1)
+        return comm.group_link(self.cluster, self.profile, tp, 1, collective="allreduce")
 
     # ---- O(1) hooks for the simulator ---------------------------------------------------
     def _prefill_time_s(self, tp: int, new_tokens: int, prefix_tokens: int = 0, num_seqs: int = 1) -> float:
@@ -138,8 +138,8 @@ class CostModel:
             return 0.0
         cost = forward_pass(self.model, self.profile, tp=tp, layers=self.model.num_layers,
                             tokens=num_seqs, attn_pairs=total_context_tokens,
-                            kv_tokens=total_context_tokens, lm_tokens=num_seqs)
-        return cost.total_s + self._tp_comm_s(tp, num_seqs, passes=1)
+                            kv_tokens=total_context_tokens, lm_tokens=num_seqs, decode=True)
+        return cost.total_s + self._tp_comm_s(tp, num_seqs, passes=1) + self.profile.step_overhead_s
 
     def _kv_capacity_tokens(self, tp: int, pp: int = 1) -> int:
         """KV-cache tokens one replica (tp x pp GPUs) can hold after weights and reserve."""
@@ -217,7 +217,8 @@ class CostModel:
         waves = per / fit
         t_step = self.decode_step_time_s(plan.tp, fit, fit * context)
         cost = forward_pass(self.model, self.profile, tp=plan.tp, layers=self.model.num_layers,
-                            tokens=fit, attn_pairs=fit * context, kv_tokens=fit * context, lm_tokens=fit)
+                            tokens=fit, attn_pairs=fit * context, kv_tokens=fit * context, lm_tokens=fit,
+                            decode=True)
         t = waves * t_step
         note = "" if fit == per else (f"only {fit} of {per} sequences per replica fit in KV memory; "
                                       "throughput at that concurrency (continuous batching)")
@@ -267,7 +268,7 @@ class CostModel:
             return 0.0
         kv = plan.micro_batch * context * 2 * memory.kv_heads_per_gpu(self.model, plan.tp) * \
             self.model.head_dim * self.model.dtype_bytes
-        link = comm.group_link(self.cluster, self.profile, plan.cp, plan.tp)
+        link = comm.group_link(self.cluster, self.profile, plan.cp, plan.tp, collective="allgather")
         layers = -(-self.model.num_layers // plan.pp)
         return passes * layers * comm.allgather_s(kv, plan.cp, link)
 
@@ -301,7 +302,7 @@ class CostModel:
         # gradients are reduced over every rank holding the same weights: the dp x cp group
         grad_group = plan.dp * plan.cp
         span = (plan.cp - 1) * plan.tp + (plan.dp - 1) * plan.tp * plan.cp * plan.pp
-        dp_link = (self.profile.intra if span < self.cluster.gpus_per_node
+        dp_link = (self.profile.link_for("allreduce") if span < self.cluster.gpus_per_node
                    else comm.inter_node_link(self.cluster, self.cluster.gpus_per_node))
         dp_sync = comm.allreduce_s(p_local * memory.GRAD_BYTES, grad_group, dp_link)
         shard = grad_group if plan.sharded_optimizer else 1
@@ -334,7 +335,9 @@ class CostModel:
         ctx = sorted(int(c) for c in lengths)
         if not ctx:
             raise ValueError("mixed_batch needs at least one sequence length")
-        n_buckets = max(1, min(buckets, len(ctx) // max(1, plan.dp)))
+        # a bucket smaller than one micro-batch per dp group would add micro-batches (and their
+        # fixed per-kernel costs) that a real packed batch does not have
+        n_buckets = max(1, min(buckets, len(ctx) // max(1, plan.dp * plan.micro_batch)))
         size = -(-len(ctx) // n_buckets)
         stream = fill = p2p = 0.0
         last = None
@@ -434,7 +437,8 @@ class CostModel:
             alltoall = max(net_t, per_gpu_in / intra.bw_bytes_s) + msgs * alpha
             world = max(dst.world_size, src.world_size)
             # advantage normalisation: all-reduce of a few scalars per group
-            stats = comm.allreduce_s(16 * dst.dp, world, comm.group_link(self.cluster, self.profile, world))
+            stats = comm.allreduce_s(16 * dst.dp, world, comm.group_link(self.cluster, self.profile, world,
+                                                                          collective="allreduce"))
             t = alltoall + stats
             br = {"alltoall": alltoall, "advantage_stats": stats}
             through_controller = 64 * batch  # sample ids and lengths only
