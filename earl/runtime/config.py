@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ALGOS = ("grpo", "reinforce++")
+LR_DECAYS = ("none", "linear", "cosine")
 SELECTOR_NAMES = ("static", "earl-table", "cost-model")
 DISPATCHER_NAMES = ("centralized", "layout-aware")
 
@@ -63,6 +64,9 @@ class TrainerConfig:
     grad_clip: float = 1.0  # max global grad norm; 0 = off
     token_budget: int = 16384  # padded tokens per micro-batch (forward+backward at once)
     minibatches: int = 1  # optimizer steps per training step (the batch is split)
+    baseline: str = "per-turn"  # reinforce++: per-turn (mean return-to-go per turn index) | batch
+    lr_decay: str = "none"  # none | linear (to lr_min_frac * lr at the last step) | cosine
+    lr_min_frac: float = 0.1  # final lr as a fraction of lr when decaying
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +100,11 @@ class RunConfig:
         if self.dispatcher not in DISPATCHER_NAMES:
             raise ValueError(f"dispatcher {self.dispatcher!r} unknown; valid: "
                              f"{', '.join(DISPATCHER_NAMES)}")
+        if self.trainer.lr_decay not in LR_DECAYS:
+            raise ValueError(f"trainer.lr_decay {self.trainer.lr_decay!r} unknown; valid: "
+                             f"{', '.join(LR_DECAYS)}")
+        if self.trainer.baseline not in ("per-turn", "batch"):
+            raise ValueError(f"trainer.baseline {self.trainer.baseline!r} unknown; valid: per-turn, batch")
         if self.trainer.algo not in ALGOS:
             raise ValueError(f"trainer.algo {self.trainer.algo!r} unknown; valid: {', '.join(ALGOS)}")
 

@@ -335,7 +335,7 @@ def _one_step(cfg, step, engine, trainer, pol: Policies, rec: RunRecorder, env_f
     t5 = time.perf_counter()
     span(disp["kind"], "dispatch", t4, t5, bytes=disp["bytes"], args={"transfers": disp["transfers"]})
     train_gen = torch.Generator().manual_seed(mix_seed(cfg.seed, step, 2_000_003))
-    tstats = trainer.step(batch, generator=train_gen)
+    tstats = trainer.step(batch, generator=train_gen, progress=(step - 1) / max(cfg.steps - 1, 1))
     t6 = time.perf_counter()
     span("train_step", "train", t5, t6, tokens=int(tstats["train_tokens"]))
     if getattr(engine, "model", None) is not trainer.model:  # e.g. vLLM: push the new weights

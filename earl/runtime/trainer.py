@@ -35,6 +35,7 @@ class ExperienceBatch:
     engine_logprobs: torch.Tensor  # [N, T] float, from the rollout engine
     rewards: torch.Tensor  # [N] float, episode returns
     token_rewards: torch.Tensor  # [N, T] float, each step's reward on that turn's last token
+    turn_ids: torch.Tensor  # [N, T] long, the turn a generated token belongs to; -1 elsewhere
     old_logprobs: torch.Tensor | None = None  # [N, T] float, policy before this step
     ref_logprobs: torch.Tensor | None = None  # [N, T] float, frozen reference
     advantages: torch.Tensor | None = None  # [N, T] float
@@ -74,19 +75,25 @@ def collate(trajs: list[Trajectory], pad_id: int) -> ExperienceBatch:
     mask = torch.zeros(n, width, dtype=torch.bool)
     lps = torch.zeros(n, width)
     tok_r = torch.zeros(n, width)
+    turn_ids = torch.full((n, width), -1, dtype=torch.long)
     for i, t in enumerate(trajs):
-        for pos, r in t.step_rewards:
+        start = 0
+        for k, (pos, r) in enumerate(t.step_rewards):
             tok_r[i, pos] += r
+            turn_ids[i, start:pos + 1] = k
+            start = pos + 1
         k = len(t.token_ids)
         ids[i, :k] = torch.tensor(t.token_ids)
         attn[i, :k] = True
         mask[i, :k] = torch.tensor(t.loss_mask, dtype=torch.bool)
+        turn_ids[i][~mask[i]] = -1
         lps[i, :k] = torch.tensor(t.logprobs)
     return ExperienceBatch(
         sample_ids=torch.tensor([t.episode_id for t in trajs]),
         group_ids=torch.tensor([t.group_id for t in trajs]),
         input_ids=ids, attention_mask=attn, loss_mask=mask, engine_logprobs=lps,
-        rewards=torch.tensor([t.reward for t in trajs], dtype=torch.float32), token_rewards=tok_r)
+        rewards=torch.tensor([t.reward for t in trajs], dtype=torch.float32), token_rewards=tok_r,
+        turn_ids=turn_ids)
 
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -143,19 +150,31 @@ def grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float =
 
 
 def reinforce_pp_advantages(token_rewards: torch.Tensor, loss_mask: torch.Tensor, old_lp: torch.Tensor,
-                            ref_lp: torch.Tensor | None, kl_coef: float, eps: float = 1e-6) -> torch.Tensor:
+                            ref_lp: torch.Tensor | None, kl_coef: float, eps: float = 1e-6,
+                            turn_ids: torch.Tensor | None = None) -> torch.Tensor:
     """REINFORCE++: per-token reward -kl_coef * (log pi_old - log pi_ref) on generated tokens
     plus each environment step's reward on the last token of its turn; undiscounted
-    return-to-go; then whitened over all generated tokens of the batch."""
+    return-to-go; then whitened over all generated tokens of the batch.
+
+    With `turn_ids`, the baseline subtracted is the batch mean return-to-go of the same turn
+    index (an action-independent, so unbiased, baseline); without it, one batch mean. The
+    per-turn baseline matters with per-step rewards: a single mean would favour tokens merely
+    for coming late (negative step rewards) or early (positive ones)."""
     mask = loss_mask.float()
     tok_r = token_rewards.clone()
     if ref_lp is not None and kl_coef:
         tok_r = tok_r - kl_coef * (old_lp - ref_lp) * mask
     returns = tok_r.flip(1).cumsum(1).flip(1) * mask
     n = mask.sum().clamp(min=1)
-    mean = returns.sum() / n
-    var = (((returns - mean) * mask) ** 2).sum() / n
-    return (returns - mean) / (var.sqrt() + eps) * mask
+    centered = torch.zeros_like(returns)
+    if turn_ids is None:
+        centered = (returns - returns.sum() / n) * mask
+    else:
+        for k in turn_ids[loss_mask].unique():
+            sel = (turn_ids == k) & loss_mask
+            centered[sel] = returns[sel] - returns[sel].mean()
+    std = ((centered ** 2).sum() / n).sqrt()
+    return centered / (std + eps) * mask
 
 
 class Trainer:
@@ -182,12 +201,28 @@ class Trainer:
         if self.cfg.algo == "grpo":
             adv = grpo_advantages(batch.rewards, batch.group_ids)[:, None] * batch.loss_mask
         else:
-            adv = reinforce_pp_advantages(batch.token_rewards, batch.loss_mask, old, ref, self.cfg.kl_coef)
+            adv = reinforce_pp_advantages(batch.token_rewards, batch.loss_mask, old, ref, self.cfg.kl_coef,
+                                          turn_ids=batch.turn_ids if self.cfg.baseline == "per-turn" else None)
         return dataclasses.replace(batch, old_logprobs=old, ref_logprobs=ref, advantages=adv)
 
-    def step(self, batch: ExperienceBatch, generator: torch.Generator | None = None) -> dict:
-        """One training step: `cfg.minibatches` optimizer steps over a shuffled split."""
+    def lr_at(self, progress: float) -> float:
+        """The learning rate at `progress` in [0, 1] of the run (the decay schedule)."""
+        cfg = self.cfg
+        lo = cfg.lr * cfg.lr_min_frac
+        if cfg.lr_decay == "linear":
+            return cfg.lr + (lo - cfg.lr) * progress
+        if cfg.lr_decay == "cosine":
+            return lo + (cfg.lr - lo) * 0.5 * (1 + math.cos(math.pi * progress))
+        return cfg.lr
+
+    def step(self, batch: ExperienceBatch, generator: torch.Generator | None = None,
+             progress: float = 0.0) -> dict:
+        """One training step: `cfg.minibatches` optimizer steps over a shuffled split.
+        `progress` (0 at the first step, 1 at the last) sets the decayed learning rate."""
         assert batch.advantages is not None, "call prepare() first"
+        lr = self.lr_at(progress)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         n = batch.size
         perm = torch.randperm(n, generator=generator) if self.cfg.minibatches > 1 else torch.arange(n)
         chunks = [c.tolist() for c in perm.chunk(self.cfg.minibatches) if len(c)]
@@ -197,6 +232,7 @@ class Trainer:
             mb_stats = self._optimizer_step(batch.select(chunk))
             for k, v in mb_stats.items():
                 stats[k] = stats.get(k, 0.0) + v / len(chunks)
+        stats["lr"] = lr
         return stats
 
     def _optimizer_step(self, batch: ExperienceBatch) -> dict:

@@ -99,3 +99,15 @@ def test_update_raises_logprob_of_rewarded_tokens(tiny):
 def test_kl_needs_reference(tiny):
     with pytest.raises(ValueError, match="reference"):
         Trainer(tiny.model, TrainerConfig(kl_coef=0.1), temperature=1.0)
+
+
+def test_reinforce_pp_per_turn_baseline_has_no_position_bias():
+    # identical episodes, a penalty every turn: nothing to learn, so no advantage anywhere
+    mask = torch.tensor([[0, 1, 0, 1, 0, 1]] * 4, dtype=torch.bool)
+    turns = torch.tensor([[-1, 0, -1, 1, -1, 2]] * 4)
+    tok_r = torch.zeros(4, 6)
+    tok_r[:, 1], tok_r[:, 3], tok_r[:, 5] = -0.3, -0.3, -1.0
+    adv = reinforce_pp_advantages(tok_r, mask, torch.zeros(4, 6), None, 0.0, turn_ids=turns)
+    assert torch.all(adv == 0)
+    biased = reinforce_pp_advantages(tok_r, mask, torch.zeros(4, 6), None, 0.0)
+    assert biased[0, 5] > 0 > biased[0, 1]  # the single batch mean favours the last turn
