@@ -126,11 +126,12 @@ def run_step(run: DistRun, step: int, prev_stats, dispatcher, selector) -> tuple
         plan, why = None, ""
         if selector is not None:
             dec = selector.select(stage, dataclasses.replace(prev_stats, step=step), run.plans.for_stage(stage))
+            bad = runnable(dec.plan, world, run.policy.model.config) if dec.switched else ""
             decisions.append({"stage": stage.value, "plan": dec.plan.describe(), "switched": dec.switched,
-                              "reason": dec.reason})
-            if dec.switched:
-                bad = runnable(dec.plan, world, run.policy.model.config)
-                plan, why = (None, "") if bad else (dec.plan, dec.reason)
+                              "applied": dec.switched and not bad, "reason": dec.reason,
+                              **({"not_applied": bad} if bad else {})})
+            if dec.switched and not bad:
+                plan, why = dec.plan, dec.reason
         for s_step, s_stage, s_plan in run.opts.schedule:
             if s_step == step and s_stage == stage.value:
                 plan, why = ParallelPlan.parse(s_plan), f"scheduled switch at step {step}"
