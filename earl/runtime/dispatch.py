@@ -2,10 +2,12 @@
 sample move from the ranks that produced them to the training ranks that need them.
 
 Both dispatchers of `earl.policies.dispatch` run here, from the same executor:
-- `centralized`: phase 1 gathers input_ids, masks, log-probs and rewards on the controller,
-  which computes the advantages; phase 2 scatters each rank's share.
-- `layout-aware`: producers first normalise advantages in place (an all_reduce of per-group
-  scalar statistics: sum, sum of squares, count), then every consumer receives its share
+- `centralized`: phase 1 gathers input_ids, masks, log-probs and rewards on the controller
+  (for REINFORCE++ also the per-token step rewards / turn ids it needs, counted in the bytes
+  sent), which computes the advantages; phase 2 scatters each rank's share.
+- `layout-aware`: producers first compute advantages in place (one reduction of per-group
+  scalar statistics: sum, sum of squares, count; earl.runtime.dist_advantages), then every
+  consumer receives its share
   straight from a producer (point-to-point; a local copy when producer == consumer).
 Each phase posts all of its receives and sends at once (isend/irecv), one message per
 transfer. What a rank ends up holding is checked against the plan: exactly once, exactly what
@@ -16,6 +18,7 @@ its layout needs.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -26,6 +29,13 @@ import torch.distributed as dist
 from earl.policies.dispatch import required_sets
 from earl.policies.types import TENSOR_BYTES_PER_SAMPLE, Layout, Sample, TransferPlan
 from earl.runtime.dist import comm_device
+from earl.runtime.dist_advantages import (
+    AdvantageSpec,
+    Store,
+    distributed_advantages,
+    fill_advantages,
+    local_stats,
+)
 
 TENSOR_DTYPES: dict[str, torch.dtype] = {
     "input_ids": torch.int64,
@@ -34,11 +44,9 @@ TENSOR_DTYPES: dict[str, torch.dtype] = {
     "ref_logprobs": torch.float32,
     "advantages": torch.float32,
     "rewards": torch.float32,  # one value per sample
+    "token_rewards": torch.float32,  # REINFORCE++ inputs, staged at the controller (centralized)
+    "turn_ids": torch.int64,
 }
-ADVANTAGE_ESTIMATORS = ("grpo", "reinforce++")
-
-# sample id -> tensor name -> tensor (per-token tensors are 1-D of the sample's length)
-Store = dict[int, dict[str, torch.Tensor]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,91 +60,6 @@ class DispatchStats:
     bytes_sent: int
     bytes_recv: int
     messages: int
-
-
-# --------------------------------------------------------------------------------------------
-# Advantages
-# --------------------------------------------------------------------------------------------
-def _group_key(estimator: str, s: Sample) -> int:
-    if estimator not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(f"advantage estimator {estimator!r} unknown; valid: {', '.join(ADVANTAGE_ESTIMATORS)}")
-    return s.group if estimator == "grpo" else 0  # REINFORCE++: one batch-wide baseline
-
-
-def group_stats(store: Store, samples: list[Sample], estimator: str,
-                counted: set[int] | None = None) -> dict[int, torch.Tensor]:
-    """group -> float64 [sum, sum of squares, count] of the rewards this rank holds (only the
-    samples in `counted`, when given: tp peers hold copies and must count each sample once)."""
-    stats: dict[int, torch.Tensor] = {}
-    for s in samples:
-        if counted is not None and s.id not in counted:
-            continue
-        if s.id in store and "rewards" in store[s.id]:
-            r = float(store[s.id]["rewards"].double().item())
-            g = _group_key(estimator, s)
-            stats.setdefault(g, torch.zeros(3, dtype=torch.float64))
-            stats[g] += torch.tensor([r, r * r, 1.0], dtype=torch.float64)
-    return stats
-
-
-def fill_advantages(store: Store, samples: list[Sample], stats: dict[int, torch.Tensor],
-                    estimator: str, eps: float = 1e-6) -> None:
-    """advantage = (reward - group mean) / (group std + eps), per token of the sample.
-    std is the population std of the group's rewards."""
-    for s in samples:
-        item = store.get(s.id)
-        if item is None or "rewards" not in item:
-            continue
-        total, sq, n = stats[_group_key(estimator, s)].tolist()
-        mean = total / n
-        std = max(sq / n - mean * mean, 0.0) ** 0.5
-        adv = (float(item["rewards"].double().item()) - mean) / (std + eps)
-        item["advantages"] = torch.full((item["input_ids"].numel(),), adv, dtype=torch.float32)
-
-
-def producer_samples(src: Layout, rank: int) -> set[int]:
-    """Sample ids whose reward this rank counts: the first rank of each src dp group."""
-    p = src.plan
-    return {i for g, ids in enumerate(src.assignment) for i in ids
-            if src.base_rank + g * p.pp * p.cp * p.tp == rank}
-
-
-def reduce_small(flat: torch.Tensor, root: int = 0, group=None) -> None:
-    """Sum a few scalars over all ranks, in place. On gloo a two-hop star through `root` (one
-    message in, one out per rank): a ring all_reduce needs 2(p-1) sequential hops, each costing
-    a scheduler wake-up on an oversubscribed CPU host. NCCL: all_reduce."""
-    if dist.get_backend(group) != "gloo":
-        dist.all_reduce(flat, group=group)
-        return
-    rank, world = dist.get_rank(), dist.get_world_size(group)
-    if rank != root:
-        dist.send(flat, dst=root, group=group)
-        dist.recv(flat, src=root, group=group)
-        return
-    bufs = [torch.empty_like(flat) for _ in range(world)]
-    works = [dist.irecv(bufs[r], src=r, group=group) for r in range(world) if r != root]
-    for w in works:
-        w.wait()
-    total = flat.clone()
-    for r in range(world):
-        if r != root:
-            total += bufs[r]
-    flat.copy_(total)
-    for w in [dist.isend(flat, dst=r, group=group) for r in range(world) if r != root]:
-        w.wait()
-
-
-def distributed_advantages(store: Store, samples: list[Sample], src: Layout, estimator: str = "grpo",
-                           rank: int = 0, group=None) -> None:
-    """Advantages at the producers: only per-group scalars cross the network."""
-    keys = sorted({_group_key(estimator, s) for s in samples})
-    local = group_stats(store, samples, estimator, producer_samples(src, rank))
-    flat = torch.stack([local.get(k, torch.zeros(3, dtype=torch.float64)) for k in keys])
-    if dist.is_initialized():
-        flat = flat.to(comm_device())
-        reduce_small(flat, group=group)
-        flat = flat.cpu()
-    fill_advantages(store, samples, {k: flat[i] for i, k in enumerate(keys)}, estimator)
 
 
 # --------------------------------------------------------------------------------------------
@@ -188,7 +111,7 @@ def _copy(transfer, store: Store, tokens: dict[int, int], out: Store,
 # The executor
 # --------------------------------------------------------------------------------------------
 def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], src: Layout, dst: Layout, *,
-                     estimator: str = "grpo", rank: int | None = None,
+                     advantages: AdvantageSpec = AdvantageSpec(), rank: int | None = None,
                      check: bool = True) -> tuple[Store, DispatchStats]:
     """Run `tplan` from this rank's `store` (the samples it produced, with rewards). Returns
     the samples this rank needs for training under `dst` (per-token tensors + advantages) and
@@ -202,7 +125,7 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
     adv_s = 0.0
     if tplan.kind != "centralized":
         t0 = time.perf_counter()
-        distributed_advantages(store, samples, src, estimator, rank)
+        distributed_advantages(store, samples, src, advantages, rank)
         adv_s = time.perf_counter() - t0
     held: Store = {i: dict(v) for i, v in store.items()}  # grows with staged data (centralized)
     phase_s = []
@@ -214,6 +137,9 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
         final = k == len(tplan.phases) - 1
         out: Store = delivered if final else held
         phase_counts: dict[tuple[int, str], int] = counts if final else {}
+        if not final and advantages.inputs:  # the controller computes advantages: stage their inputs
+            phase = [dataclasses.replace(tr, tensors=tr.tensors + advantages.inputs)
+                     if "input_ids" in tr.tensors else tr for tr in phase]
         tag_of: dict[tuple[int, int], int] = defaultdict(int)
         works, inbox = [], []
         for tr in phase:  # receives first, then sends; tags count transfers per pair
@@ -243,7 +169,7 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
             _unpack(tr, buf, tokens, out, phase_counts)
         if not final and tplan.kind == "centralized" and rank == tplan.controller:
             t1 = time.perf_counter()
-            fill_advantages(held, samples, group_stats(held, samples, estimator), estimator)
+            fill_advantages(held, samples, local_stats(held, samples, advantages), advantages)
             adv_s += time.perf_counter() - t1
         phase_s.append(time.perf_counter() - t0)
     stats = DispatchStats(kind=tplan.kind, seconds=time.perf_counter() - t_start, phase_s=tuple(phase_s),

@@ -43,13 +43,14 @@ from earl.policies.balance import balance_samples
 from earl.policies.types import Layout, Sample
 from earl.runtime.checkpoint import find_checkpoint
 from earl.runtime.config import RunConfig, to_dict
-from earl.runtime.dispatch import Store, execute_dispatch
+from earl.runtime.dispatch import execute_dispatch
 from earl.runtime.dist import (
     exchange_objects,
     init_distributed,
     print0,
     shutdown,
 )
+from earl.runtime.dist_advantages import Store
 from earl.runtime.dist_checkpoint import load_dist_checkpoint, save_dist_checkpoint
 from earl.runtime.dist_state import DistOptions, DistRun, MemoryBudgetExceeded, check_supported, runnable
 from earl.runtime.dist_train import dist_train_step
@@ -192,14 +193,15 @@ def run_step(run: DistRun, step: int, prev_stats, dispatcher, selector) -> tuple
             k = len(t.token_ids)
             store[t.episode_id] = {"input_ids": batch.input_ids[r, :k], "loss_mask": batch.loss_mask[r, :k],
                                    "old_logprobs": old[r, :k], "ref_logprobs": old[r, :k],
-                                   "rewards": torch.tensor([t.reward])}
+                                   "rewards": torch.tensor([t.reward]),
+                                   "token_rewards": batch.token_rewards[r, :k], "turn_ids": batch.turn_ids[r, :k]}
         run.span("logprob", "experience", t0, step, tokens=sum(len(t.token_ids) for t in mine_exp))
         # dispatch to the training layout
         t0 = time.perf_counter()
         src = Layout(exp_plan, exp_assign)
         dst = Layout(plan, balance_samples(samples, plan.dp)[0])
         tplan = dispatcher.plan(src, dst, samples)
-        delivered, dstats = execute_dispatch(tplan, store, samples, src, dst, estimator="grpo")
+        delivered, dstats = execute_dispatch(tplan, store, samples, src, dst, advantages=run.advantages)
         run.span(tplan.kind, "dispatch", t0, step, bytes=dstats.bytes_sent)
         ids = list(dst.assignment[tg.dp_rank])
         local_batch = _local_batch(delivered, ids, meta, run.policy.tokenizer.pad_id)

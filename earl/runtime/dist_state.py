@@ -18,6 +18,7 @@ import torch.distributed as dist
 from earl.policies.reshard import plan_reshard
 from earl.runtime.config import RunConfig
 from earl.runtime.dist import build_plan_groups, comm_device, print0
+from earl.runtime.dist_advantages import AdvantageSpec
 from earl.runtime.dist_train import STATES, make_dist_trainer
 from earl.runtime.engine import TorchEngine
 from earl.runtime.loop import sampling_params
@@ -48,9 +49,9 @@ class MemoryBudgetExceeded(RuntimeError):
 def check_supported(cfg: RunConfig) -> None:
     """What the multi-process runtime does not run yet, as one-line errors."""
     t = cfg.trainer
-    if t.algo != "grpo" or t.kl_coef:
-        raise ValueError("the multi-process runtime supports trainer.algo=grpo with kl_coef=0; "
-                         f"got trainer.algo={t.algo} with kl_coef={t.kl_coef}")
+    if t.kl_coef:
+        raise ValueError(f"the multi-process runtime has no reference model yet: trainer.kl_coef must be 0, "
+                         f"got {t.kl_coef}")
     if t.minibatches != 1:
         raise ValueError(f"the multi-process runtime takes one optimizer step per training step "
                          f"(trainer.minibatches=1), got {t.minibatches}")
@@ -80,6 +81,7 @@ class DistRun:
         self.policy = load_policy(cfg.model.path, seed=cfg.seed, dtype=cfg.model.dtype)
         self.shapes = param_shapes(self.policy.model)
         self.params = sampling_params(cfg)
+        self.advantages = AdvantageSpec(estimator=cfg.trainer.algo, per_turn=cfg.trainer.baseline == "per-turn")
         exp_plan = opts.experience_plan or opts.train_plan
         for plan in (opts.rollout_plan, exp_plan, opts.train_plan):
             why = runnable(plan, world, self.policy.model.config)
@@ -194,16 +196,20 @@ class DistRun:
         """This rank's bytes under train `plan`: both model copies, grads, AdamW slices, and the
         activations of the largest micro-batch (hidden states per layer + fp32 logits)."""
         spec = self.policy.spec
-        item = 4
-        weights = sum(_numel(s.shape) // (plan.tp if s.tp_dim is not None else 1)
-                      for s in self.shapes.values()) * item
-        opt = weights * 2 / (plan.dp if plan.sharded_optimizer else 1)
+        item = next(iter(self.shapes.values())).itemsize  # parameter dtype bytes
+
+        def shard_bytes(tp: int) -> float:
+            return sum(_numel(s.shape) // (tp if s.tp_dim is not None else 1) * s.itemsize
+                       for s in self.shapes.values())
+
+        weights = shard_bytes(plan.tp)  # and as many for the gradients
+        opt = weights * 2 / (plan.dp if plan.sharded_optimizer else 1)  # AdamW: exp_avg, exp_avg_sq
         copies = [self.plans.rollout] + ([self.plans.experience] if self.exp_model is not None else [])
-        rollout = sum(_numel(s.shape) // (c.tp if s.tp_dim is not None else 1)
-                      for s in self.shapes.values() for c in copies) * item
+        others = sum(shard_bytes(c.tp) for c in copies)
         mb_tokens = min(max(local_tokens, longest), max(self.cfg.trainer.token_budget, longest))
-        act = mb_tokens * (spec.num_layers * 16 * spec.hidden_size / plan.tp + 3 * spec.vocab_size) * item
-        return weights * 2 + opt + rollout + act
+        # saved activations ~16 hidden-sized tensors per layer and token (tp-sharded), fp32 logits x3
+        act = mb_tokens * (spec.num_layers * 16 * spec.hidden_size / plan.tp * item + 3 * spec.vocab_size * 4)
+        return weights * 2 + opt + others + act
 
     def check_budget(self, local_tokens: int, longest: int, step: int) -> None:
         budget = self.opts.memory_budget_bytes
@@ -218,9 +224,12 @@ class DistRun:
                                        f"{budget / 2**20:.1f} MiB")
 
     def sparing_plan(self, tokens: int, longest: int) -> ParallelPlan | None:
-        """The runnable train plan with the least accounted memory below the current one."""
+        """A runnable train plan needing less accounted memory than the current one: the one
+        closest to the budget from below (the least disruptive that fits), else the one needing
+        the least (the step's check then tells whether that is enough)."""
         cur = self.memory_bytes(self.plans.train, tokens, longest)
-        best = None
+        budget = self.opts.memory_budget_bytes or float("inf")
+        fits, least = None, None
         for tp in range(1, self.world + 1):
             if self.world % tp:
                 continue
@@ -229,9 +238,14 @@ class DistRun:
                 if runnable(p, self.world, self.policy.model.config):
                     continue
                 m = self.memory_bytes(p, tokens * self.plans.train.dp // p.dp, longest)
-                if m < cur and (best is None or m < best[0]):
-                    best = (m, p)
-        return best[1] if best else None
+                if m >= cur:
+                    continue
+                if m <= budget and (fits is None or m > fits[0]):
+                    fits = (m, p)
+                if least is None or m < least[0]:
+                    least = (m, p)
+        pick = fits or least
+        return pick[1] if pick else None
 
 
 def _numel(shape) -> int:

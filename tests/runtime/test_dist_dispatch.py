@@ -12,13 +12,9 @@ import torch
 from earl.policies.balance import balance_samples, round_robin_samples
 from earl.policies.dispatch import CentralizedDispatcher, LayoutAwareDispatcher
 from earl.policies.types import Layout, Sample
-from earl.runtime.dispatch import (
-    check_delivery,
-    execute_dispatch,
-    fill_advantages,
-    group_stats,
-)
+from earl.runtime.dispatch import check_delivery, execute_dispatch
 from earl.runtime.dist import run_local
+from earl.runtime.dist_advantages import AdvantageSpec
 from earl.specs import ParallelPlan
 
 GROUP_SIZE = 3
@@ -31,15 +27,53 @@ def make_samples(n: int, seed: int = 0) -> list[Sample]:
 
 
 def produce(s: Sample) -> dict[str, torch.Tensor]:
-    """Deterministic experience tensors of one sample (what the experience stage computes)."""
+    """Deterministic experience tensors of one sample (what the experience stage computes):
+    turns of 2 observation tokens then up to 5 generated ones, a step reward on each turn's
+    last generated token."""
     gen = torch.Generator().manual_seed(1000 + s.id)
+    mask = torch.zeros(s.tokens, dtype=torch.bool)
+    turn = torch.full((s.tokens,), -1, dtype=torch.long)
+    tok_r = torch.zeros(s.tokens)
+    pos, k = 2, 0
+    while pos < s.tokens:
+        n = int(torch.randint(1, 6, (1,), generator=gen))
+        end = min(pos + n, s.tokens)
+        mask[pos:end], turn[pos:end] = True, k
+        tok_r[end - 1] = float(torch.randn(1, generator=gen))
+        pos, k = end + 2, k + 1
     return {
         "input_ids": torch.randint(0, 64, (s.tokens,), generator=gen),
-        "loss_mask": torch.rand(s.tokens, generator=gen) > 0.3,
+        "loss_mask": mask,
         "old_logprobs": -torch.rand(s.tokens, generator=gen),
         "ref_logprobs": -torch.rand(s.tokens, generator=gen),
-        "rewards": torch.rand(1, generator=gen),
+        "rewards": tok_r.sum().reshape(1),
+        "token_rewards": tok_r,
+        "turn_ids": turn,
     }
+
+
+def expected_advantages(samples, spec: AdvantageSpec) -> dict[int, torch.Tensor]:
+    """runtime-1's single-process estimators on the whole batch (earl.runtime.trainer)."""
+    from earl.runtime.trainer import grpo_advantages, reinforce_pp_advantages
+
+    items = [produce(s) for s in samples]
+    width = max(s.tokens for s in samples)
+
+    def pad(name, fill=0):
+        out = torch.full((len(samples), width), fill, dtype=items[0][name].dtype)
+        for r, it in enumerate(items):
+            out[r, :it[name].numel()] = it[name]
+        return out
+
+    mask = pad("loss_mask")
+    if spec.estimator == "grpo":
+        per_sample = grpo_advantages(torch.cat([it["rewards"] for it in items]),
+                                     torch.tensor([s.group for s in samples]))
+        adv = per_sample[:, None] * mask
+    else:
+        adv = reinforce_pp_advantages(pad("token_rewards"), mask, pad("old_logprobs"), None, 0.0,
+                                      turn_ids=pad("turn_ids", -1) if spec.per_turn else None)
+    return {s.id: adv[r, :s.tokens] for r, s in enumerate(samples)}
 
 
 def layouts(samples, src_plan, dst_plan):
@@ -48,7 +82,7 @@ def layouts(samples, src_plan, dst_plan):
     return Layout(src_plan, src_assign), Layout(dst_plan, dst_assign)
 
 
-def _dispatch_worker(samples, src, dst, kind):
+def _dispatch_worker(samples, src, dst, kind, spec):
     import torch.distributed as dist
 
     rank = dist.get_rank()
@@ -56,21 +90,23 @@ def _dispatch_worker(samples, src, dst, kind):
     store = {i: produce(s) for s in samples for i in [s.id] if i in src.assignment[g]}
     disp = CentralizedDispatcher() if kind == "centralized" else LayoutAwareDispatcher()
     tplan = disp.plan(src, dst, samples)
-    got, stats = execute_dispatch(tplan, store, samples, src, dst)
+    got, stats = execute_dispatch(tplan, store, samples, src, dst, advantages=spec)
     return got, stats.bytes_sent, stats.bytes_recv
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("src_plan,dst_plan", [
-    (ParallelPlan(tp=2, dp=2), ParallelPlan(tp=1, dp=4)),
-    (ParallelPlan(tp=1, dp=4), ParallelPlan(tp=2, dp=2)),
+@pytest.mark.parametrize("src_plan,dst_plan,spec", [
+    (ParallelPlan(tp=2, dp=2), ParallelPlan(tp=1, dp=4), AdvantageSpec(estimator="grpo")),
+    (ParallelPlan(tp=1, dp=4), ParallelPlan(tp=2, dp=2), AdvantageSpec(estimator="reinforce++", per_turn=True)),
+    (ParallelPlan(tp=2, dp=2), ParallelPlan(tp=4, dp=1), AdvantageSpec(estimator="reinforce++")),
 ])
-def test_both_dispatchers_deliver_identical_batches_exactly_once(src_plan, dst_plan):
+def test_both_dispatchers_deliver_identical_batches_exactly_once(src_plan, dst_plan, spec):
     samples = make_samples(13)
     src, dst = layouts(samples, src_plan, dst_plan)
     expected = {s.id: produce(s) for s in samples}
-    fill_advantages(expected, samples, group_stats(expected, samples, "grpo"), "grpo")
-    runs = {k: run_local(_dispatch_worker, 4, samples, src, dst, k, timeout_s=120)
+    for i, adv in expected_advantages(samples, spec).items():
+        expected[i]["advantages"] = adv
+    runs = {k: run_local(_dispatch_worker, 4, samples, src, dst, k, spec, timeout_s=120)
             for k in ("centralized", "layout-aware")}
     for rank in range(4):
         a, b = runs["centralized"][rank][0], runs["layout-aware"][rank][0]
@@ -79,8 +115,12 @@ def test_both_dispatchers_deliver_identical_batches_exactly_once(src_plan, dst_p
         for i in a:
             assert sorted(a[i]) == sorted(b[i])
             for name in a[i]:
-                assert torch.equal(a[i][name], b[i][name]), f"rank {rank} sample {i} {name} differs"
-                assert torch.allclose(a[i][name].float(), expected[i][name].float(), atol=1e-6), name
+                if name == "advantages":  # float64 statistics, summed in a different order
+                    torch.testing.assert_close(a[i][name], b[i][name], atol=1e-5, rtol=1e-5)
+                    torch.testing.assert_close(a[i][name], expected[i][name], atol=1e-5, rtol=1e-5)
+                else:
+                    assert torch.equal(a[i][name], b[i][name]), f"rank {rank} sample {i} {name} differs"
+                    assert torch.equal(a[i][name], expected[i][name]), f"rank {rank} sample {i} {name}"
     # the controller (rank 0) carries everything twice under centralized; not under layout-aware
     sent_c = [r[1] for r in runs["centralized"]]
     sent_l = [r[1] for r in runs["layout-aware"]]

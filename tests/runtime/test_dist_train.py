@@ -20,7 +20,7 @@ from earl.runtime.tp import apply_tp, param_shapes
 from earl.runtime.trainer import Trainer, collate
 from earl.specs import ParallelPlan
 
-CFG = TrainerConfig(lr=1e-2, grad_clip=0.5, token_budget=64)
+CFG = TrainerConfig(algo="grpo", lr=1e-2, grad_clip=0.5, token_budget=64, entropy_coef=0.01, lr_decay="none")
 STEPS = 2
 
 

@@ -1,0 +1,157 @@
+"""Advantages computed where the experience lives, reducing only scalar statistics.
+
+The same estimators as runtime-1's trainer (earl.runtime.trainer), split into a local part and a
+tiny reduction so that no rank needs the whole batch:
+- GRPO: per prompt group, (reward - group mean) / (group std + eps), on every generated token.
+- REINFORCE++: per generated token, the undiscounted return-to-go of the per-step rewards,
+  minus a baseline (the batch mean, or the mean of the same turn index with `per_turn`), divided
+  by the std of the centred returns over all generated tokens of the batch.
+Each rank sums, per key (group or turn), [sum, sum of squares, count] of the values it holds;
+one reduction of those scalars (`reduce_small`) gives every rank the batch statistics.
+
+    OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_dist_dispatch.py
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from earl.policies.types import Layout, Sample
+from earl.runtime.dist import comm_device
+
+ESTIMATORS = ("grpo", "reinforce++")
+
+# sample id -> tensor name -> tensor (per-token tensors are 1-D of the sample's length)
+Store = dict[int, dict[str, torch.Tensor]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdvantageSpec:
+    """Which estimator, and what the producers must hold for it."""
+
+    estimator: str = "grpo"  # grpo | reinforce++
+    per_turn: bool = False  # reinforce++: baseline per turn index instead of one batch mean
+    eps: float = 1e-6  # added to the std
+
+    def __post_init__(self):
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"advantage estimator {self.estimator!r} unknown; valid: {', '.join(ESTIMATORS)}")
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """Per-token tensors beyond the dispatched ones that computing advantages reads."""
+        if self.estimator == "grpo":
+            return ()
+        return ("token_rewards", "turn_ids") if self.per_turn else ("token_rewards",)
+
+
+def _entries(item: dict[str, torch.Tensor], s: Sample, spec: AdvantageSpec):
+    """(keys [n] long, values [n] float64) this sample contributes to the statistics."""
+    if spec.estimator == "grpo":
+        return torch.tensor([s.group]), item["rewards"].double().reshape(1)
+    mask = item["loss_mask"].bool()
+    returns = item["token_rewards"].double().flip(0).cumsum(0).flip(0)
+    keys = item["turn_ids"][mask].long() if spec.per_turn else torch.zeros(int(mask.sum()), dtype=torch.long)
+    return keys, returns[mask]
+
+
+def local_stats(store: Store, samples: list[Sample], spec: AdvantageSpec,
+                counted: set[int] | None = None) -> dict[int, torch.Tensor]:
+    """key -> float64 [sum, sum of squares, count] over the samples this rank holds (only those
+    in `counted`, when given: tp peers hold copies and must count each sample once)."""
+    stats: dict[int, torch.Tensor] = {}
+    for s in samples:
+        if (counted is not None and s.id not in counted) or s.id not in store:
+            continue
+        keys, values = _entries(store[s.id], s, spec)
+        for k in keys.unique().tolist():
+            v = values[keys == k]
+            stats.setdefault(k, torch.zeros(3, dtype=torch.float64))
+            stats[k] += torch.stack([v.sum(), (v * v).sum(), torch.tensor(float(v.numel()), dtype=torch.float64)])
+    return stats
+
+
+def fill_advantages(store: Store, samples: list[Sample], stats: dict[int, torch.Tensor],
+                    spec: AdvantageSpec) -> None:
+    """Write store[id]["advantages"] (per token, fp32) from the batch statistics."""
+    if spec.estimator == "reinforce++":
+        n = sum(float(v[2]) for v in stats.values())
+        centred_sq = sum(float(v[1]) - float(v[0]) ** 2 / float(v[2]) for v in stats.values() if v[2] > 0)
+        std = (max(centred_sq, 0.0) / max(n, 1.0)) ** 0.5
+    for s in samples:
+        item = store.get(s.id)
+        if item is None:
+            continue
+        if spec.estimator == "grpo":
+            total, sq, cnt = stats[s.group].tolist()
+            mean = total / cnt
+            g_std = max(sq / cnt - mean * mean, 0.0) ** 0.5
+            adv = (float(item["rewards"].double().item()) - mean) / (g_std + spec.eps)
+            item["advantages"] = torch.full((item["input_ids"].numel(),), adv, dtype=torch.float32) \
+                * item["loss_mask"]
+            continue
+        mask = item["loss_mask"].bool()
+        returns = item["token_rewards"].double().flip(0).cumsum(0).flip(0)
+        keys = item["turn_ids"].long() if spec.per_turn else torch.zeros_like(item["input_ids"])
+        means = torch.zeros_like(returns)
+        for k in keys[mask].unique().tolist():
+            tot = stats[k]
+            means[keys == k] = float(tot[0]) / float(tot[2])
+        item["advantages"] = ((returns - means) / (std + spec.eps) * mask).float()
+
+
+def producer_samples(src: Layout, rank: int) -> set[int]:
+    """Sample ids this rank counts: the first rank of each src dp group."""
+    p = src.plan
+    return {i for g, ids in enumerate(src.assignment) for i in ids
+            if src.base_rank + g * p.pp * p.cp * p.tp == rank}
+
+
+def reduce_small(flat: torch.Tensor, root: int = 0, op: str = "sum", group=None) -> None:
+    """Sum (or max) a few scalars over all ranks, in place. On gloo a two-hop star through
+    `root` (one message in, one out per rank): a ring all_reduce needs 2(p-1) sequential hops,
+    each a scheduler wake-up on an oversubscribed CPU host. NCCL: all_reduce."""
+    if dist.get_backend(group) != "gloo":
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX, group=group)
+        return
+    rank, world = dist.get_rank(), dist.get_world_size(group)
+    if rank != root:
+        dist.send(flat, dst=root, group=group)
+        dist.recv(flat, src=root, group=group)
+        return
+    bufs = [torch.empty_like(flat) for _ in range(world)]
+    for w in [dist.irecv(bufs[r], src=r, group=group) for r in range(world) if r != root]:
+        w.wait()
+    total = flat.clone()
+    for r in range(world):
+        if r != root:
+            total = total + bufs[r] if op == "sum" else torch.maximum(total, bufs[r])
+    flat.copy_(total)
+    for w in [dist.isend(flat, dst=r, group=group) for r in range(world) if r != root]:
+        w.wait()
+
+
+def distributed_advantages(store: Store, samples: list[Sample], src: Layout, spec: AdvantageSpec,
+                           rank: int = 0, group=None) -> None:
+    """Advantages at the producers: only per-key scalars cross the network (plus, for a
+    per-turn baseline, one max of the turn count)."""
+    local = local_stats(store, samples, spec, producer_samples(src, rank))
+    if spec.estimator == "grpo":
+        keys = sorted({s.group for s in samples})
+    elif not spec.per_turn:
+        keys = [0]
+    else:  # every rank must stack the same keys: agree on the number of turns first
+        width = torch.tensor([max(local, default=-1) + 1], dtype=torch.float64, device=comm_device())
+        if dist.is_initialized():
+            reduce_small(width, op="max", group=group)
+        keys = list(range(int(width.item())))
+    flat = torch.stack([local.get(k, torch.zeros(3, dtype=torch.float64)) for k in keys]) if keys \
+        else torch.zeros(0, 3, dtype=torch.float64)
+    if dist.is_initialized():
+        flat = flat.to(comm_device())
+        reduce_small(flat, group=group)
+        flat = flat.cpu()
+    fill_advantages(store, samples, {k: flat[i] for i, k in enumerate(keys) if flat[i][2] > 0}, spec)
