@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from earl.cost_model import comm, memory
-from earl.cost_model.compute import causal_pairs, forward_pass, train_flops_per_token
+from earl.cost_model.compute import causal_pairs, forward_pass, param_tensors, train_flops_per_token
 from earl.cost_model.memory import MemoryBreakdown
 from earl.cost_model.profile import HardwareProfile, LinkParams, datasheet_profile
 from earl.specs import TENSOR_BYTES_PER_SAMPLE, TENSOR_BYTES_PER_TOKEN, ClusterSpec, ModelSpec, ParallelPlan
@@ -130,7 +130,12 @@ class CostModel:
         cost = forward_pass(self.model, self.profile, tp=tp, layers=self.model.num_layers,
                             tokens=new_tokens, attn_pairs=num_seqs * causal_pairs(n, pre),
                             kv_tokens=prefix_tokens + new_tokens, lm_tokens=num_seqs)
-        return cost.total_s + self._tp_comm_s(tp, new_tokens, passes=1)
+        return cost.total_s + self._tp_comm_s(tp, new_tokens, passes=1) + self._engine_host_s(num_seqs)
+
+    def _engine_host_s(self, num_seqs: float) -> float:
+        """Host seconds of one engine iteration (a prefill or a decode forward, each followed
+        by sampling) beyond the forward: fixed plus per sequence (calibrated; 0 on datasheets)."""
+        return self.profile.step_overhead_s + self.profile.step_seq_overhead_s * num_seqs
 
     def decode_step_time_s(self, tp: int, num_seqs: int, total_context_tokens: float) -> float:
         """One decode iteration of one replica: every running sequence gains one token."""
@@ -139,7 +144,7 @@ class CostModel:
         cost = forward_pass(self.model, self.profile, tp=tp, layers=self.model.num_layers,
                             tokens=num_seqs, attn_pairs=total_context_tokens,
                             kv_tokens=total_context_tokens, lm_tokens=num_seqs, decode=True)
-        return cost.total_s + self._tp_comm_s(tp, num_seqs, passes=1) + self.profile.step_overhead_s
+        return cost.total_s + self._tp_comm_s(tp, num_seqs, passes=1) + self._engine_host_s(num_seqs)
 
     def _kv_capacity_tokens(self, tp: int, pp: int = 1) -> int:
         """KV-cache tokens one replica (tp x pp GPUs) can hold after weights and reserve."""
@@ -254,6 +259,7 @@ class CostModel:
                             tokens=tokens, attn_pairs=plan.micro_batch * causal_pairs(context, 0) / plan.cp,
                             kv_tokens=plan.micro_batch * context, lm_tokens=tokens)
         t_mb = cost.total_s + self._tp_comm_s(plan.tp, tokens, 1) / plan.pp + self._cp_comm_s(plan, context, 1)
+        t_mb += self.profile.logprob_pass_s  # host work around each micro-batch's forward (calibrated)
         t = passes * (m + plan.pp - 1) * t_mb
         return Estimate(stage="logprob", time_s=t, feasible=True, tokens=passes * batch * context, gpus=gpus,
                         flops=passes * m * cost.flops, peak_flops=self.profile.hardware.peak_flops,
@@ -291,7 +297,8 @@ class CostModel:
         tp_passes = 4 + (2 if plan.recompute == "full" else 0)
         tp_c = self._tp_comm_s(plan.tp, tokens, tp_passes) / plan.pp
         cp_c = self._cp_comm_s(plan, context, 2)
-        t_mb = 3 * fwd.total_s + recompute + tp_c + cp_c
+        # + host work of each micro-batch beyond 3 forwards: loss, its backward, stats (calibrated)
+        t_mb = 3 * fwd.total_s + recompute + tp_c + cp_c + self.profile.train_pass_s
         pipeline = (m + plan.pp - 1) * t_mb
         pp_p2p = 0.0
         if plan.pp > 1:
@@ -308,6 +315,10 @@ class CostModel:
         shard = grad_group if plan.sharded_optimizer else 1
         opt_bytes = p_local / shard * (memory.GRAD_BYTES + 2 * memory.OPTIMIZER_BYTES + memory.WEIGHT_BYTES)
         optimizer = opt_bytes / (self.profile.hardware.hbm_bw_bytes_s * self.profile.memory(opt_bytes))
+        # per-step and per-parameter-tensor host costs of zero_grad, clipping and the optimizer
+        # (calibrated; a pp stage holds its share of the tensors, tp shards keep their count)
+        optimizer += self.profile.optimizer_step_s + \
+            self.profile.optimizer_tensor_s * math.ceil(param_tensors(self.model) / plan.pp)
         t = pipeline + pp_p2p + dp_sync + optimizer
         trained = per_replica * plan.dp * context
         model_flops = train_flops_per_token(self.model, context) * trained / gpus
@@ -322,14 +333,16 @@ class CostModel:
                     "bubble_frac": (plan.pp - 1) / (m + plan.pp - 1)})
 
     def mixed_batch(self, stage: str, plan: ParallelPlan, lengths, *, buckets: int = 8, passes: int = 1,
-                    imbalance: float = 1.0) -> Estimate:
+                    imbalance: float = 1.0, padded: bool = False) -> Estimate:
         """Price `logprob` or `train` over sequences of different lengths, as one stage.
 
         Lengths are sorted into up to `buckets` equal-count buckets, each priced at its mean
         length (rounded up to a multiple of cp); micro-batches of all buckets stream through
         one pipeline, so its fill/drain is paid once, as are the dp gradient sync and the
         optimizer step. `imbalance` (max/mean tokens over dp groups) stretches the streaming
-        part: the slowest group sets the pace."""
+        part: the slowest group sets the pace. `padded`: micro-batches are right-padded to their
+        longest sequence (the PyTorch runtime's), so a bucket is priced at its longest length.
+        Log-probs also pay the experience stage's host work once (collating, advantages)."""
         if stage not in ("logprob", "train"):
             raise ValueError(f"mixed_batch prices logprob or train, not {stage!r}")
         ctx = sorted(int(c) for c in lengths)
@@ -343,7 +356,7 @@ class CostModel:
         last = None
         for i in range(0, len(ctx), size):
             chunk = ctx[i:i + size]
-            c = -(-sum(chunk) // len(chunk))
+            c = chunk[-1] if padded else -(-sum(chunk) // len(chunk))
             c = -(-c // plan.cp) * plan.cp
             est = (self.logprob(plan, len(chunk), c) if stage == "logprob" else self.train(plan, len(chunk), c))
             if not est.feasible:
@@ -356,13 +369,18 @@ class CostModel:
         once = 0.0
         if stage == "train":
             once = last.breakdown["dp_grad_sync"] + last.breakdown["optimizer"]
+        else:  # each dp group collates its share of the sequences (calibrated; 0 on datasheets)
+            prof = self.profile
+            once = (prof.experience_seq_s * -(-len(ctx) // plan.dp)
+                    + prof.experience_token_s * sum(ctx) / plan.dp * imbalance)
         t = passes * (stream * imbalance + fill + p2p) + once
         mem = self.memory(stage, plan, len(ctx), ctx[-1])
         return Estimate(stage=stage, time_s=t, feasible=mem.fits, reason="" if mem.fits else "longest sequence",
                         tokens=passes * sum(ctx) if stage == "logprob" else sum(ctx), gpus=plan.world_size,
                         peak_flops=self.profile.hardware.peak_flops, memory=mem, plan=plan,
                         breakdown={"stream": passes * stream * imbalance, "pipeline_fill": passes * fill,
-                                   "pp_p2p": passes * p2p, "grad_sync_optimizer": once},
+                                   "pp_p2p": passes * p2p,
+                                   ("grad_sync_optimizer" if stage == "train" else "host"): once},
                         extras={"buckets": n_buckets, "imbalance": imbalance})
 
     # ---- data movement ------------------------------------------------------------------------
@@ -374,16 +392,19 @@ class CostModel:
         if dst.world_size != world:
             raise ValueError(f"reshard needs equal GPU counts, got {src.short()} ({world}) and "
                              f"{dst.short()} ({dst.world_size})")
-        per_param = memory.WEIGHT_BYTES + (memory.OPTIMIZER_BYTES if include_optimizer else 0)
-        total_bytes = self.model.num_params * per_param
+        params = self.model.num_params
         worst = 0.0
-        # Only tp and pp change what a rank holds; ranks repeat with period tp*pp*cp, so one
-        # model replica's worth of ranks is enough.
-        for r in range(min(world, dst.model_parallel * src.model_parallel)):
-            need = _shard_interval(r, dst)
-            have = _shard_interval(r, src)
-            size = 1.0 / (dst.tp * dst.pp)
-            worst = max(worst, (size - _overlap_frac(need, have)) * total_bytes)
+        # Only tp, pp (and, for ZeRO-sharded optimizer states, the dp x cp index) change what a
+        # rank holds; without sharding ranks repeat with period tp*pp*cp.
+        zero = include_optimizer and (src.sharded_optimizer or dst.sharded_optimizer)
+        span = world if zero else min(world, dst.model_parallel * src.model_parallel)
+        for r in range(span):
+            need, have = _shard_interval(r, dst), _shard_interval(r, src)
+            moved = (_frac(need) - _overlap_frac(need, have)) * params * memory.WEIGHT_BYTES
+            if include_optimizer:
+                need_o, have_o = _shard_interval(r, dst, True), _shard_interval(r, src, True)
+                moved += (_frac(need_o) - _overlap_frac(need_o, have_o)) * params * memory.OPTIMIZER_BYTES
+            worst = max(worst, moved)
         group = max(src.model_parallel, dst.model_parallel)
         link = comm.group_link(self.cluster, self.profile, group, 1)
         t = comm.p2p_s(worst, link) if worst > 0 else 0.0
@@ -448,12 +469,25 @@ class CostModel:
                                 "controller_bytes": through_controller, "dispatcher": kind})
 
 
-def _shard_interval(rank: int, plan: ParallelPlan) -> tuple[tuple[float, float], tuple[float, float]]:
+def _shard_interval(rank: int, plan: ParallelPlan, optimizer: bool = False
+                    ) -> tuple[tuple[float, float], tuple[float, float]]:
     """The slice of the model a rank holds: its layer range (pp) and column range (tp), each as
-    a fraction of [0, 1)."""
+    a fraction of [0, 1). With `optimizer` and a sharded optimizer, the column range is further
+    split among the dp x cp ranks that share the weights (ZeRO)."""
     tp_i = rank % plan.tp
+    cp_i = (rank // plan.tp) % plan.cp
     pp_i = (rank // (plan.tp * plan.cp)) % plan.pp
-    return (pp_i / plan.pp, (pp_i + 1) / plan.pp), (tp_i / plan.tp, (tp_i + 1) / plan.tp)
+    dp_i = rank // (plan.tp * plan.cp * plan.pp)
+    lo, width = tp_i / plan.tp, 1.0 / plan.tp
+    if optimizer and plan.sharded_optimizer:
+        shards = plan.dp * plan.cp
+        width /= shards
+        lo += (dp_i * plan.cp + cp_i) * width
+    return (pp_i / plan.pp, (pp_i + 1) / plan.pp), (lo, lo + width)
+
+
+def _frac(box) -> float:
+    return (box[0][1] - box[0][0]) * (box[1][1] - box[1][0])
 
 
 def _overlap_frac(a, b) -> float:

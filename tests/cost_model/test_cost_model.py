@@ -132,3 +132,14 @@ def test_cluster_for_gpus():
     assert ClusterSpec.for_gpus(h100, 1024).nodes == 128
     with pytest.raises(ValueError, match="12 GPUs is not a whole number of 8-GPU nodes"):
         ClusterSpec.for_gpus(h100, 12)
+
+
+def test_reshard_prices_zero_sharded_optimizer_states():
+    cm = cm_for("qwen2.5-7b", gpus=4)
+    zero, full = ParallelPlan(dp=4, sharded_optimizer=True), ParallelPlan(dp=4)
+    # un-sharding: every rank must fetch the 3/4 of the optimizer states it lacks
+    est = cm.reshard(zero, full, include_optimizer=True)
+    assert est.extras["bytes_per_gpu"] == pytest.approx(0.75 * cm.model.num_params * 12)
+    # sharding keeps a local slice: nothing moves; weights alone never move between these plans
+    assert cm.reshard(full, zero, include_optimizer=True).extras["bytes_per_gpu"] == 0
+    assert cm.reshard(zero, full).extras["bytes_per_gpu"] == 0
