@@ -31,34 +31,12 @@ def main() -> None:
     cfg = resolve_config(overrides=over)
     out = args.out or tempfile.mkdtemp(prefix="earl-bench-learning-")
     t0, c0 = time.perf_counter(), time.process_time()
-    deadline = t0 + 60 * args.minutes
-
-    class Budget(Exception):
-        pass
 
     def echo(line: str) -> None:
         print(f"[{time.perf_counter() - t0:6.0f}s] {line}", flush=True)
 
-    import earl.runtime.loop as loop
-
-    original = loop._one_step
-
-    def timed_step(*a, **kw):
-        if time.perf_counter() > deadline:
-            raise Budget
-        return original(*a, **kw)
-
-    loop._one_step = timed_step
-    rows = []
-    try:
-        res = train(cfg, out, progress=False, echo=echo)
-        rows = res.metrics
-    except Budget:
-        from earl.runtime.metrics import read_metrics
-
-        rows = read_metrics(out)
-    finally:
-        loop._one_step = original
+    res = train(cfg, out, progress=False, echo=echo, deadline_s=60 * args.minutes)
+    rows = res.metrics
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
 
     def avg(rs, k):

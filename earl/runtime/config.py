@@ -54,18 +54,18 @@ class SamplingConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainerConfig:
-    algo: str = "grpo"  # grpo | reinforce++
-    lr: float = 2e-3  # AdamW learning rate
+    algo: str = "reinforce++"  # reinforce++ | grpo
+    lr: float = 1e-2  # AdamW learning rate (high: the default model is tiny)
     weight_decay: float = 0.0  # AdamW weight decay
-    betas: tuple[float, float] = (0.9, 0.99)  # AdamW betas
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas
     clip_eps: float = 0.2  # PPO ratio clip
     kl_coef: float = 0.0  # KL to the frozen initial model; 0 = no reference model
-    entropy_coef: float = 0.0  # entropy bonus on generated tokens
+    entropy_coef: float = 0.01  # entropy bonus on generated tokens (keeps the policy from saturating)
     grad_clip: float = 1.0  # max global grad norm; 0 = off
     token_budget: int = 16384  # padded tokens per micro-batch (forward+backward at once)
     minibatches: int = 1  # optimizer steps per training step (the batch is split)
     baseline: str = "per-turn"  # reinforce++: per-turn (mean return-to-go per turn index) | batch
-    lr_decay: str = "none"  # none | linear (to lr_min_frac * lr at the last step) | cosine
+    lr_decay: str = "cosine"  # none | linear (to lr_min_frac * lr at the last step) | cosine
     lr_min_frac: float = 0.1  # final lr as a fraction of lr when decaying
 
 
@@ -75,7 +75,7 @@ class RunConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    steps: int = 150  # training steps
+    steps: int = 400  # training steps
     groups: int = 16  # prompt groups per step (distinct env seeds)
     group_size: int = 8  # episodes per group (GRPO's G)
     seed: int = 0  # seeds the model init, sampling and the environments

@@ -212,8 +212,14 @@ def check_config(cfg: RunConfig) -> None:
 
 
 def train(cfg: RunConfig, out_dir: str | Path, *, resume: str | Path | None = None,
-          progress: bool = True, echo=print) -> RunResult:
-    """Run (or continue) training; write everything under `out_dir`."""
+          progress: bool = True, echo=print, stop_at: int | None = None,
+          deadline_s: float | None = None) -> RunResult:
+    """Run (or continue) training; write everything under `out_dir`.
+
+    `stop_at` ends this call after that step and `deadline_s` after the first step that ends
+    past that many seconds; either way a checkpoint is written, and `--resume` continues the
+    same schedule (the learning-rate decay follows `cfg.steps`, not the stopping point)."""
+    t_call = time.perf_counter()
     check_config(cfg)
     out = Path(out_dir)
     ckpt = find_checkpoint(resume) if resume is not None else None
@@ -258,11 +264,14 @@ def train(cfg: RunConfig, out_dir: str | Path, *, resume: str | Path | None = No
     last_ckpt = ckpt
     bar = _Progress(cfg.steps, start, enabled=progress)
     step = start
+    last = min(cfg.steps, stop_at or cfg.steps)
     try:
-        for step in range(start + 1, cfg.steps + 1):
+        for step in range(start + 1, last + 1):
             row, prev_stats = _one_step(cfg, step, engine, trainer, pol, rec, env_factory, params,
                                         prev_stats, origin, device)
-            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            if deadline_s is not None and time.perf_counter() - t_call > deadline_s:
+                last = step
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 or step == last:
                 rec.flush()
                 extra = {"plans": {s.value: pol.plans.for_stage(s).describe() for s in Stage},
                          "model_source": policy.source, "stats": dataclasses.asdict(prev_stats)}
@@ -271,8 +280,10 @@ def train(cfg: RunConfig, out_dir: str | Path, *, resume: str | Path | None = No
             else:
                 rec.flush(with_trace=False)
             bar.update(step, row)
-            if not progress and (step % max(1, cfg.steps // 10) == 0 or step == cfg.steps):
+            if not progress and (step % max(1, cfg.steps // 10) == 0 or step == last):
                 echo(_summary(row))
+            if step == last:
+                break
     finally:
         bar.stop()
         rec.flush()

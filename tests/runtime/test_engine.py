@@ -101,3 +101,19 @@ def test_bad_requests(tiny):
         b.generate({7: [5]}, SamplingParams())
     with pytest.raises(ValueError):
         SamplingParams(top_p=0)
+
+
+def test_update_weights_pushes_trainer_weights(tiny):
+    import copy
+
+    trained = copy.deepcopy(tiny.model)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(0.01)
+    eng = TorchEngine(copy.deepcopy(tiny.model), tiny.tokenizer)
+    eng.update_weights(trained.named_parameters())
+    ids = torch.tensor([tiny.tokenizer.encode("123|456|789\n")])
+    with torch.no_grad():
+        assert torch.equal(eng.model(input_ids=ids).logits, trained(input_ids=ids).logits)
+    with pytest.raises(ValueError, match="unknown parameter"):
+        eng.update_weights([("nope", torch.zeros(1))])

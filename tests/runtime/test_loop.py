@@ -55,8 +55,9 @@ def test_run_writes_all_outputs(four_steps):
 
 def test_resume_is_exact(four_steps, tmp_path):
     out = tmp_path / "b"
-    train(small(steps=2), out, progress=False, echo=lambda s: None)
-    cfg = resolve_config(resume=out, overrides={"steps": 4})
+    first = train(small(steps=4), out, progress=False, echo=lambda s: None, stop_at=2)
+    assert first.last_step == 2 and find_checkpoint(out).name == "step_0000002"
+    cfg = resolve_config(resume=out)
     res = train(cfg, out, resume=out, progress=False, echo=lambda s: None)
     assert res.first_step == 3
     assert [deterministic(r) for r in res.metrics] == [deterministic(r) for r in four_steps.metrics]
