@@ -29,6 +29,7 @@ from PIL import Image  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from earl.cost_model import CostModel  # noqa: E402
 from earl.trace import atomic_write_text  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -114,6 +115,19 @@ def print_table(df: pd.DataFrame, title: str, columns: list[str] | None = None) 
     for _, row in df[cols].iterrows():
         t.add_row(*(fmt(row[c]) for c in cols))
     console.print(t)
+
+
+def network_only(cm: CostModel) -> CostModel:
+    """`cm` without the single-controller throughput cap: what a centralized dispatch would cost
+    if only the controller's NIC limited it (the bound the cost model used before the cap)."""
+    return CostModel(cm.model, cm.cluster, cm.profile, flash_attention=cm.flash_attention,
+                     controller_bw_bytes_s=float("inf"))
+
+
+def controller_note(cm: CostModel) -> str:
+    """One phrase for the assumptions footers: the controller cap in use."""
+    return (f"the centralized controller process moves at most {cm.controller_bw_bytes_s / 1e9:g} GB/s "
+            "(EARL paper: ~1 TB took over 20 min through verl's controller), on top of its one NIC")
 
 
 def human_bytes(b: float) -> str:

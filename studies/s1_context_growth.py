@@ -47,7 +47,9 @@ def assumptions(sc) -> str:
         f"({w.growth}) over {w.growth_steps} steps, cap {w.max_context:,} tokens (episodes reaching it are "
         f"truncated; the truncation panel also shows 8K and 16K caps on the same episodes). "
         f"Turn context = tokens the model sees when it starts a turn. Static plans: rollout "
-        f"{sc.rollout_plan}, experience {sc.experience_plan}, train {sc.train_plan}; {sc.steps} steps, seed {sc.seed}."
+        f"{sc.rollout_plan}, experience {sc.experience_plan}, train {sc.train_plan}; {sc.steps} steps, seed {sc.seed}. "
+        f"An OOM event drops that sequence from the stage and charges the step {sc.oom_restart_s:g} s (job restart "
+        "from a checkpoint)."
     )
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 from common import main, print_table, save_figure, write_csv
 
+from earl.cost_model.model import CONTROLLER_BW_BYTES_S
 from earl.sim.run import simulate
 from earl.sim.scenario import load_scenario
 
@@ -28,7 +29,7 @@ NAME = "s5_end_to_end"
 POLICIES = tuple(f"{s}/{d}" for d in ("centralized", "layout-aware") for s in ("static", "earl-table", "cost-model"))
 STARTS = {"start tp8 rollout": {}, "start tp4 rollout": {"plan.rollout": "tp4-dp32"}}
 QUICK = {"scenario.steps": "6", "workload.episodes_per_step": "64", "workload.growth_steps": "6"}
-TIME_PARTS = ("rollout_s", "experience_s", "train_s", "dispatch_s", "reshard_s", "sync_s")
+TIME_PARTS = ("rollout_s", "experience_s", "train_s", "dispatch_s", "reshard_s", "sync_s", "restart_s")
 
 
 def scenarios(quick: bool) -> dict:
@@ -48,7 +49,9 @@ def assumptions(sc) -> str:
         f"{sc.steps} steps, seed {sc.seed}, same episodes for every policy. Initial plans: rollout {sc.rollout_plan} "
         f"(or tp4-dp32), experience {sc.experience_plan}, train {sc.train_plan}; colocated stages (weights re-shard "
         "train -> experience and sync train -> rollout whenever layouts differ). Throughput = trained tokens / "
-        "simulated wall time / GPUs. An OOM event drops that sequence from the stage (the run continues)."
+        f"simulated wall time / GPUs. An OOM event drops that sequence from the stage and charges the step "
+        f"{sc.oom_restart_s:g} s (the job restarts from a checkpoint); the centralized controller moves at most "
+        f"{CONTROLLER_BW_BYTES_S / 1e9:g} GB/s (single-controller cap)."
     )
 
 
@@ -78,12 +81,13 @@ def run(out: Path, quick: bool = False) -> pd.DataFrame:
     write_csv(df, out, NAME)
     steps = pd.concat(per_step, ignore_index=True)
     write_csv(steps[["start", "policy", "step", "throughput_tokens_per_gpu_s", "step_time_s", "oom_events",
-                     "context_mean", "plan_rollout", "plan_experience", "plan_train", "reshard_s", "sync_s"]],
+                     "context_mean", "plan_rollout", "plan_experience", "plan_train", "reshard_s", "sync_s",
+                     "dispatch_s", "restart_s"]],
               out, f"{NAME}_steps")
     print_table(df, "Study 5: end to end, selectors x dispatchers (simulator)",
                 ["start", "selector", "dispatcher", "throughput tok/s/GPU", "vs static/centralized", "OOM events",
                  "truncated episodes", "plan switches", "total dispatch s", "total reshard s", "total sync s",
-                 "total train s"])
+                 "total restart s", "total train s"])
     print_table(df[df["dispatcher"] == "layout-aware"], "Study 5: final plans",
                 ["start", "selector", "final rollout", "final experience", "final train"])
     plot(df, steps, next(iter(scs.values())), out)
@@ -115,12 +119,13 @@ def plot(df: pd.DataFrame, steps: pd.DataFrame, sc, out: Path) -> Path:
     ax1.set_title("End-to-end throughput\n(plain: " + starts[0] + ", hatched: " + starts[-1] + ")", fontsize=9)
     ax1.grid(True, axis="y", alpha=0.3)
     parts = [("rollout", "tab:green"), ("experience", "tab:olive"), ("train", "tab:purple"),
-             ("dispatch", "tab:red"), ("reshard", "tab:brown"), ("sync", "tab:pink")]
+             ("dispatch", "tab:red"), ("reshard", "tab:brown"), ("sync", "tab:pink"), ("restart", "0.15")]
     xs = np.arange(len(df))
     bottom = np.zeros(len(df))
     for p, color in parts:
         vals = df[f"total {p} s"].to_numpy() / 3600
-        ax2.bar(xs, vals, 0.7, bottom=bottom, color=color, label=p if p != "sync" else "weight sync")
+        label = {"sync": "weight sync", "restart": "OOM restart"}.get(p, p)
+        ax2.bar(xs, vals, 0.7, bottom=bottom, color=color, label=label)
         bottom += vals
     short = {"static": "static", "earl-table": "table", "cost-model": "cost", "centralized": "C",
              "layout-aware": "LA"}
@@ -129,7 +134,7 @@ def plot(df: pd.DataFrame, steps: pd.DataFrame, sc, out: Path) -> Path:
     ax2.set_xlabel("selector/dispatcher (C: centralized, LA: layout-aware), starting rollout plan", fontsize=8)
     ax2.set_ylabel("simulated hours over the run")
     ax2.set_title("Where the time goes", fontsize=9)
-    ax2.legend(fontsize=7, ncol=3, loc="upper left")
+    ax2.legend(fontsize=7, ncol=4, loc="upper left")
     ax2.set_ylim(0, bottom.max() * 1.2)
     ax2.grid(True, axis="y", alpha=0.3)
     start = starts[-1]
@@ -146,7 +151,7 @@ def plot(df: pd.DataFrame, steps: pd.DataFrame, sc, out: Path) -> Path:
     ax3.set_xlabel("training step")
     ax3.set_ylabel("trained tokens/s per GPU (per step)")
     ax3.set_title(f"Per step, {start}", fontsize=9)
-    ax3.legend(fontsize=7, loc="upper right")
+    ax3.legend(fontsize=7, loc="lower left")
     ax3.grid(True, alpha=0.3)
     return save_figure(fig, out, NAME, assumptions(sc))
 

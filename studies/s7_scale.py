@@ -3,7 +3,8 @@ centralized dispatcher's cost overtakes the other parts of an RL step, and what 
 selector picks for each stage at each scale.
 
 Weak scaling: every GPU keeps the same share of the batch (4 sequences), so per-GPU compute
-stays flat while everything funnelled through one controller grows with the cluster.
+stays flat while everything funnelled through one controller grows with the cluster, and that
+controller process moves at most `CostModel.controller_bw_bytes_s` (1 GB/s).
 
     python studies/s7_scale.py [--out docs/figures] [--quick]     # or: earl study s7
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
-from common import GIB, HARDWARE, MODEL, main, print_table, save_figure, write_csv
+from common import GIB, HARDWARE, MODEL, controller_note, main, network_only, print_table, save_figure, write_csv
 
 from earl.cost_model import HardwareProfile
 from earl.cost_model.resolve import make_cost_model
@@ -36,13 +37,15 @@ COMPONENTS = ("rollout", "experience", "train", "weight sync", "dispatch central
               "dispatch layout-aware")
 ASSUMPTIONS = (
     f"{MODEL} on N x {HARDWARE} (8 per node, NVLink inside, one 200 Gbps TCP NIC per node: 60% of line rate, "
-    f"30 us; centralized RDMA dashed). Weak scaling: {SEQS_PER_GPU} sequences per GPU per step, context mean "
+    f"30 us). Weak scaling: {SEQS_PER_GPU} sequences per GPU per step, context mean "
     f"{CONTEXT_MEAN:,} / p95 {CONTEXT_P95:,} / max {CONTEXT_MAX:,} tokens, {RESPONSE_TOKENS:,} generated. Plans: the "
     "cost-model selector (10% memory margin, no hysteresis for this one-shot choice) picks rollout (tp x dp), "
     "experience (tp x pp x dp x micro-batch) and training (tp/pp/cp/dp, micro-batch, recompute, ZeRO) on all N GPUs; "
     "rollout = generated tokens x one decode iteration at the mean context; experience = 2 forward log-prob passes; "
     "weight sync = re-shard training -> rollout layout; dispatch = cost model `dispatch` from the experience to the "
-    "training layout. Every stage uses the whole cluster (colocated)."
+    "training layout. Every stage uses the whole cluster (colocated). Centralized dispatch: "
+    + controller_note(make_cost_model(MODEL, HARDWARE, 128))
+    + " (RDMA gives the same times); dotted: the NIC alone (no controller cap), TCP."
 )
 
 
@@ -72,6 +75,8 @@ def one_scale(gpus: int, profile: HardwareProfile | None = None) -> dict:
         est = cm.dispatch(kind, plans["experience"], plans["train"], batch, CONTEXT_MEAN)
         row[f"dispatch {kind} s"] = est.time_s
         row[f"dispatch {kind} controller GiB"] = est.extras["controller_bytes"] / GIB
+    row["dispatch centralized NIC-only s"] = network_only(cm).dispatch(
+        "centralized", plans["experience"], plans["train"], batch, CONTEXT_MEAN).time_s
     row["dispatch centralized RDMA s"] = rdma.dispatch("centralized", plans["experience"], plans["train"], batch,
                                                        CONTEXT_MEAN).time_s
     step = sum(row[f"{c} s"] for c in COMPONENTS[:4])
@@ -124,8 +129,8 @@ def plot(df: pd.DataFrame, cross: pd.DataFrame, out: Path) -> Path:
     for comp, (color, ls) in styles.items():
         ax1.plot(df["gpus"], df[f"{comp} s"], ls, color=color, marker="o", ms=4, label=comp,
                  lw=2.2 if "dispatch" in comp else 1.4)
-    ax1.plot(df["gpus"], df["dispatch centralized RDMA s"], "--", color="tab:red", marker="x", ms=4,
-             label="dispatch centralized (RDMA)")
+    ax1.plot(df["gpus"], df["dispatch centralized NIC-only s"], ":", color="tab:red", lw=1.4,
+             label="dispatch centralized, NIC only (no controller cap)")
     for g in HIGHLIGHT:
         if g in set(df["gpus"]):
             ax1.axvline(g, color="0.7", lw=0.8, ls=":")
@@ -136,7 +141,9 @@ def plot(df: pd.DataFrame, cross: pd.DataFrame, out: Path) -> Path:
     ax1.set_ylabel("seconds per RL step")
     ax1.set_title("Per-step cost of each part vs cluster size")
     ax1.grid(True, which="both", alpha=0.25)
-    ax1.legend(fontsize=7.5, loc="lower right", bbox_to_anchor=(1, 0.08))
+    top = max(df[f"{c} s"].max() for c in styles)
+    ax1.set_ylim(top=top * 80)  # room for the legend above the curves
+    ax1.legend(fontsize=7, loc="upper left", ncol=2)
     ax2.axis("off")
     rows = df[df["gpus"].isin(HIGHLIGHT)] if df["gpus"].isin(HIGHLIGHT).any() else df
     cell = [[f"{r['gpus']:,}", r["rollout plan"].removesuffix("-mb1"), r["experience plan"], r["train plan"],

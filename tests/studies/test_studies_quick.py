@@ -14,6 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from earl.cost_model.model import CONTROLLER_BW_BYTES_S
+
 STUDIES = Path(__file__).resolve().parents[2] / "studies"
 NAMES = sorted(p.stem for p in STUDIES.glob("s[0-9]*_*.py"))
 
@@ -60,6 +62,10 @@ def test_s2_data_volume(tmp_path):
     assert (df["centralized TCP s"] > df["layout-aware TCP s"]).all()
     assert (df["centralized TCP s"] >= df["centralized RDMA s"]).all()
     assert (df["layout-aware TCP s"] > df["layout-aware RDMA s"]).all()
+    # the controller process moves every byte it handles at no more than its cap; the NIC alone is faster
+    through = df["centralized controller GiB"] * 2**30 / CONTROLLER_BW_BYTES_S
+    assert (df["centralized TCP s"] >= through * (1 - 1e-5)).all()  # CSV keeps 6 significant digits
+    assert (df["centralized TCP NIC-only s"] < df["centralized TCP s"]).all()
 
 
 def test_s3_decode_tp(tmp_path):
@@ -75,6 +81,7 @@ def test_s4_dispatch_latency(tmp_path):
     assert set(df["network"]) == {"TCP", "RDMA"}
     assert (df["speedup"] > 1).all()
     assert math.isclose(df["gather s"].iloc[0] + df["scatter s"].iloc[0], df["centralized s"].iloc[0], rel_tol=1e-4)
+    assert (df["centralized NIC-only s"] <= df["centralized s"]).all()
 
 
 def test_s5_end_to_end(tmp_path):
@@ -85,6 +92,10 @@ def test_s5_end_to_end(tmp_path):
     static = df[df["selector"] == "static"]
     assert (static["plan switches"] == 0).all() and (static["total reshard s"] == 0).all()
     assert (tmp_path / "s5_end_to_end_steps.csv").is_file()
+    # the stacked parts (OOM restarts included) account for the whole simulated run
+    parts = df[[c for c in df.columns if c.startswith("total ") and c.endswith(" s")]].sum(axis=1)
+    steps = len(pd.read_csv(tmp_path / "s5_end_to_end_steps.csv")) / len(df)
+    assert ((parts - df["step time mean s"] * steps).abs() <= 1e-3 * parts).all()
 
 
 def test_s6_train_plans(tmp_path):
@@ -97,9 +108,15 @@ def test_s6_train_plans(tmp_path):
 def test_s7_scale(tmp_path):
     df = run_quick("s7_scale", tmp_path)
     assert list(df["gpus"]) == [128, 1024]
-    # weak scaling: centralized dispatch grows with the cluster, layout-aware stays flat
-    assert df["dispatch centralized s"].iloc[1] > 5 * df["dispatch centralized s"].iloc[0]
-    assert df["dispatch layout-aware s"].iloc[1] < 2 * df["dispatch layout-aware s"].iloc[0]
+    # weak scaling: centralized dispatch grows with the cluster (every byte through one controller),
+    # layout-aware stays in milliseconds; the two scales may pick training plans with different
+    # tp (copies per sample), so compare growth rather than assume identical layouts
+    c = df["dispatch centralized s"]
+    la = df["dispatch layout-aware s"]
+    assert c.iloc[1] > 5 * c.iloc[0]
+    assert la.iloc[1] / la.iloc[0] < 0.25 * c.iloc[1] / c.iloc[0]
+    assert (la < 0.01).all()
+    assert (df["dispatch centralized NIC-only s"] < df["dispatch centralized s"]).all()
 
 
 def test_s8_sensitivity(tmp_path):
