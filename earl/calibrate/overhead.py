@@ -5,11 +5,13 @@ issues dozens of small operators (norm pieces, rotary embedding, cache updates, 
 Python between them, while the cost model counts `OPS_PER_LAYER` operators per layer. So this
 benchmark times whole forward passes of random-initialised catalog models (prefill without a
 cache, decode steps with one) exactly as the runtime runs them, subtracts what the fitted
-curves already explain (`earl.cost_model.compute.forward_pass` with zero overhead), and
-divides the rest by the operators the cost model counts. The median over cases becomes the
-profile's `op_overhead_s`. Then the runtime's own generation engine is timed the same way:
-what a decode iteration costs beyond the model forward (sampling, stop checks, padded masks,
-cache bookkeeping) becomes `step_overhead_s`.
+curves already explain (`earl.cost_model.compute.forward_pass` with zero overhead) except
+the elementwise ops, and fits the rest as `ops * op_overhead_s + k * elementwise_s` (relative
+least squares, both >= 0): the profile's `op_overhead_s` and its `elementwise` curve (the copy
+curve slowed k-fold: norms, rotary and activations of a real forward on CPU run ~4x below a
+large copy). Then the runtime's own generation engine is timed the same way: what a decode
+iteration costs beyond the model forward (sampling, stop checks, padded masks, cache
+bookkeeping) is fitted as `step_overhead_s + batch * step_seq_overhead_s`.
 
     python -m earl.calibrate.overhead      # CPU, tiny models, a few seconds
 """
@@ -21,18 +23,19 @@ import statistics
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from earl.calibrate.timing import time_calls
+from earl.calibrate.timing import time_calls, time_host
 from earl.cost_model.compute import OPS_PER_LAYER, causal_pairs, forward_pass
-from earl.cost_model.profile import HardwareProfile
+from earl.cost_model.profile import EfficiencyCurve, HardwareProfile
 from earl.specs import MODEL_CATALOG
 
 CPU_CASES = {"models": ("tiny", "tiny-wide"),
-             "prefill": ((1, 1), (1, 16), (4, 8), (2, 64)),  # (batch, tokens)
+             "prefill": ((1, 1), (1, 16), (4, 8), (2, 64), (16, 32), (8, 128), (16, 256)),  # (batch, tokens)
              "decode": ((1, 16), (4, 32), (16, 64))}  # (batch, cached prefix)
 CUDA_CASES = {"models": ("qwen2.5-0.5b", "qwen2.5-1.5b"),
-              "prefill": ((1, 1), (1, 128), (4, 512), (1, 2048)),
+              "prefill": ((1, 1), (1, 128), (4, 512), (1, 2048), (16, 2048)),
               "decode": ((1, 128), (16, 512), (64, 1024))}
 
 
@@ -44,20 +47,32 @@ class ForwardPoint:
     time_s: float  # measured median seconds
     explained_s: float  # cost-model time with op_overhead_s = 0
     ops: int  # operators the cost model counts for this pass
+    elementwise_s: float = 0.0  # of explained_s: the elementwise ops on the copy curve
 
     @property
     def per_op_s(self) -> float:
         return max(0.0, self.time_s - self.explained_s) / self.ops
 
+    def predict(self, op_overhead_s: float, elem_factor: float) -> float:
+        return self.explained_s + (elem_factor - 1) * self.elementwise_s + op_overhead_s * self.ops
+
 
 @dataclass(frozen=True, kw_only=True)
 class OverheadFit:
-    op_overhead_s: float  # median per-op residual
+    op_overhead_s: float  # fitted seconds per counted operator
     points: tuple[ForwardPoint, ...]
-    heldout_median_err: float  # with the median taken over the other points (leave-one-out)
+    heldout_median_err: float  # each point predicted by a fit to the others (leave-one-out)
+    elem_factor: float = 1.0  # elementwise ops take this many times the copy curve's time
+
+    def elementwise_curve(self, memory: EfficiencyCurve) -> EfficiencyCurve | None:
+        """The profile's `elementwise` curve: `memory` slowed `elem_factor`-fold (None: same)."""
+        if self.elem_factor == 1.0:
+            return None
+        return EfficiencyCurve(peak_frac=min(1.5, memory.peak_frac / self.elem_factor),
+                               half_size=memory.half_size)
 
     def quality(self) -> dict:
-        return {"op_overhead_s": self.op_overhead_s, "n": len(self.points),
+        return {"op_overhead_s": self.op_overhead_s, "elem_factor": self.elem_factor, "n": len(self.points),
                 "heldout_median_err": round(self.heldout_median_err, 4),
                 "points": [{"label": p.label, "time_s": p.time_s, "explained_s": p.explained_s}
                            for p in self.points]}
@@ -83,7 +98,7 @@ def measure_forward_points(*, device: torch.device, dtype: torch.dtype, prof: Ha
     from earl.runtime.model import cache_kwarg
 
     cases = CPU_CASES if device.type == "cpu" else CUDA_CASES
-    bare = dataclasses.replace(prof, op_overhead_s=0.0)
+    bare = dataclasses.replace(prof, op_overhead_s=0.0, elementwise=None)
     deadline = time.perf_counter() + budget_s
     gen = torch.Generator().manual_seed(0)
     points: list[ForwardPoint] = []
@@ -117,7 +132,7 @@ def measure_forward_points(*, device: torch.device, dtype: torch.dtype, prof: Ha
                     t = time_calls(fn, inputs, device=device, max_s=min(0.5, budget_s / 20), max_reps=15)
                 label = f"{name} {kind} b={b} {'T' if kind == 'prefill' else 'prefix'}={n}"
                 points.append(ForwardPoint(label=label, time_s=t.median_s, explained_s=cost.total_s,
-                                           ops=ops))
+                                           ops=ops, elementwise_s=cost.elementwise_s))
                 if on_case:
                     on_case(points[-1])
         del model
@@ -128,63 +143,107 @@ def fit_overhead(points: list[ForwardPoint]) -> OverheadFit:
     if len(points) < 3:
         raise ValueError(f"op overhead fit: only {len(points)} forward passes timed, need 3 "
                          "(raise --budget-s)")
-    per_op = [p.per_op_s for p in points]
     errs = []
-    for i, p in enumerate(points):  # leave-one-out: predict each point from the others' median
-        ov = statistics.median(per_op[:i] + per_op[i + 1:])
-        errs.append(abs(p.explained_s + ov * p.ops - p.time_s) / p.time_s)
-    return OverheadFit(op_overhead_s=statistics.median(per_op), points=tuple(points),
+    for i, p in enumerate(points):  # leave-one-out: predict each point from a fit to the others
+        ov, k = _fit_forward(points[:i] + points[i + 1:])
+        errs.append(abs(p.predict(ov, k) - p.time_s) / p.time_s)
+    ov, k = _fit_forward(points)
+    return OverheadFit(op_overhead_s=ov, elem_factor=k, points=tuple(points),
                        heldout_median_err=statistics.median(errs))
 
 
-ENGINE_CASES = {"cpu": ("tiny", (1, 4, 16)), "cuda": ("qwen2.5-0.5b", (1, 16, 64))}  # model, batches
-ENGINE_PROMPT, ENGINE_NEW = 16, 24  # prompt tokens, tokens generated per timed turn
+def _fit_forward(points: list[ForwardPoint]) -> tuple[float, float]:
+    """(op_overhead_s, elementwise factor) minimising the relative error, both >= 0; a factor
+    of 1 (the copy curve) when the points carry no elementwise time to fit it on."""
+    from scipy.optimize import nnls
+
+    t = np.array([p.time_s for p in points])
+    rest = np.array([p.explained_s - p.elementwise_s for p in points])
+    cols = np.array([[p.ops, p.elementwise_s] for p in points], dtype=float)
+    if not (cols[:, 1] > 0.02 * t).any():  # elementwise time nowhere visible: keep the copy curve
+        x, _ = nnls((cols[:, :1] / t[:, None]), (t - rest - cols[:, 1]) / t)
+        return float(x[0]), 1.0
+    x, _ = nnls(cols / t[:, None], (t - rest) / t)
+    return float(x[0]), float(x[1]) if x[1] > 0 else 1.0
+
+
+# model, (batch, prompt tokens) of the timed engine turns
+ENGINE_CASES = {"cpu": ("tiny", ((1, 16), (4, 16), (16, 16), (32, 16), (4, 200), (16, 200))),
+                "cuda": ("qwen2.5-0.5b", ((1, 128), (16, 128), (64, 128), (128, 128), (16, 2048), (64, 1024)))}
+ENGINE_NEW = 24  # tokens generated per timed turn
+# checked every token like an environment's stop string, never produced (not in the vocabulary)
+ENGINE_STOP = ("\u2603",)
 
 
 @dataclass(frozen=True, kw_only=True)
 class EngineFit:
-    """Per-iteration engine cost beyond the forward the cost model prices."""
+    """The runtime engine's cost beyond the forwards the cost model prices (>= 0 least squares):
+    per decode iteration ~ 1, batch, cached tokens; per turn (generate call) ~ 1, batch."""
 
-    step_overhead_s: float  # median over batches of (measured - cost model) per decode iteration
+    step_overhead_s: float
     points: tuple[tuple[int, float, float], ...]  # (batch, measured s / iteration, predicted s)
+    step_seq_overhead_s: float = 0.0
+    step_kv_token_s: float = 0.0
+    turn_overhead_s: float = 0.0
+    turn_seq_overhead_s: float = 0.0
+    turns: tuple[tuple[int, float, float], ...] = ()  # (batch, measured s / 1-token turn, predicted)
+
+    def profile_fields(self) -> dict:
+        return {k: getattr(self, k) for k in ("step_overhead_s", "step_seq_overhead_s", "step_kv_token_s",
+                                              "turn_overhead_s", "turn_seq_overhead_s")}
 
     def quality(self) -> dict:
-        return {"step_overhead_s": self.step_overhead_s,
-                "points": [{"batch": b, "measured_s": m, "predicted_s": p} for b, m, p in self.points]}
+        return {**self.profile_fields(),
+                "points": [{"batch": b, "measured_s": m, "predicted_s": p} for b, m, p in self.points],
+                "turns": [{"batch": b, "measured_s": m, "predicted_s": p} for b, m, p in self.turns]}
 
 
 def measure_engine(*, device: torch.device, dtype: torch.dtype, prof: HardwareProfile) -> EngineFit:
-    """Time decode iterations of the runtime's own generation engine (sampling, stop checks,
-    padded masks and all) and compare each with the cost model's decode step at that batch."""
+    """Time turns of the runtime's own generation engine (sampling, stop checks, padded masks
+    and all): a turn of ENGINE_NEW tokens less a turn of one gives the decode iterations, the
+    turn of one (a prefill and a sample) gives the per-turn cost; each is compared with the
+    cost model's forwards at that batch and context."""
+    from scipy.optimize import nnls
+
     from earl.cost_model import CostModel
     from earl.runtime.engine import SamplingParams, TorchEngine
     from earl.runtime.tokenizer import CharTokenizer
     from earl.specs import ClusterSpec
 
-    name, batches = ENGINE_CASES[device.type]
+    name, cases = ENGINE_CASES[device.type]
     spec, model = _build(name, device, dtype)
     spec = dataclasses.replace(spec, dtype={torch.float32: "fp32"}.get(dtype, "bf16"))
-    cm = CostModel(spec, ClusterSpec.for_gpus(prof.hardware, 1), prof)
+    bare = dataclasses.replace(prof, step_overhead_s=0.0, step_seq_overhead_s=0.0, step_kv_token_s=0.0)
+    cm = CostModel(spec, ClusterSpec.for_gpus(prof.hardware, 1), bare)
     tok = CharTokenizer()
-    params = SamplingParams(temperature=1.0, max_new_tokens=ENGINE_NEW, stop=(), stop_at_eos=False)
+    params = SamplingParams(temperature=1.0, max_new_tokens=ENGINE_NEW, stop=ENGINE_STOP, stop_at_eos=False)
+    one = dataclasses.replace(params, max_new_tokens=1)
     gen = torch.Generator(device=device).manual_seed(0)
-    points = []
-    for b in batches:
+    iters, turns = [], []
+    for b, prompt in cases:
         engine = TorchEngine(model, tok)
-        prompts = {r: torch.randint(1, tok.vocab_size, (ENGINE_PROMPT,)).tolist() for r in range(b)}
-        engine.open(b).generate(prompts, params, gen)  # warm-up
-        per_iter = []
-        for _ in range(3):
-            before = dataclasses.replace(engine.stats)
-            engine.open(b).generate(prompts, params, gen)
-            iters = ENGINE_NEW - 1  # forwards after the prefill
-            per_iter.append((engine.stats.decode_s - before.decode_s) / iters)
-        measured = statistics.median(per_iter)
-        ctx = b * (ENGINE_PROMPT + ENGINE_NEW / 2)  # mean cached tokens over the turn
-        points.append((b, measured, cm.decode_step_time_s(1, b, ctx)))
+        prompts = {r: torch.randint(3, tok.vocab_size, (prompt,)).tolist() for r in range(b)}
+        long = time_host(lambda e=engine, p=prompts: e.open(len(p)).generate(p, params, gen), device=device, reps=5)
+        short = time_host(lambda e=engine, p=prompts: e.open(len(p)).generate(p, one, gen), device=device, reps=5)
+        ctx = b * (prompt + ENGINE_NEW / 2)  # mean cached tokens over the decode iterations
+        iters.append((b, ctx, max(0.0, long.median_s - short.median_s) / (ENGINE_NEW - 1),
+                      cm.decode_step_time_s(1, b, ctx)))
+        turns.append((b, prompt, short.median_s))
     del model
-    return EngineFit(step_overhead_s=max(0.0, statistics.median(m - p for _, m, p in points)),
-                     points=tuple(points))
+    (fixed, per_seq, per_tok), _ = nnls(np.array([[1.0, b, c] for b, c, _, _ in iters]),
+                                        np.array([m - p for _, _, m, p in iters]))
+    # the one-token turn: the (masked) prefill forward and its iteration costs, then the rest
+    fitted = CostModel(spec, ClusterSpec.for_gpus(prof.hardware, 1),
+                       dataclasses.replace(bare, step_overhead_s=float(fixed), step_seq_overhead_s=float(per_seq),
+                                           step_kv_token_s=float(per_tok)))
+    pred = [fitted.prefill_time_s(1, b * n, 0, b, masked=True) for b, n, _ in turns]
+    w = np.array([1.0 / m for _, _, m in turns])  # relative error: small turns weigh as much
+    (t_fixed, t_seq), _ = nnls(np.array([[1.0, b] for b, _, _ in turns]) * w[:, None],
+                               np.array([m - p for (_, _, m), p in zip(turns, pred, strict=True)]) * w)
+    return EngineFit(step_overhead_s=float(fixed), step_seq_overhead_s=float(per_seq), step_kv_token_s=float(per_tok),
+                     turn_overhead_s=float(t_fixed), turn_seq_overhead_s=float(t_seq),
+                     points=tuple((b, m, p) for b, _, m, p in iters),
+                     turns=tuple((b, m, p) for (b, _, m), p in zip(turns, pred, strict=True)))
 
 
 def cases_count(device: torch.device) -> int:
@@ -202,9 +261,14 @@ if __name__ == "__main__":
     for p in pts:
         print(f"{p.label:32s} {p.time_s * 1e3:8.3f} ms  explained {p.explained_s * 1e3:8.3f} ms  "
               f"per op {p.per_op_s * 1e6:7.1f} us")
-    print(f"op_overhead_s {fit.op_overhead_s * 1e6:.1f} us, leave-one-out error {fit.heldout_median_err:.1%}")
-    prof = dataclasses.replace(load_profile("cpu-measured"), op_overhead_s=fit.op_overhead_s)
+    print(f"op_overhead_s {fit.op_overhead_s * 1e6:.1f} us, elementwise x{fit.elem_factor:.2f} the copy curve, "
+          f"leave-one-out error {fit.heldout_median_err:.1%}")
+    base = load_profile("cpu-measured")
+    prof = dataclasses.replace(base, op_overhead_s=fit.op_overhead_s,
+                               elementwise=fit.elementwise_curve(base.memory))
     eng = measure_engine(device=torch.device("cpu"), dtype=torch.float32, prof=prof)
     for b, m, p in eng.points:
         print(f"engine decode iteration b={b:3d}: {m * 1e3:7.3f} ms, cost model {p * 1e3:7.3f} ms")
-    print(f"step_overhead_s {eng.step_overhead_s * 1e3:.3f} ms")
+    for b, m, p in eng.turns:
+        print(f"engine one-token turn     b={b:3d}: {m * 1e3:7.3f} ms, cost model {p * 1e3:7.3f} ms")
+    print(", ".join(f"{k} {v * 1e6:.3g} us" for k, v in eng.profile_fields().items()))

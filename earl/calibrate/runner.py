@@ -5,14 +5,19 @@ Phases (each gets a share of the budget): matmul (GEMM efficiency curve), attent
 prefill curve; decode attention is priced by the memory roofline and only checked), memory
 (large copies: bandwidth curve), collectives (2+ local processes: the intra-node link),
 overhead (whole eager forwards of random-initialised catalog models: the effective per-operator
-cost the cost model adds, see earl.calibrate.overhead).
+cost the cost model adds and the elementwise ops' speed, see earl.calibrate.overhead), runtime
+(host costs of the runtime's own stage code: collating, log-prob and training passes, the
+optimizer's per-tensor work, dispatch; see earl.calibrate.hostcost).
 Parameters not measured (e.g. the link on a one-GPU machine) come from the `base` profile.
 
 How fitted numbers map onto the profile, matching `earl.cost_model.compute` (which prices an
 operator as max(compute, memory) time plus `op_overhead_s`):
   op_overhead_s  effective seconds per counted operator of a real eager forward (phase
                  "overhead"); without it, host seconds per bare operator (tiny ops);
-  step_overhead_s  the runtime engine's seconds per decode iteration beyond the forward;
+  step_overhead_s, step_seq_overhead_s  the runtime engine's seconds per iteration (prefill or
+                 decode forward) beyond the forward: fixed, and per running sequence;
+  elementwise    copy curve slowed by the factor fitted on real forwards (phase overhead);
+  *_pass_s, optimizer_*, experience_*, dispatch_*  host costs (phase runtime);
   matmul         fit of (t - op_overhead_s) against GEMM FLOPs under the memory roofline;
   attention      the same for causal prefill attention (x: FLOPs of one call);
   attention_decode  the same for decode attention (one query token per sequence);
@@ -38,7 +43,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from earl.calibrate import bench, overhead
+from earl.calibrate import bench, hostcost, overhead
 from earl.calibrate.collectives import CPU_SIZES, CUDA_SIZES, CollectiveResult, run_collectives
 from earl.calibrate.fit import AffineFit, fit_affine
 from earl.calibrate.linkfit import LinkFit, fit_link
@@ -47,8 +52,9 @@ from earl.calibrate.timing import resolve_device, resolve_dtype
 from earl.cost_model.profile import HardwareProfile, datasheet_profile, environment_stamp, load_profile
 from earl.specs import HARDWARE_CATALOG, HardwareSpec
 
-PHASES = ("matmul", "attention", "memory", "collectives", "overhead")
-PHASE_WEIGHTS = {"matmul": 0.30, "attention": 0.25, "memory": 0.10, "collectives": 0.20, "overhead": 0.15}
+PHASES = ("matmul", "attention", "memory", "collectives", "overhead", "runtime")
+PHASE_WEIGHTS = {"matmul": 0.25, "attention": 0.20, "memory": 0.10, "collectives": 0.15, "overhead": 0.15,
+                 "runtime": 0.15}
 MIN_BUDGET_S = {"cpu": 8.0, "cuda": 20.0}
 COLLECTIVE_STARTUP_S = 3.0  # spawning ranks and importing torch, not spent benchmarking
 
@@ -68,6 +74,7 @@ class CalibrationResult:
     collectives: CollectiveResult | None = None
     overhead: overhead.OverheadFit | None = None  # effective per-operator cost of real forwards
     engine: overhead.EngineFit | None = None  # generation-engine cost per iteration beyond the forward
+    host: hostcost.HostCostFit | None = None  # host costs of the runtime's stage code (phase runtime)
     wall_s: float = 0.0  # seconds the calibration took
 
 
@@ -206,6 +213,8 @@ def _calibrate(dev, dt, budget_s, phases, base_prof, seed, progress, t_start) ->
     res = _build_profile(dev, dt, base_prof, overhead_s, measurements, coll, time.perf_counter() - t_start)
     if "overhead" in phases:
         res = _fit_forward_overhead(res, dev, dt, share["overhead"], progress)
+    if "runtime" in phases:
+        res = _fit_host_costs(res, dev, dt, share["runtime"], progress)
     wall = time.perf_counter() - t_start
     stamp = {**res.profile.stamp, "wall_s": round(wall, 1)}
     return dataclasses.replace(res, profile=dataclasses.replace(res.profile, stamp=stamp), wall_s=wall)
@@ -219,14 +228,27 @@ def _fit_forward_overhead(res: CalibrationResult, dev, dt, budget_s: float,
         device=dev, dtype=dt, prof=res.profile, budget_s=budget_s,
         on_case=lambda p: progress.step("overhead", p.label if p else "skipped"))
     fit = overhead.fit_overhead(points)
-    prof = dataclasses.replace(res.profile, op_overhead_s=fit.op_overhead_s)
+    prof = dataclasses.replace(res.profile, op_overhead_s=fit.op_overhead_s,
+                               elementwise=fit.elementwise_curve(res.profile.memory))
     engine = overhead.measure_engine(device=dev, dtype=dt, prof=prof)
     progress.step("overhead", "engine")
     quality = {**res.profile.fit_quality, "step_overhead": engine.quality(),
                "op_overhead": {**fit.quality(), "bare_op_s": res.profile.op_overhead_s}}
     stamp = {**res.profile.stamp, "measured": sorted([*res.profile.stamp["measured"], "overhead"])}
-    prof = dataclasses.replace(prof, step_overhead_s=engine.step_overhead_s, fit_quality=quality, stamp=stamp)
+    prof = dataclasses.replace(prof, **engine.profile_fields(), fit_quality=quality, stamp=stamp)
     return dataclasses.replace(res, profile=prof, overhead=fit, engine=engine)
+
+
+def _fit_host_costs(res: CalibrationResult, dev, dt, budget_s: float, progress: Progress) -> CalibrationResult:
+    """Host-side costs of the runtime's own stage code (earl.calibrate.hostcost), priced on
+    top of the profile measured so far (best after the overhead phase)."""
+    progress.phase("runtime", hostcost.cases_count(dev))
+    fit = hostcost.measure_host_costs(device=dev, dtype=dt, prof=res.profile, budget_s=budget_s,
+                                      on_case=lambda label: progress.step("runtime", label))
+    stamp = {**res.profile.stamp, "measured": sorted([*res.profile.stamp["measured"], "runtime"])}
+    prof = dataclasses.replace(res.profile, **fit.profile_fields(), stamp=stamp,
+                               fit_quality={**res.profile.fit_quality, "host_costs": fit.quality()})
+    return dataclasses.replace(res, profile=prof, host=fit)
 
 
 def _run_collectives(dev: torch.device, share_s: float, progress: Progress) -> CollectiveResult | None:

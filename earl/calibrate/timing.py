@@ -3,7 +3,10 @@
 Every benchmark times one call at a time over a small pool of *rotating* inputs (so a repeat
 never finds its operands hot in cache), after warm-up, and keeps the median. On CUDA each call
 is bracketed by its own pair of device events (synchronised once at the end); on CPU by
-`time.perf_counter`. Inputs are never zero: magnitudes lie in [0.5, 1.5) with random signs,
+`host_clock`: the process's CPU time when torch runs one thread (the device is one core: on a
+shared host, other processes' time slices are not this work's cost; a 20 ms call on a loaded
+2-core box takes ~2x its CPU time in wall time), else `time.perf_counter`. Inputs are never
+zero: magnitudes lie in [0.5, 1.5) with random signs,
 so no sparse or denormal fast path can flatter a kernel.
 
     python -m earl.calibrate.timing        # times a 512^3 matmul on the CPU and prints it
@@ -73,6 +76,31 @@ def nonzero_tensor(shape: Sequence[int], *, dtype: torch.dtype, device: torch.de
     return vals.reshape(tuple(shape))
 
 
+def host_clock(device: torch.device) -> Callable[[], float]:
+    """The clock that times work on `device` from the host (see the module docstring)."""
+    if device.type == "cpu" and torch.get_num_threads() == 1:
+        return time.process_time
+    return time.perf_counter
+
+
+def time_host(fn: Callable[[], object], *, device: torch.device, warmup: int = 2, reps: int = 7) -> Timing:
+    """Median time of `fn()` as the host sees it: work that mixes Python with device kernels
+    (an engine turn, an optimizer step). CUDA: synchronised before and after each call, timed
+    on the host (`perf_counter`), so launch overheads and host gaps count, as they do in the
+    runtime's spans; CPU: `host_clock`."""
+    clock = host_clock(device)
+    for _ in range(max(0, warmup)):
+        fn()
+    samples = []
+    for _ in range(max(1, reps)):
+        synchronize(device)
+        t = clock()
+        fn()
+        synchronize(device)
+        samples.append(clock() - t)
+    return Timing.of(samples)
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -104,12 +132,13 @@ def time_calls(fn: Callable[..., object], inputs: Sequence[tuple], *, device: to
         torch.cuda.synchronize(device)
         samples = [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends, strict=True)]
     else:
+        clock = host_clock(device)
         samples = []
         for i in range(reps):
             args = inputs[(warmup + i) % n]
-            t = time.perf_counter()
+            t = clock()
             fn(*args)
-            samples.append(time.perf_counter() - t)
+            samples.append(clock() - t)
     return Timing.of(samples)
 
 

@@ -44,6 +44,15 @@ class VariantResult:
     peak_mem_measured: float  # bytes (CUDA: max_memory_allocated; CPU: process RSS)
     peak_mem_predicted: float  # bytes allocated at the predicted peak (reserve excluded)
     run_dir: str  # where the runtime wrote its outputs
+    # per scored step: the process's CPU seconds / wall seconds (the runtime's step_cpu_s /
+    # step_s; CPU device with one thread only, else 1): on a shared host other processes take
+    # the rest, which the simulator (a dedicated device) does not model
+    cpu_share: list[float] = field(default_factory=list)
+
+    def measured_cpu(self) -> list[dict]:
+        """Measured stage times scaled by their step's CPU share: the seconds of CPU they got."""
+        shares = self.cpu_share or [1.0] * len(self.measured)
+        return [{k: v * f for k, v in r.items()} for r, f in zip(self.measured, shares, strict=True)]
 
     def total(self, which: str) -> float:
         rows = getattr(self, which)
@@ -67,16 +76,20 @@ def _rel(p: float, m: float) -> float:
 
 
 def stage_table(variants: list[VariantResult]) -> list[dict]:
-    """Per stage: summed measured / predicted seconds and the median per-step relative error."""
+    """Per stage: summed measured / predicted seconds and the median per-step relative error,
+    against the wall time and against the CPU time the stage got (wall x its step's CPU share)."""
     out = []
     for stage in STAGES:
         m = [r[stage] for v in variants for r in v.measured]
+        mc = [r[stage] for v in variants for r in v.measured_cpu()]
         p = [r[stage] for v in variants for r in v.predicted]
         d = [r[stage] for v in variants for r in v.datasheet]
         if not any(m) and not any(p) and not any(d):
             continue
         out.append({"stage": stage, "measured_s": sum(m), "predicted_s": sum(p), "datasheet_s": sum(d),
                     "median_err": float(np.median([_rel(a, b) for a, b in zip(p, m, strict=True)])),
+                    "measured_cpu_s": sum(mc),
+                    "cpu_median_err": float(np.median([_rel(a, b) for a, b in zip(p, mc, strict=True)])),
                     "datasheet_median_err": float(np.median([_rel(a, b) for a, b in zip(d, m, strict=True)]))})
     return out
 
@@ -129,7 +142,9 @@ def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: i
                   selector=cfg.selector, dispatcher=cfg.dispatcher,
                   max_num_seqs=cfg.engine_batch or episodes,
                   logprob_passes=2 if cfg.trainer.kl_coef else 1)
-    sim = Simulation(sc, cfg.selector, cfg.dispatcher, cost_model=cm).run()
+    # the PyTorch runtime's engine plays turns in lockstep; its micro-batches are padded
+    engine = "turn-sync" if cfg.engine == "pytorch" else "continuous"
+    sim = Simulation(sc, cfg.selector, cfg.dispatcher, cost_model=cm, engine=engine, padded=True).run()
     return sim.rows
 
 
@@ -175,7 +190,10 @@ def run_variant(cfg, name: str, overrides: dict, out_dir: Path, prof: HardwarePr
     sim_cal = _simulate(cfg, spec, trace, prof, len(rows))
     sim_sheet = _simulate(cfg, spec, trace, sheet, len(rows))
     cm = CostModel(spec, ClusterSpec.for_gpus(prof.hardware, 1), prof)
-    return VariantResult(name=name, overrides=overrides, measured=stage_rows(None),
+    one_core = not str(cfg.model.device).startswith("cuda") and cfg.threads == 1
+    share = [min(1.0, r["step_cpu_s"] / r["step_s"]) if one_core and r.get("step_s") else 1.0
+             for r in rows[warmup_steps:]]
+    return VariantResult(name=name, overrides=overrides, measured=stage_rows(None), cpu_share=share,
                          predicted=stage_rows(sim_cal), datasheet=stage_rows(sim_sheet),
                          peak_mem_measured=float(max(r["peak_mem_bytes"] for r in rows)),
                          peak_mem_predicted=_predicted_peak(sim_cal, cm.capacity, cm.reserve),
@@ -259,10 +277,10 @@ def to_dict(res: ValidationResult) -> dict:
 
 def write_report(res: ValidationResult, out: Path) -> None:
     atomic_write_text(out / "validation.json", json.dumps(to_dict(res), indent=1) + "\n")
-    lines = ["variant,step,stage,measured_s,predicted_s,datasheet_s"]
+    lines = ["variant,step,stage,measured_s,predicted_s,datasheet_s,measured_cpu_s"]
     for v in res.variants:
-        for i, (m, p, d) in enumerate(zip(v.measured, v.predicted, v.datasheet, strict=True)):
-            lines += [f"{v.name},{i},{s},{m[s]:.6g},{p[s]:.6g},{d[s]:.6g}" for s in STAGES]
+        for i, (m, p, d, c) in enumerate(zip(v.measured, v.predicted, v.datasheet, v.measured_cpu(), strict=True)):
+            lines += [f"{v.name},{i},{s},{m[s]:.6g},{p[s]:.6g},{d[s]:.6g},{c[s]:.6g}" for s in STAGES]
     atomic_write_text(out / "validation.csv", "\n".join(lines) + "\n")
     scatter_plot(res, out / "scatter.png")
 

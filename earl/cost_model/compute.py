@@ -75,7 +75,10 @@ def forward_pass(model: ModelSpec, prof: HardwareProfile, *, tp: int, layers: in
     attention = _op_time(attn_flops, attn_bytes, prof, attn_curve)
     # norms, residual adds, rope, activation: ~12 reads/writes of a token's hidden state
     elem_bytes = tokens * (12 * h + 3 * f) * b
-    elementwise = _op_time(0.0, elem_bytes, prof, prof.memory)
+    # a calibrated profile fits these small unfused ops on real forwards (on CPU they reach a
+    # fraction of a large copy's bandwidth); otherwise the copy curve
+    elem_curve = prof.elementwise or prof.memory
+    elementwise = elem_bytes / (prof.hardware.hbm_bw_bytes_s * elem_curve(elem_bytes)) if elem_bytes > 0 else 0.0
     per_layer_flops = 2.0 * tokens * (model.params_per_layer / tp) + attn_flops
     lm = 0.0
     lm_flops = 0.0
@@ -87,6 +90,14 @@ def forward_pass(model: ModelSpec, prof: HardwareProfile, *, tp: int, layers: in
                     elementwise_s=layers * elementwise, lm_head_s=lm,
                     overhead_s=(layers * OPS_PER_LAYER + 2) * prof.op_overhead_s,
                     flops=layers * per_layer_flops + lm_flops)
+
+
+def param_tensors(model: ModelSpec) -> int:
+    """Parameter tensors of the model (what an optimizer step iterates over): per layer q, k,
+    v, o (+3 biases), the MLP's 2-3 matrices and 2 norms; plus embedding, final norm and an
+    untied LM head."""
+    per_layer = 4 + (3 if model.qkv_bias else 0) + (3 if model.gated_mlp else 2) + 2
+    return model.num_layers * per_layer + 2 + (0 if model.tied_embeddings else 1)
 
 
 def causal_pairs(new_tokens: float, prefix_tokens: float) -> float:

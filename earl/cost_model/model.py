@@ -121,21 +121,29 @@ class CostModel:
         return comm.group_link(self.cluster, self.profile, tp, 1, collective="allreduce")
 
     # ---- O(1) hooks for the simulator ---------------------------------------------------
-    def _prefill_time_s(self, tp: int, new_tokens: int, prefix_tokens: int = 0, num_seqs: int = 1) -> float:
+    def _prefill_time_s(self, tp: int, new_tokens: int, prefix_tokens: int = 0, num_seqs: int = 1,
+                        masked: bool = False) -> float:
         """One replica prefilling `new_tokens` (total over `num_seqs` equal sequences) on top of
-        `prefix_tokens` already cached (total over the same sequences)."""
+        `prefix_tokens` already cached (total over the same sequences). `masked`: the engine
+        passes an explicit (padding) mask, so attention covers the full new x (prefix + new)
+        rectangle instead of skipping the causal upper triangle."""
         if new_tokens <= 0:
             return 0.0
         n, pre = new_tokens / num_seqs, prefix_tokens / num_seqs
+        pairs = n * (pre + n) if masked else causal_pairs(n, pre)
         cost = forward_pass(self.model, self.profile, tp=tp, layers=self.model.num_layers,
-                            tokens=new_tokens, attn_pairs=num_seqs * causal_pairs(n, pre),
+                            tokens=new_tokens, attn_pairs=num_seqs * pairs,
                             kv_tokens=prefix_tokens + new_tokens, lm_tokens=num_seqs)
-        return cost.total_s + self._tp_comm_s(tp, new_tokens, passes=1) + self._engine_host_s(num_seqs)
+        return (cost.total_s + self._tp_comm_s(tp, new_tokens, passes=1)
+                + self._engine_host_s(num_seqs, prefix_tokens + new_tokens))
 
-    def _engine_host_s(self, num_seqs: float) -> float:
-        """Host seconds of one engine iteration (a prefill or a decode forward, each followed
-        by sampling) beyond the forward: fixed plus per sequence (calibrated; 0 on datasheets)."""
-        return self.profile.step_overhead_s + self.profile.step_seq_overhead_s * num_seqs
+    def _engine_host_s(self, num_seqs: float, cached_tokens: float) -> float:
+        """Seconds of one engine iteration (a prefill or a decode forward, each followed by
+        sampling) beyond the forward: fixed, per sequence, and per cached token (an engine
+        that grows its KV cache by concatenation copies it every step); calibrated on the
+        runtime's own engine, 0 on datasheets."""
+        prof = self.profile
+        return prof.step_overhead_s + prof.step_seq_overhead_s * num_seqs + prof.step_kv_token_s * cached_tokens
 
     def decode_step_time_s(self, tp: int, num_seqs: int, total_context_tokens: float) -> float:
         """One decode iteration of one replica: every running sequence gains one token."""
@@ -144,7 +152,8 @@ class CostModel:
         cost = forward_pass(self.model, self.profile, tp=tp, layers=self.model.num_layers,
                             tokens=num_seqs, attn_pairs=total_context_tokens,
                             kv_tokens=total_context_tokens, lm_tokens=num_seqs, decode=True)
-        return cost.total_s + self._tp_comm_s(tp, num_seqs, passes=1) + self._engine_host_s(num_seqs)
+        return (cost.total_s + self._tp_comm_s(tp, num_seqs, passes=1)
+                + self._engine_host_s(num_seqs, total_context_tokens))
 
     def _kv_capacity_tokens(self, tp: int, pp: int = 1) -> int:
         """KV-cache tokens one replica (tp x pp GPUs) can hold after weights and reserve."""
@@ -244,7 +253,8 @@ class CostModel:
         per_replica = -(-batch // plan.dp)
         return per_replica, -(-per_replica // plan.micro_batch)
 
-    def logprob(self, plan: ParallelPlan, batch: int, context: int, passes: int = 1) -> Estimate:
+    def logprob(self, plan: ParallelPlan, batch: int, context: int, passes: int = 1,
+                masked: bool = False) -> Estimate:
         """Forward-only log-probs of `batch` sequences (`passes` models: e.g. 2 = ref + old)."""
         self._check(plan, batch, context)
         plan.validate(self.model, seq_len=None)
@@ -256,7 +266,7 @@ class CostModel:
         s = context / plan.cp
         tokens = plan.micro_batch * s
         cost = forward_pass(self.model, self.profile, tp=plan.tp, layers=-(-self.model.num_layers // plan.pp),
-                            tokens=tokens, attn_pairs=plan.micro_batch * causal_pairs(context, 0) / plan.cp,
+                            tokens=tokens, attn_pairs=plan.micro_batch * _pairs(context, masked) / plan.cp,
                             kv_tokens=plan.micro_batch * context, lm_tokens=tokens)
         t_mb = cost.total_s + self._tp_comm_s(plan.tp, tokens, 1) / plan.pp + self._cp_comm_s(plan, context, 1)
         t_mb += self.profile.logprob_pass_s  # host work around each micro-batch's forward (calibrated)
@@ -278,7 +288,7 @@ class CostModel:
         layers = -(-self.model.num_layers // plan.pp)
         return passes * layers * comm.allgather_s(kv, plan.cp, link)
 
-    def train(self, plan: ParallelPlan, batch: int, context: int) -> Estimate:
+    def train(self, plan: ParallelPlan, batch: int, context: int, masked: bool = False) -> Estimate:
         """One optimizer step over a global batch of `batch` sequences of `context` tokens."""
         self._check(plan, batch, context)
         plan.validate(self.model, seq_len=context if plan.cp > 1 else None)
@@ -291,7 +301,7 @@ class CostModel:
         tokens = plan.micro_batch * s
         layers = -(-self.model.num_layers // plan.pp)
         fwd = forward_pass(self.model, self.profile, tp=plan.tp, layers=layers, tokens=tokens,
-                           attn_pairs=plan.micro_batch * causal_pairs(context, 0) / plan.cp,
+                           attn_pairs=plan.micro_batch * _pairs(context, masked) / plan.cp,
                            kv_tokens=plan.micro_batch * context, lm_tokens=tokens)
         recompute = {"none": 0.0, "selective": fwd.attention_s, "full": fwd.total_s - fwd.lm_head_s}[plan.recompute]
         tp_passes = 4 + (2 if plan.recompute == "full" else 0)
@@ -358,7 +368,8 @@ class CostModel:
             chunk = ctx[i:i + size]
             c = chunk[-1] if padded else -(-sum(chunk) // len(chunk))
             c = -(-c // plan.cp) * plan.cp
-            est = (self.logprob(plan, len(chunk), c) if stage == "logprob" else self.train(plan, len(chunk), c))
+            est = (self.logprob(plan, len(chunk), c, masked=padded) if stage == "logprob"
+                   else self.train(plan, len(chunk), c, masked=padded))
             if not est.feasible:
                 return est
             m, t_mb = est.extras["micro_batches"], est.extras["micro_batch_s"]
@@ -467,6 +478,12 @@ class CostModel:
                         gpus=dst.world_size, plan=dst, breakdown=br,
                         extras={"payload_bytes": total, "delivered_bytes": delivered,
                                 "controller_bytes": through_controller, "dispatcher": kind})
+
+
+def _pairs(context: int, masked: bool) -> float:
+    """Attention pairs of one sequence: causal, or the full square when the batch carries an
+    explicit padding mask (the kernel then cannot skip the masked-out upper triangle)."""
+    return float(context) * context if masked else causal_pairs(context, 0)
 
 
 def _shard_interval(rank: int, plan: ParallelPlan, optimizer: bool = False

@@ -82,6 +82,25 @@ class HardwareProfile:
     # the model: sampling, stop checks, mask and cache bookkeeping. Measured by `earl calibrate`
     # on the runtime's own engine; 0 for datasheet profiles.
     step_overhead_s: float = 0.0
+    # ---- host-side costs of the runtime's own code, measured by `earl calibrate` (phase
+    # "runtime", earl/calibrate/hostcost.py) on the runtime's functions; all optional and 0 (or
+    # None) for datasheet profiles and for profiles written before they existed.
+    # Achieved fraction of memory bandwidth of the elementwise ops (norms, rotary, activation,
+    # residual adds) inside a real eager forward, fitted jointly with op_overhead_s on whole
+    # forwards; on CPU these run ~4x below a large copy. None: `memory`.
+    elementwise: EfficiencyCurve | None = None
+    step_seq_overhead_s: float = 0.0  # engine: per running sequence per iteration (sampling, stop checks)
+    step_kv_token_s: float = 0.0  # engine: per cached token per iteration (cache copies, masks)
+    turn_overhead_s: float = 0.0  # engine: per turn (generate call: padded inputs, cache, texts), fixed
+    turn_seq_overhead_s: float = 0.0  # ... and per sequence of the turn
+    logprob_pass_s: float = 0.0  # per log-prob micro-batch beyond its forward (slicing, log-softmax, copy back)
+    train_pass_s: float = 0.0  # per training micro-batch beyond 3 forwards (loss, its backward, stats)
+    optimizer_step_s: float = 0.0  # per optimizer step, fixed (zero_grad, clip, AdamW launch)
+    optimizer_tensor_s: float = 0.0  # per optimizer step, per parameter tensor held
+    experience_seq_s: float = 0.0  # experience stage: per sequence (collating, advantages)
+    experience_token_s: float = 0.0  # experience stage: per token (padded tensors built on the host)
+    dispatch_fixed_s: float = 0.0  # a dispatch's host work: planning and executing it, fixed
+    dispatch_seq_s: float = 0.0  # ... and per sample delivered
 
     @property
     def name(self) -> str:
@@ -125,11 +144,20 @@ class HardwareProfile:
                 attention_decode=(EfficiencyCurve(**d["attention_decode"])
                                   if d.get("attention_decode") else None),
                 step_overhead_s=float(d.get("step_overhead_s", 0.0)),
+                elementwise=EfficiencyCurve(**d["elementwise"]) if d.get("elementwise") else None,
+                **{k: float(d.get(k, 0.0)) for k in HOST_COST_FIELDS},
             )
         except KeyError as e:
             raise ValueError(f"{source}: profile is missing field {e.args[0]!r}") from None
         except TypeError as e:
             raise ValueError(f"{source}: malformed profile ({e})") from None
+
+
+# optional float fields read with a default of 0 (profiles written before they existed)
+HOST_COST_FIELDS = ("step_seq_overhead_s", "step_kv_token_s", "turn_overhead_s", "turn_seq_overhead_s",
+                    "logprob_pass_s", "train_pass_s", "optimizer_step_s",
+                    "optimizer_tensor_s", "experience_seq_s", "experience_token_s", "dispatch_fixed_s",
+                    "dispatch_seq_s")
 
 
 def datasheet_profile(hw: HardwareSpec) -> HardwareProfile:

@@ -404,3 +404,71 @@ class Replica:
                 assert not self.waiting, "a waiting sequence fits nowhere but was not dropped"
                 break
         st.t_end = max(st.t_end, env.now)
+
+
+class TurnSyncReplica(Replica):
+    """The built-in PyTorch engine of `earl run` (earl.runtime.engine driven by
+    earl.runtime.rollout), for `earl validate`: no continuous batching. Episodes are taken
+    `max_num_seqs` at a time; each turn of such a batch is one forward over every episode still
+    playing, right-padded to the longest new segment (its logits give every episode its first
+    token), then decode forwards in lockstep over all rows of the batch until the longest
+    generation of the turn ends (rows done early ride along padded; only active rows are
+    sampled). The environments then step one after the other and the next turn starts when all
+    are back; the next batch opens when every episode of this one has ended. Every row's KV
+    cache is as wide as the batch's (padded). A turn that cannot fit the replica's KV capacity
+    is an OOM event. Priced with the cost model's hooks directly (a few hundred calls)."""
+
+    def _run(self):
+        env, st, cm = self.env, self.stats, self.cm
+        seq_s = cm.profile.step_seq_overhead_s
+        todo = list(self.waiting)
+        self.waiting.clear()
+        for start in range(0, len(todo), self.max_num_seqs):
+            batch = todo[start:start + self.max_num_seqs]
+            width = 0  # cache positions every row of the batch holds (padded)
+            while batch:
+                for s in [s for s in batch if s.ctx + s.pending + s.rem > self.cap]:
+                    self._oom(s)
+                batch = [s for s in batch if s.state != OOM]
+                if not batch:
+                    break
+                n = len(batch)
+                # after the first turn the last sampled token enters the cache with the observation
+                segs = [s.pending + (1 if s.turn else 0) for s in batch]
+                seg = max(segs)
+                # the engine always passes its padding mask (full attention rectangle), and each
+                # turn (generate call) has host work of its own: padded inputs, cache, texts
+                pre = cm.prefill_time_s(self.tp, n * seg, n * width, n, masked=True)
+                pre += cm.profile.turn_overhead_s + cm.profile.turn_seq_overhead_s * n
+                width += seg
+                gen = max(max(s.rem for s in batch), 1)
+                dec = 0.0
+                for j in range(gen - 1):  # decode forward j feeds token j+1 of every active row
+                    active = sum(1 for s in batch if s.rem > j + 1)
+                    dec += cm.decode_step_time_s(self.tp, n, n * (width + j)) - seq_s * (n - active)
+                width += gen - 1
+                env_s = sum(s.ep.turns[s.turn][2] for s in batch)
+                self._note("prefill", None, seqs=[s.ep.id for s in batch], tokens=sum(segs), time_s=pre)
+                self._note("decode", None, at=env.now + pre, seqs=n, iterations=gen - 1, context=n * width,
+                           time_s=dec)
+                yield env.timeout(pre + dec + env_s)
+                st.events += 1
+                st.busy_s += pre + dec
+                st.prefill_tokens += sum(segs)
+                st.generated_tokens += sum(s.rem for s in batch)
+                st.decode_iterations += gen - 1
+                st.peak_kv_tokens = max(st.peak_kv_tokens, n * width)
+                st.peak_running = max(st.peak_running, n)
+                playing = []
+                for s in batch:
+                    s.ctx += s.pending + s.rem
+                    s.turn += 1
+                    if s.turn < len(s.ep.turns):
+                        s.pending, s.rem = s.ep.turns[s.turn][0], s.ep.turns[s.turn][1]
+                        playing.append(s)
+                    else:
+                        s.state = DONE
+                        st.finished[s.ep.id] = env.now
+                        self._note("done", s, context=s.ctx, finish=env.now)
+                batch = playing
+        st.t_end = max(st.t_end, env.now)

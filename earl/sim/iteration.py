@@ -39,11 +39,12 @@ from earl.specs import ParallelPlan, Stage, WorkloadStats
 from earl.trace import Span
 
 from .cluster import Cluster
-from .engine import DecodeClock, Replica
+from .engine import DecodeClock, Replica, TurnSyncReplica
 from .scenario import Scenario
 from .workload import Episode, Workload
 
 MAX_BUCKETS = 8  # length buckets a mixed batch is priced in
+ENGINES = ("continuous", "turn-sync")  # rollout engine models: vLLM-like, or the PyTorch runtime's
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,7 +61,15 @@ class Simulation:
 
     def __init__(self, scenario: Scenario, selector: str, dispatcher: str, *,
                  cost_model: CostModel | None = None, log: list | None = None,
-                 fine: bool | None = None, progress=None):
+                 fine: bool | None = None, progress=None, engine: str = "continuous",
+                 padded: bool = False):
+        # `engine` "turn-sync" and `padded` model the single-process PyTorch runtime for
+        # `earl validate`: its engine plays turns in lockstep (sim.engine.TurnSyncReplica) and its
+        # log-prob / train micro-batches are right-padded to their longest sequence
+        if engine not in ENGINES:
+            raise ValueError(f"unknown rollout engine model {engine!r}; valid: {', '.join(ENGINES)}")
+        self.replica_cls = TurnSyncReplica if engine == "turn-sync" else Replica
+        self.padded = padded
         self.sc = scenario
         self.env = simpy.Environment()
         if cost_model is None:
@@ -151,7 +160,8 @@ class Simulation:
         tok = {s.id: s.tokens for s in samples}
         group_tokens = tuple(sum(tok[i] for i in g) for g in assignment)
         passes = self.sc.logprob_passes if stage == "logprob" else 1
-        est = self.cm.mixed_batch(stage, plan, ctx, buckets=MAX_BUCKETS, passes=passes, imbalance=imbalance)
+        est = self.cm.mixed_batch(stage, plan, ctx, buckets=MAX_BUCKETS, passes=passes, imbalance=imbalance,
+                                  padded=self.padded)
         assert est.feasible, f"{stage} {plan.describe()} infeasible at {ctx[-1]} tokens after OOM filter"
         mem = self.cm.memory(stage, plan, plan.dp, ctx[-1])
         return StageCost(time_s=est.time_s, memory_bytes=mem.total,
@@ -191,7 +201,7 @@ class Simulation:
         # 2. rollout
         t0 = env.now
         clock = self.clock(ro.tp)
-        reps = [Replica(env, cost_model=cm, tp=ro.tp, episodes=drawn[i::ro.dp], clock=clock,
+        reps = [self.replica_cls(env, cost_model=cm, tp=ro.tp, episodes=drawn[i::ro.dp], clock=clock,
                         max_num_seqs=sc.max_num_seqs, fine=self.fine, log=self.log,
                         name=f"replica{i}") for i in range(ro.dp)]
         yield env.all_of([r.process for r in reps])
@@ -332,6 +342,9 @@ class Simulation:
             rounds = math.ceil(math.log2(self.gpus))
             extra += sum(self.cm.transfer_time_s(tplan.reduce_bytes, 0, min(2 ** k, self.gpus - 1))
                          for k in range(rounds))
+        # host work of planning and executing the dispatch (calibrated; 0 on datasheets): a
+        # single process pays it even though every transfer is a local copy
+        extra += self.cm.profile.dispatch_fixed_s + self.cm.profile.dispatch_seq_s * len(samples)
         if extra:
             yield self.env.timeout(extra)
         self._span(f"dispatch ({tplan.kind})", "dispatch", tplan.controller, t0, self.env.now, step,
