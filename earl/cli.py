@@ -433,17 +433,17 @@ def validate_cmd(
     t = Table(title=f"earl validate ({res.device}, profile {hardware}, {len(res.variants)} variant(s), "
                     f"{steps - warmup_steps} scored step(s) each)")
     for col in ("stage", "measured s", "predicted s", "median err", f"datasheet ({res.datasheet}) s",
-                "datasheet err"):
+                "datasheet err", "err vs CPU time"):
         t.add_column(col, justify="left" if col == "stage" else "right")
-    for r in res.table:
+    for r in res.table:  # last column: measured x the step's CPU share (other processes excluded)
         t.add_row(r["stage"], f"{r['measured_s']:.4f}", f"{r['predicted_s']:.4f}", f"{r['median_err']:.1%}",
-                  f"{r['datasheet_s']:.4f}", f"{r['datasheet_median_err']:.1%}")
+                  f"{r['datasheet_s']:.4f}", f"{r['datasheet_median_err']:.1%}", f"{r['cpu_median_err']:.1%}")
     for v in res.variants:
         err = abs(v.peak_mem_predicted - v.peak_mem_measured) / v.peak_mem_measured
         what = f"peak memory, {v.name}" + ("" if res.memory_comparable else " (CPU RSS: not comparable)")
         t.add_row(what, f"{v.peak_mem_measured / 2**30:.3f} GiB",
                   f"{v.peak_mem_predicted / 2**30:.3f} GiB", f"{err:.1%}" if res.memory_comparable else "-",
-                  "", "")
+                  "", "", "")
     console.print(t)
     if len(res.variants) > 1:
         fmt = lambda x: "n/a" if x is None else f"{x:+.2f}"  # noqa: E731
