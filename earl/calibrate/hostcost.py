@@ -15,6 +15,10 @@ what the cost model already prices (forwards, optimizer bytes), and fits what re
   optimizer_step_s, optimizer_tensor_s   clip + AdamW step ~ 1, parameter tensors (3 model depths)
   train_pass_s                           median residual per training micro-batch
   dispatch_fixed_s, dispatch_seq_s       Policies.dispatch ~ 1, samples
+  rollout_fixed_s, rollout_episode_s     `rollout` (real env, real engine) less the simulator's
+                                         engine model of the same episodes ~ 1, episodes: env
+                                         set-up, tokenising, trajectory bookkeeping, and the
+                                         first forward after the other stages (cold caches)
 
 Timing: each part of a replayed step on `earl.calibrate.timing.host_clock` (CPU: the process's
 CPU time with one thread; CUDA: synchronised host wall time, since these are host-bound mixes
@@ -46,6 +50,7 @@ CASES = {
 }
 REPS = 5  # timed repetitions of each case (after one warm-up)
 GROUP = 4  # episodes per synthetic GRPO group
+ROLLOUT_ENV = "tic-tac-toe"  # the environment of the replayed rollouts (the runtime's default)
 TURNS = 2  # model turns per synthetic episode
 
 
@@ -61,6 +66,8 @@ class HostCostFit:
     train_pass_s: float = 0.0
     dispatch_fixed_s: float = 0.0
     dispatch_seq_s: float = 0.0
+    rollout_fixed_s: float = 0.0
+    rollout_episode_s: float = 0.0
     points: dict = field(default_factory=dict)  # part -> [{"label", "measured_s", "explained_s"}]
 
     def profile_fields(self) -> dict:
@@ -131,7 +138,9 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
     from earl.cost_model import CostModel
     from earl.runtime.config import RunConfig, TrainerConfig
     from earl.runtime.engine import SamplingParams, TorchEngine
+    from earl.runtime.envs import ENVS, make_env
     from earl.runtime.loop import Policies
+    from earl.runtime.rollout import rollout
     from earl.runtime.tokenizer import CharTokenizer
     from earl.runtime.trainer import Trainer, batch_logprobs, collate, grpo_advantages
     from earl.specs import ClusterSpec, ParallelPlan
@@ -182,7 +191,9 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
                                logprob_pass_s=0.0, train_pass_s=0.0)
     cm = CostModel(spec, ClusterSpec.for_gpus(prof.hardware, 1), host)
     engine = TorchEngine(model, CharTokenizer())
-    turn = SamplingParams(temperature=1.0, max_new_tokens=1)
+    env_cls = ENVS[ROLLOUT_ENV]
+    play = SamplingParams(temperature=1.0, max_new_tokens=env_cls.max_new_tokens, stop=tuple(env_cls.stop))
+    ro_rows, ro_y = [], []
     pol = Policies(RunConfig(), spec)
     exp_rows, exp_y, lp_res, tr_res, disp_rows, disp_y = [], [], [], [], [], []
     for n, length in cases["steps"]:
@@ -191,11 +202,13 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
                 on_case(None)
             continue
         trajs = synthetic_trajectories(n, length, vocab, gen)
-        prompts = {i: t.token_ids[:length // 2] for i, t in enumerate(trajs)}
         trainer = Trainer(model, TrainerConfig(lr=1e-6, token_budget=budget), temperature=1.0)
         parts: dict[str, list[float]] = {}
         for _ in range(REPS + 1):  # the first round warms up
-            _timed(lambda p=prompts, e=engine: e.open(len(p)).generate(p, turn, gen), device)  # a rollout turn
+            seeds = list(range(n))
+            played, t_ro = _timed(lambda e=engine, sd=seeds: rollout(e, lambda: make_env(ROLLOUT_ENV), seeds=sd,
+                                                                     group_ids=sd, params=play, generator=gen,
+                                                                     max_context=1 << 20), device)
             batch, t_collate = _timed(lambda tr=trajs: collate(tr, 0), torch.device("cpu"))
             with torch.no_grad():
                 old, t_lp = _timed(lambda b=batch, m=model: batch_logprobs(m, b, 1.0, budget), device)
@@ -204,11 +217,15 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
             batch = dataclasses.replace(batch, old_logprobs=old, advantages=adv)
             batch, t_disp = _timed(lambda b=batch: pol.dispatch(b)[0], torch.device("cpu"))
             _, t_train = _timed(lambda b=batch, tr=trainer: tr.step(b), device)
-            for k, v in (("experience", t_collate + t_adv), ("logprob", t_lp), ("dispatch", t_disp),
+            parts.setdefault("rollout_pred", []).append(_sim_rollout(cm, played))
+            for k, v in (("rollout", t_ro), ("experience", t_collate + t_adv), ("logprob", t_lp), ("dispatch", t_disp),
                          ("train", t_train)):
                 parts.setdefault(k, []).append(v)
         med = {k: statistics.median(v[1:]) for k, v in parts.items()}
         width = batch.input_ids.shape[1]
+        ro_rows.append([1.0, n])
+        ro_y.append(med["rollout"] - med["rollout_pred"])
+        note("rollout", f"{ROLLOUT_ENV} n={n}", med["rollout"], med["rollout_pred"])
         tokens = sum(len(x.token_ids) for x in trajs)
         exp_rows.append([n, tokens])
         exp_y.append(med["experience"])
@@ -227,12 +244,31 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
             on_case(f"step {n}x{width}")
     del model, engine
     seq_s, token_s = _nnls(exp_rows, exp_y)
+    ro_fixed, ro_episode = _nnls(ro_rows, ro_y)
     disp_fixed, disp_seq = _nnls(disp_rows, disp_y)
     return HostCostFit(experience_seq_s=seq_s, experience_token_s=token_s,
                        logprob_pass_s=max(0.0, statistics.median(lp_res)),
                        optimizer_step_s=opt_step_s, optimizer_tensor_s=opt_tensor_s,
                        train_pass_s=max(0.0, statistics.median(tr_res)),
-                       dispatch_fixed_s=disp_fixed, dispatch_seq_s=disp_seq, points=points)
+                       dispatch_fixed_s=disp_fixed, dispatch_seq_s=disp_seq, rollout_fixed_s=ro_fixed,
+                       rollout_episode_s=ro_episode, points=points)
+
+
+def _sim_rollout(cm, trajs) -> float:
+    """Seconds the simulator's model of the runtime engine (TurnSyncReplica) gives these
+    episodes, without the rollout-level terms being fitted."""
+    import simpy
+
+    from earl.sim.engine import TurnSyncReplica
+    from earl.sim.workload import Episode
+
+    bare = cm.with_profile(dataclasses.replace(cm.profile, rollout_fixed_s=0.0, rollout_episode_s=0.0))
+    eps = [Episode(id=t.episode_id, turns=tuple((u.obs_tokens, u.gen_tokens, u.env_latency_s) for u in t.turns))
+           for t in trajs]
+    env = simpy.Environment()
+    TurnSyncReplica(env, cost_model=bare, tp=1, episodes=eps, max_num_seqs=len(eps))
+    env.run()
+    return env.now
 
 
 def cases_count(device: torch.device) -> int:

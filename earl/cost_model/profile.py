@@ -93,6 +93,8 @@ class HardwareProfile:
     step_kv_token_s: float = 0.0  # engine: per cached token per iteration (cache copies, masks)
     turn_overhead_s: float = 0.0  # engine: per turn (generate call: padded inputs, cache, texts), fixed
     turn_seq_overhead_s: float = 0.0  # ... and per sequence of the turn
+    rollout_fixed_s: float = 0.0  # per rollout: first forward after other stages, batch set-up
+    rollout_episode_s: float = 0.0  # per episode: environment set-up, tokenising, bookkeeping
     logprob_pass_s: float = 0.0  # per log-prob micro-batch beyond its forward (slicing, log-softmax, copy back)
     train_pass_s: float = 0.0  # per training micro-batch beyond 3 forwards (loss, its backward, stats)
     optimizer_step_s: float = 0.0  # per optimizer step, fixed (zero_grad, clip, AdamW launch)
@@ -157,7 +159,7 @@ class HardwareProfile:
 HOST_COST_FIELDS = ("step_seq_overhead_s", "step_kv_token_s", "turn_overhead_s", "turn_seq_overhead_s",
                     "logprob_pass_s", "train_pass_s", "optimizer_step_s",
                     "optimizer_tensor_s", "experience_seq_s", "experience_token_s", "dispatch_fixed_s",
-                    "dispatch_seq_s")
+                    "dispatch_seq_s", "rollout_fixed_s", "rollout_episode_s")
 
 
 def datasheet_profile(hw: HardwareSpec) -> HardwareProfile:

@@ -423,6 +423,11 @@ class TurnSyncReplica(Replica):
         seq_s = cm.profile.step_seq_overhead_s
         todo = list(self.waiting)
         self.waiting.clear()
+        # host work of the rollout around the engine: set-up per rollout and per episode
+        # (environment, tokenising, trajectories); calibrated, 0 on datasheets
+        setup = cm.profile.rollout_fixed_s + cm.profile.rollout_episode_s * len(todo)
+        if todo and setup > 0:
+            yield env.timeout(setup)
         for start in range(0, len(todo), self.max_num_seqs):
             batch = todo[start:start + self.max_num_seqs]
             width = 0  # cache positions every row of the batch holds (padded)
