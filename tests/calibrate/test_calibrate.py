@@ -33,7 +33,7 @@ def test_tiny_calibration_writes_a_loadable_stamped_profile(calibration, tmp_pat
         assert stamp[key], key
     assert stamp["source"] == "calibrated" and stamp["dtype"] == "float32"
     assert stamp["measured"] == ["attention", "attention_decode", "collectives", "matmul", "memory",
-                                 "overhead"]
+                                 "overhead", "runtime"]
     assert check_stamp(loaded, current_stamp("cpu")) == []
     # every fit reports its held-out error, and the profile carries the measured numbers
     for kind in ("matmul", "attention", "attention_decode", "memory"):
@@ -45,8 +45,18 @@ def test_tiny_calibration_writes_a_loadable_stamped_profile(calibration, tmp_pat
     assert loaded.attention_decode is not None
     # the effective per-operator cost of real eager forwards exceeds a bare operator's
     assert loaded.op_overhead_s > loaded.fit_quality["op_overhead"]["bare_op_s"] > 0
-    # the runtime's engine does work beyond the forward each decode iteration
-    assert loaded.step_overhead_s == res.engine.step_overhead_s > 0
+    # the runtime's engine does work beyond the forward each iteration; its stage code beyond
+    # the forwards (phase runtime): every host cost measured, each point of it recorded
+    assert loaded.step_overhead_s == res.engine.step_overhead_s
+    assert loaded.step_overhead_s + 16 * loaded.step_seq_overhead_s > 0
+    for name, value in res.host.profile_fields().items():
+        assert getattr(loaded, name) == value >= 0, name
+    assert loaded.optimizer_step_s + 26 * loaded.optimizer_tensor_s > 0
+    assert loaded.experience_seq_s + loaded.experience_token_s > 0
+    assert loaded.dispatch_fixed_s + loaded.dispatch_seq_s > 0
+    assert {"optimizer", "experience", "logprob", "train", "dispatch", "rollout"} <= set(
+        loaded.fit_quality["host_costs"]["points"])
+    assert loaded.elementwise is None or 0 < loaded.elementwise.peak_frac <= 1.5
     assert loaded.intra.alpha_s > 0 and loaded.intra.bw_bytes_s > 0
     assert loaded.link_for("allreduce") == res.link.ops["all_reduce"].link
     # the cost model prices with it

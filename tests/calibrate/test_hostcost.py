@@ -1,0 +1,132 @@
+"""Host-cost terms of calibrated profiles: how they are stored, fitted, priced by the cost
+model and charged by the simulator's model of the runtime engine (fast, no timing).
+
+    pytest tests/calibrate/test_hostcost.py
+"""
+
+import dataclasses
+import json
+
+import pytest
+import simpy
+import torch
+
+from earl.calibrate.hostcost import synthetic_trajectories
+from earl.calibrate.overhead import ForwardPoint, fit_overhead
+from earl.calibrate.validate import VariantResult, stage_table
+from earl.cost_model import CostModel
+from earl.cost_model.compute import param_tensors
+from earl.cost_model.profile import HOST_COST_FIELDS, EfficiencyCurve, HardwareProfile, load_profile
+from earl.sim.engine import TurnSyncReplica
+from earl.sim.workload import Episode
+from earl.specs import MODEL_CATALOG, ClusterSpec, ParallelPlan
+
+
+def _cm(**fields) -> CostModel:
+    prof = dataclasses.replace(load_profile("cpu"), **fields)
+    spec = dataclasses.replace(MODEL_CATALOG["tiny"], dtype="fp32")
+    return CostModel(spec, ClusterSpec.for_gpus(prof.hardware, 1), prof)
+
+
+def test_profiles_without_host_costs_still_load(tmp_path):
+    d = load_profile("cpu").to_dict()
+    for k in (*HOST_COST_FIELDS, "elementwise"):
+        del d[k]
+    (tmp_path / "old.json").write_text(json.dumps(d))
+    old = load_profile(str(tmp_path / "old.json"))
+    assert old.elementwise is None and all(getattr(old, k) == 0.0 for k in HOST_COST_FIELDS)
+    new = dataclasses.replace(old, elementwise=EfficiencyCurve(peak_frac=0.25, half_size=0.0),
+                              **{k: (i + 1) * 1e-6 for i, k in enumerate(HOST_COST_FIELDS)})
+    assert HardwareProfile.from_dict(new.to_dict()) == new
+
+
+def test_cost_model_prices_each_host_term_once_where_it_belongs():
+    base, plan = _cm(), ParallelPlan(micro_batch=4)
+    with_terms = _cm(logprob_pass_s=1e-3, train_pass_s=2e-3, optimizer_step_s=3e-4, optimizer_tensor_s=1e-5,
+                     experience_seq_s=5e-5, experience_token_s=1e-7, step_overhead_s=4e-4,
+                     step_seq_overhead_s=1e-5, step_kv_token_s=1e-8)
+    n_t = param_tensors(base.model)
+    # 8 sequences of 64 tokens: two micro-batches of 4
+    assert with_terms.logprob(plan, 8, 64).time_s == pytest.approx(base.logprob(plan, 8, 64).time_s + 2 * 1e-3)
+    assert with_terms.train(plan, 8, 64).time_s == pytest.approx(
+        base.train(plan, 8, 64).time_s + 2 * 2e-3 + 3e-4 + n_t * 1e-5)
+    lengths = [64] * 8
+    assert with_terms.mixed_batch("logprob", plan, lengths).time_s == pytest.approx(
+        base.mixed_batch("logprob", plan, lengths).time_s + 2 * 1e-3 + 8 * 5e-5 + 512 * 1e-7)
+    assert with_terms.decode_step_time_s(1, 4, 256) == pytest.approx(
+        base.decode_step_time_s(1, 4, 256) + 4e-4 + 4 * 1e-5 + 256 * 1e-8)
+    assert with_terms.prefill_time_s(1, 64, 0, 4) == pytest.approx(
+        base.prefill_time_s(1, 64, 0, 4) + 4e-4 + 4 * 1e-5 + 64 * 1e-8)
+    # a padding mask makes attention cover the whole square; padded buckets use their longest row
+    full, causal = base.logprob(plan, 8, 64, masked=True), base.logprob(plan, 8, 64)
+    assert full.breakdown["attention"] > causal.breakdown["attention"]
+    attn = 4 * 2 * base.model.num_layers * base.model.num_heads * base.model.head_dim  # FLOPs per pair, 2 mbs
+    assert full.flops - causal.flops == pytest.approx(attn * 4 * (64 * 64 - 64 * 65 / 2))
+    assert base.mixed_batch("train", plan, [10, 64, 64, 64], padded=True).time_s == pytest.approx(
+        base.train(plan, 4, 64, masked=True).time_s)
+    # a slower elementwise curve slows exactly the elementwise part of a forward
+    slow = _cm(elementwise=dataclasses.replace(base.profile.memory, peak_frac=base.profile.memory.peak_frac / 4))
+    a, b = base.logprob(plan, 8, 64), slow.logprob(plan, 8, 64)
+    assert b.breakdown["elementwise"] == pytest.approx(4 * a.breakdown["elementwise"])
+    assert b.breakdown["linear"] == a.breakdown["linear"]
+
+
+def test_turn_sync_engine_by_hand():
+    """Two episodes in one batch: a padded prefill per turn whose logits give the first token,
+    lockstep decode over every row until the longest generation ends, then the environments."""
+    cm = _cm(step_overhead_s=3e-4, step_seq_overhead_s=2e-5, turn_overhead_s=1e-4, turn_seq_overhead_s=1e-5,
+             rollout_fixed_s=1e-3, rollout_episode_s=5e-5)
+    a = Episode(id=0, turns=((10, 3, 0.001), (5, 2, 0.0)))
+    b = Episode(id=1, turns=((8, 1, 0.002),))
+    env = simpy.Environment()
+    r = TurnSyncReplica(env, cost_model=cm, tp=1, episodes=[a, b], max_num_seqs=4)
+    env.run()
+    t = 1e-3 + 2 * 5e-5  # rollout set-up
+    # turn 1: both rows, padded to 10 new tokens; 3 - 1 decode forwards of 2 rows, b idle in both
+    t += cm.prefill_time_s(1, 20, 0, 2, masked=True) + 1e-4 + 2 * 1e-5
+    t += sum(cm.decode_step_time_s(1, 2, 2 * (10 + j)) - 2e-5 for j in range(2))
+    t += 0.001 + 0.002  # the environments step one after the other
+    assert r.stats.finished[1] == pytest.approx(t)
+    # turn 2: a alone, its last token plus 5 observation tokens on a 12-wide cache
+    t += cm.prefill_time_s(1, 6, 12, 1, masked=True) + 1e-4 + 1e-5 + cm.decode_step_time_s(1, 1, 18)
+    assert r.stats.finished[0] == pytest.approx(t) == pytest.approx(env.now)
+    assert r.stats.generated_tokens == 6 and r.stats.decode_iterations == 3
+    assert r.stats.prefill_tokens == 10 + 8 + 6
+
+
+def test_forward_fit_recovers_op_overhead_and_elementwise_factor():
+    pts = [ForwardPoint(label=str(i), explained_s=e + w, elementwise_s=w, ops=18,
+                        time_s=e + 3.0 * w + 18 * 40e-6)
+           for i, (e, w) in enumerate([(1e-4, 1e-5), (5e-4, 2e-4), (2e-3, 1e-3), (3e-5, 1e-6), (8e-3, 4e-3)])]
+    fit = fit_overhead(pts)
+    assert fit.op_overhead_s == pytest.approx(40e-6, rel=1e-6)
+    assert fit.elem_factor == pytest.approx(3.0, rel=1e-6)
+    assert fit.heldout_median_err == pytest.approx(0.0, abs=1e-9)
+    curve = fit.elementwise_curve(EfficiencyCurve(peak_frac=0.9, half_size=1e5))
+    assert curve.peak_frac == pytest.approx(0.3) and curve.half_size == 1e5
+
+
+def test_synthetic_trajectories_collate_like_rollouts():
+    from earl.runtime.trainer import collate
+
+    trajs = synthetic_trajectories(8, 40, 64, torch.Generator().manual_seed(0))
+    assert [t.group_id for t in trajs] == [0, 0, 0, 0, 1, 1, 1, 1]
+    for t in trajs:
+        assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs) == sum(u.obs_tokens + u.gen_tokens
+                                                                              for u in t.turns)
+        assert t.generated_tokens == sum(u.gen_tokens for u in t.turns) > 0
+        assert 30 <= len(t.token_ids) <= 50
+    b = collate(trajs, 0)
+    assert b.input_ids.shape == (8, max(len(t.token_ids) for t in trajs))
+    assert int(b.loss_mask.sum()) == sum(t.generated_tokens for t in trajs)
+
+
+def test_stage_table_scores_against_cpu_time_too():
+    rows = [{"rollout": 0.2, "experience": 0.1, "dispatch": 0.0, "train": 0.4, "reshard": 0.0}]
+    pred = [{"rollout": 0.1, "experience": 0.05, "dispatch": 0.0, "train": 0.2, "reshard": 0.0}]
+    v = VariantResult(name="base", overrides={}, measured=rows, predicted=pred, datasheet=pred,
+                      peak_mem_measured=1.0, peak_mem_predicted=1.0, run_dir="x", cpu_share=[0.5])
+    table = {r["stage"]: r for r in stage_table([v])}
+    assert table["train"]["median_err"] == pytest.approx(0.5)
+    assert table["train"]["cpu_median_err"] == pytest.approx(0.0)
+    assert table["train"]["measured_cpu_s"] == pytest.approx(0.2)
