@@ -85,10 +85,23 @@ def quality_table(res: CalibrationResult) -> Table:
     if res.overhead:
         o = res.overhead
         t.add_row("op overhead (eager forwards)", f"{len(o.points)} (leave-one-out)",
-                  f"{o.op_overhead_s * 1e6:.1f} us per counted op", "-", _pct(o.heldout_median_err), "-", "-")
+                  f"{o.op_overhead_s * 1e6:.1f} us per counted op, elementwise x{o.elem_factor:.2f} "
+                  "the copy curve", "-", _pct(o.heldout_median_err), "-", "-")
     if res.engine:
-        t.add_row("engine step overhead", f"{len(res.engine.points)} batches",
-                  f"{res.engine.step_overhead_s * 1e3:.3f} ms per decode iteration", "-", "-", "-", "-")
+        e = res.engine
+        t.add_row("engine (runtime's own)", f"{len(e.points)} turns",
+                  f"{e.step_overhead_s * 1e3:.3f} ms + {e.step_seq_overhead_s * 1e6:.1f} us/seq + "
+                  f"{e.step_kv_token_s * 1e9:.1f} ns/cached token per iteration; "
+                  f"{e.turn_overhead_s * 1e3:.3f} ms + {e.turn_seq_overhead_s * 1e6:.1f} us/seq per turn",
+                  "-", "-", "-", "-")
+    if res.host:
+        h = res.host
+        t.add_row("runtime stage code", f"{sum(len(v) for v in h.points.values())} points",
+                  f"log-prob pass {h.logprob_pass_s * 1e3:.2f} ms, train pass {h.train_pass_s * 1e3:.2f} ms, "
+                  f"optimizer {h.optimizer_step_s * 1e3:.2f} ms + {h.optimizer_tensor_s * 1e6:.1f} us/tensor, "
+                  f"experience {h.experience_seq_s * 1e6:.0f} us/seq, dispatch {h.dispatch_fixed_s * 1e3:.2f} ms, "
+                  f"rollout {h.rollout_fixed_s * 1e3:.2f} ms + {h.rollout_episode_s * 1e6:.0f} us/episode",
+                  "-", "-", "-", "-")
     t.caption = (f"op overhead {prof.op_overhead_s * 1e6:.2f} us; attention backend "
                  f"{prof.stamp.get('attention', '?')}; peak {prof.hardware.peak_flops / 1e9:.1f} GFLOP/s, "
                  f"memory {prof.hardware.hbm_bw_bytes_s / 1e9:.1f} GB/s")
