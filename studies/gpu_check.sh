@@ -35,7 +35,7 @@ cat "$OUT_DIR/env.txt"
 
 # 1. calibration (collectives need 2+ GPUs: a one-GPU machine keeps the datasheet link)
 timeout $((BUDGET * 2 + 90)) "$PY" -m earl.cli calibrate --device "$DEVICE" --budget-s "$BUDGET" \
-  --phases matmul,attention,memory,overhead --out "$OUT_DIR/profile-$DEVICE.json" \
+  --phases matmul,attention,memory,overhead,runtime --out "$OUT_DIR/profile-$DEVICE.json" \
   --measurements "$OUT_DIR/measurements-$DEVICE.json" 2>&1 | tee "$OUT_DIR/calibrate.log" || status=1
 
 # 2. validation against the runtime, with the profile just measured

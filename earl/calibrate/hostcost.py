@@ -45,7 +45,7 @@ from earl.specs import MODEL_CATALOG, ModelSpec
 # (seqs, mean length) of the synthetic batches; model for the passes; optimizer depths
 CASES = {
     "cpu": {"model": "tiny", "steps": ((4, 32), (16, 48), (16, 160), (48, 64)), "depths": (1, 2, 6)},
-    "cuda": {"model": "qwen2.5-0.5b", "steps": ((8, 256), (32, 512), (16, 2048), (128, 512)),
+    "cuda": {"model": "qwen2.5-0.5b", "steps": ((8, 256), (32, 512), (16, 1024), (64, 256)),
              "depths": (6, 12, 24)},
 }
 REPS = 5  # timed repetitions of each case (after one warm-up)
@@ -194,6 +194,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
     env_cls = ENVS[ROLLOUT_ENV]
     play = SamplingParams(temperature=1.0, max_new_tokens=env_cls.max_new_tokens, stop=tuple(env_cls.stop))
     ro_rows, ro_y = [], []
+    sampler = torch.Generator(device=device).manual_seed(0)  # the engine samples on the device
     pol = Policies(RunConfig(), spec)
     exp_rows, exp_y, lp_res, tr_res, disp_rows, disp_y = [], [], [], [], [], []
     for n, length in cases["steps"]:
@@ -207,7 +208,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
         for _ in range(REPS + 1):  # the first round warms up
             seeds = list(range(n))
             played, t_ro = _timed(lambda e=engine, sd=seeds: rollout(e, lambda: make_env(ROLLOUT_ENV), seeds=sd,
-                                                                     group_ids=sd, params=play, generator=gen,
+                                                                     group_ids=sd, params=play, generator=sampler,
                                                                      max_context=1 << 20), device)
             batch, t_collate = _timed(lambda tr=trajs: collate(tr, 0), torch.device("cpu"))
             with torch.no_grad():

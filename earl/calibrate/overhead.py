@@ -222,7 +222,10 @@ def measure_engine(*, device: torch.device, dtype: torch.dtype, prof: HardwarePr
     iters, turns = [], []
     for b, prompt in cases:
         engine = TorchEngine(model, tok)
-        prompts = {r: torch.randint(3, tok.vocab_size, (prompt,)).tolist() for r in range(b)}
+        # rows of unequal length, as rollouts have: the engine pads them and masks the padding
+        # (a slower attention path than an all-ones mask); costs are priced at the padded width
+        prompts = {r: torch.randint(3, tok.vocab_size, (prompt - (r % 4) * prompt // 8,)).tolist()
+                   for r in range(b)}
         long = time_host(lambda e=engine, p=prompts: e.open(len(p)).generate(p, params, gen), device=device, reps=5)
         short = time_host(lambda e=engine, p=prompts: e.open(len(p)).generate(p, one, gen), device=device, reps=5)
         ctx = b * (prompt + ENGINE_NEW / 2)  # mean cached tokens over the decode iterations
