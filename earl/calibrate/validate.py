@@ -144,7 +144,8 @@ def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: i
                   logprob_passes=2 if cfg.trainer.kl_coef else 1)
     # the PyTorch runtime's engine plays turns in lockstep; its micro-batches are padded
     engine = "turn-sync" if cfg.engine == "pytorch" else "continuous"
-    sim = Simulation(sc, cfg.selector, cfg.dispatcher, cost_model=cm, engine=engine, padded=True).run()
+    sim = Simulation(sc, cfg.selector, cfg.dispatcher, cost_model=cm, engine=engine, padded=True,
+                     token_budget=cfg.trainer.token_budget).run()
     return sim.rows
 
 

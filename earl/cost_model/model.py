@@ -9,6 +9,7 @@ feasibility, per-component breakdown); the O(1) hooks (`prefill_time_s`, `decode
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -343,7 +344,7 @@ class CostModel:
                     "bubble_frac": (plan.pp - 1) / (m + plan.pp - 1)})
 
     def mixed_batch(self, stage: str, plan: ParallelPlan, lengths, *, buckets: int = 8, passes: int = 1,
-                    imbalance: float = 1.0, padded: bool = False) -> Estimate:
+                    imbalance: float = 1.0, padded: bool = False, token_budget: int = 0) -> Estimate:
         """Price `logprob` or `train` over sequences of different lengths, as one stage.
 
         Lengths are sorted into up to `buckets` equal-count buckets, each priced at its mean
@@ -352,6 +353,8 @@ class CostModel:
         optimizer step. `imbalance` (max/mean tokens over dp groups) stretches the streaming
         part: the slowest group sets the pace. `padded`: micro-batches are right-padded to their
         longest sequence (the PyTorch runtime's), so a bucket is priced at its longest length.
+        `token_budget` > 0: micro-batches are packed like the PyTorch runtime's (longest first,
+        rows x longest row <= token_budget; see `pack_micro_batches`) instead of equal buckets.
         Log-probs also pay the experience stage's host work once (collating, advantages)."""
         if stage not in ("logprob", "train"):
             raise ValueError(f"mixed_batch prices logprob or train, not {stage!r}")
@@ -362,14 +365,24 @@ class CostModel:
         # fixed per-kernel costs) that a real packed batch does not have
         n_buckets = max(1, min(buckets, len(ctx) // max(1, plan.dp * plan.micro_batch)))
         size = -(-len(ctx) // n_buckets)
+        # whole micro-batches per bucket: a bucket of 4 sequences at micro-batch 3 would price 2
+        # micro-batches where a packed batch fills 3-row micro-batches across bucket edges
+        unit = plan.dp * plan.micro_batch
+        size = -(-size // unit) * unit
         stream = fill = p2p = 0.0
         last = None
-        for i in range(0, len(ctx), size):
-            chunk = ctx[i:i + size]
+        chunks = [(ctx[i:i + size], plan) for i in range(0, len(ctx), size)]
+        if token_budget:  # one chunk per packed micro-batch, priced at its own row count
+            if plan.dp != 1:
+                raise ValueError(f"token-budget packing is modelled for one data-parallel group, "
+                                 f"not dp={plan.dp}")
+            chunks = [(g, dataclasses.replace(plan, micro_batch=len(g)))
+                      for g in pack_micro_batches(ctx, token_budget)]
+        for chunk, p in chunks:
             c = chunk[-1] if padded else -(-sum(chunk) // len(chunk))
             c = -(-c // plan.cp) * plan.cp
-            est = (self.logprob(plan, len(chunk), c, masked=padded) if stage == "logprob"
-                   else self.train(plan, len(chunk), c, masked=padded))
+            est = (self.logprob(p, len(chunk), c, masked=padded) if stage == "logprob"
+                   else self.train(p, len(chunk), c, masked=padded))
             if not est.feasible:
                 return est
             m, t_mb = est.extras["micro_batches"], est.extras["micro_batch_s"]
@@ -478,6 +491,22 @@ class CostModel:
                         gpus=dst.world_size, plan=dst, breakdown=br,
                         extras={"payload_bytes": total, "delivered_bytes": delivered,
                                 "controller_bytes": through_controller, "dispatcher": kind})
+
+
+def pack_micro_batches(lengths, token_budget: int) -> list[list[int]]:
+    """Lengths grouped as the PyTorch runtime packs micro-batches (earl.runtime.trainer.
+    micro_batches): longest first, a row joins while rows x longest row <= token_budget (a
+    longer row goes alone). Each group is sorted ascending."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for n in sorted(lengths, reverse=True):
+        if cur and (len(cur) + 1) * cur[0] > token_budget:
+            out.append(sorted(cur))
+            cur = []
+        cur.append(n)
+    if cur:
+        out.append(sorted(cur))
+    return out
 
 
 def _pairs(context: int, masked: bool) -> float:

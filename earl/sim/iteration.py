@@ -62,14 +62,16 @@ class Simulation:
     def __init__(self, scenario: Scenario, selector: str, dispatcher: str, *,
                  cost_model: CostModel | None = None, log: list | None = None,
                  fine: bool | None = None, progress=None, engine: str = "continuous",
-                 padded: bool = False):
-        # `engine` "turn-sync" and `padded` model the single-process PyTorch runtime for
-        # `earl validate`: its engine plays turns in lockstep (sim.engine.TurnSyncReplica) and its
-        # log-prob / train micro-batches are right-padded to their longest sequence
+                 padded: bool = False, token_budget: int = 0):
+        # `engine` "turn-sync", `padded` and `token_budget` model the single-process PyTorch
+        # runtime for `earl validate`: its engine plays turns in lockstep (sim.engine.
+        # TurnSyncReplica); its log-prob / train micro-batches are right-padded to their longest
+        # sequence and packed up to `token_budget` padded tokens (CostModel.mixed_batch)
         if engine not in ENGINES:
             raise ValueError(f"unknown rollout engine model {engine!r}; valid: {', '.join(ENGINES)}")
         self.replica_cls = TurnSyncReplica if engine == "turn-sync" else Replica
         self.padded = padded
+        self.token_budget = token_budget
         self.sc = scenario
         self.env = simpy.Environment()
         if cost_model is None:
@@ -161,7 +163,7 @@ class Simulation:
         group_tokens = tuple(sum(tok[i] for i in g) for g in assignment)
         passes = self.sc.logprob_passes if stage == "logprob" else 1
         est = self.cm.mixed_batch(stage, plan, ctx, buckets=MAX_BUCKETS, passes=passes, imbalance=imbalance,
-                                  padded=self.padded)
+                                  padded=self.padded, token_budget=self.token_budget)
         assert est.feasible, f"{stage} {plan.describe()} infeasible at {ctx[-1]} tokens after OOM filter"
         mem = self.cm.memory(stage, plan, plan.dp, ctx[-1])
         return StageCost(time_s=est.time_s, memory_bytes=mem.total,

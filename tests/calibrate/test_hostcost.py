@@ -130,3 +130,25 @@ def test_stage_table_scores_against_cpu_time_too():
     assert table["train"]["median_err"] == pytest.approx(0.5)
     assert table["train"]["cpu_median_err"] == pytest.approx(0.0)
     assert table["train"]["measured_cpu_s"] == pytest.approx(0.2)
+
+
+def test_token_budget_packing_is_the_runtimes():
+    import random
+
+    from earl.cost_model.model import pack_micro_batches
+    from earl.runtime.trainer import micro_batches
+
+    rng = random.Random(0)
+    for _ in range(100):
+        lengths = [rng.randint(1, 100) for _ in range(rng.randint(1, 30))]
+        budget = rng.randint(50, 500)
+        runtime = sorted(sorted(lengths[i] for i in g) for g in micro_batches(lengths, budget))
+        assert sorted(pack_micro_batches(lengths, budget)) == runtime
+    # priced one micro-batch per packed group: 3 rows of 41 tokens, then 4 of 27, ...
+    cm, plan = _cm(logprob_pass_s=1e-3), ParallelPlan(micro_batch=1)
+    est = cm.mixed_batch("logprob", plan, [41] * 3 + [27] * 13, padded=True, token_budget=128)
+    groups = pack_micro_batches([41] * 3 + [27] * 13, 128)
+    assert [len(g) for g in groups] == [3, 4, 4, 4, 1]
+    expected = sum(cm.logprob(dataclasses.replace(plan, micro_batch=len(g)), len(g), g[-1], masked=True).time_s
+                   for g in groups)
+    assert est.breakdown["stream"] == pytest.approx(expected)
