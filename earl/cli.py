@@ -341,7 +341,8 @@ def calibrate_cmd(
     device: str = typer.Option("cpu", help="cpu | cuda"),
     budget_s: float = typer.Option(90.0, "--budget-s", help="seconds to spend measuring (cpu >= 8, cuda >= 20)"),
     out: Optional[str] = typer.Option(None, help="profile JSON to write (default ./earl-profile-<device>.json)"),
-    phases: str = typer.Option("all", help="all, or a comma list of matmul,attention,memory,collectives,overhead,runtime"),
+    phases: str = typer.Option("all", help="all, or a comma list of matmul,attention,memory,"
+                                           "collectives,overhead,runtime"),
     dtype: str = typer.Option("auto", help="auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16"),
     threads: int = typer.Option(0, help="CPU threads per rank (0: 1, as one runtime rank uses)"),
     base: Optional[str] = typer.Option(None, help="profile (name or path) supplying what is not measured"),

@@ -11,12 +11,13 @@ functions (`earl.runtime.trainer.collate`, `batch_logprobs`, `Trainer.step`,
 what the cost model already prices (forwards, optimizer bytes), and fits what remains:
 
   experience_seq_s, experience_token_s   collate + advantages ~ seqs, tokens (>= 0 least squares)
-  logprob_pass_s                         median residual per log-prob micro-batch
+  logprob_pass_s, logprob_token_s        residual of a log-prob micro-batch ~ 1, padded tokens
   optimizer_step_s, optimizer_tensor_s   clip + AdamW step ~ 1, parameter tensors (3 model depths)
-  train_pass_s                           median residual per training micro-batch
+  train_pass_s, train_token_s            residual of a training micro-batch ~ 1, padded tokens
   dispatch_fixed_s, dispatch_seq_s       Policies.dispatch ~ 1, samples
-  rollout_fixed_s, rollout_episode_s     `rollout` (real env, real engine) less the simulator's
-                                         engine model of the same episodes ~ 1, episodes: env
+  rollout_fixed_s, rollout_batch_s,      `rollout` (real env, real engine; all episodes in one
+  rollout_episode_s                      engine batch or in 4) less the simulator's engine model
+                                         of the same episodes ~ 1, engine batches, episodes: env
                                          set-up, tokenising, trajectory bookkeeping, and the
                                          first forward after the other stages (cold caches)
 
@@ -44,11 +45,11 @@ from earl.specs import MODEL_CATALOG, ModelSpec
 
 # (seqs, mean length) of the synthetic batches; model for the passes; optimizer depths
 CASES = {
-    "cpu": {"model": "tiny", "steps": ((4, 32), (16, 48), (16, 160), (48, 64)), "depths": (1, 2, 6)},
+    "cpu": {"model": "tiny", "steps": ((2, 24), (16, 48), (16, 160), (48, 64)), "depths": (1, 2, 6)},
     "cuda": {"model": "qwen2.5-0.5b", "steps": ((8, 256), (32, 512), (16, 1024), (64, 256)),
              "depths": (6, 12, 24)},
 }
-REPS = 5  # timed repetitions of each case (after one warm-up)
+REPS = 6  # timed repetitions of each case (after one warm-up); rollouts alternate engine batching
 GROUP = 4  # episodes per synthetic GRPO group
 ROLLOUT_ENV = "tic-tac-toe"  # the environment of the replayed rollouts (the runtime's default)
 TURNS = 2  # model turns per synthetic episode
@@ -61,12 +62,15 @@ class HostCostFit:
     experience_seq_s: float = 0.0
     experience_token_s: float = 0.0
     logprob_pass_s: float = 0.0
+    logprob_token_s: float = 0.0
     optimizer_step_s: float = 0.0
     optimizer_tensor_s: float = 0.0
     train_pass_s: float = 0.0
+    train_token_s: float = 0.0
     dispatch_fixed_s: float = 0.0
     dispatch_seq_s: float = 0.0
     rollout_fixed_s: float = 0.0
+    rollout_batch_s: float = 0.0
     rollout_episode_s: float = 0.0
     points: dict = field(default_factory=dict)  # part -> [{"label", "measured_s", "explained_s"}]
 
@@ -188,7 +192,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
     # 2. the stage sequence of one step, on the catalog model
     model = _model(spec, device, dtype)
     host = dataclasses.replace(prof, optimizer_step_s=opt_step_s, optimizer_tensor_s=opt_tensor_s,
-                               logprob_pass_s=0.0, train_pass_s=0.0)
+                               logprob_pass_s=0.0, logprob_token_s=0.0, train_pass_s=0.0, train_token_s=0.0)
     cm = CostModel(spec, ClusterSpec.for_gpus(prof.hardware, 1), host)
     engine = TorchEngine(model, CharTokenizer())
     env_cls = ENVS[ROLLOUT_ENV]
@@ -196,7 +200,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
     ro_rows, ro_y = [], []
     sampler = torch.Generator(device=device).manual_seed(0)  # the engine samples on the device
     pol = Policies(RunConfig(), spec)
-    exp_rows, exp_y, lp_res, tr_res, disp_rows, disp_y = [], [], [], [], [], []
+    exp_rows, exp_y, lp_res, tr_res, disp_rows, disp_y, pass_rows = [], [], [], [], [], [], []
     for n, length in cases["steps"]:
         if time.perf_counter() > deadline and len(tr_res) >= 2:
             if on_case:
@@ -205,11 +209,12 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
         trajs = synthetic_trajectories(n, length, vocab, gen)
         trainer = Trainer(model, TrainerConfig(lr=1e-6, token_budget=budget), temperature=1.0)
         parts: dict[str, list[float]] = {}
-        for _ in range(REPS + 1):  # the first round warms up
+        for rep in range(REPS + 1):  # the first round warms up
             seeds = list(range(n))
-            played, t_ro = _timed(lambda e=engine, sd=seeds: rollout(e, lambda: make_env(ROLLOUT_ENV), seeds=sd,
-                                                                     group_ids=sd, params=play, generator=sampler,
-                                                                     max_context=1 << 20), device)
+            chunk = n if rep % 2 == 0 else max(1, n // 4)  # all episodes in one engine batch, or in 4
+            played, t_ro = _timed(lambda e=engine, sd=seeds, c=chunk: rollout(
+                e, lambda: make_env(ROLLOUT_ENV), seeds=sd, group_ids=sd, params=play, generator=sampler,
+                max_context=1 << 20, engine_batch=c), device)
             batch, t_collate = _timed(lambda tr=trajs: collate(tr, 0), torch.device("cpu"))
             with torch.no_grad():
                 old, t_lp = _timed(lambda b=batch, m=model: batch_logprobs(m, b, 1.0, budget), device)
@@ -218,15 +223,18 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
             batch = dataclasses.replace(batch, old_logprobs=old, advantages=adv)
             batch, t_disp = _timed(lambda b=batch: pol.dispatch(b)[0], torch.device("cpu"))
             _, t_train = _timed(lambda b=batch, tr=trainer: tr.step(b), device)
-            parts.setdefault("rollout_pred", []).append(_sim_rollout(cm, played))
-            for k, v in (("rollout", t_ro), ("experience", t_collate + t_adv), ("logprob", t_lp), ("dispatch", t_disp),
+            key = "rollout" if chunk == n else "rollout_chunked"
+            parts.setdefault(key + "_pred", []).append(_sim_rollout(cm, played, chunk))
+            for k, v in ((key, t_ro), ("experience", t_collate + t_adv), ("logprob", t_lp), ("dispatch", t_disp),
                          ("train", t_train)):
                 parts.setdefault(k, []).append(v)
-        med = {k: statistics.median(v[1:]) for k, v in parts.items()}
+        warm = ("rollout_chunked", "rollout_chunked_pred")  # first met after the warm-up round
+        med = {k: statistics.median(v if k in warm else v[1:]) for k, v in parts.items()}
         width = batch.input_ids.shape[1]
-        ro_rows.append([1.0, n])
-        ro_y.append(med["rollout"] - med["rollout_pred"])
-        note("rollout", f"{ROLLOUT_ENV} n={n}", med["rollout"], med["rollout_pred"])
+        for key, batches in (("rollout", 1), ("rollout_chunked", -(-n // max(1, n // 4)))):
+            ro_rows.append([1.0, batches, n])
+            ro_y.append(med[key] - med[key + "_pred"])
+            note("rollout", f"{ROLLOUT_ENV} n={n} engine batches={batches}", med[key], med[key + "_pred"])
         tokens = sum(len(x.token_ids) for x in trajs)
         exp_rows.append([n, tokens])
         exp_y.append(med["experience"])
@@ -234,6 +242,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
         # padded rows: the runtime passes a padding mask, attention runs over the full square
         fwd = cm.logprob(ParallelPlan(micro_batch=n), n, width, masked=True).time_s
         lp_res.append(med["logprob"] - fwd)
+        pass_rows.append([1.0, n * width])
         note("logprob", f"{n}x{width}", med["logprob"], fwd)
         explained = cm.train(ParallelPlan(micro_batch=n), n, width, masked=True).time_s
         tr_res.append(med["train"] - explained)
@@ -245,17 +254,19 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
             on_case(f"step {n}x{width}")
     del model, engine
     seq_s, token_s = _nnls(exp_rows, exp_y)
-    ro_fixed, ro_episode = _nnls(ro_rows, ro_y)
+    ro_fixed, ro_batch, ro_episode = _nnls(ro_rows, ro_y)
+    lp_fixed, lp_token = _nnls(pass_rows, lp_res)
+    tr_fixed, tr_token = _nnls(pass_rows, tr_res)
     disp_fixed, disp_seq = _nnls(disp_rows, disp_y)
     return HostCostFit(experience_seq_s=seq_s, experience_token_s=token_s,
-                       logprob_pass_s=max(0.0, statistics.median(lp_res)),
+                       logprob_pass_s=lp_fixed, logprob_token_s=lp_token, train_token_s=tr_token,
                        optimizer_step_s=opt_step_s, optimizer_tensor_s=opt_tensor_s,
-                       train_pass_s=max(0.0, statistics.median(tr_res)),
+                       train_pass_s=tr_fixed,
                        dispatch_fixed_s=disp_fixed, dispatch_seq_s=disp_seq, rollout_fixed_s=ro_fixed,
-                       rollout_episode_s=ro_episode, points=points)
+                       rollout_batch_s=ro_batch, rollout_episode_s=ro_episode, points=points)
 
 
-def _sim_rollout(cm, trajs) -> float:
+def _sim_rollout(cm, trajs, engine_batch: int) -> float:
     """Seconds the simulator's model of the runtime engine (TurnSyncReplica) gives these
     episodes, without the rollout-level terms being fitted."""
     import simpy
@@ -263,11 +274,12 @@ def _sim_rollout(cm, trajs) -> float:
     from earl.sim.engine import TurnSyncReplica
     from earl.sim.workload import Episode
 
-    bare = cm.with_profile(dataclasses.replace(cm.profile, rollout_fixed_s=0.0, rollout_episode_s=0.0))
+    bare = cm.with_profile(dataclasses.replace(cm.profile, rollout_fixed_s=0.0, rollout_batch_s=0.0,
+                                               rollout_episode_s=0.0))
     eps = [Episode(id=t.episode_id, turns=tuple((u.obs_tokens, u.gen_tokens, u.env_latency_s) for u in t.turns))
            for t in trajs]
     env = simpy.Environment()
-    TurnSyncReplica(env, cost_model=bare, tp=1, episodes=eps, max_num_seqs=len(eps))
+    TurnSyncReplica(env, cost_model=bare, tp=1, episodes=eps, max_num_seqs=engine_batch)
     env.run()
     return env.now
 

@@ -270,7 +270,8 @@ class CostModel:
                             tokens=tokens, attn_pairs=plan.micro_batch * _pairs(context, masked) / plan.cp,
                             kv_tokens=plan.micro_batch * context, lm_tokens=tokens)
         t_mb = cost.total_s + self._tp_comm_s(plan.tp, tokens, 1) / plan.pp + self._cp_comm_s(plan, context, 1)
-        t_mb += self.profile.logprob_pass_s  # host work around each micro-batch's forward (calibrated)
+        # work around each micro-batch's forward, fixed and per padded token (calibrated)
+        t_mb += self.profile.logprob_pass_s + self.profile.logprob_token_s * tokens
         t = passes * (m + plan.pp - 1) * t_mb
         return Estimate(stage="logprob", time_s=t, feasible=True, tokens=passes * batch * context, gpus=gpus,
                         flops=passes * m * cost.flops, peak_flops=self.profile.hardware.peak_flops,
@@ -308,8 +309,10 @@ class CostModel:
         tp_passes = 4 + (2 if plan.recompute == "full" else 0)
         tp_c = self._tp_comm_s(plan.tp, tokens, tp_passes) / plan.pp
         cp_c = self._cp_comm_s(plan, context, 2)
-        # + host work of each micro-batch beyond 3 forwards: loss, its backward, stats (calibrated)
-        t_mb = 3 * fwd.total_s + recompute + tp_c + cp_c + self.profile.train_pass_s
+        # + work of each micro-batch beyond 3 forwards: loss, its backward, stats, fixed and per
+        # padded token (calibrated)
+        t_mb = (3 * fwd.total_s + recompute + tp_c + cp_c + self.profile.train_pass_s
+                + self.profile.train_token_s * tokens)
         pipeline = (m + plan.pp - 1) * t_mb
         pp_p2p = 0.0
         if plan.pp > 1:

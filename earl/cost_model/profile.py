@@ -93,10 +93,13 @@ class HardwareProfile:
     step_kv_token_s: float = 0.0  # engine: per cached token per iteration (cache copies, masks)
     turn_overhead_s: float = 0.0  # engine: per turn (generate call: padded inputs, cache, texts), fixed
     turn_seq_overhead_s: float = 0.0  # ... and per sequence of the turn
-    rollout_fixed_s: float = 0.0  # per rollout: first forward after other stages, batch set-up
+    rollout_fixed_s: float = 0.0  # per rollout: first forward after other stages
+    rollout_batch_s: float = 0.0  # per engine batch of episodes: opening it, its first turn
     rollout_episode_s: float = 0.0  # per episode: environment set-up, tokenising, bookkeeping
-    logprob_pass_s: float = 0.0  # per log-prob micro-batch beyond its forward (slicing, log-softmax, copy back)
+    logprob_pass_s: float = 0.0  # per log-prob micro-batch beyond its forward (slicing, copy back)
+    logprob_token_s: float = 0.0  # ... and per padded token (mask, log-softmax and gather over the vocabulary)
     train_pass_s: float = 0.0  # per training micro-batch beyond 3 forwards (loss, its backward, stats)
+    train_token_s: float = 0.0  # ... and per padded token (mask, log-softmax, entropy, their backward)
     optimizer_step_s: float = 0.0  # per optimizer step, fixed (zero_grad, clip, AdamW launch)
     optimizer_tensor_s: float = 0.0  # per optimizer step, per parameter tensor held
     experience_seq_s: float = 0.0  # experience stage: per sequence (collating, advantages)
@@ -157,9 +160,9 @@ class HardwareProfile:
 
 # optional float fields read with a default of 0 (profiles written before they existed)
 HOST_COST_FIELDS = ("step_seq_overhead_s", "step_kv_token_s", "turn_overhead_s", "turn_seq_overhead_s",
-                    "logprob_pass_s", "train_pass_s", "optimizer_step_s",
+                    "logprob_pass_s", "logprob_token_s", "train_pass_s", "train_token_s", "optimizer_step_s",
                     "optimizer_tensor_s", "experience_seq_s", "experience_token_s", "dispatch_fixed_s",
-                    "dispatch_seq_s", "rollout_fixed_s", "rollout_episode_s")
+                    "dispatch_seq_s", "rollout_fixed_s", "rollout_batch_s", "rollout_episode_s")
 
 
 def datasheet_profile(hw: HardwareSpec) -> HardwareProfile:

@@ -431,6 +431,8 @@ class TurnSyncReplica(Replica):
         for start in range(0, len(todo), self.max_num_seqs):
             batch = todo[start:start + self.max_num_seqs]
             width = 0  # cache positions every row of the batch holds (padded)
+            if cm.profile.rollout_batch_s > 0:  # opening an engine batch (calibrated)
+                yield env.timeout(cm.profile.rollout_batch_s)
             while batch:
                 for s in [s for s in batch if s.ctx + s.pending + s.rem > self.cap]:
                     self._oom(s)

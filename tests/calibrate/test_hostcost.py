@@ -42,17 +42,19 @@ def test_profiles_without_host_costs_still_load(tmp_path):
 
 def test_cost_model_prices_each_host_term_once_where_it_belongs():
     base, plan = _cm(), ParallelPlan(micro_batch=4)
-    with_terms = _cm(logprob_pass_s=1e-3, train_pass_s=2e-3, optimizer_step_s=3e-4, optimizer_tensor_s=1e-5,
+    with_terms = _cm(logprob_pass_s=1e-3, logprob_token_s=1e-7, train_pass_s=2e-3, train_token_s=2e-7,
+                     optimizer_step_s=3e-4, optimizer_tensor_s=1e-5,
                      experience_seq_s=5e-5, experience_token_s=1e-7, step_overhead_s=4e-4,
                      step_seq_overhead_s=1e-5, step_kv_token_s=1e-8)
     n_t = param_tensors(base.model)
     # 8 sequences of 64 tokens: two micro-batches of 4
-    assert with_terms.logprob(plan, 8, 64).time_s == pytest.approx(base.logprob(plan, 8, 64).time_s + 2 * 1e-3)
+    assert with_terms.logprob(plan, 8, 64).time_s == pytest.approx(
+        base.logprob(plan, 8, 64).time_s + 2 * 1e-3 + 512 * 1e-7)
     assert with_terms.train(plan, 8, 64).time_s == pytest.approx(
-        base.train(plan, 8, 64).time_s + 2 * 2e-3 + 3e-4 + n_t * 1e-5)
+        base.train(plan, 8, 64).time_s + 2 * 2e-3 + 512 * 2e-7 + 3e-4 + n_t * 1e-5)
     lengths = [64] * 8
     assert with_terms.mixed_batch("logprob", plan, lengths).time_s == pytest.approx(
-        base.mixed_batch("logprob", plan, lengths).time_s + 2 * 1e-3 + 8 * 5e-5 + 512 * 1e-7)
+        base.mixed_batch("logprob", plan, lengths).time_s + 2 * 1e-3 + 512 * 1e-7 + 8 * 5e-5 + 512 * 1e-7)
     assert with_terms.decode_step_time_s(1, 4, 256) == pytest.approx(
         base.decode_step_time_s(1, 4, 256) + 4e-4 + 4 * 1e-5 + 256 * 1e-8)
     assert with_terms.prefill_time_s(1, 64, 0, 4) == pytest.approx(
@@ -75,13 +77,13 @@ def test_turn_sync_engine_by_hand():
     """Two episodes in one batch: a padded prefill per turn whose logits give the first token,
     lockstep decode over every row until the longest generation ends, then the environments."""
     cm = _cm(step_overhead_s=3e-4, step_seq_overhead_s=2e-5, turn_overhead_s=1e-4, turn_seq_overhead_s=1e-5,
-             rollout_fixed_s=1e-3, rollout_episode_s=5e-5)
+             rollout_fixed_s=1e-3, rollout_batch_s=2e-4, rollout_episode_s=5e-5)
     a = Episode(id=0, turns=((10, 3, 0.001), (5, 2, 0.0)))
     b = Episode(id=1, turns=((8, 1, 0.002),))
     env = simpy.Environment()
     r = TurnSyncReplica(env, cost_model=cm, tp=1, episodes=[a, b], max_num_seqs=4)
     env.run()
-    t = 1e-3 + 2 * 5e-5  # rollout set-up
+    t = 1e-3 + 2 * 5e-5 + 2e-4  # rollout set-up, one engine batch
     # turn 1: both rows, padded to 10 new tokens; 3 - 1 decode forwards of 2 rows, b idle in both
     t += cm.prefill_time_s(1, 20, 0, 2, masked=True) + 1e-4 + 2 * 1e-5
     t += sum(cm.decode_step_time_s(1, 2, 2 * (10 + j)) - 2e-5 for j in range(2))
