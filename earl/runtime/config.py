@@ -55,7 +55,7 @@ class SamplingConfig:
 @dataclass(frozen=True, kw_only=True)
 class TrainerConfig:
     algo: str = "reinforce++"  # reinforce++ | grpo
-    lr: float = 1e-2  # AdamW learning rate (high: the default model is tiny)
+    lr: float = 2e-3  # AdamW learning rate
     weight_decay: float = 0.0  # AdamW weight decay
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas
     clip_eps: float = 0.2  # PPO ratio clip
@@ -65,7 +65,7 @@ class TrainerConfig:
     token_budget: int = 16384  # padded tokens per micro-batch (forward+backward at once)
     minibatches: int = 1  # optimizer steps per training step (the batch is split)
     baseline: str = "per-turn"  # reinforce++: per-turn (mean return-to-go per turn index) | batch
-    lr_decay: str = "cosine"  # none | linear (to lr_min_frac * lr at the last step) | cosine
+    lr_decay: str = "none"  # none | linear (to lr_min_frac * lr at the last step) | cosine
     lr_min_frac: float = 0.1  # final lr as a fraction of lr when decaying
 
 
@@ -75,9 +75,9 @@ class RunConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    steps: int = 400  # training steps
-    groups: int = 16  # prompt groups per step (distinct env seeds)
-    group_size: int = 8  # episodes per group (GRPO's G)
+    steps: int = 600  # training steps
+    groups: int = 128  # prompt groups per step (distinct env seeds)
+    group_size: int = 1  # episodes per group sharing a seed (GRPO's G; grpo needs >= 2)
     seed: int = 0  # seeds the model init, sampling and the environments
     engine: str = "pytorch"  # pytorch | vllm
     reuse_kv: bool = True  # keep each episode's KV cache across turns
@@ -86,7 +86,7 @@ class RunConfig:
     dispatcher: str = "layout-aware"  # centralized | layout-aware
     checkpoint_every: int = 50  # steps between checkpoints; 0 = only at the end
     keep_checkpoints: int = 2  # newest checkpoints kept
-    threads: int = 2  # torch CPU threads
+    threads: int = 1  # torch CPU threads (the tiny model is overhead-bound; 1 avoids oversubscription)
     plots: bool = True  # PNG plots at the end
 
     def __post_init__(self):
@@ -107,6 +107,9 @@ class RunConfig:
             raise ValueError(f"trainer.baseline {self.trainer.baseline!r} unknown; valid: per-turn, batch")
         if self.trainer.algo not in ALGOS:
             raise ValueError(f"trainer.algo {self.trainer.algo!r} unknown; valid: {', '.join(ALGOS)}")
+        if self.trainer.algo == "grpo" and self.group_size < 2:
+            raise ValueError(f"grpo compares episodes within a group: group_size must be >= 2, "
+                             f"got {self.group_size}")
 
     @property
     def episodes_per_step(self) -> int:

@@ -77,7 +77,8 @@ def test_reinforce_pp_with_kl_runs(tmp_path):
 
 
 def test_calculator_env_runs(tmp_path):
-    res = train(small(steps=1, **{"env.name": "calculator", "sampling.max_new_tokens": "6"}),
+    res = train(small(steps=1, **{"env.name": "calculator", "sampling.max_new_tokens": "6",
+                                  "trainer.algo": "grpo"}),
                 tmp_path / "d", progress=False, echo=lambda s: None)
     r = res.metrics[0]
     assert r["correct_rate"] + r["wrong_rate"] + r["truncated_rate"] == pytest.approx(1)
