@@ -6,7 +6,16 @@ several config variants in the measured order (Kendall tau).
 The runtime here is the single-process one (`earl run` without --nproc): one CPU core or one
 GPU, so every plan is tp1-dp1 and dispatch is local. The simulator replays step k of the trace
 as its step k-1 with the same selector, dispatcher, engine batch and log-prob passes; the first
-`warmup_steps` steps (allocator, lazy init) are reported but not scored.
+`warmup_steps` steps (allocator, lazy init) are reported but not scored. The simulator models
+this runtime's own mechanics: its engine plays turns in lockstep over padded rows
+(`Simulation(engine="turn-sync")`), its micro-batches are right-padded and packed up to the
+config's token budget, and a calibrated profile adds the host costs of its code (see
+earl.calibrate.hostcost). On a CPU shared with other processes a stage's wall time also holds
+their time slices, which a simulated dedicated device does not: each stage is therefore also
+scored against the CPU time it got (wall x its step's CPU share, from the runtime's
+step_cpu_s / step_s). That estimate holds for stages longer than a scheduler slice; a
+sub-millisecond stage (dispatch) usually runs unpreempted, and its wall-time error is the one
+to read.
 
     earl validate --steps 4 --hardware earl/cost_model/profiles/cpu-measured.json --out /tmp/val
 """
