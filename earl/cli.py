@@ -304,8 +304,48 @@ def run_cmd(
     sets: Optional[list[str]] = typer.Option(None, "--set", help="config override key=value, e.g. "
                                              "trainer.lr=3e-3 (repeatable)"),
     quiet: bool = typer.Option(False, "--quiet", help="no progress bar; a line every 10% of the run"),
+    nproc: int = typer.Option(1, "--nproc", help="processes (torch.distributed under torchrun, gloo on CPU / "
+                              "NCCL on GPU); 1: this process"),
+    rollout_plan: Optional[str] = typer.Option(None, help="--nproc: rollout plan, e.g. tp2-dp1"),
+    experience_plan: Optional[str] = typer.Option(None, help="--nproc: log-prob plan (default: the train plan)"),
+    train_plan: Optional[str] = typer.Option(None, help="--nproc: training plan, e.g. tp1-dp2-zero"),
+    memory_budget_mb: float = typer.Option(0.0, help="--nproc: per-rank memory budget the runtime enforces "
+                                           "from its own accounting (0: none)"),
+    schedule: Optional[list[str]] = typer.Option(None, help="--nproc: forced plan switch STEP:stage:PLAN "
+                                                 "(repeatable)"),
 ):
-    """Train a policy with agentic RL on one process (CPU or one GPU)."""
+    """Train a policy with agentic RL: one process (CPU or one GPU), or --nproc N processes with
+    per-stage parallel plans that the selector may switch in flight."""
+    import os
+
+    dist_args = {"--rollout-plan": rollout_plan, "--experience-plan": experience_plan,
+                 "--train-plan": train_plan}
+    if nproc > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        argv = [config] if config else []
+        for flag, value in (("--env", env), ("--model", model), ("--steps", steps), ("--out", out),
+                            ("--resume", resume), *dist_args.items()):
+            if value is not None:
+                argv += [flag, str(value)]
+        if memory_budget_mb:
+            argv += ["--memory-budget-mb", str(memory_budget_mb)]
+        for item in schedule or []:
+            argv += ["--schedule", item]
+        for item in sets or []:
+            argv += ["--set", item]
+        if nproc > 1:  # start the processes here
+            from earl.runtime.launch import launch
+
+            raise typer.Exit(code=launch(nproc, argv))
+        from earl.runtime.dist_loop import main as dist_main  # already under torchrun
+
+        dist_main(argv)
+        return
+    if nproc < 1:
+        raise ValueError(f"--nproc must be >= 1, got {nproc}")
+    given = [f for f, v in dist_args.items() if v] + (["--memory-budget-mb"] if memory_budget_mb else []) + \
+        (["--schedule"] if schedule else [])
+    if given:
+        raise ValueError(f"{', '.join(given)} only apply with --nproc N (N >= 2)")
     from earl.runtime.loop import check_config, default_out_dir, resolve_config, summarize, train
 
     overrides: dict = parse_sets(sets)

@@ -1,0 +1,35 @@
+"""`earl run --nproc N` through the real CLI: torchrun processes, per-stage plans, clear errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def earl(*args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "earl.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
+                                                "PYTHONUNBUFFERED": "1"})
+
+
+def test_plan_flags_without_nproc_are_rejected():
+    r = earl("run", "--rollout-plan", "tp2-dp1", "--steps", "1")
+    assert r.returncode == 2 and "only apply with --nproc" in r.stderr
+
+
+def test_bad_plan_is_rejected_before_any_process_starts():
+    r = earl("run", "--nproc", "2", "--rollout-plan", "tp3-dp1", "--steps", "1")
+    assert r.returncode == 2 and "tp*pp*dp*cp = 3*1*1*1 = 3" in r.stderr
+
+
+@pytest.mark.dist
+def test_two_processes_run_with_their_plans(tmp_path):
+    out = tmp_path / "run"
+    r = earl("run", "--nproc", "2", "--rollout-plan", "tp2-dp1", "--train-plan", "tp1-dp2-zero",
+             "--steps", "2", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2
+    assert (out / "trace.json").is_file()
+    assert "tp2-dp1" in r.stdout and "tp1-dp2" in r.stdout
