@@ -17,6 +17,8 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from earl.configfile import read_mapping_file
+
 ALGOS = ("grpo", "reinforce++")
 LR_DECAYS = ("none", "linear", "cosine")
 SELECTOR_NAMES = ("static", "earl-table", "cost-model")
@@ -223,24 +225,5 @@ def from_dict(data: dict, base: RunConfig | None = None) -> RunConfig:
 
 
 def load_config_file(path: str | Path) -> RunConfig:
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"config file {str(p)!r} does not exist")
-    text = p.read_text()
-    if p.suffix == ".toml":
-        import tomllib
-
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
-            raise ValueError(f"{p}: invalid TOML ({e})") from None
-    elif p.suffix in (".yaml", ".yml", ".json"):
-        import yaml
-
-        try:
-            data = yaml.safe_load(text) or {}
-        except yaml.YAMLError as e:
-            raise ValueError(f"{p}: invalid YAML ({str(e).splitlines()[0]})") from None
-    else:
-        raise ValueError(f"config file {p.name!r}: expected a .toml, .yaml, .yml or .json file")
+    data = read_mapping_file(path, "config file")
     return from_dict(data)

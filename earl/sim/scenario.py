@@ -16,8 +16,7 @@ import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import tomllib
-
+from earl.configfile import read_mapping_file
 from earl.specs import (
     ClusterSpec,
     HardwareSpec,
@@ -224,28 +223,8 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 def read_scenario_file(path: str | Path) -> dict:
     """A scenario file as dotted keys -> values (TOML via tomllib, YAML via yaml.safe_load)."""
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"scenario file {p} does not exist (built-in scenarios: "
-                         f"{', '.join(builtin_scenarios())})")
-    text = p.read_text()
-    if p.suffix == ".toml":
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
-            raise ValueError(f"{p}: invalid TOML ({e})") from None
-    elif p.suffix in (".yaml", ".yml"):
-        import yaml
-
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ValueError(f"{p}: invalid YAML ({str(e).splitlines()[0]})") from None
-        data = data or {}
-    else:
-        raise ValueError(f"scenario file {p}: unknown suffix {p.suffix!r}; use .toml, .yaml or .yml")
-    if not isinstance(data, dict):
-        raise ValueError(f"{p}: a scenario file must be a mapping of sections to keys")
+    data = read_mapping_file(path, "scenario file",
+                             f" (built-in scenarios: {', '.join(builtin_scenarios())})")
     return _flatten(data)
 
 
