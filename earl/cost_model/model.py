@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from earl.cost_model import comm, memory
-from earl.cost_model.compute import causal_pairs, forward_pass, param_tensors, train_flops_per_token
+from earl.cost_model.compute import PassCost, causal_pairs, forward_pass, param_tensors, train_flops_per_token
 from earl.cost_model.memory import MemoryBreakdown
 from earl.cost_model.profile import HardwareProfile, LinkParams, datasheet_profile
 from earl.specs import TENSOR_BYTES_PER_SAMPLE, TENSOR_BYTES_PER_TOKEN, ClusterSpec, ModelSpec, ParallelPlan
@@ -122,6 +122,24 @@ class CostModel:
         return comm.group_link(self.cluster, self.profile, tp, 1, collective="allreduce")
 
     # ---- O(1) hooks for the simulator ---------------------------------------------------
+    def _prefill_pass(self, tp: int, new_tokens: float, prefix_tokens: float, num_seqs: float,
+                      masked: bool = False) -> tuple[PassCost, float, float]:
+        """(forward cost, TP communication s, engine host s) of one replica's prefill."""
+        n, pre = new_tokens / num_seqs, prefix_tokens / num_seqs
+        pairs = n * (pre + n) if masked else causal_pairs(n, pre)
+        cost = forward_pass(self.model, self.profile, tp=tp, layers=self.model.num_layers,
+                            tokens=new_tokens, attn_pairs=num_seqs * pairs,
+                            kv_tokens=prefix_tokens + new_tokens, lm_tokens=num_seqs)
+        return cost, self._tp_comm_s(tp, new_tokens, passes=1), self._engine_host_s(num_seqs, prefix_tokens
+                                                                                       + new_tokens)
+
+    def _decode_pass(self, tp: int, num_seqs: float, total_context_tokens: float) -> tuple[PassCost, float, float]:
+        """(forward cost, TP communication s, engine host s) of one replica's decode iteration."""
+        cost = forward_pass(self.model, self.profile, tp=tp, layers=self.model.num_layers,
+                            tokens=num_seqs, attn_pairs=total_context_tokens,
+                            kv_tokens=total_context_tokens, lm_tokens=num_seqs, decode=True)
+        return cost, self._tp_comm_s(tp, num_seqs, passes=1), self._engine_host_s(num_seqs, total_context_tokens)
+
     def _prefill_time_s(self, tp: int, new_tokens: int, prefix_tokens: int = 0, num_seqs: int = 1,
                         masked: bool = False) -> float:
         """One replica prefilling `new_tokens` (total over `num_seqs` equal sequences) on top of
@@ -130,13 +148,8 @@ class CostModel:
         rectangle instead of skipping the causal upper triangle."""
         if new_tokens <= 0:
             return 0.0
-        n, pre = new_tokens / num_seqs, prefix_tokens / num_seqs
-        pairs = n * (pre + n) if masked else causal_pairs(n, pre)
-        cost = forward_pass(self.model, self.profile, tp=tp, layers=self.model.num_layers,
-                            tokens=new_tokens, attn_pairs=num_seqs * pairs,
-                            kv_tokens=prefix_tokens + new_tokens, lm_tokens=num_seqs)
-        return (cost.total_s + self._tp_comm_s(tp, new_tokens, passes=1)
-                + self._engine_host_s(num_seqs, prefix_tokens + new_tokens))
+        cost, tp_s, host_s = self._prefill_pass(tp, new_tokens, prefix_tokens, num_seqs, masked)
+        return cost.total_s + tp_s + host_s
 
     def _engine_host_s(self, num_seqs: float, cached_tokens: float) -> float:
         """Seconds of one engine iteration (a prefill or a decode forward, each followed by
@@ -150,11 +163,8 @@ class CostModel:
         """One decode iteration of one replica: every running sequence gains one token."""
         if num_seqs <= 0:
             return 0.0
-        cost = forward_pass(self.model, self.profile, tp=tp, layers=self.model.num_layers,
-                            tokens=num_seqs, attn_pairs=total_context_tokens,
-                            kv_tokens=total_context_tokens, lm_tokens=num_seqs, decode=True)
-        return (cost.total_s + self._tp_comm_s(tp, num_seqs, passes=1)
-                + self._engine_host_s(num_seqs, total_context_tokens))
+        cost, tp_s, host_s = self._decode_pass(tp, num_seqs, total_context_tokens)
+        return cost.total_s + tp_s + host_s
 
     def _kv_capacity_tokens(self, tp: int, pp: int = 1) -> int:
         """KV-cache tokens one replica (tp x pp GPUs) can hold after weights and reserve."""
@@ -204,15 +214,12 @@ class CostModel:
         if fit < 1:
             return _infeasible("prefill", plan, mem, gpus, f"one sequence of {context} tokens")
         waves = -(-per // fit)
-        t_wave = self.prefill_time_s(plan.tp, fit * context, 0, fit)
-        cost = forward_pass(self.model, self.profile, tp=plan.tp, layers=self.model.num_layers,
-                            tokens=fit * context, attn_pairs=fit * causal_pairs(context, 0),
-                            kv_tokens=fit * context, lm_tokens=fit)
-        t = waves * t_wave
+        cost, tp_s, host_s = self._prefill_pass(plan.tp, fit * context, 0, fit)
+        t = waves * (cost.total_s + tp_s + host_s)
         return Estimate(stage="prefill", time_s=t, feasible=True, tokens=batch * context, gpus=gpus,
                         flops=waves * cost.flops * plan.dp * plan.tp / gpus,
                         peak_flops=self.profile.hardware.peak_flops, memory=mem, plan=plan,
-                        breakdown=self._breakdown(cost, waves, t),
+                        breakdown=self._breakdown(cost, waves, tp_s, host_s),
                         extras={"concurrency": fit, "waves": waves})
 
     def decode(self, plan: ParallelPlan, batch: int, context: int) -> Estimate:
@@ -230,25 +237,24 @@ class CostModel:
         # continuous batching keeps `fit` sequences running: all `per` advance one token in
         # per/fit steps on average (no whole-wave rounding)
         waves = per / fit
-        t_step = self.decode_step_time_s(plan.tp, fit, fit * context)
-        cost = forward_pass(self.model, self.profile, tp=plan.tp, layers=self.model.num_layers,
-                            tokens=fit, attn_pairs=fit * context, kv_tokens=fit * context, lm_tokens=fit,
-                            decode=True)
+        cost, tp_s, host_s = self._decode_pass(plan.tp, fit, fit * context)
+        t_step = cost.total_s + tp_s + host_s
         t = waves * t_step
         note = "" if fit == per else (f"only {fit} of {per} sequences per replica fit in KV memory; "
                                       "throughput at that concurrency (continuous batching)")
         return Estimate(stage="decode", time_s=t, feasible=True, reason=note, tokens=batch, gpus=gpus,
                         flops=waves * cost.flops / plan.pp, peak_flops=self.profile.hardware.peak_flops,
-                        memory=mem, plan=plan, breakdown=self._breakdown(cost, waves, t),
+                        memory=mem, plan=plan, breakdown=self._breakdown(cost, waves, tp_s, host_s),
                         extras={"concurrency": fit, "waves": waves, "step_time_s": t_step,
                                 "kv_capacity_tokens": self.kv_capacity_tokens(plan.tp, plan.pp)})
 
-    def _breakdown(self, cost, repeats: float, total: float) -> dict:
-        d = {"linear": cost.linear_s * repeats, "attention": cost.attention_s * repeats,
-             "elementwise": cost.elementwise_s * repeats, "lm_head": cost.lm_head_s * repeats,
-             "overhead": cost.overhead_s * repeats}
-        d["tp_comm"] = max(0.0, total - sum(d.values()))
-        return d
+    @staticmethod
+    def _breakdown(cost: PassCost, repeats: float, comm_s: float, host_s: float) -> dict:
+        """Seconds by component of `repeats` passes, each `cost` plus `comm_s` of TP/CP
+        communication and `host_s` of calibrated host work."""
+        return {"linear": cost.linear_s * repeats, "attention": cost.attention_s * repeats,
+                "elementwise": cost.elementwise_s * repeats, "lm_head": cost.lm_head_s * repeats,
+                "overhead": cost.overhead_s * repeats, "tp_comm": comm_s * repeats, "host": host_s * repeats}
 
     def _micro_batches(self, plan: ParallelPlan, batch: int) -> tuple[int, int]:
         per_replica = -(-batch // plan.dp)
@@ -258,7 +264,6 @@ class CostModel:
                 masked: bool = False) -> Estimate:
         """Forward-only log-probs of `batch` sequences (`passes` models: e.g. 2 = ref + old)."""
         self._check(plan, batch, context)
-        plan.validate(self.model, seq_len=None)
         gpus = plan.world_size
         mem = self.memory("logprob", plan, batch, context)
         if not mem.fits:
@@ -269,13 +274,15 @@ class CostModel:
         cost = forward_pass(self.model, self.profile, tp=plan.tp, layers=-(-self.model.num_layers // plan.pp),
                             tokens=tokens, attn_pairs=plan.micro_batch * _pairs(context, masked) / plan.cp,
                             kv_tokens=plan.micro_batch * context, lm_tokens=tokens)
-        t_mb = cost.total_s + self._tp_comm_s(plan.tp, tokens, 1) / plan.pp + self._cp_comm_s(plan, context, 1)
+        comm_s = self._tp_comm_s(plan.tp, tokens, 1) / plan.pp + self._cp_comm_s(plan, context, 1)
         # work around each micro-batch's forward, fixed and per padded token (calibrated)
-        t_mb += self.profile.logprob_pass_s + self.profile.logprob_token_s * tokens
+        host_s = self.profile.logprob_pass_s + self.profile.logprob_token_s * tokens
+        t_mb = cost.total_s + comm_s + host_s
         t = passes * (m + plan.pp - 1) * t_mb
         return Estimate(stage="logprob", time_s=t, feasible=True, tokens=passes * batch * context, gpus=gpus,
                         flops=passes * m * cost.flops, peak_flops=self.profile.hardware.peak_flops,
-                        memory=mem, plan=plan, breakdown=self._breakdown(cost, passes * (m + plan.pp - 1), t),
+                        memory=mem, plan=plan,
+                        breakdown=self._breakdown(cost, passes * (m + plan.pp - 1), comm_s, host_s),
                         extras={"micro_batches": m, "micro_batch_s": t_mb,
                                 "bubble_frac": (plan.pp - 1) / (m + plan.pp - 1)})
 

@@ -56,14 +56,18 @@ class _ReduceFromTP(torch.autograd.Function):
         return grad, None
 
 
-class ColwiseLinear(nn.Module):
-    """y_local = x @ W[rows of this rank].T (+ b[rows]); output stays sharded."""
+class _ShardedLinear(nn.Module):
+    """A linear layer holding this rank's shard of the weight (and bias) and its TP group."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group):
         super().__init__()
         self.weight = nn.Parameter(weight)
         self.bias = nn.Parameter(bias) if bias is not None else None
         self.group = group
+
+
+class ColwiseLinear(_ShardedLinear):
+    """y_local = x @ W[rows of this rank].T (+ b[rows]); output stays sharded."""
 
     def forward(self, x):
         if torch.is_grad_enabled() and self.group is not None:
@@ -71,14 +75,8 @@ class ColwiseLinear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
-class RowwiseLinear(nn.Module):
+class RowwiseLinear(_ShardedLinear):
     """y = all_reduce(x_local @ W[:, cols of this rank].T) (+ b once, after the sum)."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group):
-        super().__init__()
-        self.weight = nn.Parameter(weight)
-        self.bias = nn.Parameter(bias) if bias is not None else None
-        self.group = group
 
     def forward(self, x):
         y = F.linear(x, self.weight)
