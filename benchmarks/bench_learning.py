@@ -14,7 +14,7 @@ import tempfile
 import time
 
 from earl.cli import parse_sets
-from earl.runtime.loop import resolve_config, train
+from earl.runtime.run import resolve_config, train
 
 
 def main() -> None:

@@ -301,60 +301,50 @@ def run_cmd(
     steps: Optional[int] = typer.Option(None, "--steps", help="training steps"),
     out: Optional[str] = typer.Option(None, "--out", help="output folder (default runs/run-<time>)"),
     resume: Optional[str] = typer.Option(None, "--resume", help="run folder or checkpoint to continue"),
+    hardware: Optional[str] = typer.Option(None, "--hardware", help="profile the selector prices plans with: "
+                                           "a name (cpu-measured, h100-sxm-80gb, ...) or a JSON path from "
+                                           "earl calibrate (default: auto, a calibrated profile for this "
+                                           "device when one is shipped, else its datasheet)"),
     sets: Optional[list[str]] = typer.Option(None, "--set", help="config override key=value, e.g. "
                                              "trainer.lr=3e-3 (repeatable)"),
     quiet: bool = typer.Option(False, "--quiet", help="no progress bar; a line every 10% of the run"),
-    nproc: int = typer.Option(1, "--nproc", help="processes (torch.distributed under torchrun, gloo on CPU / "
-                              "NCCL on GPU); 1: this process"),
-    rollout_plan: Optional[str] = typer.Option(None, help="--nproc: rollout plan, e.g. tp2-dp1"),
-    experience_plan: Optional[str] = typer.Option(None, help="--nproc: log-prob plan (default: the train plan)"),
-    train_plan: Optional[str] = typer.Option(None, help="--nproc: training plan, e.g. tp1-dp2-zero"),
-    memory_budget_mb: float = typer.Option(0.0, help="--nproc: per-rank memory budget the runtime enforces "
-                                           "from its own accounting (0: none)"),
-    schedule: Optional[list[str]] = typer.Option(None, help="--nproc: forced plan switch STEP:stage:PLAN "
-                                                 "(repeatable)"),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="processes (torch.distributed under torchrun, "
+                                        "gloo on CPU / NCCL on GPU); 1: this process"),
+    rollout_plan: Optional[str] = typer.Option(None, help="rollout plan, e.g. tp2-dp1 (= plan.rollout)"),
+    experience_plan: Optional[str] = typer.Option(None, help="log-prob plan (= plan.experience; default: "
+                                                  "the train plan)"),
+    train_plan: Optional[str] = typer.Option(None, help="training plan, e.g. tp1-dp2-zero (= plan.train)"),
+    memory_budget_mb: Optional[float] = typer.Option(None, help="per-rank memory budget the runtime enforces "
+                                                     "from its own accounting (= plan.memory_budget_mb)"),
+    schedule: Optional[list[str]] = typer.Option(None, help="forced plan switch STEP:stage:PLAN (repeatable; "
+                                                 "= plan.schedule)"),
 ):
     """Train a policy with agentic RL: one process (CPU or one GPU), or --nproc N processes with
-    per-stage parallel plans that the selector may switch in flight."""
+    per-stage parallel plans that the selector may switch in flight. The same step runs either way."""
     import os
 
-    dist_args = {"--rollout-plan": rollout_plan, "--experience-plan": experience_plan,
-                 "--train-plan": train_plan}
-    if nproc > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        argv = [config] if config else []
-        for flag, value in (("--env", env), ("--model", model), ("--steps", steps), ("--out", out),
-                            ("--resume", resume), *dist_args.items()):
-            if value is not None:
-                argv += [flag, str(value)]
-        if memory_budget_mb:
-            argv += ["--memory-budget-mb", str(memory_budget_mb)]
-        for item in schedule or []:
-            argv += ["--schedule", item]
-        for item in sets or []:
-            argv += ["--set", item]
-        if nproc > 1:  # start the processes here
-            from earl.runtime.launch import launch
-
-            raise typer.Exit(code=launch(nproc, argv))
-        from earl.runtime.dist_loop import main as dist_main  # already under torchrun
-
-        dist_main(argv)
-        return
-    if nproc < 1:
-        raise ValueError(f"--nproc must be >= 1, got {nproc}")
-    given = [f for f, v in dist_args.items() if v] + (["--memory-budget-mb"] if memory_budget_mb else []) + \
-        (["--schedule"] if schedule else [])
-    if given:
-        raise ValueError(f"{', '.join(given)} only apply with --nproc N (N >= 2)")
-    from earl.runtime.loop import check_config, default_out_dir, resolve_config, summarize, train
+    from earl.runtime.run import check_config, default_out_dir, resolve_config, summarize, train
 
     overrides: dict = parse_sets(sets)
-    for key, value in (("env.name", env), ("model.path", model), ("steps", steps)):
+    for key, value in (("env.name", env), ("model.path", model), ("steps", steps), ("nproc", nproc),
+                       ("hardware.profile", hardware), ("plan.rollout", rollout_plan),
+                       ("plan.experience", experience_plan), ("plan.train", train_plan),
+                       ("plan.memory_budget_mb", memory_budget_mb)):
         if value is not None:
             overrides[key] = value
+    if schedule:
+        overrides["plan.schedule"] = ",".join(schedule)
+    under_torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if resume is not None and nproc is None and not under_torchrun:
+        overrides.setdefault("nproc", 1)  # a resumed run takes this call's process count
     cfg = resolve_config(config, resume=resume, overrides=overrides)
-    check_config(cfg)
     out_dir = out or default_out_dir(resume)
+    if cfg.nproc > 1 and not under_torchrun:  # start the processes here
+        from earl.runtime.launch import launch
+
+        raise typer.Exit(code=launch(cfg, out_dir, resume=resume, progress=not quiet and console.is_terminal))
+    if not under_torchrun:
+        check_config(cfg, 1)
     try:
         result = train(cfg, out_dir, resume=resume, progress=not quiet and console.is_terminal,
                        echo=console.print)
@@ -368,7 +358,8 @@ def run_cmd(
         err_console.print(f"interrupted; last complete checkpoint: {last}; continue with "
                           f"earl run --resume {out_dir}")
         raise typer.Exit(code=130) from None
-    console.print(summarize(result))
+    if result.metrics:
+        console.print(summarize(result))
 # </run>
 
 # ============================================================================================
@@ -445,7 +436,7 @@ def validate_cmd(
     from rich.table import Table
 
     from earl.calibrate.validate import parse_variants, run_validation
-    from earl.runtime.loop import resolve_config
+    from earl.runtime.run import resolve_config
 
     overrides = parse_sets(sets)
     if device is not None:

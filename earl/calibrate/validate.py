@@ -166,7 +166,7 @@ def _predicted_peak(rows: list[dict], cm_capacity: float, reserve: float) -> flo
 
 def run_variant(cfg, name: str, overrides: dict, out_dir: Path, prof: HardwareProfile,
                 sheet: HardwareProfile, warmup_steps: int) -> VariantResult:
-    from earl.runtime.loop import train
+    from earl.runtime.run import train
 
     run_dir = out_dir / "runs" / name.replace("=", "-").replace(",", "_")
     if str(cfg.model.device).startswith("cuda"):

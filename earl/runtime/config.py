@@ -33,6 +33,35 @@ class ModelConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class HardwareConfig:
+    # The profile the selector's cost model prices plans with: "auto" (a calibrated profile
+    # shipped for the running device, else its datasheet profile), a profile name, or a JSON path.
+    profile: str = "auto"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanConfig:
+    """Initial plans per RL stage (`ParallelPlan.parse` syntax); empty = the default for the
+    world size N: rollout tp1-dpN, training tp1-dpN (ZeRO-1 when N > 1), experience = training."""
+
+    rollout: str = ""
+    experience: str = ""
+    train: str = ""
+    memory_budget_mb: float = 0.0  # per-rank budget from the runtime's memory account, MiB; 0 = none
+    schedule: tuple[str, ...] = ()  # scripted switches "STEP:rollout|experience|train:PLAN"
+
+    def __post_init__(self):
+        if not self.memory_budget_mb >= 0:
+            raise ValueError(f"plan.memory_budget_mb must be >= 0, got {self.memory_budget_mb}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyConfig:
+    selector: str = "static"  # static | earl-table | cost-model
+    dispatcher: str = "layout-aware"  # centralized | layout-aware
+
+
+@dataclass(frozen=True, kw_only=True)
 class EnvConfig:
     name: str = "tic-tac-toe"  # tic-tac-toe | connect-four | calculator
     opponent: str = "random"  # games: random | lookahead
@@ -74,6 +103,9 @@ class TrainerConfig:
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -84,23 +116,22 @@ class RunConfig:
     engine: str = "pytorch"  # pytorch | vllm
     reuse_kv: bool = True  # keep each episode's KV cache across turns
     engine_batch: int = 0  # episodes per engine batch; 0 = all of the step's episodes at once
-    selector: str = "static"  # static | earl-table | cost-model
-    dispatcher: str = "layout-aware"  # centralized | layout-aware
+    nproc: int = 1  # processes of a local run (`earl run --nproc N` starts them under torchrun)
     checkpoint_every: int = 50  # steps between checkpoints; 0 = only at the end
     keep_checkpoints: int = 2  # newest checkpoints kept
     threads: int = 1  # torch CPU threads (the tiny model is overhead-bound; 1 avoids oversubscription)
     plots: bool = True  # PNG plots at the end
 
     def __post_init__(self):
-        for name in ("steps", "groups", "group_size", "threads"):
+        for name in ("steps", "groups", "group_size", "threads", "nproc"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.checkpoint_every < 0 or self.engine_batch < 0 or self.keep_checkpoints < 1:
             raise ValueError("checkpoint_every and engine_batch must be >= 0, keep_checkpoints >= 1")
-        if self.selector not in SELECTOR_NAMES:
-            raise ValueError(f"selector {self.selector!r} unknown; valid: {', '.join(SELECTOR_NAMES)}")
-        if self.dispatcher not in DISPATCHER_NAMES:
-            raise ValueError(f"dispatcher {self.dispatcher!r} unknown; valid: "
+        if self.policy.selector not in SELECTOR_NAMES:
+            raise ValueError(f"policy.selector {self.policy.selector!r} unknown; valid: {', '.join(SELECTOR_NAMES)}")
+        if self.policy.dispatcher not in DISPATCHER_NAMES:
+            raise ValueError(f"policy.dispatcher {self.policy.dispatcher!r} unknown; valid: "
                              f"{', '.join(DISPATCHER_NAMES)}")
         if self.trainer.lr_decay not in LR_DECAYS:
             raise ValueError(f"trainer.lr_decay {self.trainer.lr_decay!r} unknown; valid: "
@@ -118,8 +149,8 @@ class RunConfig:
         return self.groups * self.group_size
 
 
-SECTIONS = {"model": ModelConfig, "env": EnvConfig, "sampling": SamplingConfig,
-            "trainer": TrainerConfig}
+SECTIONS = {"model": ModelConfig, "hardware": HardwareConfig, "plan": PlanConfig, "policy": PolicyConfig,
+            "env": EnvConfig, "sampling": SamplingConfig, "trainer": TrainerConfig}
 
 
 def all_keys() -> list[str]:

@@ -6,7 +6,7 @@ Both dispatchers of `earl.policies.dispatch` run here, from the same executor:
   (for REINFORCE++ also the per-token step rewards / turn ids it needs, counted in the bytes
   sent), which computes the advantages; phase 2 scatters each rank's share.
 - `layout-aware`: producers first compute advantages in place (one reduction of per-group
-  scalar statistics: sum, sum of squares, count; earl.runtime.dist_advantages), then every
+  scalar statistics: sum, sum of squares, count; earl.runtime.advantages), then every
   consumer receives its share
   straight from a producer (point-to-point; a local copy when producer == consumer).
 Each phase posts all of its receives and sends at once (isend/irecv), one message per
@@ -28,14 +28,14 @@ import torch.distributed as dist
 
 from earl.policies.dispatch import required_sets
 from earl.policies.types import TENSOR_BYTES_PER_SAMPLE, Layout, Sample, TransferPlan
-from earl.runtime.dist import comm_device
-from earl.runtime.dist_advantages import (
+from earl.runtime.advantages import (
     AdvantageSpec,
     Store,
     distributed_advantages,
     fill_advantages,
     local_stats,
 )
+from earl.runtime.dist import comm_device
 
 TENSOR_DTYPES: dict[str, torch.dtype] = {
     "input_ids": torch.int64,
@@ -47,6 +47,8 @@ TENSOR_DTYPES: dict[str, torch.dtype] = {
     "token_rewards": torch.float32,  # REINFORCE++ inputs, staged at the controller (centralized)
     "turn_ids": torch.int64,
 }
+# What the rollout -> experience hand-off moves per episode (the same executor, other tensors).
+HANDOFF_TENSORS: tuple[str, ...] = ("input_ids", "loss_mask", "token_rewards", "turn_ids", "rewards")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,19 +113,25 @@ def _copy(transfer, store: Store, tokens: dict[int, int], out: Store,
 # The executor
 # --------------------------------------------------------------------------------------------
 def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], src: Layout, dst: Layout, *,
-                     advantages: AdvantageSpec = AdvantageSpec(), rank: int | None = None,
-                     check: bool = True) -> tuple[Store, DispatchStats]:
+                     advantages: AdvantageSpec = AdvantageSpec(), tensors: tuple[str, ...] | None = None,
+                     rank: int | None = None, check: bool = True) -> tuple[Store, DispatchStats]:
     """Run `tplan` from this rank's `store` (the samples it produced, with rewards). Returns
     the samples this rank needs for training under `dst` (per-token tensors + advantages) and
-    timings. Collective over every rank of the world."""
+    timings. Collective over every rank of the world.
+
+    With `tensors`, the plan's routes carry those tensors instead and no advantages are
+    computed: the rollout -> experience hand-off (`HANDOFF_TENSORS`) runs on the same plan."""
     rank = (dist.get_rank() if dist.is_initialized() else 0) if rank is None else rank
+    if tensors is not None:
+        tplan = dataclasses.replace(tplan, phases=[
+            [dataclasses.replace(tr, tensors=tuple(tensors)) for tr in phase] for phase in tplan.phases])
     device = comm_device()
     tokens = {s.id: s.tokens for s in samples}
     if dist.is_initialized():
         dist.barrier()
     t_start = time.perf_counter()
     adv_s = 0.0
-    if tplan.kind != "centralized":
+    if tplan.kind != "centralized" and tensors is None:
         t0 = time.perf_counter()
         distributed_advantages(store, samples, src, advantages, rank)
         adv_s = time.perf_counter() - t0
@@ -137,7 +145,7 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
         final = k == len(tplan.phases) - 1
         out: Store = delivered if final else held
         phase_counts: dict[tuple[int, str], int] = counts if final else {}
-        if not final and advantages.inputs:  # the controller computes advantages: stage their inputs
+        if not final and advantages.inputs and tensors is None:  # the controller computes advantages: stage their inputs
             phase = [dataclasses.replace(tr, tensors=tr.tensors + advantages.inputs)
                      if "input_ids" in tr.tensors else tr for tr in phase]
         tag_of: dict[tuple[int, int], int] = defaultdict(int)
@@ -167,7 +175,7 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
             w.wait()
         for tr, buf in inbox:
             _unpack(tr, buf, tokens, out, phase_counts)
-        if not final and tplan.kind == "centralized" and rank == tplan.controller:
+        if not final and tplan.kind == "centralized" and rank == tplan.controller and tensors is None:
             t1 = time.perf_counter()
             fill_advantages(held, samples, local_stats(held, samples, advantages), advantages)
             adv_s += time.perf_counter() - t1
@@ -175,14 +183,16 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
     stats = DispatchStats(kind=tplan.kind, seconds=time.perf_counter() - t_start, phase_s=tuple(phase_s),
                           advantage_s=adv_s, bytes_sent=sent, bytes_recv=recv, messages=msgs)
     if check:
-        check_delivery(counts, dst, samples, rank)
+        check_delivery(counts, dst, samples, rank, tensors)
     return delivered, stats
 
 
 def check_delivery(counts: dict[tuple[int, str], int], dst: Layout, samples: list[Sample],
-                   rank: int) -> None:
+                   rank: int, tensors: tuple[str, ...] | None = None) -> None:
     """Exactly once, exactly what the layout needs (raises RuntimeError otherwise)."""
     need = set(required_sets(dst, samples).get(rank, {}))
+    if tensors is not None:
+        need = {(i, name) for i in {i for i, _ in need} for name in tensors}
     twice = sorted(k for k, c in counts.items() if c > 1)
     missing = sorted(need - counts.keys())
     extra = sorted(counts.keys() - need)

@@ -14,7 +14,7 @@ With `reuse_kv=False` each turn re-prefills the whole context instead (the basel
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -69,38 +69,83 @@ class EngineStats:
 
 
 class EpisodeBatch(Protocol):
-    def generate(self, inputs: dict[int, list[int]], params: SamplingParams,
-                 generator: torch.Generator | None = None) -> dict[int, Generation]: ...
+    def generate(self, inputs: dict[int, list[int]], params: SamplingParams) -> dict[int, Generation]: ...
 
     def close(self, rows: Iterable[int]) -> None: ...
 
 
 class Engine(Protocol):
-    """A generation backend. `open(n)` starts n episodes (rows 0..n-1) sharing a batch."""
+    """A generation backend. `open(n, seeds)` starts n episodes (rows 0..n-1) sharing a batch;
+    row i samples from its own random stream `seeds[i]` (default: i)."""
 
     tokenizer: Tokenizer
     stats: EngineStats
 
-    def open(self, n: int) -> EpisodeBatch: ...
+    def open(self, n: int, seeds: Sequence[int] | None = None) -> EpisodeBatch: ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
 
 
-def sample_tokens(logits_AV: torch.Tensor, params: SamplingParams,
-                  generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample one token per row; return (token ids, their log-probs)."""
+_MASK64 = (1 << 64) - 1
+
+
+def _as_i64(c: int) -> int:
+    """An unsigned 64-bit constant as the signed int64 torch stores (same bits)."""
+    c &= _MASK64
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+_GOLDEN = _as_i64(0x9E3779B97F4A7C15)
+_MIX1 = _as_i64(0xBF58476D1CE4E5B9)
+_MIX2 = _as_i64(0x94D049BB133111EB)
+
+
+def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 bits (torch's >> is arithmetic)."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def _mix64(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser on int64 tensors (wrapping arithmetic)."""
+    x = (x ^ _shr(x, 30)) * _MIX1
+    x = (x ^ _shr(x, 27)) * _MIX2
+    return x ^ _shr(x, 31)
+
+
+def counter_uniform(seeds_A: torch.Tensor, positions_A: torch.Tensor, width: int) -> torch.Tensor:
+    """[A, width] float64 uniforms in (0, 1), a pure function of (row seed, position, column).
+
+    Counter-based randomness: a token's noise depends only on its episode's seed and where it
+    sits in the episode, never on which other episodes share the batch, which process plays the
+    episode, or how many tokens were drawn before. So a run samples the same tokens on one
+    process or many, with any engine batch size."""
+    dev = seeds_A.device
+    row = _mix64(_mix64(seeds_A.long() * _GOLDEN + 1) + positions_A.long() * _MIX1)
+    cols = torch.arange(width, device=dev, dtype=torch.long) * _GOLDEN
+    bits = _shr(_mix64(row[:, None] + cols[None, :]), 11)  # 53 random bits
+    return (bits.double() + 0.5) / float(1 << 53)
+
+
+def sample_tokens(logits_AV: torch.Tensor, params: SamplingParams, seeds_A: torch.Tensor | None = None,
+                  positions_A: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row; return (token ids, their log-probs).
+
+    Gumbel-max over the (top-p truncated) distribution with counter-based noise
+    (`counter_uniform`): row i draws from its own stream `seeds_A[i]` at `positions_A[i]`."""
     logits = logits_AV.float()
     logp_all = torch.log_softmax(logits / params.logprob_temperature, dim=-1)
     if params.temperature == 0:
         tokens = logits.argmax(dim=-1)
     else:
-        probs = logp_all.exp()
+        if seeds_A is None or positions_A is None:
+            raise ValueError("sampling at temperature > 0 needs a seed and a position per row")
+        scores = logp_all.double()
         if params.top_p < 1:
-            sorted_p, order = probs.sort(dim=-1, descending=True)
+            sorted_p, order = logp_all.exp().sort(dim=-1, descending=True)
             drop = sorted_p.cumsum(-1) - sorted_p > params.top_p  # keep the smallest nucleus
-            sorted_p = sorted_p.masked_fill(drop, 0.0)
-            probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            scores = scores.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+        u = counter_uniform(seeds_A.to(logits.device), positions_A.to(logits.device), logits.shape[-1])
+        tokens = (scores - torch.log(-torch.log(u))).argmax(dim=-1)
     return tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1)
 
 
@@ -116,10 +161,13 @@ def new_cache(model):
 class TorchEpisodeBatch:
     """Episodes sharing one batched KV cache (see the module docstring)."""
 
-    def __init__(self, engine: TorchEngine, n: int):
+    def __init__(self, engine: TorchEngine, n: int, seeds: Sequence[int] | None = None):
         if n < 1:
             raise ValueError(f"an episode batch needs at least one episode, got {n}")
+        if seeds is not None and len(seeds) != n:
+            raise ValueError(f"{n} episodes need {n} seeds, got {len(seeds)}")
         self.engine = engine
+        self.seeds = [int(s) for s in seeds] if seeds is not None else list(range(n))
         self.rows = list(range(n))  # open rows in cache order
         self.history: dict[int, list[int]] = {r: [] for r in self.rows}
         self.unfed: dict[int, list[int]] = {r: [] for r in self.rows}  # in history, not in cache
@@ -158,8 +206,7 @@ class TorchEpisodeBatch:
         return out.logits
 
     @torch.no_grad()
-    def generate(self, inputs: dict[int, list[int]], params: SamplingParams,
-                 generator: torch.Generator | None = None) -> dict[int, Generation]:
+    def generate(self, inputs: dict[int, list[int]], params: SamplingParams) -> dict[int, Generation]:
         eng, dev = self.engine, self.engine.device
         bad = sorted(set(inputs) - set(self.rows) | (set(inputs) & self.closed))
         if bad:
@@ -201,7 +248,9 @@ class TorchEpisodeBatch:
         out = {self.rows[i]: Generation([], [], "", "length") for i in req}
         active = list(req)
         while True:
-            toks, lps = sample_tokens(next_logits, params, generator)
+            rows = [self.rows[i] for i in active]
+            toks, lps = sample_tokens(next_logits, params, torch.tensor([self.seeds[r] for r in rows]),
+                                      torch.tensor([len(self.history[r]) for r in rows]))
             toks_l, lps_l = toks.tolist(), lps.tolist()
             still = []
             for j, i in enumerate(active):
@@ -258,8 +307,8 @@ class TorchEngine:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def open(self, n: int) -> TorchEpisodeBatch:
-        return TorchEpisodeBatch(self, n)
+    def open(self, n: int, seeds: Sequence[int] | None = None) -> TorchEpisodeBatch:
+        return TorchEpisodeBatch(self, n, seeds)
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -9,7 +9,7 @@ prefix blocks are reused instead of recomputed. Weights are pushed from the trai
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -18,16 +18,16 @@ from earl.runtime.tokenizer import Tokenizer
 
 
 class VLLMEpisodeBatch:
-    def __init__(self, engine: VLLMEngine, n: int):
+    def __init__(self, engine: VLLMEngine, n: int, seeds: Sequence[int] | None = None):
         self.engine = engine
+        self.seeds = [int(s) for s in seeds] if seeds is not None else list(range(n))
         self.history: dict[int, list[int]] = {r: [] for r in range(n)}
         self.closed: set[int] = set()
 
     def close(self, rows: Iterable[int]) -> None:
         self.closed.update(rows)
 
-    def generate(self, inputs: dict[int, list[int]], params: SamplingParams,
-                 generator: torch.Generator | None = None) -> dict[int, Generation]:
+    def generate(self, inputs: dict[int, list[int]], params: SamplingParams) -> dict[int, Generation]:
         from vllm import SamplingParams as VSP
 
         bad = sorted(set(inputs) - set(self.history) | (set(inputs) & self.closed))
@@ -36,12 +36,12 @@ class VLLMEpisodeBatch:
         rows = sorted(inputs)
         for r in rows:
             self.history[r].extend(inputs[r])
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator)) if generator else None
-        sp = VSP(temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_new_tokens,
-                 stop=list(params.stop), logprobs=0, seed=seed,
-                 ignore_eos=not params.stop_at_eos)
+        # one seed per request: the episode's stream at its current length (group members differ)
+        sps = [VSP(temperature=params.temperature, top_p=params.top_p, max_tokens=params.max_new_tokens,
+                   stop=list(params.stop), logprobs=0, ignore_eos=not params.stop_at_eos,
+                   seed=(self.seeds[r] * 1_000_003 + len(self.history[r])) % (2**31 - 1)) for r in rows]
         prompts = [{"prompt_token_ids": list(self.history[r])} for r in rows]
-        outs = self.engine.llm.generate(prompts, sp, use_tqdm=False)
+        outs = self.engine.llm.generate(prompts, sps, use_tqdm=False)
         result = {}
         for r, o in zip(rows, outs, strict=True):
             c = o.outputs[0]
@@ -68,8 +68,8 @@ class VLLMEngine:
         self.tokenizer = tokenizer
         self.stats = EngineStats()
 
-    def open(self, n: int) -> VLLMEpisodeBatch:
-        return VLLMEpisodeBatch(self, n)
+    def open(self, n: int, seeds: Sequence[int] | None = None) -> VLLMEpisodeBatch:
+        return VLLMEpisodeBatch(self, n, seeds)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model

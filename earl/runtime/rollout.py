@@ -13,8 +13,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
-
 from earl.runtime.engine import Engine, SamplingParams
 from earl.runtime.envs import Env
 
@@ -60,19 +58,20 @@ def _encode_obs(engine: Engine, text: str, first: bool) -> list[int]:
     return ([tok.bos_id] if first and tok.bos_id is not None else []) + ids
 
 
-def play_episodes(engine: Engine, envs: list[Env], seeds: list[int], params: SamplingParams,
-                  generator: torch.Generator | None, *, max_context: int, group_ids: list[int],
-                  first_episode_id: int = 0) -> list[Trajectory]:
-    """Play one episode per env together, batching generation at turn boundaries."""
-    assert len(envs) == len(seeds) == len(group_ids)
-    trajs = [Trajectory(episode_id=first_episode_id + i, group_id=g) for i, g in enumerate(group_ids)]
+def play_episodes(engine: Engine, envs: list[Env], seeds: list[int], params: SamplingParams, *,
+                  sample_seeds: list[int], max_context: int, group_ids: list[int],
+                  episode_ids: list[int]) -> list[Trajectory]:
+    """Play one episode per env together, batching generation at turn boundaries. `seeds` seed
+    the environments; `sample_seeds` the engine's per-episode sampling streams."""
+    assert len(envs) == len(seeds) == len(group_ids) == len(episode_ids) == len(sample_seeds)
+    trajs = [Trajectory(episode_id=e, group_id=g) for e, g in zip(episode_ids, group_ids, strict=True)]
     pending: dict[int, list[int]] = {}
     for i, (env, seed) in enumerate(zip(envs, seeds, strict=True)):
         pending[i] = _encode_obs(engine, env.reset(seed), first=True)
         trajs[i]._append(pending[i], generated=False)
-    batch = engine.open(len(envs))
+    batch = engine.open(len(envs), sample_seeds)
     while pending:
-        outs = batch.generate(pending, params, generator)
+        outs = batch.generate(pending, params)
         nxt: dict[int, list[int]] = {}
         for i, gen in outs.items():
             tr = trajs[i]
@@ -99,18 +98,24 @@ def play_episodes(engine: Engine, envs: list[Env], seeds: list[int], params: Sam
 
 
 def rollout(engine: Engine, make_env: Callable[[], Env], *, seeds: list[int], group_ids: list[int],
-            params: SamplingParams, generator: torch.Generator | None, max_context: int,
-            engine_batch: int = 0) -> list[Trajectory]:
-    """All of a step's episodes, `engine_batch` at a time (0: all together)."""
+            params: SamplingParams, sample_seeds: list[int] | None = None, max_context: int,
+            engine_batch: int = 0, episode_ids: list[int] | None = None) -> list[Trajectory]:
+    """Episodes `episode_ids` (default 0..n-1), `engine_batch` at a time (0: all together).
+    Episode i's environment gets `seeds[i]` and its sampling stream `sample_seeds[i]`
+    (default: from the environment seed and the episode id: members of a group share their
+    environment seed, never their stream), so what an episode plays never depends on the batch."""
     n = len(seeds)
+    ids = list(range(n)) if episode_ids is None else list(episode_ids)
+    streams = [s * 1_000_003 + e for s, e in zip(seeds, ids, strict=True)] if sample_seeds is None \
+        else list(sample_seeds)
     chunk = engine_batch or n
     out: list[Trajectory] = []
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
         envs = [make_env() for _ in range(start, stop)]
-        out += play_episodes(engine, envs, seeds[start:stop], params, generator,
+        out += play_episodes(engine, envs, seeds[start:stop], params, sample_seeds=streams[start:stop],
                              max_context=max_context, group_ids=group_ids[start:stop],
-                             first_episode_id=start)
+                             episode_ids=ids[start:stop])
     return out
 
 
@@ -122,7 +127,6 @@ def demo() -> None:
     pol = load_policy("tiny")
     eng = TorchEngine(pol.model, pol.tokenizer)
     trajs = rollout(eng, lambda: make_env("tic-tac-toe"), seeds=[0, 1], group_ids=[0, 1],
-                    params=SamplingParams(max_new_tokens=1), generator=torch.Generator().manual_seed(0),
-                    max_context=512)
+                    params=SamplingParams(max_new_tokens=1), max_context=512)
     for t in trajs:
         print(t.outcome, t.reward, repr(pol.tokenizer.decode(t.token_ids)))

@@ -138,72 +138,17 @@ def batch_logprobs(model, batch: ExperienceBatch, temperature: float, token_budg
     return out * batch.attention_mask
 
 
-def grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """(r - group mean) / (group std + eps), per sample."""
-    adv = torch.zeros_like(rewards)
-    for g in group_ids.unique():
-        sel = group_ids == g
-        r = rewards[sel]
-        std = r.std(unbiased=False) if r.numel() > 1 else torch.tensor(0.0)
-        adv[sel] = (r - r.mean()) / (std + eps)
-    return adv
-
-
-def reinforce_pp_advantages(token_rewards: torch.Tensor, loss_mask: torch.Tensor, old_lp: torch.Tensor,
-                            ref_lp: torch.Tensor | None, kl_coef: float, eps: float = 1e-6,
-                            turn_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """REINFORCE++: per-token reward -kl_coef * (log pi_old - log pi_ref) on generated tokens
-    plus each environment step's reward on the last token of its turn; undiscounted
-    return-to-go; then whitened over all generated tokens of the batch.
-
-    With `turn_ids`, the baseline subtracted is the batch mean return-to-go of the same turn
-    index (an action-independent, so unbiased, baseline); without it, one batch mean. The
-    per-turn baseline matters with per-step rewards: a single mean would favour tokens merely
-    for coming late (negative step rewards) or early (positive ones)."""
-    mask = loss_mask.float()
-    tok_r = token_rewards.clone()
-    if ref_lp is not None and kl_coef:
-        tok_r = tok_r - kl_coef * (old_lp - ref_lp) * mask
-    returns = tok_r.flip(1).cumsum(1).flip(1) * mask
-    n = mask.sum().clamp(min=1)
-    centered = torch.zeros_like(returns)
-    if turn_ids is None:
-        centered = (returns - returns.sum() / n) * mask
-    else:
-        for k in turn_ids[loss_mask].unique():
-            sel = (turn_ids == k) & loss_mask
-            centered[sel] = returns[sel] - returns[sel].mean()
-    std = ((centered ** 2).sum() / n).sqrt()
-    return centered / (std + eps) * mask
-
-
 class Trainer:
-    """Owns the optimizer of `model` (which it does not build) and an optional frozen reference."""
+    """The clipped policy-gradient loss with token-budget micro-batching. It owns no optimizer:
+    `train_step` hands it one (the `earl.runtime.optim.ShardedAdamW` strategy, which is plain
+    AdamW on one process)."""
 
-    def __init__(self, model: torch.nn.Module, cfg: TrainerConfig, *, temperature: float,
-                 ref_model: torch.nn.Module | None = None):
-        if cfg.kl_coef and ref_model is None:
-            raise ValueError("trainer.kl_coef > 0 needs a reference model")
-        self.model, self.cfg, self.ref_model = model, cfg, ref_model
-        self.temperature = temperature
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
-                                           weight_decay=cfg.weight_decay)
+    def __init__(self, model: torch.nn.Module, cfg: TrainerConfig, *, temperature: float):
+        self.model, self.cfg, self.temperature = model, cfg, temperature
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
-
-    def prepare(self, batch: ExperienceBatch) -> ExperienceBatch:
-        """Experience stage: old and reference log-probs, then advantages."""
-        old = batch_logprobs(self.model, batch, self.temperature, self.cfg.token_budget)
-        ref = (batch_logprobs(self.ref_model, batch, self.temperature, self.cfg.token_budget)
-               if self.ref_model is not None and self.cfg.kl_coef else None)
-        if self.cfg.algo == "grpo":
-            adv = grpo_advantages(batch.rewards, batch.group_ids)[:, None] * batch.loss_mask
-        else:
-            adv = reinforce_pp_advantages(batch.token_rewards, batch.loss_mask, old, ref, self.cfg.kl_coef,
-                                          turn_ids=batch.turn_ids if self.cfg.baseline == "per-turn" else None)
-        return dataclasses.replace(batch, old_logprobs=old, ref_logprobs=ref, advantages=adv)
 
     def lr_at(self, progress: float) -> float:
         """The learning rate at `progress` in [0, 1] of the run (the decay schedule)."""
@@ -215,31 +160,13 @@ class Trainer:
             return lo + (cfg.lr - lo) * 0.5 * (1 + math.cos(math.pi * progress))
         return cfg.lr
 
-    def step(self, batch: ExperienceBatch, generator: torch.Generator | None = None,
-             progress: float = 0.0) -> dict:
-        """One training step: `cfg.minibatches` optimizer steps over a shuffled split.
-        `progress` (0 at the first step, 1 at the last) sets the decayed learning rate."""
-        assert batch.advantages is not None, "call prepare() first"
-        lr = self.lr_at(progress)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        n = batch.size
-        perm = torch.randperm(n, generator=generator) if self.cfg.minibatches > 1 else torch.arange(n)
-        chunks = [c.tolist() for c in perm.chunk(self.cfg.minibatches) if len(c)]
-        stats: dict[str, float] = {}
-        self.model.train()
-        for chunk in chunks:
-            mb_stats = self._optimizer_step(batch.select(chunk))
-            for k, v in mb_stats.items():
-                stats[k] = stats.get(k, 0.0) + v / len(chunks)
-        stats["lr"] = lr
-        return stats
-
-    def _optimizer_step(self, batch: ExperienceBatch) -> dict:
+    def backward(self, batch: ExperienceBatch, total_tokens: float) -> dict[str, float]:
+        """Forward + backward of the loss over `batch`, token-summed and divided by
+        `total_tokens` (the loss tokens of the whole global (mini)batch, so dp shards add up to
+        the single-process gradient). Returns token sums of the loss terms."""
         cfg, dev = self.cfg, self.device
-        total_tokens = max(int(batch.loss_mask.sum()), 1)
-        self.optimizer.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0}
+        self.model.train()
         for mb in micro_batches(batch.lengths.tolist(), cfg.token_budget):
             sub = batch.select(mb)
             t = {k: v.to(dev) for k, v in sub.tensors().items()}
@@ -250,7 +177,7 @@ class Trainer:
             adv = t["advantages"]
             pg = -torch.minimum(ratio * adv, ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv)
             loss_tok = pg - cfg.entropy_coef * ent
-            if cfg.kl_coef and cfg.algo == "grpo":
+            if cfg.kl_coef and cfg.algo == "grpo" and "ref_logprobs" in t:
                 d = t["ref_logprobs"] - lp
                 kl = torch.exp(d) - d - 1  # k3 estimator, >= 0
                 loss_tok = loss_tok + cfg.kl_coef * kl
@@ -264,13 +191,4 @@ class Trainer:
             clipped = ((ratio.detach() - 1).abs() > cfg.clip_eps).float()
             sums["clip_frac"] += float((clipped * mask).sum())
             sums["entropy"] += float((ent.detach() * mask).sum())
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        if cfg.grad_clip:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
-        else:
-            grad_norm = float(torch.norm(torch.stack([p.grad.norm() for p in params])))
-        self.optimizer.step()
-        out = {k: v / total_tokens for k, v in sums.items()}
-        out["grad_norm"] = grad_norm if math.isfinite(grad_norm) else float("nan")
-        out["train_tokens"] = float(total_tokens)
-        return out
+        return sums

@@ -14,7 +14,7 @@ from earl.policies.dispatch import CentralizedDispatcher, LayoutAwareDispatcher
 from earl.policies.types import Layout, Sample
 from earl.runtime.dispatch import check_delivery, execute_dispatch
 from earl.runtime.dist import run_local
-from earl.runtime.dist_advantages import AdvantageSpec
+from earl.runtime.advantages import AdvantageSpec
 from earl.specs import ParallelPlan
 
 GROUP_SIZE = 3

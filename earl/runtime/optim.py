@@ -1,22 +1,21 @@
-"""The training step under a tp x dp plan: runtime-1's Trainer computes the loss and backward on
-this rank's share of the batch (its tp-sharded model, its dp share of the samples), and a
-`ShardedAdamW` takes over from there.
+"""The optimizer strategy of the training step: `ShardedAdamW` over this rank's share of a
+tp x dp plan, and `train_step`, which runs the loss (earl.runtime.trainer) and the optimizer
+for one training step on any world size (one process: tp1-dp1, where it is plain AdamW).
 
-`ShardedAdamW` (ZeRO-1 when the plan has `sharded_optimizer`): gradients are weighted by this
-rank's share of the global loss tokens and summed over the dp group (so the update is the one
-a single process would make on the whole batch), clipped by the global norm (tp-sharded
-parameters' squares summed over the tp group, replicated ones counted once), then each dp rank
-runs AdamW on its own slice of every tensor (earl.policies.reshard's optimizer layout) and
-broadcasts the updated slices to its dp peers. Without `sharded_optimizer` every rank keeps the
-full optimizer state of its tp shard. Optimizer state is exported / imported per tensor
-("<param>/exp_avg", "<param>/exp_avg_sq") so the re-sharder can move it to another plan.
+`ShardedAdamW` (ZeRO-1 when the plan has `sharded_optimizer`): gradients, already divided by
+the global loss-token count, are summed over the dp group (so the update is the one a single
+process would make on the whole batch), clipped by the global norm (tp-sharded parameters'
+squares summed over the tp group, replicated ones counted once), then each dp rank runs AdamW
+on its own slice of every tensor (earl.policies.reshard's optimizer layout) and broadcasts the
+updated slices to its dp peers. Without `sharded_optimizer` every rank keeps the full optimizer
+state of its tp shard. Optimizer state is exported / imported per tensor ("<param>/exp_avg",
+"<param>/exp_avg_sq") so the re-sharder and the checkpoints can move it to another plan.
 
     OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_dist_train.py
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
@@ -37,7 +36,6 @@ class ShardedAdamW:
                  cfg: TrainerConfig):
         self.model, self.shapes, self.groups, self.cfg = model, shapes, groups, cfg
         self.params = dict(model.named_parameters())
-        self.scale = 1.0  # this rank's share of the global loss tokens (set per optimizer step)
         self.last_norm = float("nan")  # global grad norm of the last step, before clipping
         self.slices: dict[str, tuple[int, int, int]] = {}  # name -> (dim, local start, length)
         plan, rank = groups.plan, groups.rank
@@ -57,6 +55,13 @@ class ShardedAdamW:
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.model.zero_grad(set_to_none=set_to_none)
 
+    def dp_sum(self, values: list[float]) -> list[float]:
+        """Sum a few scalars over this rank's dp group (float64)."""
+        vec = torch.tensor(values, dtype=torch.float64, device=comm_device())
+        if self.groups.plan.dp > 1:
+            dist.all_reduce(vec, group=self.groups.dp_group)
+        return vec.tolist()
+
     # ---- the step ---------------------------------------------------------------------------
     def _sync_grads(self) -> None:
         grads = []
@@ -64,7 +69,7 @@ class ShardedAdamW:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             grads.append(p.grad)
-        flat = torch.cat([g.reshape(-1) for g in grads]) * self.scale
+        flat = torch.cat([g.reshape(-1) for g in grads])
         if self.groups.plan.dp > 1:
             dist.all_reduce(flat, group=self.groups.dp_group)
         off = 0
@@ -151,38 +156,38 @@ class ShardedAdamW:
                                    **{s: tensors[f"{name}/{s}"].clone() for s in STATES}}
 
 
-def make_dist_trainer(model: torch.nn.Module, shapes: dict[str, ParamShape], groups: PlanGroups,
-                      cfg: TrainerConfig, *, temperature: float,
-                      ref_model: torch.nn.Module | None = None) -> tuple[Trainer, ShardedAdamW]:
-    """runtime-1's Trainer (loss, micro-batching; its own clipping off) + a ShardedAdamW."""
-    trainer = Trainer(model, dataclasses.replace(cfg, grad_clip=0.0), temperature=temperature,
-                      ref_model=ref_model)
-    optim = ShardedAdamW(model, shapes, groups, cfg)
-    trainer.optimizer = optim
-    return trainer, optim
-
-
-def dist_train_step(trainer: Trainer, optim: ShardedAdamW, local: ExperienceBatch, progress: float = 0.0) -> dict:
-    """One optimizer step over the global batch, given this rank's dp share `local` (every tp
-    rank of a dp group passes the same share). Returns global token-weighted stats."""
-    groups = optim.groups
-    n_local = torch.tensor([float(local.loss_mask.sum())], dtype=torch.float64, device=comm_device())
-    n_global = n_local.clone()
-    if groups.plan.dp > 1:
-        dist.all_reduce(n_global, group=groups.dp_group)
-    optim.scale = float(n_local.item() / max(n_global.item(), 1.0))
-    assert not trainer.cfg.grad_clip, "build the Trainer with grad_clip=0: ShardedAdamW clips globally"
-    lr = trainer.lr_at(progress)  # runtime-1's decay schedule, applied to the sharded AdamW
+def train_step(trainer: Trainer, optim: ShardedAdamW, local: ExperienceBatch, *, progress: float = 0.0,
+               generator: torch.Generator | None = None) -> dict:
+    """One training step: `minibatches` optimizer steps over the global batch, given this rank's
+    dp share `local` (every tp rank of a dp group passes the same share). Each rank splits its
+    share the same number of ways, so all dp ranks step together. Returns global token-weighted
+    stats (identical on every rank)."""
+    lr = trainer.lr_at(progress)
     for group in optim.inner.param_groups:
         group["lr"] = lr
-    trainer.optimizer = optim  # Trainer._optimizer_step: zero_grad(), backward, then .step()
-    stats = trainer._optimizer_step(local)
-    keys = [k for k in sorted(stats) if k not in ("grad_norm", "train_tokens")]
-    vec = torch.tensor([stats[k] * optim.scale for k in keys], dtype=torch.float64, device=comm_device())
-    if groups.plan.dp > 1:
-        dist.all_reduce(vec, group=groups.dp_group)
-    out = dict(zip(keys, vec.tolist(), strict=True))
-    out["grad_norm"] = optim.last_norm
-    out["train_tokens"] = float(n_global.item())
+    k = trainer.cfg.minibatches
+    n = local.size
+    perm = torch.randperm(n, generator=generator) if k > 1 else torch.arange(n)
+    chunks = [perm[i * n // k:(i + 1) * n // k].tolist() for i in range(k)]
+    keys = ("loss", "pg_loss", "kl", "clip_frac", "entropy")
+    totals = dict.fromkeys(keys, 0.0)
+    norms, tokens, steps = [], 0.0, 0
+    for idx in chunks:
+        sub = local.select(idx) if idx else None
+        n_local = float(sub.loss_mask.sum()) if sub is not None else 0.0
+        optim.zero_grad(set_to_none=True)
+        n_global = optim.dp_sum([n_local])[0]
+        if n_global == 0:
+            continue
+        sums = trainer.backward(sub, n_global) if sub is not None and n_local else dict.fromkeys(keys, 0.0)
+        norms.append(optim.step())
+        reduced = optim.dp_sum([sums[key] for key in keys])
+        for key, v in zip(keys, reduced, strict=True):
+            totals[key] += v / n_global
+        tokens += n_global
+        steps += 1
+    out = {key: v / max(steps, 1) for key, v in totals.items()}
+    out["grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
+    out["train_tokens"] = tokens
     out["lr"] = lr
     return out

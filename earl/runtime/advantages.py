@@ -1,11 +1,14 @@
-"""Advantages computed where the experience lives, reducing only scalar statistics.
+"""Advantages: the one implementation, computed where the experience lives, reducing only
+scalar statistics (one process is the trivial world of size 1).
 
-The same estimators as runtime-1's trainer (earl.runtime.trainer), split into a local part and a
-tiny reduction so that no rank needs the whole batch:
+Each estimator is split into a local part and a tiny reduction so that no rank needs the whole
+batch:
 - GRPO: per prompt group, (reward - group mean) / (group std + eps), on every generated token.
-- REINFORCE++: per generated token, the undiscounted return-to-go of the per-step rewards,
-  minus a baseline (the batch mean, or the mean of the same turn index with `per_turn`), divided
-  by the std of the centred returns over all generated tokens of the batch.
+- REINFORCE++: per generated token, the undiscounted return-to-go of the per-step rewards
+  (with a KL penalty, the experience stage has already subtracted kl_coef * (old - ref) from
+  each generated token's reward), minus a baseline (the batch mean, or the mean of the same
+  turn index with `per_turn`), divided by the std of the centred returns over all generated
+  tokens of the batch.
 Each rank sums, per key (group or turn), [sum, sum of squares, count] of the values it holds;
 one reduction of those scalars (`reduce_small`) gives every rank the batch statistics.
 

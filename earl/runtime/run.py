@@ -1,0 +1,422 @@
+"""`earl run`'s driver: set up one rank (any world size), resume, loop over the RL step
+(earl.runtime.step), record, checkpoint, and stop cleanly.
+
+One process is a world of size 1 with a real (gloo) process group of one rank, so the step
+and every collective are the same code for one process or many. Under torchrun each rank
+runs `worker_main`, which reads the configuration the CLI resolved (a JSON file in the run
+folder; no command-line round trip). Rank 0 alone writes the run's files (earl.runtime.metrics).
+
+    earl run --steps 20 --out runs/demo
+    earl run --nproc 2 --steps 4 --out runs/demo2
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from earl.cost_model.resolve import make_cost_model
+from earl.policies import make_dispatcher, make_selector
+from earl.policies.reshard import plan_reshard
+from earl.runtime.checkpoint import find_checkpoint, load_checkpoint, read_state, save_checkpoint
+from earl.runtime.config import RunConfig, apply_overrides, from_dict, load_config_file, to_dict
+from earl.runtime.dist import comm_device, shutdown
+from earl.runtime.envs import ENVS, env_options, make_env
+from earl.runtime.metrics import RunRecorder, plot_run
+from earl.runtime.model import check_dtype, check_model_path, empty_like_policy
+from earl.runtime.optim import STATES
+from earl.runtime.reshard import allocate_local, execute_reshard
+from earl.runtime.step import StepContext, run_step
+from earl.runtime.worker import ONE, MemoryBudgetExceeded, Worker, sampling_params
+from earl.specs import MODEL_CATALOG, ModelSpec, ParallelPlan, Stage, StagePlan, WorkloadStats, unknown_name_error
+from earl.trace import atomic_write_text
+
+LAUNCH_CONFIG = "launch-config.json"  # the resolved config a multi-process run's ranks read
+STAGE_NAMES = tuple(s.value for s in Stage)
+
+
+@dataclass
+class RunResult:
+    out_dir: Path
+    first_step: int  # first step this call ran
+    last_step: int  # last step completed
+    metrics: list[dict]  # all rows of metrics.jsonl (including earlier runs when resumed)
+    last_checkpoint: Path | None
+
+
+# --------------------------------------------------------------------------------------------
+# Configuration and checks (before any process starts)
+# --------------------------------------------------------------------------------------------
+def resolve_config(config_file: str | Path | None = None, *, resume: str | Path | None = None,
+                   overrides: dict | None = None) -> RunConfig:
+    """Default, or the checkpoint's config when resuming, or a file; then `overrides`."""
+    if resume is not None:
+        if config_file is not None:
+            raise ValueError("give either a CONFIG file or --resume (the run's config is in its checkpoint)")
+        cfg = from_dict(read_state(find_checkpoint(resume))["config"])
+    elif config_file is not None:
+        cfg = load_config_file(config_file)
+    else:
+        cfg = RunConfig()
+    return apply_overrides(cfg, overrides or {})
+
+
+def default_out_dir(resume: str | Path | None) -> Path:
+    """The run folder of a checkpoint being resumed, else a new runs/run-<time>."""
+    if resume is not None:
+        return find_checkpoint(resume).parent.parent
+    return Path("runs") / time.strftime("run-%Y%m%d-%H%M%S")
+
+
+def parse_schedule(items: tuple[str, ...]) -> tuple[tuple[int, str, str], ...]:
+    out = []
+    for item in items:
+        parts = item.split(":")
+        if len(parts) != 3 or not parts[0].isdigit() or parts[1] not in STAGE_NAMES:
+            raise ValueError(f"plan.schedule {item!r}: expected STEP:rollout|experience|train:PLAN, "
+                             "e.g. 3:train:tp2-dp1")
+        out.append((int(parts[0]), parts[1], ParallelPlan.parse(parts[2]).describe()))
+    return tuple(out)
+
+
+def initial_plans(cfg: RunConfig, world: int) -> StagePlan:
+    """The configured plans, or the defaults for `world` processes."""
+    p = cfg.plan
+    train = ParallelPlan.parse(p.train) if p.train else ParallelPlan(dp=world, sharded_optimizer=world > 1)
+    rollout = ParallelPlan.parse(p.rollout) if p.rollout else ParallelPlan(dp=world)
+    experience = ParallelPlan.parse(p.experience) if p.experience else train
+    return StagePlan(rollout=rollout, experience=experience, train=train)
+
+
+def model_spec(path: str) -> ModelSpec:
+    return MODEL_CATALOG[path] if path in MODEL_CATALOG else ModelSpec.from_hf_config(path)
+
+
+def check_config(cfg: RunConfig, world: int | None = None) -> None:
+    """Every user error the ranks would hit, as one ValueError, before any process starts."""
+    world = cfg.nproc if world is None else world
+    if cfg.env.name not in ENVS:
+        raise unknown_name_error("env", cfg.env.name, ENVS)
+    make_env(cfg.env.name, **env_options(cfg.env.name, cfg.env))  # checks the env options
+    check_model_path(cfg.model.path)
+    check_dtype(cfg.model.dtype)
+    sampling_params(cfg)
+    spec = model_spec(cfg.model.path)
+    plans = initial_plans(cfg, world)
+    for stage in Stage:
+        plan = plans.for_stage(stage)
+        plan.validate(spec, world=world)
+        if spec.num_kv_heads % plan.tp:
+            raise ValueError(f"{stage.value} plan {plan.describe()}: tp={plan.tp} does not divide "
+                             f"{spec.name}'s {spec.num_kv_heads} key/value heads")
+        if plan.pp != 1 or plan.cp != 1:
+            raise ValueError(f"{stage.value} plan {plan.describe()}: the runtime runs tp x dp plans (pp=1, cp=1)")
+        if plan.world_size != world:
+            raise ValueError(f"{stage.value} plan {plan.describe()} needs {plan.world_size} processes, "
+                             f"the run has {world} (--nproc)")
+    for _, _, plan in parse_schedule(cfg.plan.schedule):
+        ParallelPlan.parse(plan).validate(spec, world=world)
+    if cfg.engine != "pytorch" and world > 1:
+        raise ValueError(f"engine {cfg.engine!r} runs on one process; the multi-process runtime runs the "
+                         "pytorch engine")
+    resolve_hardware(cfg)
+
+
+def resolve_hardware(cfg: RunConfig) -> tuple[str, str]:
+    """(profile name or path, how it was chosen) for the selector's cost model."""
+    from earl.cost_model.profile import list_profiles, load_profile
+
+    name = cfg.hardware.profile
+    if name != "auto":
+        load_profile(name)  # a clear error for an unknown name or a bad file
+        return name, "given"
+    shipped = set(list_profiles())
+    if cfg.model.device.startswith("cuda") and torch.cuda.is_available():
+        gpu = torch.cuda.get_device_name().lower()
+        for key, datasheet in (("h200", "h200-sxm-141gb"), ("h100", "h100-sxm-80gb"), ("a100", "a100-sxm-80gb")):
+            if key in gpu:
+                measured = f"{key}-measured"
+                return (measured, "calibrated, shipped") if measured in shipped else (datasheet, "datasheet")
+        return "h100-sxm-80gb", "datasheet (unknown GPU: H100 figures)"
+    if cfg.model.device.startswith("cuda"):
+        return "h100-sxm-80gb", "datasheet"
+    return ("cpu-measured", "calibrated, shipped") if "cpu-measured" in shipped else ("cpu", "datasheet")
+
+
+# --------------------------------------------------------------------------------------------
+# Process group and checkpoints
+# --------------------------------------------------------------------------------------------
+def init_process_group() -> tuple[int, int]:
+    """Join torchrun's job, or make a one-rank gloo group for a single process."""
+    if not dist.is_initialized():
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            if backend == "nccl":
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+            dist.init_process_group(backend, rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=300))
+        else:
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    return dist.get_rank(), dist.get_world_size()
+
+
+class _FullOptimizer:
+    """The optimizer state of a one-rank plan, in the form the checkpoint files hold."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor] | None = None, step_count: int = 0):
+        self.tensors, self.step_count = tensors or {}, step_count
+
+    def state_dict(self) -> dict:
+        return {"tensors": self.tensors, "step": self.step_count}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.tensors, self.step_count = dict(d["tensors"]), int(d["step"])
+
+
+def save(w: Worker, out: Path, step: int, stats: WorkloadStats) -> Path | None:
+    """Gather weights + optimizer state to rank 0 (a re-shard to one rank) and write them."""
+    rplan = plan_reshard(w.shapes, w.plans.train, ONE, w.world, optimizer_states=STATES)
+    src = w.train_tensors()
+    dst = allocate_local(w.shapes, ONE, w.rank, list(src), device=comm_device()) if w.rank == 0 else {}
+    execute_reshard(rplan, w.shapes, src, dst)
+    path = None
+    if w.rank == 0:
+        full = empty_like_policy(w.policy)
+        with torch.no_grad():
+            for n, p in full.named_parameters():
+                p.copy_(dst[n])
+        opt = _FullOptimizer({k: v.cpu() for k, v in dst.items() if "/" in k}, w.optim.step_count)
+        extra = {"plans": {s.value: w.plans.for_stage(s).describe() for s in Stage},
+                 "model_source": w.policy.source, "stats": dataclasses.asdict(stats), "world": w.world}
+        path = save_checkpoint(out, step=step, model=full, optimizer=opt, config=to_dict(w.cfg), extra=extra,
+                               keep=w.cfg.keep_checkpoints)
+    dist.barrier()
+    return path
+
+
+def load(w: Worker, ckpt: Path) -> tuple[int, WorkloadStats]:
+    """Restore onto the current plans (any world size): rank 0 reads, a re-shard spreads."""
+    state = read_state(ckpt)
+    src, step_count = {}, 0
+    if w.rank == 0:
+        full, opt = empty_like_policy(w.policy), _FullOptimizer()
+        load_checkpoint(ckpt, full, opt)
+        src = {k: v.to(comm_device()) for k, v in
+               {**{n: p.detach() for n, p in full.named_parameters()}, **opt.tensors}.items()}
+        step_count = opt.step_count
+    box = [step_count]
+    dist.broadcast_object_list(box, src=0)
+    names = list(w.train_tensors())
+    dst = allocate_local(w.shapes, w.plans.train, w.rank, names, device=comm_device())
+    execute_reshard(plan_reshard(w.shapes, ONE, w.plans.train, w.world, optimizer_states=STATES), w.shapes, src, dst)
+    w.restore(dst, box[0])
+    return int(state["step"]), WorkloadStats(**state["stats"])
+
+
+def _resume_plans(cfg: RunConfig, ckpt: Path | None, world: int) -> StagePlan:
+    """The checkpoint's plans when they fit this world size, else the configured ones."""
+    plans = initial_plans(cfg, world)
+    if ckpt is None:
+        return plans
+    saved = read_state(ckpt).get("plans", {})
+    try:
+        restored = StagePlan(**{k: ParallelPlan.parse(v) for k, v in saved.items()})
+    except (TypeError, ValueError):
+        return plans
+    fits = all(restored.for_stage(s).world_size == world for s in Stage)
+    configured = any((cfg.plan.rollout, cfg.plan.experience, cfg.plan.train))
+    return restored if fits and not configured else plans
+
+
+# --------------------------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------------------------
+def train(cfg: RunConfig, out_dir: str | Path, *, resume: str | Path | None = None, progress: bool = True,
+          echo=print, stop_at: int | None = None, deadline_s: float | None = None) -> RunResult:
+    """Run (or continue) training on this rank; rank 0 writes everything under `out_dir`.
+
+    `stop_at` ends this call after that step and `deadline_s` after the first step that ends
+    past that many seconds; either way a checkpoint is written, and `--resume` continues the
+    same schedule (the learning-rate decay follows `cfg.steps`, not the stopping point)."""
+    t_call = time.perf_counter()
+    rank, world = init_process_group()
+    check_config(cfg, world)
+    out = Path(out_dir)
+    ckpt = find_checkpoint(resume) if resume is not None else None
+    if ckpt is None and (out / "checkpoints").is_dir():
+        raise ValueError(f"{out} already holds a run; pass --resume {out} or another --out")
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    worker = Worker(cfg, _resume_plans(cfg, ckpt, world), rank=rank, world=world,
+                    memory_budget_bytes=cfg.plan.memory_budget_mb * 2**20)
+    start, prev = 0, None
+    if ckpt is not None:
+        start, prev = load(worker, ckpt)
+    if start >= cfg.steps:
+        raise ValueError(f"the checkpoint is at step {start} and steps={cfg.steps}: nothing to do (raise --steps)")
+    hw, how = resolve_hardware(cfg)
+    cm = make_cost_model(worker.policy.spec, hw, world)
+    selector = make_selector(cfg.policy.selector, cost_model=cm, initial=worker.plans, stage_gpus=world)
+    ctx = StepContext(selector=selector, dispatcher=make_dispatcher(cfg.policy.dispatcher),
+                      schedule=parse_schedule(cfg.plan.schedule))
+    if prev is None:
+        first = len(worker.policy.tokenizer.encode(make_env(cfg.env.name, **env_options(cfg.env.name, cfg.env)).reset(0)))
+        n = first + worker.params.max_new_tokens
+        prev = WorkloadStats(step=0, num_responses=cfg.episodes_per_step, context_mean=n, context_p95=n,
+                             context_max=n, max_context=cfg.sampling.max_context)
+    rec = None
+    if rank == 0:
+        echo(f"earl run: {cfg.model.path} on {cfg.env.name}, {world} process{'es' if world > 1 else ''}, "
+             f"steps {start + 1}-{cfg.steps} x {cfg.episodes_per_step} episodes, {cfg.trainer.algo}, "
+             f"plans {' / '.join(worker.plans.for_stage(s).describe() for s in Stage)}, "
+             f"hardware profile {hw} ({how}) -> {out}")
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "config.json", json.dumps(to_dict(cfg), indent=2))
+        rec = RunRecorder(out, resume_step=start if ckpt is not None else None)
+    t_offset = max((s.t_end for s in rec.spans), default=0.0) if rec is not None else 0.0
+    worker.origin = time.perf_counter() - t_offset
+    bar = _Progress(cfg.steps, start, enabled=progress and rank == 0)
+    last_ckpt, step = ckpt, start
+    last = min(cfg.steps, stop_at or cfg.steps)
+    try:
+        for step in range(start + 1, last + 1):
+            if os.environ.get("EARL_FAULT_RANK_STEP") == f"{rank}:{step}":  # fault-injection test hook
+                print(f"rank {rank}: injected fault at step {step}", file=sys.stderr, flush=True)
+                os._exit(17)
+            row, prev, decisions, episodes = run_step(worker, ctx, step, prev)
+            past = deadline_s is not None and time.perf_counter() - t_call > deadline_s
+            if world > 1:  # every rank stops after the same step: rank 0's clock decides
+                box = [past]
+                dist.broadcast_object_list(box, src=0)
+                past = box[0]
+            if past:
+                last = step
+            if rec is not None:
+                rec.spans.extend(row.pop("_spans"))
+                rec.log_step(row, episodes, decisions)
+            due = cfg.checkpoint_every and step % cfg.checkpoint_every == 0 or step == last
+            if rec is not None:
+                rec.flush(with_trace=due)
+            if due:
+                last_ckpt = save(worker, out, step, prev) or last_ckpt
+            if row is not None:
+                bar.update(step, row)
+                if not bar.enabled and (world > 1 or step % max(1, cfg.steps // 10) == 0 or step == last):
+                    echo(_summary(row))
+            if step == last:
+                break
+    finally:
+        bar.stop()
+        if rec is not None:
+            rec.flush()
+            rec.close()
+    if rec is not None and cfg.plots:
+        plot_run(out)
+    return RunResult(out_dir=out, first_step=start + 1, last_step=step,
+                     metrics=rec.metrics.rows if rec is not None else [], last_checkpoint=last_ckpt)
+
+
+def summarize(result: RunResult) -> str:
+    """First-10 vs last-10 steps of the run, and where its outputs are."""
+    rows = result.metrics
+    head, tail = rows[:10], rows[-10:]
+
+    def avg(rs, k):
+        vals = [r[k] for r in rs if r.get(k) is not None]
+        return sum(vals) / len(vals) if vals else float("nan")
+
+    keys = [k for k in ("reward_mean", "win_rate", "draw_rate", "loss_rate", "correct_rate",
+                        "invalid_move_rate") if any(r.get(k) for r in rows)]
+    lines = [f"steps {rows[0]['step']}-{rows[-1]['step']}: first 10 -> last 10"]
+    lines += [f"  {k:18s} {avg(head, k):+.3f} -> {avg(tail, k):+.3f}" for k in keys]
+    lines.append(f"outputs in {result.out_dir}: metrics.csv, metrics.jsonl, workload.jsonl, "
+                 f"decisions.jsonl, trace.json, plots/, checkpoints/ (last: {result.last_checkpoint})")
+    return "\n".join(lines)
+
+
+def _summary(row: dict) -> str:
+    rates = " ".join(f"{k.removesuffix('_rate')} {row[k]:.2f}" for k in
+                     ("win_rate", "draw_rate", "loss_rate", "correct_rate") if row.get(k))
+    return (f"step {row['step']:4d}  reward {row['reward_mean']:+.3f}  {rates}  "
+            f"invalid-move {row['invalid_move_rate']:.3f}  loss {row['loss']:+.4f}  ctx {row['context_mean']:.0f}  "
+            f"train {row['plan_train']}  {row['step_s']:.2f}s/step")
+
+
+class _Progress:
+    """A rich progress bar with the latest step's numbers (no-op when disabled)."""
+
+    def __init__(self, total: int, done: int, enabled: bool):
+        self.p, self.enabled = None, enabled
+        if not enabled:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.p = Progress(TextColumn("[bold]earl run"), BarColumn(), MofNCompleteColumn(),
+                          TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
+        self.task = self.p.add_task("run", total=total, completed=done, info="")
+        self.p.start()
+
+    def update(self, step: int, row: dict) -> None:
+        if self.p is not None:
+            self.p.update(self.task, completed=step, info=_summary(row))
+
+    def stop(self) -> None:
+        if self.p is not None:
+            self.p.stop()
+
+
+# --------------------------------------------------------------------------------------------
+# Under torchrun
+# --------------------------------------------------------------------------------------------
+def worker_main(argv: list[str] | None = None) -> None:
+    """One rank of a multi-process run: `python -m earl.runtime.run --config FILE --out DIR
+    [--resume DIR]`, where FILE is the configuration the CLI resolved."""
+    ap = argparse.ArgumentParser(prog="earl.runtime.run")
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--resume", default=None)
+    ap.add_argument("--progress", action="store_true")
+    a = ap.parse_args(argv)
+    code, stage = 0, "setup"
+    try:
+        cfg = from_dict(json.loads(Path(a.config).read_text()))
+        stage = "the run"
+        train(cfg, a.out, resume=a.resume, progress=a.progress, echo=lambda m: print(m, flush=True))
+    except ValueError as e:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"error: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
+        code = 2
+    except (RuntimeError, ConnectionError) as e:
+        if isinstance(e, MemoryBudgetExceeded):
+            print(f"earl run: {e}", file=sys.stderr, flush=True)
+            code = 4
+        else:
+            last = _last_checkpoint(Path(a.out))
+            print(f"earl run: rank {os.environ.get('RANK', '?')} lost contact with a peer during {stage} "
+                  f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); stopping. "
+                  f"Last complete checkpoint: {last or 'none'}" + (f"; continue with --resume {a.out}" if last else ""),
+                  file=sys.stderr, flush=True)
+            code = 3
+    shutdown(code)
+
+
+def _last_checkpoint(out: Path) -> str:
+    try:
+        return str(find_checkpoint(out))
+    except ValueError:
+        return ""
+
+
+if __name__ == "__main__":
+    worker_main()

@@ -1,0 +1,349 @@
+"""The RL step: one skeleton for one process or many (one process is a world of size 1).
+
+Per step, on every rank (the same points at which the simulator calls the same policies):
+1. plans: `selector.select(stage, stats, current)` for rollout, experience and training (and
+   scripted switches); a changed, runnable plan is applied in flight (`Worker.switch`);
+2. rollout: training weights -> the rollout layout; each rollout replica (dp group) plays its
+   share of the episodes, tp peers in lockstep; every episode samples from its own counter-based
+   stream, so the tokens do not depend on the world size or the engine batch;
+3. metadata: ids, lengths, groups, rewards, outcomes and per-turn counts go to every rank (the
+   control plane, earl.runtime.control); token tensors never do;
+4. hand-off to experience: the dispatcher's TransferPlan moves each episode's tokens from its
+   rollout replica to the experience rank(s) that need them;
+5. experience: old log-probs (and reference log-probs with a KL term) of this rank's share;
+6. dispatch to training: the dispatcher's TransferPlan, advantages from per-group scalars;
+7. training: the loss and the optimizer strategy on this rank's share (a memory-budget check
+   first; over budget, re-plan to a sparing plan and retry on the same samples);
+8. metrics: rank 0 builds the row from metadata and reduced scalars and gathers the spans.
+
+    OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_step.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import resource
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from earl.policies import Dispatcher, Selector
+from earl.policies.balance import balance_aligned, balance_samples
+from earl.policies.types import Layout, Sample
+from earl.runtime.advantages import AdvantageSpec, Store
+from earl.runtime.control import ControlBytes, all_gather_objects, gather_objects, reduce_scalars
+from earl.runtime.dispatch import HANDOFF_TENSORS, execute_dispatch
+from earl.runtime.envs import env_options, make_env
+from earl.runtime.optim import train_step
+from earl.runtime.rollout import Trajectory, rollout
+from earl.runtime.trainer import ExperienceBatch, batch_logprobs
+from earl.runtime.worker import MemoryBudgetExceeded, Worker, runnable
+from earl.specs import ParallelPlan, Stage, WorkloadStats
+
+OUTCOME_RATES = ("win", "draw", "loss", "invalid", "correct", "wrong", "truncated")
+
+
+def mix_seed(*parts: int) -> int:
+    """A deterministic 63-bit seed from integers (splitmix64 rounds)."""
+    x = 0x9E3779B97F4A7C15
+    for p in parts:
+        x = (x ^ (p & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        x ^= x >> 31
+    return x & 0x7FFFFFFFFFFFFFFF
+
+
+@dataclass(frozen=True)
+class SampleMeta:
+    """What the control plane carries about one episode: no tokens."""
+
+    id: int
+    group: int
+    tokens: int  # context length
+    generated: int  # tokens the model generated
+    reward: float
+    outcome: str
+    actions: int
+    invalid: int
+    turns: tuple[tuple[int, int, float], ...]  # per turn (observation tokens, generated tokens, env s)
+
+    @staticmethod
+    def of(t: Trajectory) -> SampleMeta:
+        return SampleMeta(id=t.episode_id, group=t.group_id, tokens=len(t.token_ids),
+                          generated=t.generated_tokens, reward=t.reward, outcome=t.outcome,
+                          actions=t.actions, invalid=t.invalid_actions,
+                          turns=tuple((u.obs_tokens, u.gen_tokens, round(u.env_latency_s, 7)) for u in t.turns))
+
+
+@dataclass
+class StepContext:
+    """What the step needs besides the worker: the run's policies and the previous statistics."""
+
+    selector: Selector
+    dispatcher: Dispatcher
+    schedule: tuple[tuple[int, str, str], ...] = ()  # scripted (step, stage, plan) switches
+    control: ControlBytes = dataclasses.field(default_factory=ControlBytes)
+
+
+def workload_stats(meta: list[SampleMeta], step: int, max_context: int) -> WorkloadStats:
+    ctx = sorted(m.tokens for m in meta)
+    n = len(ctx)
+    mean = sum(ctx) / n
+    p95 = max(float(ctx[min(n - 1, int(0.95 * n))]), mean)  # a heavy tail can lift the mean above
+    return WorkloadStats(step=step, num_responses=n, context_mean=mean, context_p95=p95,
+                         context_max=float(ctx[-1]), turns_mean=sum(len(m.turns) for m in meta) / n,
+                         response_tokens_mean=sum(m.generated for m in meta) / n, max_context=max_context)
+
+
+def episode_records(meta: list[SampleMeta]) -> list[dict]:
+    """The workload-trace form: per turn [obs_tokens, gen_tokens, env_latency_s]."""
+    return [{"id": m.id, "turns": [list(u) for u in m.turns]} for m in meta]
+
+
+def outcome_metrics(meta: list[SampleMeta]) -> dict:
+    n = len(meta)
+    rewards = torch.tensor([m.reward for m in meta], dtype=torch.float64)
+    actions = sum(m.actions for m in meta)
+    turn_ctx = []
+    for m in meta:
+        ctx = 0
+        for obs, gen, _ in m.turns:
+            ctx += obs
+            turn_ctx.append(ctx)
+            ctx += gen
+    out = {"episodes": n, "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std(unbiased=False)),
+           "invalid_move_rate": sum(m.invalid for m in meta) / max(actions, 1),
+           "turns_mean": sum(len(m.turns) for m in meta) / n,
+           "context_mean": sum(m.tokens for m in meta) / n, "context_max": max(m.tokens for m in meta),
+           "turn_context_mean": sum(turn_ctx) / max(len(turn_ctx), 1),
+           "gen_tokens_mean": sum(m.generated for m in meta) / n, "tokens": sum(m.tokens for m in meta)}
+    for o in OUTCOME_RATES:
+        out[f"{o}_rate"] = sum(m.outcome == o for m in meta) / n
+    return out
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+
+
+# --------------------------------------------------------------------------------------------
+# Stages
+# --------------------------------------------------------------------------------------------
+def select_plans(w: Worker, ctx: StepContext, step: int, stats: WorkloadStats) -> list[dict]:
+    """Ask the selector for each stage's plan; apply runnable switches (and scripted ones)."""
+    decisions = []
+    for stage in Stage:
+        t0 = time.perf_counter()
+        dec = ctx.selector.select(stage, dataclasses.replace(stats, step=step), w.plans.for_stage(stage))
+        bad = runnable(dec.plan, w.world, w.policy.model.config) if dec.switched else ""
+        plan, why = (dec.plan, dec.reason) if dec.switched and not bad else (None, "")
+        for s_step, s_stage, s_plan in ctx.schedule:
+            if s_step == step and s_stage == stage.value:
+                plan, why = ParallelPlan.parse(s_plan), f"scheduled switch at step {step}"
+        decisions.append({"stage": stage.value, "plan": dec.plan.describe(), "switched": dec.switched,
+                          "applied": plan is not None and plan != w.plans.for_stage(stage),
+                          "reason": why or dec.reason, **({"not_applied": bad} if bad else {}),
+                          "predicted": {k: v for k, v in dec.predicted.items()
+                                        if isinstance(v, (int, float, str, bool))}})
+        w.span(f"select_{stage.value}", "select", t0, step, args={"plan": dec.plan.describe()})
+        if plan is not None and plan != w.plans.for_stage(stage):
+            w.switch(stage, plan, why, step)
+    return decisions
+
+
+def play(w: Worker, step: int) -> tuple[list[Trajectory], dict]:
+    """This rollout replica's episodes (every tp peer plays them; each keeps a copy)."""
+    cfg, rg = w.cfg, w.roll_groups
+    w.sync_weights(Stage.ROLLOUT, step)
+    n = cfg.groups * cfg.group_size
+    mine = [e for e in range(n) if e % w.plans.rollout.dp == rg.dp_rank]
+    groups = [e // cfg.group_size for e in mine]
+    t0 = time.perf_counter()
+    es0 = dataclasses.replace(w.engine.stats)
+    env_factory = lambda: make_env(cfg.env.name, **env_options(cfg.env.name, cfg.env))
+    trajs = rollout(w.engine, env_factory, seeds=[mix_seed(cfg.seed, step, g) % (2**31) for g in groups],
+                    group_ids=groups, episode_ids=mine, params=w.params,
+                    sample_seeds=[mix_seed(cfg.seed, step, 1_000_001, e) for e in mine],
+                    max_context=cfg.sampling.max_context, engine_batch=cfg.engine_batch)
+    es = w.engine.stats
+    counts = {"prefill_tokens": es.prefill_tokens - es0.prefill_tokens,
+              "decode_tokens": es.decode_tokens - es0.decode_tokens,
+              "generated_tokens": es.generated_tokens - es0.generated_tokens,
+              "env_s": sum(u.env_latency_s for t in trajs for u in t.turns)}
+    w.span("rollout", "rollout", t0, step, tokens=counts["generated_tokens"],
+           args={"prefill_tokens": counts["prefill_tokens"], "env_s": counts["env_s"],
+                 "prefill_s": es.prefill_s - es0.prefill_s, "decode_s": es.decode_s - es0.decode_s})
+    return trajs, counts
+
+
+def _rollout_store(trajs: list[Trajectory]) -> Store:
+    """Per episode, the 1-D tensors the experience stage needs."""
+    store: Store = {}
+    for t in trajs:
+        k = len(t.token_ids)
+        tok_r = torch.zeros(k)
+        turn_ids = torch.full((k,), -1, dtype=torch.long)
+        start = 0
+        for j, (pos, r) in enumerate(t.step_rewards):
+            tok_r[pos] += r
+            turn_ids[start:pos + 1] = j
+            start = pos + 1
+        mask = torch.tensor(t.loss_mask, dtype=torch.bool)
+        turn_ids[~mask] = -1
+        store[t.episode_id] = {"input_ids": torch.tensor(t.token_ids, dtype=torch.long), "loss_mask": mask,
+                               "token_rewards": tok_r, "turn_ids": turn_ids,
+                               "rewards": torch.tensor([t.reward], dtype=torch.float32)}
+    return store
+
+
+def _batch(store: Store, ids: list[int], meta: dict[int, SampleMeta], pad_id: int) -> ExperienceBatch:
+    """Right-padded rows of `ids` from per-sample 1-D tensors; absent fields are zeros."""
+    n = len(ids)
+    width = max((store[i]["input_ids"].numel() for i in ids), default=0)
+    rows = {"input_ids": torch.full((n, width), pad_id, dtype=torch.long),
+            "attention_mask": torch.zeros(n, width, dtype=torch.bool),
+            "loss_mask": torch.zeros(n, width, dtype=torch.bool),
+            "turn_ids": torch.full((n, width), -1, dtype=torch.long)}
+    for name in ("engine_logprobs", "token_rewards", "old_logprobs", "ref_logprobs", "advantages"):
+        rows[name] = torch.zeros(n, width)
+    for r, i in enumerate(ids):
+        d = store[i]
+        k = d["input_ids"].numel()
+        rows["attention_mask"][r, :k] = True
+        for name, t in d.items():
+            if name in rows:
+                rows[name][r, :k] = t
+        rows["advantages"][r, :k] *= rows["loss_mask"][r, :k]
+    return ExperienceBatch(sample_ids=torch.tensor(ids, dtype=torch.long),
+                           group_ids=torch.tensor([meta[i].group for i in ids], dtype=torch.long),
+                           rewards=torch.tensor([meta[i].reward for i in ids], dtype=torch.float32), **rows)
+
+
+def experience(w: Worker, ctx: StepContext, step: int, trajs: list[Trajectory], samples: list[Sample],
+               meta: dict[int, SampleMeta]) -> tuple[Store, Layout, dict]:
+    """Hand the episodes to the experience layout (a TransferPlan), then old / reference
+    log-probs of this rank's share. Returns the experience store, its layout and stats."""
+    cfg = w.cfg
+    roll_plan, exp_plan = w.plans.rollout, w.plans.experience
+    roll_assign = tuple(tuple(s.id for s in samples if s.id % roll_plan.dp == d) for d in range(roll_plan.dp))
+    src = Layout(roll_plan, roll_assign)
+    dst = Layout(exp_plan, balance_aligned(samples, exp_plan.dp, roll_assign)[0])
+    t0 = time.perf_counter()
+    store = _rollout_store(trajs if w.roll_groups.tp_rank == 0 else [])
+    tplan = ctx.dispatcher.plan(src, dst, samples)
+    got, hstats = execute_dispatch(tplan, store, samples, src, dst, tensors=HANDOFF_TENSORS)
+    w.span("handoff", "dispatch", t0, step, bytes=hstats.bytes_sent)
+
+    w.sync_weights(Stage.EXPERIENCE, step)
+    t0 = time.perf_counter()
+    ids = list(dst.assignment[w.exp_groups.dp_rank])
+    batch = _batch(got, ids, meta, w.policy.tokenizer.pad_id)
+    temp, budget = w.params.logprob_temperature, cfg.trainer.token_budget
+    old = batch_logprobs(w.logprob_model(), batch, temp, budget) if ids else batch.old_logprobs
+    ref = batch_logprobs(w.ref_model, batch, temp, budget) if ids and w.ref_model is not None else old
+    out: Store = {}
+    for r, i in enumerate(ids):
+        k = got[i]["input_ids"].numel()
+        item = dict(got[i])
+        item["old_logprobs"], item["ref_logprobs"] = old[r, :k], ref[r, :k]
+        if w.ref_model is not None and cfg.trainer.kl_coef and cfg.trainer.algo == "reinforce++":
+            # REINFORCE++'s KL penalty is part of each generated token's reward
+            item["token_rewards"] = item["token_rewards"] - cfg.trainer.kl_coef * (old[r, :k] - ref[r, :k]) \
+                * item["loss_mask"]
+        out[i] = item
+    w.span("logprob", "experience", t0, step, tokens=int(batch.attention_mask.sum()))
+    return out, dst, {"handoff_bytes": hstats.bytes_sent}
+
+
+def train(w: Worker, ctx: StepContext, step: int, store: Store, src: Layout, samples: list[Sample],
+          meta: dict[int, SampleMeta]) -> tuple[dict, dict, ExperienceBatch]:
+    """Dispatch to the training layout, then the training step (re-planning on a memory-budget
+    miss and retrying on the same samples)."""
+    cfg = w.cfg
+    spec = AdvantageSpec(estimator=cfg.trainer.algo, per_turn=cfg.trainer.baseline == "per-turn")
+    for _attempt in range(4):
+        plan, tg = w.plans.train, w.train_groups
+        t0 = time.perf_counter()
+        dst = Layout(plan, balance_samples(samples, plan.dp)[0])
+        tplan = ctx.dispatcher.plan(src, dst, samples)
+        delivered, dstats = execute_dispatch(tplan, {i: dict(v) for i, v in store.items()}, samples, src, dst,
+                                             advantages=spec)
+        w.span(tplan.kind, "dispatch", t0, step, bytes=dstats.bytes_sent, args={"transfers": len(tplan.transfers)})
+        local = _batch(delivered, list(dst.assignment[tg.dp_rank]), meta, w.policy.tokenizer.pad_id)
+        tokens, longest = int(local.attention_mask.sum()), local.input_ids.shape[1]
+        try:
+            w.check_budget(tokens, longest)
+        except MemoryBudgetExceeded as e:
+            nxt = w.sparing_plan(tokens, longest)
+            if nxt is None:
+                raise MemoryBudgetExceeded(f"{e}; no runnable train plan needs less") from None
+            w.switch_train(nxt, f"memory budget: {e}", step)
+            continue
+        t0 = time.perf_counter()
+        gen = torch.Generator().manual_seed(mix_seed(cfg.seed, step, 2_000_003, tg.dp_rank))
+        stats = train_step(w.trainer, w.optim, local, progress=(step - 1) / max(cfg.steps - 1, 1), generator=gen)
+        w.span("train_step", "train", t0, step, tokens=int(stats["train_tokens"]))
+        info = {"dispatcher": tplan.kind, "dispatch_transfers": len(tplan.transfers),
+                "dispatch_bytes": tplan.total_bytes,
+                "memory_accounted_bytes": w.memory_bytes(plan, tokens, longest)}
+        return stats, info, local
+    raise MemoryBudgetExceeded(f"step {step}: still over the memory budget after re-planning")
+
+
+# --------------------------------------------------------------------------------------------
+# The step
+# --------------------------------------------------------------------------------------------
+def run_step(w: Worker, ctx: StepContext, step: int, prev: WorkloadStats) -> tuple[dict | None, WorkloadStats, list, list]:
+    """One RL step on this rank. Returns (metrics row on rank 0 else None, the step's workload
+    statistics, decisions, episode records)."""
+    cfg = w.cfg
+    t_step, cpu0 = time.perf_counter(), time.process_time()
+    w.events = []
+    ctx.control.reset()
+    decisions = select_plans(w, ctx, step, prev)
+
+    trajs, counts = play(w, step)
+    local_meta = [SampleMeta.of(t) for t in trajs] if w.roll_groups.tp_rank == 0 else []
+    parts = all_gather_objects(local_meta, ctx.control, "metadata")
+    meta = {m.id: m for part in parts for m in part}
+    assert sorted(meta) == list(range(cfg.groups * cfg.group_size)), "an episode was lost"
+    ordered = [meta[i] for i in sorted(meta)]
+    samples = [Sample(id=m.id, tokens=m.tokens, group=m.group) for m in ordered]
+    stats = workload_stats(ordered, step, cfg.sampling.max_context)
+
+    store, exp_layout, hand = experience(w, ctx, step, trajs, samples, meta)
+    tstats, info, _local = train(w, ctx, step, store, exp_layout, samples, meta)
+
+    # metrics: scalars reduced over ranks; spans gathered on rank 0
+    lead = w.roll_groups.tp_rank == 0
+    sums = reduce_scalars([counts[k] if lead else 0.0 for k in ("prefill_tokens", "decode_tokens",
+                                                                "generated_tokens", "env_s")]
+                          + [float(hand["handoff_bytes"])], ctx.control, "scalars")
+    peak = reduce_scalars([float(peak_memory_bytes(w.device))], ctx.control, "scalars", op="max")[0]
+    spans = gather_objects(w.spans, ctx.control, "spans")
+    w.spans = []
+    if dist.get_rank() != 0:
+        return None, stats, decisions, []
+    stage_s = {s: 0.0 for s in ("rollout", "experience", "dispatch", "train", "reshard")}
+    mine = [sp for sp in spans[0] if sp.step == step]
+    for sp in mine:
+        if sp.stage in stage_s:
+            stage_s[sp.stage] += sp.duration_s
+    rollout_s = stage_s["rollout"]
+    row = {"step": step, **outcome_metrics(ordered), **tstats,
+           "prefill_tokens": int(sums[0]), "decode_tokens": int(sums[1]),
+           **{f"{k}_s": v for k, v in stage_s.items()}, "env_s": sums[3],
+           "step_s": time.perf_counter() - t_step, "step_cpu_s": time.process_time() - cpu0,
+           "gen_tokens_per_s": sums[2] / max(rollout_s, 1e-9), "peak_mem_bytes": int(peak),
+           **info, "handoff_bytes": int(sums[4]), "world": w.world,
+           "plan_rollout": w.plans.rollout.describe(), "plan_experience": w.plans.experience.describe(),
+           "plan_train": w.plans.train.describe(), "plan_switches": len(w.events),
+           "replans": sum("memory budget" in e["reason"] for e in w.events),
+           "switch_reasons": "; ".join(f"{e['stage']}: {e['from']} -> {e['to']} ({e['reason']})" for e in w.events),
+           "samples_trained": len(samples) if tstats["train_tokens"] > 0 else 0,
+           "control_recv_bytes": ctx.control.total}
+    row["_spans"] = [sp for part in spans for sp in part]
+    return row, stats, decisions + [dict(e, event="switch") for e in w.events], episode_records(ordered)

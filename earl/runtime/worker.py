@@ -1,0 +1,300 @@
+"""One rank's state in the runtime, for any world size (one process is a world of size 1).
+
+A `Worker` holds the policy under each RL stage's plan: the training copy (tp-sharded by the
+train plan, its `ShardedAdamW` optimizer strategy over the plan's dp), the rollout engine's
+copy, an optional experience (log-prob) copy and an optional frozen reference for the KL term
+(on the experience plan). A stage whose plan has the training plan's tp runs on the training
+module itself: on one process, and whenever the layouts agree, nothing is copied and weight
+sync is free. Otherwise the copy is refreshed from training every step through the pure
+re-shard planner (earl.policies.reshard) and its executor (earl.runtime.reshard).
+
+Plan switches happen in flight: training moves weights and optimizer state to the new plan, no
+restart. The worker also keeps the per-rank memory account the CPU budget is enforced from.
+The source weights are read once per rank; other copies are built empty and filled by re-shards.
+
+    OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_step.py
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+import torch.distributed as dist
+
+from earl.policies.reshard import plan_reshard
+from earl.runtime.config import RunConfig
+from earl.runtime.dist import build_plan_groups, comm_device, print0
+from earl.runtime.engine import SamplingParams, TorchEngine, make_engine
+from earl.runtime.envs import ENVS
+from earl.runtime.model import empty_like_policy, load_policy
+from earl.runtime.optim import STATES, ShardedAdamW
+from earl.runtime.reshard import allocate_local, execute_reshard
+from earl.runtime.tp import apply_tp, check_tp, param_shapes
+from earl.runtime.trainer import Trainer
+from earl.specs import ParallelPlan, Stage, StagePlan
+from earl.trace import Span
+
+ONE = ParallelPlan()
+
+
+class MemoryBudgetExceeded(RuntimeError):
+    pass
+
+
+def sampling_params(cfg: RunConfig) -> SamplingParams:
+    """The run's sampling settings; empty fields take the environment's defaults."""
+    env_cls = ENVS[cfg.env.name]
+    s = cfg.sampling
+    return SamplingParams(temperature=s.temperature, top_p=s.top_p,
+                          max_new_tokens=s.max_new_tokens or env_cls.max_new_tokens,
+                          stop=tuple(s.stop) or tuple(env_cls.stop))
+
+
+def runnable(plan: ParallelPlan, world: int, config) -> str:
+    """'' if the runtime can run `plan` on `world` processes, else why not."""
+    if plan.pp != 1 or plan.cp != 1:
+        return "pp/cp > 1 are not supported by the runtime yet"
+    if plan.world_size != world:
+        return f"needs {plan.world_size} processes, the job has {world}"
+    try:
+        check_tp(config, plan.tp)
+    except ValueError as e:
+        return str(e)
+    return ""
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+class Worker:
+    """State of one rank: models under plans, optimizer, spans of the current step."""
+
+    def __init__(self, cfg: RunConfig, plans: StagePlan, *, rank: int, world: int,
+                 memory_budget_bytes: float = 0.0):
+        self.cfg, self.rank, self.world = cfg, rank, world
+        self.memory_budget_bytes = memory_budget_bytes
+        policy = load_policy(cfg.model.path, seed=cfg.seed, dtype=cfg.model.dtype)  # read once
+        self.policy = policy
+        self.shapes = param_shapes(policy.model)
+        self.params = sampling_params(cfg)
+        for stage in Stage:
+            why = runnable(plans.for_stage(stage), world, policy.model.config)
+            if why:
+                raise ValueError(f"{stage.value} plan {plans.for_stage(stage).describe()}: {why}")
+        self.plans = plans
+        self.events: list[dict] = []  # plan switches / re-plans of the current step
+        self.spans: list[Span] = []
+        self.origin = time.perf_counter()
+        full = policy.model
+        ref_full = copy.deepcopy(full) if cfg.trainer.kl_coef else None
+        self.device = torch.device(cfg.model.device) if world == 1 else comm_device()
+        self._build_train(plans.train, model=full)
+        self.ref_model = None
+        if ref_full is not None:
+            g = build_plan_groups(plans.experience)
+            self.ref_model = self._frozen(apply_tp(ref_full, plans.experience.tp, g.tp_rank, g.tp_group))
+        self.ref_plan = plans.experience
+        self._build_rollout(plans.rollout)
+        self._build_experience(plans.experience)
+
+    # ---- models under plans --------------------------------------------------------------
+    def _frozen(self, model: torch.nn.Module) -> torch.nn.Module:
+        model = model.to(self.device).eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        return model
+
+    def _sharded_copy(self, plan: ParallelPlan) -> torch.nn.Module:
+        """An empty (uninitialised) copy of the policy, tp-sharded for `plan`; a re-shard from
+        training fills it before first use."""
+        g = build_plan_groups(plan)
+        return self._frozen(apply_tp(empty_like_policy(self.policy), plan.tp, g.tp_rank, g.tp_group))
+
+    def _build_train(self, plan: ParallelPlan, model: torch.nn.Module | None = None,
+                     state: tuple[dict, int] | None = None) -> None:
+        """(Re)build the training model and optimizer under `plan`; the weights come from
+        `model` (the full policy) or `state` (tensors already re-sharded to `plan`)."""
+        g = build_plan_groups(plan)
+        if model is None:
+            model = empty_like_policy(self.policy)
+        model = apply_tp(model, plan.tp, g.tp_rank, g.tp_group).to(self.device)
+        for p in model.parameters():
+            p.requires_grad_(True)
+        if state is not None:
+            tensors, step_count = state
+            with torch.no_grad():
+                for n, p in model.named_parameters():
+                    p.copy_(tensors[n])
+        self.optim = ShardedAdamW(model, self.shapes, g, self.cfg.trainer)
+        if state is not None:
+            self.optim.load_state_tensors(state[0], state[1])
+        self.trainer = Trainer(model, self.cfg.trainer, temperature=self.params.logprob_temperature)
+        self.train_model, self.train_groups = model, g
+        self.plans = self.plans.with_stage(Stage.TRAIN, plan)
+
+    def _shares_train(self, plan: ParallelPlan) -> bool:
+        return plan.tp == self.plans.train.tp
+
+    def _build_experience(self, plan: ParallelPlan) -> None:
+        self.plans = self.plans.with_stage(Stage.EXPERIENCE, plan)
+        same = self._shares_train(plan)
+        self.exp_model = None if same else self._sharded_copy(plan)
+        self.exp_groups = self.train_groups if same else build_plan_groups(plan)
+
+    def _build_rollout(self, plan: ParallelPlan) -> None:
+        self.plans = self.plans.with_stage(Stage.ROLLOUT, plan)
+        self.roll_groups = build_plan_groups(plan)
+        if self.cfg.engine != "pytorch":  # an external engine keeps its own weights
+            self.roll_model = None
+            self.engine = make_engine(self.cfg.engine, self.train_model, self.policy.tokenizer,
+                                      reuse_kv=self.cfg.reuse_kv, model_path=self.cfg.model.path)
+            return
+        self.roll_model = None if self._shares_train(plan) else self._sharded_copy(plan)
+        self.engine = TorchEngine(self.roll_model or self.train_model, self.policy.tokenizer,
+                                  reuse_kv=self.cfg.reuse_kv)
+
+    def logprob_model(self) -> torch.nn.Module:
+        return self.exp_model or self.train_model
+
+    def train_tensors(self) -> dict[str, torch.Tensor]:
+        """This rank's training weights and optimizer slices ("<param>/<state>")."""
+        return {**{n: p.detach() for n, p in self.train_model.named_parameters()},
+                **self.optim.state_tensors()}
+
+    def restore(self, tensors: dict[str, torch.Tensor], step_count: int) -> None:
+        """Load weights + optimizer slices already laid out for the current train plan."""
+        self._build_train(self.plans.train, state=(tensors, step_count))
+        self._build_rollout(self.plans.rollout)
+        self._build_experience(self.plans.experience)
+
+    def switch_train(self, plan: ParallelPlan, why: str, step: int) -> None:
+        """Move weights + optimizer state to `plan` in flight."""
+        t0 = time.perf_counter()
+        old = self.plans.train
+        rplan = plan_reshard(self.shapes, old, plan, self.world, optimizer_states=STATES)
+        src = self.train_tensors()
+        step_count = self.optim.step_count
+        dst = allocate_local(self.shapes, plan, self.rank, list(src), device=comm_device())
+        stats = execute_reshard(rplan, self.shapes, src, dst)
+        self._build_train(plan, state=(dst, step_count))
+        # copies are re-derived: a stage may now share the training module, or stop sharing it
+        self._build_rollout(self.plans.rollout)
+        self._build_experience(self.plans.experience)
+        self._event(step, "train", old, plan, why, t0, stats.bytes_sent)
+
+    def switch_rollout(self, plan: ParallelPlan, why: str, step: int) -> None:
+        t0 = time.perf_counter()
+        old = self.plans.rollout
+        self._build_rollout(plan)  # weights arrive with this step's train -> rollout re-shard
+        self._event(step, "rollout", old, plan, why, t0, 0)
+
+    def switch_experience(self, plan: ParallelPlan, why: str, step: int) -> None:
+        t0 = time.perf_counter()
+        old = self.plans.experience
+        self._build_experience(plan)  # weights arrive with this step's train -> experience re-shard
+        nbytes = 0
+        if self.ref_model is not None and plan.tp != self.ref_plan.tp:  # the reference follows
+            ref = self._sharded_copy(plan)
+            stats = execute_reshard(plan_reshard(self.shapes, self.ref_plan, plan, self.world), self.shapes,
+                                    {n: p.detach() for n, p in self.ref_model.named_parameters()},
+                                    {n: p.data for n, p in ref.named_parameters()})
+            self.ref_model, nbytes = ref, stats.bytes_sent
+        self.ref_plan = plan
+        self._event(step, "experience", old, plan, why, t0, nbytes)
+
+    def switch(self, stage: Stage, plan: ParallelPlan, why: str, step: int) -> None:
+        {Stage.TRAIN: self.switch_train, Stage.ROLLOUT: self.switch_rollout,
+         Stage.EXPERIENCE: self.switch_experience}[stage](plan, why, step)
+
+    def _event(self, step, stage, old, new, why, t0, nbytes) -> None:
+        self.events.append({"step": step, "stage": stage, "from": old.describe(), "to": new.describe(),
+                            "reason": why})
+        self.span(f"switch_{stage}", "reshard", t0, step, bytes=nbytes,
+                  args={"from": old.describe(), "to": new.describe(), "reason": why})
+        print0(f"step {step}: {stage} plan {old.describe()} -> {new.describe()} ({why})")
+
+    def sync_weights(self, stage: Stage, step: int) -> int:
+        """Training weights -> the rollout engine (or a separate experience copy), every step.
+        Returns the bytes this rank sent."""
+        t0 = time.perf_counter()
+        if stage is Stage.ROLLOUT and self.roll_model is None and self.engine.model is not self.train_model:
+            self.engine.update_weights((n, p.detach()) for n, p in self.train_model.named_parameters())
+            self.span("weight_sync", "reshard", t0, step)
+            return 0
+        model = self.roll_model if stage is Stage.ROLLOUT else self.exp_model
+        if model is None:
+            return 0
+        rplan = plan_reshard(self.shapes, self.plans.train, self.plans.for_stage(stage), self.world)
+        src = {n: p.detach() for n, p in self.train_model.named_parameters()}
+        dst = {n: p.data for n, p in model.named_parameters()}
+        stats = execute_reshard(rplan, self.shapes, src, dst)
+        self.span(f"train_to_{stage.value}", "reshard", t0, step, bytes=stats.bytes_sent)
+        return stats.bytes_sent
+
+    def span(self, name, stage, t0, step, **kw) -> None:
+        self.spans.append(Span(name=name, stage=stage, rank=self.rank, t_start=t0 - self.origin,
+                               t_end=time.perf_counter() - self.origin, step=step, **kw))
+
+    # ---- memory accounting -----------------------------------------------------------------
+    def memory_bytes(self, plan: ParallelPlan, local_tokens: int, longest: int) -> float:
+        """This rank's bytes under train `plan`: the model copies, grads, AdamW slices, and the
+        activations of the largest micro-batch (hidden states per layer + fp32 logits)."""
+        spec = self.policy.spec
+        item = next(iter(self.shapes.values())).itemsize  # parameter dtype bytes
+
+        def shard_bytes(tp: int) -> float:
+            return sum(_numel(s.shape) // (tp if s.tp_dim is not None else 1) * s.itemsize
+                       for s in self.shapes.values())
+
+        weights = shard_bytes(plan.tp)  # and as many for the gradients
+        opt = weights * 2 / (plan.dp if plan.sharded_optimizer else 1)  # AdamW: exp_avg, exp_avg_sq
+        copies = [p for p in (self.plans.rollout, self.plans.experience) if p.tp != plan.tp]
+        if self.ref_model is not None:
+            copies.append(self.ref_plan)
+        others = sum(shard_bytes(c.tp) for c in copies)
+        mb_tokens = min(max(local_tokens, longest), max(self.cfg.trainer.token_budget, longest))
+        # saved activations ~16 hidden-sized tensors per layer and token (tp-sharded), fp32 logits x3
+        act = mb_tokens * (spec.num_layers * 16 * spec.hidden_size / plan.tp * item + 3 * spec.vocab_size * 4)
+        return weights * 2 + opt + others + act
+
+    def check_budget(self, local_tokens: int, longest: int) -> None:
+        budget = self.memory_budget_bytes
+        if not budget:
+            return
+        need = torch.tensor([self.memory_bytes(self.plans.train, local_tokens, longest)], dtype=torch.float64,
+                            device=comm_device())
+        dist.all_reduce(need, op=dist.ReduceOp.MAX)
+        if need.item() > budget:
+            raise MemoryBudgetExceeded(f"train plan {self.plans.train.describe()} needs "
+                                       f"{need.item() / 2**20:.1f} MiB on the busiest rank, budget "
+                                       f"{budget / 2**20:.1f} MiB")
+
+    def sparing_plan(self, tokens: int, longest: int) -> ParallelPlan | None:
+        """A runnable train plan needing less accounted memory than the current one: the one
+        closest to the budget from below (the least disruptive that fits), else the one needing
+        the least (the step's check then tells whether that is enough)."""
+        cur = self.memory_bytes(self.plans.train, tokens, longest)
+        budget = self.memory_budget_bytes or float("inf")
+        fits, least = None, None
+        for tp in range(1, self.world + 1):
+            if self.world % tp:
+                continue
+            for zero in (False, True):
+                p = ParallelPlan(tp=tp, dp=self.world // tp, sharded_optimizer=zero)
+                if runnable(p, self.world, self.policy.model.config):
+                    continue
+                m = self.memory_bytes(p, tokens * self.plans.train.dp // p.dp, longest)
+                if m >= cur:
+                    continue
+                if m <= budget and (fits is None or m > fits[0]):
+                    fits = (m, p)
+                if least is None or m < least[0]:
+                    least = (m, p)
+        pick = fits or least
+        return pick[1] if pick else None
