@@ -1,29 +1,31 @@
 """Host-side costs of the runtime's own stage code, beyond the model forwards the cost model
 prices (calibration phase "runtime").
 
-The single-process runtime spends real time outside the model: collating trajectories into
-padded tensors and computing advantages (experience), slicing each micro-batch and taking
+The runtime spends real time outside the model: handing the episodes to the experience layout
+and building padded tensors (experience), slicing each micro-batch and taking
 log-softmax/gather over the vocabulary (log-prob passes), the loss, its backward and the stats
 of each training micro-batch, the optimizer's per-step and per-parameter-tensor work (zero_grad,
-gradient clipping, AdamW), and planning plus executing a dispatch. This phase calls those very
-functions (`earl.runtime.trainer.collate`, `batch_logprobs`, `Trainer.step`,
-`earl.runtime.loop.Policies.dispatch`) on synthetic trajectories of several sizes, subtracts
-what the cost model already prices (forwards, optimizer bytes), and fits what remains:
+gradient clipping, AdamW), and planning plus executing a dispatch with its advantages. This
+phase calls the runtime's own stage functions (`earl.runtime.step.play`, `experience`, `train`
+on a one-process `Worker`) on synthetic trajectories of several sizes, subtracts what the cost
+model already prices (forwards, optimizer bytes), and fits what remains:
 
-  experience_seq_s, experience_token_s   collate + advantages ~ seqs, tokens (>= 0 least squares)
+  experience_seq_s, experience_token_s   hand-off + batch building ~ seqs, tokens (>= 0 least squares)
   logprob_pass_s, logprob_token_s        residual of a log-prob micro-batch ~ 1, padded tokens
   optimizer_step_s, optimizer_tensor_s   clip + AdamW step ~ 1, parameter tensors (3 model depths)
   train_pass_s, train_token_s            residual of a training micro-batch ~ 1, padded tokens
-  dispatch_fixed_s, dispatch_seq_s       Policies.dispatch ~ 1, samples
-  rollout_fixed_s, rollout_batch_s,      `rollout` (real env, real engine; all episodes in one
+  dispatch_fixed_s, dispatch_seq_s       dispatch plan + execution + advantages ~ 1, samples
+  rollout_fixed_s, rollout_batch_s,      `step.play` (real env, real engine; all episodes in one
   rollout_episode_s                      engine batch or in 4) less the simulator's engine model
                                          of the same episodes ~ 1, engine batches, episodes: env
                                          set-up, tokenising, trajectory bookkeeping, and the
                                          first forward after the other stages (cold caches)
 
-Timing: each part of a replayed step on `earl.calibrate.timing.host_clock` (CPU: the process's
-CPU time with one thread; CUDA: synchronised host wall time, since these are host-bound mixes
-of Python and kernels), in the runtime's order so caches are as the runtime leaves them.
+Timing: each stage function on `earl.calibrate.timing.host_clock` (CPU: the process's CPU time
+with one thread; CUDA: synchronised host wall time, since these are host-bound mixes of Python
+and kernels), called in the runtime's order so caches are as the runtime leaves them; a stage
+function that holds two parts (hand-off + log-probs, dispatch + training step) is split by the
+shares of its own spans.
 
     python -m earl.calibrate.hostcost       # CPU, tiny models, a few seconds
 """
@@ -34,6 +36,7 @@ import dataclasses
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -140,13 +143,9 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
     the caches the previous stages left, as in `earl run` (timing one function in a tight loop
     finds them warm and reads ~2x low for small host-bound work)."""
     from earl.cost_model import CostModel
-    from earl.runtime.config import RunConfig, TrainerConfig
-    from earl.runtime.engine import SamplingParams, TorchEngine
-    from earl.runtime.envs import ENVS, make_env
-    from earl.runtime.loop import Policies
-    from earl.runtime.rollout import rollout
-    from earl.runtime.tokenizer import CharTokenizer
-    from earl.runtime.trainer import Trainer, batch_logprobs, collate, grpo_advantages
+    from earl.policies import make_dispatcher
+    from earl.policies.types import Sample
+    from earl.runtime.config import EnvConfig, RunConfig, TrainerConfig
     from earl.specs import ClusterSpec, ParallelPlan
 
     cases = CASES[device.type]
@@ -189,17 +188,33 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
         del model, opt
     opt_step_s, opt_tensor_s = _nnls(rows, ys)
 
-    # 2. the stage sequence of one step, on the catalog model
-    model = _model(spec, device, dtype)
+    # 2. the runtime's own stage functions (earl.runtime.step) on a one-process worker
+    import tempfile
+
+    from earl.runtime.config import ModelConfig, PolicyConfig
+    from earl.runtime.run import init_process_group
+    from earl.runtime.step import SampleMeta, StepContext, experience, play
+    from earl.runtime.step import train as train_stage
+    from earl.runtime.worker import ONE, Worker
+    from earl.specs import StagePlan
+
+    init_process_group()
+    dtype_name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    tmp = tempfile.TemporaryDirectory(prefix="earl-hostcost-")
+    path = cases["model"]
+    if path not in ("tiny",):
+        from earl.calibrate.validate import random_checkpoint
+
+        path = str(random_checkpoint(cases["model"], Path(tmp.name) / "model", dtype_name, device.type))
+    run_cfg = RunConfig(model=ModelConfig(path=path, dtype=dtype_name, device=device.type),
+                        trainer=TrainerConfig(lr=1e-6, token_budget=budget), env=EnvConfig(name=ROLLOUT_ENV),
+                        policy=PolicyConfig(dispatcher="layout-aware"), steps=2, seed=0)
+    worker = Worker(run_cfg, StagePlan(rollout=ONE, experience=ONE, train=ONE), rank=0, world=1)
+    ctx = StepContext(selector=None, dispatcher=make_dispatcher("layout-aware"))
     host = dataclasses.replace(prof, optimizer_step_s=opt_step_s, optimizer_tensor_s=opt_tensor_s,
                                logprob_pass_s=0.0, logprob_token_s=0.0, train_pass_s=0.0, train_token_s=0.0)
     cm = CostModel(spec, ClusterSpec.for_gpus(prof.hardware, 1), host)
-    engine = TorchEngine(model, CharTokenizer())
-    env_cls = ENVS[ROLLOUT_ENV]
-    play = SamplingParams(temperature=1.0, max_new_tokens=env_cls.max_new_tokens, stop=tuple(env_cls.stop))
     ro_rows, ro_y = [], []
-    sampler = torch.Generator(device=device).manual_seed(0)  # the engine samples on the device
-    pol = Policies(RunConfig(), spec)
     exp_rows, exp_y, lp_res, tr_res, disp_rows, disp_y, pass_rows = [], [], [], [], [], [], []
     for n, length in cases["steps"]:
         if time.perf_counter() > deadline and len(tr_res) >= 2:
@@ -207,30 +222,31 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
                 on_case(None)
             continue
         trajs = synthetic_trajectories(n, length, vocab, gen)
-        trainer = Trainer(model, TrainerConfig(lr=1e-6, token_budget=budget), temperature=1.0)
+        meta = {t.episode_id: SampleMeta.of(t) for t in trajs}
+        samples = [Sample(id=t.episode_id, tokens=len(t.token_ids), group=t.group_id) for t in trajs]
+        width = max(len(t.token_ids) for t in trajs)
         parts: dict[str, list[float]] = {}
         for rep in range(REPS + 1):  # the first round warms up
-            seeds = list(range(n))
             chunk = n if rep % 2 == 0 else max(1, n // 4)  # all episodes in one engine batch, or in 4
-            played, t_ro = _timed(lambda e=engine, sd=seeds, c=chunk: rollout(
-                e, lambda: make_env(ROLLOUT_ENV), seeds=sd, group_ids=sd, params=play, generator=sampler,
-                max_context=1 << 20, engine_batch=c), device)
-            batch, t_collate = _timed(lambda tr=trajs: collate(tr, 0), torch.device("cpu"))
-            with torch.no_grad():
-                old, t_lp = _timed(lambda b=batch, m=model: batch_logprobs(m, b, 1.0, budget), device)
-            adv, t_adv = _timed(lambda b=batch: grpo_advantages(b.rewards, b.group_ids)[:, None] * b.loss_mask,
-                                torch.device("cpu"))
-            batch = dataclasses.replace(batch, old_logprobs=old, advantages=adv)
-            batch, t_disp = _timed(lambda b=batch: pol.dispatch(b)[0], torch.device("cpu"))
-            _, t_train = _timed(lambda b=batch, tr=trainer: tr.step(b), device)
+            worker.cfg = dataclasses.replace(run_cfg, groups=n, group_size=1, engine_batch=chunk)
+            (played, _), t_ro = _timed(lambda w=worker, r=rep: play(w, r + 1), device)
+            # experience = the hand-off and the log-prob pass; timed apart: the pass's forward is priced
+            (store, layout, _), t_exp = _timed(lambda w=worker, tr=trajs, sa=samples, me=meta: experience(
+                w, ctx, 1, tr, sa, me), device)
+            spans = {sp.name: sp.duration_s for sp in worker.spans}
+            t_lp = t_exp * spans["logprob"] / max(spans["logprob"] + spans["handoff"], 1e-12)
+            _, t_train_all = _timed(lambda w=worker, st=store, lay=layout, sa=samples, me=meta: train_stage(
+                w, ctx, 1, st, lay, sa, me), device)
+            spans = {sp.name: sp.duration_s for sp in worker.spans}
+            disp_share = spans["layout-aware"] / max(spans["layout-aware"] + spans["train_step"], 1e-12)
+            worker.spans = []
             key = "rollout" if chunk == n else "rollout_chunked"
             parts.setdefault(key + "_pred", []).append(_sim_rollout(cm, played, chunk))
-            for k, v in ((key, t_ro), ("experience", t_collate + t_adv), ("logprob", t_lp), ("dispatch", t_disp),
-                         ("train", t_train)):
+            for k, v in ((key, t_ro), ("experience", t_exp - t_lp), ("logprob", t_lp),
+                         ("dispatch", t_train_all * disp_share), ("train", t_train_all * (1 - disp_share))):
                 parts.setdefault(k, []).append(v)
         warm = ("rollout_chunked", "rollout_chunked_pred")  # first met after the warm-up round
         med = {k: statistics.median(v if k in warm else v[1:]) for k, v in parts.items()}
-        width = batch.input_ids.shape[1]
         for key, batches in (("rollout", 1), ("rollout_chunked", -(-n // max(1, n // 4)))):
             ro_rows.append([1.0, batches, n])
             ro_y.append(med[key] - med[key + "_pred"])
@@ -252,7 +268,8 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
         note("dispatch", f"n={n}", med["dispatch"])
         if on_case:
             on_case(f"step {n}x{width}")
-    del model, engine
+    del worker
+    tmp.cleanup()
     seq_s, token_s = _nnls(exp_rows, exp_y)
     ro_fixed, ro_batch, ro_episode = _nnls(ro_rows, ro_y)
     lp_fixed, lp_token = _nnls(pass_rows, lp_res)

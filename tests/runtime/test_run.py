@@ -1,4 +1,5 @@
-"""The RL loop end to end on the tiny model: outputs, exact resume, and bad input via the CLI."""
+"""The run on one process (a world of size 1) end to end on the tiny model: outputs, exact
+resume, the hardware profile reaching the selector, and bad input via the CLI."""
 
 import json
 
@@ -7,7 +8,7 @@ from typer.testing import CliRunner
 
 from earl.cli import app
 from earl.runtime.checkpoint import find_checkpoint
-from earl.runtime.loop import resolve_config, train
+from earl.runtime.run import resolve_config, train
 
 SMALL = {"groups": 2, "group_size": 4, "checkpoint_every": 2, "plots": "false", "threads": 1}
 
@@ -18,7 +19,7 @@ def small(**kw):
 
 def deterministic(row: dict) -> dict:
     return {k: v for k, v in row.items()
-            if not (k.endswith("_s") or k in ("gen_tokens_per_s", "peak_mem_bytes"))}
+            if not (k.endswith("_s") or k in ("gen_tokens_per_s", "peak_mem_bytes", "control_recv_bytes"))}
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +70,8 @@ def test_resume_is_exact(four_steps, tmp_path):
 
 def test_reinforce_pp_with_kl_runs(tmp_path):
     res = train(small(steps=2, **{"trainer.algo": "reinforce++", "trainer.kl_coef": "0.05",
-                                  "selector": "earl-table",
-                                  "dispatcher": "centralized"}),
+                                  "policy.selector": "earl-table",
+                                  "policy.dispatcher": "centralized"}),
                 tmp_path / "c", progress=False, echo=lambda s: None)
     assert res.metrics[0]["kl"] == pytest.approx(0, abs=1e-6)  # policy == reference at step 1
     assert all(r["grad_norm"] >= 0 for r in res.metrics)
@@ -110,3 +111,23 @@ def test_cli_bad_input(tmp_path, four_steps):
     (find_checkpoint(run) / "model.safetensors").write_bytes(b"\x00" * 100)
     msg = one_line_error(runner.invoke(app, ["run", "--resume", str(run), "--steps", "6", "--quiet"]))
     assert "corrupted" in msg
+
+
+def test_hardware_profile_reaches_the_selector(tmp_path):
+    """`hardware.profile` (earl run --hardware) is what the selector's cost model prices with."""
+    predicted = {}
+    for hw in ("cpu-measured", "h100-sxm-80gb"):
+        lines = []
+        train(small(steps=1, **{"policy.selector": "cost-model", "hardware.profile": hw}), tmp_path / hw,
+              progress=False, echo=lines.append)
+        assert f"hardware profile {hw} (given)" in lines[0]
+        dec = [json.loads(x) for x in (tmp_path / hw / "decisions.jsonl").read_text().splitlines()]
+        predicted[hw] = [d["predicted"] for d in dec if d["stage"] == "train"][0]
+    assert predicted["cpu-measured"] != predicted["h100-sxm-80gb"]
+    lines = []
+    train(small(steps=1), tmp_path / "auto", progress=False, echo=lines.append)
+    assert "hardware profile cpu-measured (calibrated, shipped)" in lines[0]
+    help_text = CliRunner().invoke(app, ["run", "--help"], terminal_width=200).output
+    assert "--hardware" in help_text
+    msg = one_line_error(CliRunner().invoke(app, ["run", "--out", str(tmp_path / "z"), "--hardware", "tpu-v9"]))
+    assert "tpu-v9" in msg

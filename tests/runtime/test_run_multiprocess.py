@@ -1,0 +1,236 @@
+"""The same run on several processes (`earl run --nproc 2`, gloo under torchrun): equal to one
+process, resume across world sizes and plans, plan switches in flight, a memory-budget re-plan
+that retries the step, a killed rank, and rank 0's control-plane bytes.
+
+    OMP_NUM_THREADS=1 python -m pytest -q -m slow tests/runtime/test_run_multiprocess.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from earl.runtime.config import RunConfig
+from earl.runtime.launch import torchrun_command
+from earl.runtime.run import check_config, resolve_config
+from earl.trace import read_chrome_trace
+
+SMALL = ["--set", "groups=2", "--set", "group_size=4", "--set", "plots=false", "--quiet"]
+# metrics that depend on the clock or the process layout, not on the computation
+LAYOUT = ("world", "plan_rollout", "plan_experience", "plan_train", "control_recv_bytes", "peak_mem_bytes",
+          "memory_accounted_bytes", "handoff_bytes", "dispatch_bytes", "dispatch_transfers")
+
+
+def earl_run(args: list[str], extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(extra_env or {})}
+    return subprocess.run([sys.executable, "-m", "earl.cli", "run", *args], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def rows_of(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def decisions_of(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "decisions.jsonl").read_text().splitlines() if x.strip()]
+
+
+def assert_same_computation(a: list[dict], b: list[dict]) -> None:
+    """Same episodes (rewards, tokens, outcomes) exactly; losses to float-reduction order."""
+    assert [x["step"] for x in a] == [x["step"] for x in b]
+    for x, y in zip(a, b, strict=True):
+        for k in ("reward_mean", "tokens", "train_tokens", "invalid_move_rate", "context_mean"):
+            assert x[k] == y[k], (k, x[k], y[k])
+        for k in ("loss", "pg_loss", "entropy", "grad_norm"):
+            assert x[k] == pytest.approx(y[k], rel=1e-4, abs=1e-6), k
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_one_and_two_processes_run_the_same_step(tmp_path):
+    """`earl run` and `earl run --nproc 2` on the same config: equal rewards (exactly) and losses
+    (to 1e-4 relative: gradient sums are reduced in another order), the same metric columns and
+    one decision per stage per step in both."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    r = earl_run(["--out", str(one), "--steps", "3", *SMALL])
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = earl_run(["--out", str(two), "--steps", "3", "--nproc", "2", *SMALL])
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = rows_of(one), rows_of(two)
+    assert list(a[0]) == list(b[0])  # the same columns, in the same order
+    assert {x["world"] for x in a} == {1} and {x["world"] for x in b} == {2}
+    assert any(x["loss"] != 0 for x in a), "no learning signal in this setting"
+    assert_same_computation(a, b)
+    for out in (one, two):
+        stages = [d["stage"] for d in decisions_of(out) if "predicted" in d]
+        assert stages == ["rollout", "experience", "train"] * 3
+    assert (one / "metrics.csv").read_text().splitlines()[0] == (two / "metrics.csv").read_text().splitlines()[0]
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_resume_across_world_sizes_and_plans(tmp_path):
+    """1 process -> 2 processes, 2 -> 1, and tp2 -> tp1 all continue at the next step and
+    compute what an uninterrupted run computes."""
+    ref = tmp_path / "ref"
+    assert earl_run(["--out", str(ref), "--steps", "3", *SMALL]).returncode == 0
+    a = tmp_path / "a"
+    assert earl_run(["--out", str(a), "--steps", "2", *SMALL]).returncode == 0
+    r = earl_run(["--resume", str(a), "--nproc", "2", "--steps", "3", "--quiet"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = rows_of(a)
+    assert [x["step"] for x in rows] == [1, 2, 3] and rows[-1]["world"] == 2
+    assert_same_computation(rows, rows_of(ref))
+
+    b = tmp_path / "b"
+    assert earl_run(["--out", str(b), "--steps", "2", "--nproc", "2", *SMALL]).returncode == 0
+    r = earl_run(["--resume", str(b), "--steps", "3", "--quiet"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = rows_of(b)
+    assert [x["step"] for x in rows] == [1, 2, 3] and rows[-1]["world"] == 1
+    assert_same_computation(rows, rows_of(ref))
+
+    c = tmp_path / "c"
+    r = earl_run(["--out", str(c), "--steps", "2", "--nproc", "2", "--rollout-plan", "tp2-dp1",
+                  "--train-plan", "tp2-dp1", *SMALL])
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = earl_run(["--resume", str(c), "--steps", "3", "--quiet"])  # tp2 -> one process (tp1)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = rows_of(c)
+    assert rows[1]["plan_train"].startswith("tp2-dp1") and rows[2]["plan_train"].startswith("tp1-dp1")
+    assert_same_computation(rows, rows_of(ref))
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_rank0_control_bytes_do_not_grow_with_tokens(tmp_path):
+    """Outside the dispatcher (and the weight re-shards), rank 0 receives per-sample metadata
+    and reduced scalars only: 5x longer episodes leave its bytes per step unchanged."""
+    got = {}
+    for gen in (2, 48):
+        out = tmp_path / f"gen{gen}"
+        r = earl_run(["--out", str(out), "--steps", "2", "--nproc", "2", "--set", f"sampling.max_new_tokens={gen}",
+                      "--set", "sampling.stop=@@@@", "--set", "sampling.max_context=4096", *SMALL])
+        assert r.returncode == 0, r.stderr[-3000:]
+        got[gen] = rows_of(out)
+    small, large = got[2], got[48]
+    tokens_ratio = sum(x["tokens"] for x in large) / sum(x["tokens"] for x in small)
+    assert tokens_ratio > 2.0, tokens_ratio
+    for x, y in zip(small, large, strict=True):
+        assert y["control_recv_bytes"] <= 1.15 * x["control_recv_bytes"], (x["control_recv_bytes"],
+                                                                            y["control_recv_bytes"])
+        assert y["control_recv_bytes"] / y["episodes"] < 2000  # bytes per sample, spans included
+        assert y["handoff_bytes"] + y["dispatch_bytes"] >= 0
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_plan_switch_mid_training_keeps_training(tmp_path):
+    out = tmp_path / "run"
+    r = earl_run(["--out", str(out), "--nproc", "2", "--rollout-plan", "tp2-dp1", "--train-plan", "tp1-dp2-zero",
+                  "--schedule", "2:train:tp2-dp1", "--schedule", "3:rollout:tp1-dp2", "--steps", "4", *SMALL])
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = rows_of(out)
+    assert [x["step"] for x in rows] == [1, 2, 3, 4]
+    assert rows[0]["plan_train"].startswith("tp1-dp2") and rows[-1]["plan_train"].startswith("tp2-dp1")
+    assert rows[-1]["plan_rollout"].startswith("tp1-dp2")
+    assert "tp1-dp2-mb1-zero -> tp2-dp1-mb1" in rows[1]["switch_reasons"]
+    assert all(x["samples_trained"] == 8 and x["loss"] == x["loss"] for x in rows)
+    names = {s.name for s in read_chrome_trace(out / "trace.json")}
+    assert {"switch_train", "switch_rollout", "train_to_rollout", "train_step", "handoff"} <= names
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_memory_budget_replans_and_retries_the_step(tmp_path):
+    base = tmp_path / "base"
+    r = earl_run(["--out", str(base), "--nproc", "2", "--train-plan", "tp1-dp2", "--steps", "1", *SMALL])
+    assert r.returncode == 0, r.stderr[-3000:]
+    need = rows_of(base)[0]["memory_accounted_bytes"]
+    out = tmp_path / "tight"
+    budget_mb = 0.97 * need / 2**20
+    r = earl_run(["--out", str(out), "--nproc", "2", "--train-plan", "tp1-dp2", "--memory-budget-mb",
+                  f"{budget_mb:.4f}", "--steps", "2", *SMALL])
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = rows_of(out)
+    assert rows[0]["replans"] == 1 and "memory budget" in rows[0]["switch_reasons"]
+    assert rows[0]["plan_train"] != "tp1-dp2-mb1"
+    assert rows[0]["memory_accounted_bytes"] <= budget_mb * 2**20
+    # same samples as the unconstrained run: nothing lost, nothing skipped
+    assert rows[0]["samples_trained"] == 8 and rows[0]["reward_mean"] == rows_of(base)[0]["reward_mean"]
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_killed_rank_stops_cleanly_and_resume_on_another_plan(tmp_path):
+    out = tmp_path / "run"
+    args = ["--out", str(out), "--nproc", "2", "--train-plan", "tp1-dp2-zero", "--steps", "5",
+            "--set", "checkpoint_every=2", *SMALL]
+    r = earl_run(args, {"EARL_FAULT_RANK_STEP": "1:4"})
+    assert r.returncode != 0
+    assert "injected fault at step 4" in r.stderr
+    assert (out / "checkpoints" / "step_0000002").is_dir()
+    assert not (out / "checkpoints" / "step_0000004").exists()
+    r = earl_run(["--resume", str(out), "--nproc", "2", "--train-plan", "tp2-dp1", "--rollout-plan", "tp2-dp1",
+                  "--steps", "5", "--quiet"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = rows_of(out)
+    assert [x["step"] for x in rows] == [1, 2, 3, 4, 5]
+    assert rows[-1]["plan_train"] == "tp2-dp1-mb1"
+    assert (out / "checkpoints" / "step_0000005").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_cost_model_selector_switch_is_applied_in_flight(tmp_path):
+    out = tmp_path / "run"
+    r = earl_run(["--out", str(out), "--nproc", "2", "--train-plan", "tp1-dp2-zero", "--set",
+                  "policy.selector=cost-model", "--steps", "3", *SMALL])
+    assert r.returncode == 0, r.stderr[-3000:]
+    decisions = decisions_of(out)
+    switched = [d for d in decisions if d.get("switched") and d["stage"] == "train"]
+    applied = [d for d in decisions if "from" in d and d["stage"] == "train"]
+    assert switched and applied, "the selector did not switch the train plan in this setting"
+    assert applied[0]["to"] == switched[0]["plan"]
+    rows = rows_of(out)
+    assert rows[-1]["plan_train"] == applied[0]["to"] and len(rows) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_same_run_on_two_train_plans_gives_the_same_metrics(tmp_path):
+    """Training on tp2-dp1 or on tp1-dp2 with a sharded optimizer is the same computation."""
+    rows = {}
+    for train in ("tp2-dp1", "tp1-dp2-zero"):
+        out = tmp_path / train
+        r = earl_run(["--out", str(out), "--nproc", "2", "--rollout-plan", "tp2-dp1", "--train-plan", train,
+                      "--steps", "3", *SMALL])
+        assert r.returncode == 0, r.stderr[-3000:]
+        rows[train] = rows_of(out)
+    assert any(x["loss"] != 0 for x in rows["tp2-dp1"]), "no learning signal in this setting"
+    assert_same_computation(rows["tp2-dp1"], rows["tp1-dp2-zero"])
+
+
+def test_bad_multi_process_options_are_one_line_errors():
+    with pytest.raises(ValueError, match=r"expected STEP:rollout\|experience\|train:PLAN"):
+        check_config(resolve_config(overrides={"nproc": 2, "plan.schedule": "2:warmup:tp2"}))
+    with pytest.raises(ValueError, match="cannot parse plan"):
+        check_config(resolve_config(overrides={"nproc": 2, "plan.train": "tp2-xx"}))
+    with pytest.raises(ValueError, match="--nproc must be an integer >= 2"):
+        torchrun_command(1, Path("c.json"), Path("out"))
+    with pytest.raises(ValueError, match="tp=4 does not divide tiny's 2 key/value heads"):
+        check_config(resolve_config(overrides={"nproc": 4, "plan.train": "tp4-dp1"}))
+    with pytest.raises(ValueError, match="= 4, but the stage has 2 GPUs"):
+        check_config(resolve_config(overrides={"nproc": 2, "plan.train": "tp1-dp4"}))
+    with pytest.raises(ValueError, match="unknown config key 'trainer.lrr'"):
+        resolve_config(overrides={"trainer.lrr": "1"})
+    check_config(RunConfig(nproc=4))  # the defaults fit any world size
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q", "-m", "slow"]))
