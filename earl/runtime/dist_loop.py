@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from earl.cost_model import CostModel
+from earl.parallel import check_tp_dp, validate_plan
 from earl.policies import make_dispatcher, make_selector
 from earl.policies.balance import balance_samples
 from earl.policies.types import Layout, Sample
@@ -385,11 +386,7 @@ def check_launch(nproc: int, argv: list[str]) -> list[str]:
     plans = [opts.rollout_plan, opts.train_plan] + ([opts.experience_plan] if opts.experience_plan else [])
     plans += [ParallelPlan.parse(p) for _, _, p in opts.schedule]
     for plan in plans:
-        plan.validate(spec, world=nproc)
-        if spec.num_kv_heads % plan.tp:
-            raise ValueError(f"tp={plan.tp} does not divide {spec.name}'s {spec.num_kv_heads} key/value heads")
-        if plan.pp != 1 or plan.cp != 1:
-            raise ValueError(f"plan {plan.short()}: the multi-process runtime runs tp x dp plans (pp=1, cp=1)")
+        check_tp_dp(validate_plan(plan, spec, world=nproc), nproc)
     check_supported(cfg)
     return argv
 

@@ -15,9 +15,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from earl.parallel import build_plan_groups
 from earl.policies.reshard import plan_reshard
 from earl.runtime.config import RunConfig
-from earl.runtime.dist import build_plan_groups, comm_device, print0
+from earl.runtime.dist import comm_device, print0
 from earl.runtime.dist_advantages import AdvantageSpec
 from earl.runtime.dist_train import STATES, make_dist_trainer
 from earl.runtime.engine import TorchEngine
