@@ -25,7 +25,8 @@ import torch
 
 from earl.cost_model import CostModel
 from earl.cost_model.profile import load_profile
-from earl.policies.reshard import ParamShape, max_rank_bytes, plan_reshard, price_reshard
+from earl.parallel import ParamShape
+from earl.policies.reshard import max_rank_bytes, plan_reshard, price_reshard
 from earl.runtime.dist import run_local
 from earl.runtime.reshard import allocate_local, execute_reshard, local_range
 from earl.specs import HARDWARE_CATALOG, NETWORK_CATALOG, ClusterSpec, ModelSpec, ParallelPlan

@@ -370,7 +370,8 @@ class ClusterSpec:
 class ParallelPlan:
     """Degrees of parallelism for one stage. Rank order is tp fastest, then cp, pp, dp
     (so tp groups are contiguous ranks and stay inside a node when tp <= gpus_per_node).
-    At most one degree may be -1: `resolve(world)` infers it."""
+    At most one degree may be -1: `resolve(world)` infers it. Checking a plan against a model
+    (heads, key/value heads, layers) is `earl.parallel.validate_plan`."""
 
     tp: int = 1  # tensor parallel
     pp: int = 1  # pipeline parallel
@@ -416,22 +417,6 @@ class ParallelPlan:
             raise ValueError(f"tp*pp*dp*cp = {self.tp}*{self.pp}*{self.dp}*{self.cp} = "
                              f"{self.world_size}, but the stage has {world} GPUs")
         return self
-
-    def validate(self, model: ModelSpec, *, world: int | None = None,
-                 seq_len: int | None = None) -> ParallelPlan:
-        """Check the plan against a model (and optionally world size and sequence length)."""
-        plan = self.resolve(world) if world is not None else self
-        if model.num_heads % plan.tp:
-            raise ValueError(f"tp={plan.tp} does not divide {model.name}'s "
-                             f"{model.num_heads} attention heads")
-        if model.ffn_hidden % plan.tp:
-            raise ValueError(f"tp={plan.tp} does not divide {model.name}'s "
-                             f"ffn width {model.ffn_hidden}")
-        if plan.pp > model.num_layers:
-            raise ValueError(f"pp={plan.pp} exceeds {model.name}'s {model.num_layers} layers")
-        if seq_len is not None and seq_len % plan.cp:
-            raise ValueError(f"cp={plan.cp} does not divide the sequence length {seq_len}")
-        return plan
 
     def short(self) -> str:
         s = f"tp{self.tp}"

@@ -192,13 +192,14 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
     import tempfile
 
     from earl.runtime.config import ModelConfig, PolicyConfig
-    from earl.runtime.run import init_process_group
+    from earl.runtime.run import process_group
     from earl.runtime.step import SampleMeta, StepContext, experience, play
     from earl.runtime.step import train as train_stage
     from earl.runtime.worker import ONE, Worker
     from earl.specs import StagePlan
 
-    init_process_group()
+    pg = process_group()
+    pg.__enter__()
     dtype_name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
     tmp = tempfile.TemporaryDirectory(prefix="earl-hostcost-")
     path = cases["model"]
@@ -270,6 +271,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
             on_case(f"step {n}x{width}")
     del worker
     tmp.cleanup()
+    pg.__exit__(None, None, None)
     seq_s, token_s = _nnls(exp_rows, exp_y)
     ro_fixed, ro_batch, ro_episode = _nnls(ro_rows, ro_y)
     lp_fixed, lp_token = _nnls(pass_rows, lp_res)

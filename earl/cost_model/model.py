@@ -18,6 +18,7 @@ from earl.cost_model import comm, memory
 from earl.cost_model.compute import PassCost, causal_pairs, forward_pass, param_tensors, train_flops_per_token
 from earl.cost_model.memory import MemoryBreakdown
 from earl.cost_model.profile import HardwareProfile, LinkParams, datasheet_profile
+from earl.parallel import model_slice, validate_plan
 from earl.specs import TENSOR_BYTES_PER_SAMPLE, TENSOR_BYTES_PER_TOKEN, ClusterSpec, ModelSpec, ParallelPlan
 
 STAGES = ("prefill", "decode", "logprob", "train", "reshard", "dispatch")
@@ -191,7 +192,7 @@ class CostModel:
             raise ValueError(f"batch must be >= 1 sequence, got {batch}")
         if context < 1:
             raise ValueError(f"context must be >= 1 token, got {context}")
-        plan.validate(self.model)
+        validate_plan(plan, self.model)
 
     def memory(self, stage: str, plan: ParallelPlan, batch: int, context: int) -> MemoryBreakdown:
         cap, res = self.capacity, self.reserve
@@ -300,7 +301,7 @@ class CostModel:
     def train(self, plan: ParallelPlan, batch: int, context: int, masked: bool = False) -> Estimate:
         """One optimizer step over a global batch of `batch` sequences of `context` tokens."""
         self._check(plan, batch, context)
-        plan.validate(self.model, seq_len=context if plan.cp > 1 else None)
+        validate_plan(plan, self.model, seq_len=context if plan.cp > 1 else None)
         gpus = plan.world_size
         mem = self.memory("train", plan, batch, context)
         if not mem.fits:
@@ -432,12 +433,17 @@ class CostModel:
         # rank holds; without sharding ranks repeat with period tp*pp*cp.
         zero = include_optimizer and (src.sharded_optimizer or dst.sharded_optimizer)
         span = world if zero else min(world, dst.model_parallel * src.model_parallel)
+        # a rank's slice: a layer range times a range of each layer's parameters (earl.parallel)
+        layers, width = self.model.num_layers, self.model.params_per_layer
+        per_unit = params / (layers * width)  # the model's parameters per (layer, element) unit
         for r in range(span):
-            need, have = _shard_interval(r, dst), _shard_interval(r, src)
-            moved = (_frac(need) - _overlap_frac(need, have)) * params * memory.WEIGHT_BYTES
+            need = model_slice(dst, r, num_layers=layers, width=width)
+            have = model_slice(src, r, num_layers=layers, width=width)
+            moved = (_units(need) - _overlap_units(need, have)) * per_unit * memory.WEIGHT_BYTES
             if include_optimizer:
-                need_o, have_o = _shard_interval(r, dst, True), _shard_interval(r, src, True)
-                moved += (_frac(need_o) - _overlap_frac(need_o, have_o)) * params * memory.OPTIMIZER_BYTES
+                need_o = model_slice(dst, r, num_layers=layers, width=width, optimizer=True)
+                have_o = model_slice(src, r, num_layers=layers, width=width, optimizer=True)
+                moved += (_units(need_o) - _overlap_units(need_o, have_o)) * per_unit * memory.OPTIMIZER_BYTES
             worst = max(worst, moved)
         group = max(src.model_parallel, dst.model_parallel)
         link = comm.group_link(self.cluster, self.profile, group, 1)
@@ -525,29 +531,13 @@ def _pairs(context: int, masked: bool) -> float:
     return float(context) * context if masked else causal_pairs(context, 0)
 
 
-def _shard_interval(rank: int, plan: ParallelPlan, optimizer: bool = False
-                    ) -> tuple[tuple[float, float], tuple[float, float]]:
-    """The slice of the model a rank holds: its layer range (pp) and column range (tp), each as
-    a fraction of [0, 1). With `optimizer` and a sharded optimizer, the column range is further
-    split among the dp x cp ranks that share the weights (ZeRO)."""
-    tp_i = rank % plan.tp
-    cp_i = (rank // plan.tp) % plan.cp
-    pp_i = (rank // (plan.tp * plan.cp)) % plan.pp
-    dp_i = rank // (plan.tp * plan.cp * plan.pp)
-    lo, width = tp_i / plan.tp, 1.0 / plan.tp
-    if optimizer and plan.sharded_optimizer:
-        shards = plan.dp * plan.cp
-        width /= shards
-        lo += (dp_i * plan.cp + cp_i) * width
-    return (pp_i / plan.pp, (pp_i + 1) / plan.pp), (lo, lo + width)
-
-
-def _frac(box) -> float:
+def _units(box) -> int:
+    """(layer, element) units in a slice."""
     return (box[0][1] - box[0][0]) * (box[1][1] - box[1][0])
 
 
-def _overlap_frac(a, b) -> float:
-    """Fraction of all parameters that slices `a` and `b` share."""
+def _overlap_units(a, b) -> int:
+    """(layer, element) units that slices `a` and `b` share."""
     def one(x, y):
-        return max(0.0, min(x[1], y[1]) - max(x[0], y[0]))
+        return max(0, min(x[1], y[1]) - max(x[0], y[0]))
     return one(a[0], b[0]) * one(a[1], b[1])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from earl.parallel import RankCoord, rank_coords
 from earl.specs import TENSOR_BYTES_PER_SAMPLE, TENSOR_BYTES_PER_TOKEN, ParallelPlan, Stage  # noqa: F401 (re-export)
 
 
@@ -20,29 +21,6 @@ class Sample:
     id: int
     tokens: int
     group: int = 0  # advantage-normalisation group (e.g. the prompt index in GRPO)
-
-
-@dataclass(frozen=True)
-class RankCoord:
-    """Where a global rank sits in a plan's mesh (rank order: tp fastest, then cp, pp, dp)."""
-
-    rank: int
-    dp: int
-    pp: int
-    cp: int
-    tp: int
-
-
-def rank_coords(plan: ParallelPlan, base_rank: int = 0) -> list[RankCoord]:
-    """Coordinates of every rank of a resolved plan (`base_rank` offsets the rank numbers)."""
-    out = []
-    for dp in range(plan.dp):
-        for pp in range(plan.pp):
-            for cp in range(plan.cp):
-                for tp in range(plan.tp):
-                    r = ((dp * plan.pp + pp) * plan.cp + cp) * plan.tp + tp
-                    out.append(RankCoord(rank=base_rank + r, dp=dp, pp=pp, cp=cp, tp=tp))
-    return out
 
 
 @dataclass(frozen=True)

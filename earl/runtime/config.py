@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from earl.configfile import read_mapping_file
+from earl.policies.registry import DISPATCHERS, SELECTORS
 
 ALGOS = ("grpo", "reinforce++")
 LR_DECAYS = ("none", "linear", "cosine")
-SELECTOR_NAMES = ("static", "earl-table", "cost-model")
-DISPATCHER_NAMES = ("centralized", "layout-aware")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,11 +127,11 @@ class RunConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.checkpoint_every < 0 or self.engine_batch < 0 or self.keep_checkpoints < 1:
             raise ValueError("checkpoint_every and engine_batch must be >= 0, keep_checkpoints >= 1")
-        if self.policy.selector not in SELECTOR_NAMES:
-            raise ValueError(f"policy.selector {self.policy.selector!r} unknown; valid: {', '.join(SELECTOR_NAMES)}")
-        if self.policy.dispatcher not in DISPATCHER_NAMES:
+        if self.policy.selector not in SELECTORS:
+            raise ValueError(f"policy.selector {self.policy.selector!r} unknown; valid: {', '.join(SELECTORS)}")
+        if self.policy.dispatcher not in DISPATCHERS:
             raise ValueError(f"policy.dispatcher {self.policy.dispatcher!r} unknown; valid: "
-                             f"{', '.join(DISPATCHER_NAMES)}")
+                             f"{', '.join(DISPATCHERS)}")
         if self.trainer.lr_decay not in LR_DECAYS:
             raise ValueError(f"trainer.lr_decay {self.trainer.lr_decay!r} unknown; valid: "
                              f"{', '.join(LR_DECAYS)}")

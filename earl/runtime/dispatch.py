@@ -145,7 +145,8 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
         final = k == len(tplan.phases) - 1
         out: Store = delivered if final else held
         phase_counts: dict[tuple[int, str], int] = counts if final else {}
-        if not final and advantages.inputs and tensors is None:  # the controller computes advantages: stage their inputs
+        if not final and advantages.inputs and tensors is None:  # the controller computes advantages:
+            # stage their inputs
             phase = [dataclasses.replace(tr, tensors=tr.tensors + advantages.inputs)
                      if "input_ids" in tr.tensors else tr for tr in phase]
         tag_of: dict[tuple[int, int], int] = defaultdict(int)

@@ -1,8 +1,8 @@
-"""Process groups for the multi-process runtime: init from torchrun's environment, groups per
-ParallelPlan (tp and dp groups), rank-0 printing and a shutdown that never hangs.
+"""The multi-process runtime's plumbing: init from torchrun's environment, rank-0 printing,
+object exchange, local gloo workers for tests, and a shutdown that never hangs. A plan's
+process groups and device mesh are built by earl.parallel (build_plan_groups, build_mesh).
 
-gloo on CPU, NCCL when CUDA is present (same code path). A plan's ranks are ordered tp fastest,
-then dp (earl.policies.types.rank_coords), so tp groups are contiguous ranks.
+gloo on CPU, NCCL when CUDA is present (same code path).
 
     torchrun --standalone --nproc_per_node 2 -m earl.runtime.dist
 """
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from earl.parallel import build_plan_groups
 from earl.specs import ParallelPlan
 
 
@@ -72,62 +73,6 @@ def print0(*args, **kwargs) -> None:
     """print on global rank 0 only (every rank when there is no process group)."""
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(*args, **kwargs, flush=True)
-
-
-@dataclass(frozen=True)
-class PlanGroups:
-    """This rank's place in a tp x dp plan and the process groups it talks over.
-
-    `tp_group` joins the tp ranks of this rank's replica; `dp_group` joins the ranks holding the
-    same tp shard in every replica. Ranks outside the plan (plan smaller than the world) have
-    `active=False` and None groups."""
-
-    plan: ParallelPlan
-    rank: int
-    active: bool
-    tp_rank: int
-    dp_rank: int
-    tp_group: object
-    dp_group: object
-    tp_ranks: tuple[int, ...]
-    dp_ranks: tuple[int, ...]
-
-
-_GROUP_CACHE: dict[tuple[int, ...], object] = {}
-
-
-def _group(ranks: tuple[int, ...]):
-    """A process group over `ranks`, created once. Must be called by every rank, in the same
-    order, for every group (torch.distributed.new_group is collective)."""
-    if ranks not in _GROUP_CACHE:
-        _GROUP_CACHE[ranks] = dist.new_group(list(ranks)) if dist.is_initialized() else None
-    return _GROUP_CACHE[ranks]
-
-
-def build_plan_groups(plan: ParallelPlan, rank: int | None = None) -> PlanGroups:
-    """tp and dp groups of `plan` (ranks 0..plan.world_size-1). Collective: every rank of the
-    world calls it with the same plan."""
-    if plan.pp != 1 or plan.cp != 1:
-        raise ValueError(f"plan {plan.short()}: the runtime supports tp x dp plans (pp=1, cp=1)")
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    if plan.world_size > world:
-        raise ValueError(f"plan {plan.short()} needs {plan.world_size} processes, the job has {world}")
-    rank = (dist.get_rank() if dist.is_initialized() else 0) if rank is None else rank
-    mine_tp, mine_dp = None, None
-    for d in range(plan.dp):  # every rank creates every group, in the same order
-        ranks = tuple(d * plan.tp + t for t in range(plan.tp))
-        g = _group(ranks)
-        if rank in ranks:
-            mine_tp = (ranks, g)
-    for t in range(plan.tp):
-        ranks = tuple(d * plan.tp + t for d in range(plan.dp))
-        g = _group(ranks)
-        if rank in ranks:
-            mine_dp = (ranks, g)
-    if mine_tp is None:
-        return PlanGroups(plan, rank, False, 0, 0, None, None, (), ())
-    return PlanGroups(plan, rank, True, rank % plan.tp, rank // plan.tp, mine_tp[1], mine_dp[1],
-                      mine_tp[0], mine_dp[0])
 
 
 def exchange_objects(outgoing: dict[int, object], group=None) -> dict[int, object]:

@@ -6,7 +6,7 @@ for one training step on any world size (one process: tp1-dp1, where it is plain
 the global loss-token count, are summed over the dp group (so the update is the one a single
 process would make on the whole batch), clipped by the global norm (tp-sharded parameters'
 squares summed over the tp group, replicated ones counted once), then each dp rank runs AdamW
-on its own slice of every tensor (earl.policies.reshard's optimizer layout) and broadcasts the
+on its own slice of every tensor (earl.parallel.local_bounds's optimizer layout) and broadcasts the
 updated slices to its dp peers. Without `sharded_optimizer` every rank keeps the full optimizer
 state of its tp shard. Optimizer state is exported / imported per tensor ("<param>/exp_avg",
 "<param>/exp_avg_sq") so the re-sharder and the checkpoints can move it to another plan.
@@ -21,9 +21,9 @@ import math
 import torch
 import torch.distributed as dist
 
-from earl.policies.reshard import ParamShape, holdings
+from earl.parallel import ParamShape, PlanGroups, local_bounds
 from earl.runtime.config import TrainerConfig
-from earl.runtime.dist import PlanGroups, comm_device
+from earl.runtime.dist import comm_device
 from earl.runtime.trainer import ExperienceBatch, Trainer
 
 STATES = ("exp_avg", "exp_avg_sq")
@@ -40,8 +40,8 @@ class ShardedAdamW:
         self.slices: dict[str, tuple[int, int, int]] = {}  # name -> (dim, local start, length)
         plan, rank = groups.plan, groups.rank
         for name, p in self.shapes.items():
-            w_lo = holdings(p, plan, optimizer=False)[rank][0]
-            o_lo, o_hi = holdings(p, plan, optimizer=True)[rank]
+            w_lo = local_bounds(p, plan, rank, optimizer=False)[0]
+            o_lo, o_hi = local_bounds(p, plan, rank, optimizer=True)
             self.slices[name] = (p.shard_dim, o_lo - w_lo, o_hi - o_lo)
         self.owned = {n: torch.nn.Parameter(self._slice(n, self.params[n].detach()).clone())
                       for n in self.shapes}
@@ -97,8 +97,8 @@ class ShardedAdamW:
         for owner in self.groups.dp_ranks:
             parts, views = [], []
             for name, p in self.shapes.items():
-                w_lo = holdings(p, plan, optimizer=False)[owner][0]
-                o_lo, o_hi = holdings(p, plan, optimizer=True)[owner]
+                w_lo = local_bounds(p, plan, owner, optimizer=False)[0]
+                o_lo, o_hi = local_bounds(p, plan, owner, optimizer=True)
                 view = self.params[name].data.narrow(p.shard_dim, o_lo - w_lo, o_hi - o_lo)
                 views.append(view)
                 parts.append(view.reshape(-1) if owner != rank else view.contiguous().reshape(-1))

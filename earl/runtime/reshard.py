@@ -18,7 +18,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from earl.policies.reshard import OPT_SEP, ParamShape, holdings
+from earl import parallel
+from earl.parallel import ParamShape, local_bounds
+from earl.policies.reshard import OPT_SEP
 from earl.policies.types import ReshardPlan, SliceTransfer
 from earl.specs import ParallelPlan
 
@@ -47,17 +49,13 @@ def local_range(shapes: dict[str, ParamShape], plan: ParallelPlan, rank: int,
                 name: str) -> tuple[int, int]:
     """(start, stop) along the shard dim of the full tensor `name` that `rank` holds."""
     param, opt = _param_of(name)
-    return holdings(shapes[param], plan, optimizer=opt).get(rank, (0, 0))
+    return local_bounds(shapes[param], plan, rank, optimizer=opt)
 
 
 def local_shape(shapes: dict[str, ParamShape], plan: ParallelPlan, rank: int,
                 name: str) -> tuple[int, ...]:
-    param, _ = _param_of(name)
-    p = shapes[param]
-    lo, hi = local_range(shapes, plan, rank, name)
-    shape = list(p.shape)
-    shape[p.shard_dim] = hi - lo
-    return tuple(shape)
+    param, opt = _param_of(name)
+    return parallel.local_shape(shapes[param], plan, rank, optimizer=opt)
 
 
 def allocate_local(shapes: dict[str, ParamShape], plan: ParallelPlan, rank: int, names,

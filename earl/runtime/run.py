@@ -13,6 +13,7 @@ folder; no command-line round trip). Rank 0 alone writes the run's files (earl.r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -26,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from earl.cost_model.resolve import make_cost_model
+from earl.parallel import check_tp_dp, validate_plan
 from earl.policies import make_dispatcher, make_selector
 from earl.policies.reshard import plan_reshard
 from earl.runtime.checkpoint import find_checkpoint, load_checkpoint, read_state, save_checkpoint
@@ -114,18 +116,9 @@ def check_config(cfg: RunConfig, world: int | None = None) -> None:
     spec = model_spec(cfg.model.path)
     plans = initial_plans(cfg, world)
     for stage in Stage:
-        plan = plans.for_stage(stage)
-        plan.validate(spec, world=world)
-        if spec.num_kv_heads % plan.tp:
-            raise ValueError(f"{stage.value} plan {plan.describe()}: tp={plan.tp} does not divide "
-                             f"{spec.name}'s {spec.num_kv_heads} key/value heads")
-        if plan.pp != 1 or plan.cp != 1:
-            raise ValueError(f"{stage.value} plan {plan.describe()}: the runtime runs tp x dp plans (pp=1, cp=1)")
-        if plan.world_size != world:
-            raise ValueError(f"{stage.value} plan {plan.describe()} needs {plan.world_size} processes, "
-                             f"the run has {world} (--nproc)")
-    for _, _, plan in parse_schedule(cfg.plan.schedule):
-        ParallelPlan.parse(plan).validate(spec, world=world)
+        check_tp_dp(validate_plan(plans.for_stage(stage), spec, world=world), world, f"{stage.value} plan")
+    for _, stage, plan in parse_schedule(cfg.plan.schedule):
+        check_tp_dp(validate_plan(ParallelPlan.parse(plan), spec, world=world), world, f"scheduled {stage} plan")
     if cfg.engine != "pytorch" and world > 1:
         raise ValueError(f"engine {cfg.engine!r} runs on one process; the multi-process runtime runs the "
                          "pytorch engine")
@@ -156,6 +149,19 @@ def resolve_hardware(cfg: RunConfig) -> tuple[str, str]:
 # --------------------------------------------------------------------------------------------
 # Process group and checkpoints
 # --------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def process_group():
+    """(rank, world) of this process's group for the duration: torchrun's job, or a one-rank
+    gloo group made here and destroyed on exit (so a later fork starts without one)."""
+    created = not dist.is_initialized()
+    rank, world = init_process_group()
+    try:
+        yield rank, world
+    finally:
+        if created and world == 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def init_process_group() -> tuple[int, int]:
     """Join torchrun's job, or make a one-rank gloo group for a single process."""
     if not dist.is_initialized():
@@ -249,8 +255,14 @@ def train(cfg: RunConfig, out_dir: str | Path, *, resume: str | Path | None = No
     `stop_at` ends this call after that step and `deadline_s` after the first step that ends
     past that many seconds; either way a checkpoint is written, and `--resume` continues the
     same schedule (the learning-rate decay follows `cfg.steps`, not the stopping point)."""
+    with process_group() as (rank, world):
+        return _train(cfg, out_dir, rank, world, resume=resume, progress=progress, echo=echo, stop_at=stop_at,
+                      deadline_s=deadline_s)
+
+
+def _train(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume, progress, echo, stop_at,
+           deadline_s) -> RunResult:
     t_call = time.perf_counter()
-    rank, world = init_process_group()
     check_config(cfg, world)
     out = Path(out_dir)
     ckpt = find_checkpoint(resume) if resume is not None else None
@@ -271,7 +283,8 @@ def train(cfg: RunConfig, out_dir: str | Path, *, resume: str | Path | None = No
     ctx = StepContext(selector=selector, dispatcher=make_dispatcher(cfg.policy.dispatcher),
                       schedule=parse_schedule(cfg.plan.schedule))
     if prev is None:
-        first = len(worker.policy.tokenizer.encode(make_env(cfg.env.name, **env_options(cfg.env.name, cfg.env)).reset(0)))
+        prompt = make_env(cfg.env.name, **env_options(cfg.env.name, cfg.env)).reset(0)
+        first = len(worker.policy.tokenizer.encode(prompt))
         n = first + worker.params.max_new_tokens
         prev = WorkloadStats(step=0, num_responses=cfg.episodes_per_step, context_mean=n, context_p95=n,
                              context_max=n, max_context=cfg.sampling.max_context)

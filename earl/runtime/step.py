@@ -296,7 +296,8 @@ def train(w: Worker, ctx: StepContext, step: int, store: Store, src: Layout, sam
 # --------------------------------------------------------------------------------------------
 # The step
 # --------------------------------------------------------------------------------------------
-def run_step(w: Worker, ctx: StepContext, step: int, prev: WorkloadStats) -> tuple[dict | None, WorkloadStats, list, list]:
+def run_step(w: Worker, ctx: StepContext, step: int,
+             prev: WorkloadStats) -> tuple[dict | None, WorkloadStats, list, list]:
     """One RL step on this rank. Returns (metrics row on rank 0 else None, the step's workload
     statistics, decisions, episode records)."""
     cfg = w.cfg

@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from earl.policies.reshard import ParamShape, shard_bounds
+from earl.parallel import ParamShape, check_tp_divides, shard_bounds
 
 COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROWWISE = ("o_proj", "down_proj")
@@ -118,14 +118,10 @@ def param_shapes(model: nn.Module, tp: int = 1) -> dict[str, ParamShape]:
 
 
 def check_tp(config, tp: int) -> None:
-    """Whole heads and whole MLP columns per rank."""
+    """earl.parallel's tp check on an HF config: whole heads, key/value heads and MLP columns."""
     heads = config.num_attention_heads
-    kv = getattr(config, "num_key_value_heads", None) or heads
-    for what, n in (("attention heads", heads), ("key/value heads", kv),
-                    ("MLP width", config.intermediate_size)):
-        if n % tp:
-            raise ValueError(f"tp={tp} does not divide the model's {n} {what}; "
-                             f"valid tp: divisors of {heads} and {kv}")
+    check_tp_divides(tp, num_heads=heads, num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+                     ffn_hidden=config.intermediate_size)
 
 
 def apply_tp(model: nn.Module, tp: int, tp_rank: int, group) -> nn.Module:

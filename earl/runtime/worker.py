@@ -23,9 +23,10 @@ import time
 import torch
 import torch.distributed as dist
 
+from earl.parallel import build_plan_groups
 from earl.policies.reshard import plan_reshard
 from earl.runtime.config import RunConfig
-from earl.runtime.dist import build_plan_groups, comm_device, print0
+from earl.runtime.dist import comm_device, print0
 from earl.runtime.engine import SamplingParams, TorchEngine, make_engine
 from earl.runtime.envs import ENVS
 from earl.runtime.model import empty_like_policy, load_policy

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from earl.configfile import read_mapping_file
+from earl.parallel import validate_plan
 from earl.specs import (
     ClusterSpec,
     HardwareSpec,
@@ -92,7 +93,7 @@ class Scenario:
         for stage, text in (("rollout", self.rollout_plan), ("experience", self.experience_plan),
                             ("train", self.train_plan)):
             try:
-                plans[stage] = ParallelPlan.parse(text).validate(model, world=gpus)
+                plans[stage] = validate_plan(ParallelPlan.parse(text), model, world=gpus)
             except ValueError as e:
                 raise ValueError(f"plan.{stage} = {text!r} does not match the cluster "
                                  f"({self.nodes} x {self.cluster_spec().gpus_per_node} = {gpus} "

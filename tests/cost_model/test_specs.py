@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from earl.parallel import validate_plan
 from earl.specs import MODEL_CATALOG, ModelSpec, ParallelPlan, StagePlan, WorkloadStats
 
 # Published sizes: Qwen2.5 model cards ("Number of Parameters"), Llama 3.1 model card.
@@ -58,9 +59,9 @@ def test_plan_infers_minus_one_and_checks_product():
 def test_plan_validates_against_model():
     m = MODEL_CATALOG["qwen2.5-7b"]  # 28 heads
     with pytest.raises(ValueError, match="tp=8 does not divide qwen2.5-7b's 28 attention heads"):
-        ParallelPlan(tp=8).validate(m)
+        validate_plan(ParallelPlan(tp=8), m)
     with pytest.raises(ValueError, match="cp=4 does not divide the sequence length 4098"):
-        ParallelPlan(cp=4).validate(m, seq_len=4098)
+        validate_plan(ParallelPlan(cp=4), m, seq_len=4098)
     with pytest.raises(ValueError, match="recompute 'some'"):
         ParallelPlan(recompute="some")
 

@@ -10,7 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from earl.policies.reshard import ParamShape, holdings, max_rank_bytes, plan_reshard
+from earl.parallel import ParamShape, holdings
+from earl.policies.reshard import max_rank_bytes, plan_reshard
 from earl.runtime.dist import run_local
 from earl.specs import ParallelPlan
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from earl.runtime.dist import build_plan_groups, run_local
+from earl.parallel import build_plan_groups
+from earl.runtime.dist import run_local
 from earl.runtime.engine import SamplingParams, TorchEngine
 from earl.runtime.model import build_builtin
 from earl.runtime.tp import apply_tp, check_tp

@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from earl.parallel import build_plan_groups, holdings
 from earl.policies.balance import balance_samples
-from earl.policies.reshard import holdings
 from earl.policies.types import Sample
 from earl.runtime.config import TrainerConfig
-from earl.runtime.dist import build_plan_groups, run_local
+from earl.runtime.dist import run_local
 from earl.runtime.model import build_builtin
 from earl.runtime.rollout import Trajectory
 from earl.runtime.tp import apply_tp, param_shapes
