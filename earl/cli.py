@@ -16,6 +16,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from earl.config import parse_sets
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="EARL: efficient agentic RL: cost model, policies, simulator, runtime.")
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -39,17 +41,6 @@ def user_errors(fn):
             raise typer.Exit(code=2) from None
 
     return wrapper
-
-
-def parse_sets(items: Optional[list[str]]) -> dict[str, str]:
-    """`--set key=value` pairs into a dict (values stay strings; callers convert)."""
-    out: dict[str, str] = {}
-    for item in items or []:
-        if "=" not in item:
-            raise ValueError(f"--set expects key=value, got {item!r}")
-        k, v = item.split("=", 1)
-        out[k.strip()] = v.strip()
-    return out
 
 
 # ============================================================================================

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from earl import config
 from earl.config import apply_overrides, from_mapping, keys_of, load, parse_sets, to_flat
 from earl.runtime.config import RunConfig
+from earl.sim import scenario
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -40,7 +41,18 @@ class Tree:
     other: Inner = dataclasses.field(default_factory=Inner)
 
 
-ROOTS = [Tree(), RunConfig()]
+ROOTS = [Tree(), RunConfig(), scenario.Scenario()]
+
+
+def _keys(root):
+    return scenario.KEYS if isinstance(root, scenario.Scenario) else keys_of(type(root))
+
+
+def _apply(root, overrides):
+    """What `--set` does to each tree (a scenario's workload.preset first picks the workload)."""
+    if isinstance(root, scenario.Scenario):
+        return scenario.build_scenario(config.resolve_values(overrides, scenario.KEYS, where="--set"))
+    return apply_overrides(root, overrides, where="--set")
 
 
 def _holds(value, typ) -> bool:
@@ -75,7 +87,7 @@ values = st.one_of(scalars, st.lists(scalars, max_size=3), st.dictionaries(st.te
 
 
 def _key_strategy(root):
-    keys = list(keys_of(type(root)))
+    keys = list(_keys(root))
     leaves = [k.rsplit(".", 1)[-1] for k in keys]
     return st.one_of(st.sampled_from(keys), st.sampled_from(leaves),
                      st.sampled_from(keys).map(lambda k: k[:-1] + "z"), st.text(max_size=12))
@@ -88,13 +100,13 @@ def test_random_override_applies_or_names_the_key(root, data):
     key = data.draw(_key_strategy(root))
     value = data.draw(values)
     try:
-        cfg = apply_overrides(root, {key: value}, where="--set")
+        cfg = _apply(root, {key: value})
     except ValueError as e:
         msg = str(e)
         assert key in msg or repr(key) in msg or key.rsplit(".", 1)[-1] in msg, msg
         assert "\n" not in msg
         return
-    keys = keys_of(type(root))
+    keys = _keys(root)
     dotted = config.resolve_key(key, keys, where="--set")
     got = _get(cfg, keys[dotted].path)
     assert _holds(got, keys[dotted].type), (dotted, value, got)
@@ -110,17 +122,18 @@ def test_random_override_applies_or_names_the_key(root, data):
 def test_every_key_round_trips_as_a_string_and_through_a_file(root):
     import json
 
-    for key, value in to_flat(root).items():
+    keys = _keys(root)
+    for key, value in to_flat(root, keys).items():
         text = json.dumps(value) if isinstance(value, list) else str(value)
-        assert apply_overrides(root, {key: text}) == root, key
+        assert _apply(root, {key: text}) == root, key
     nested: dict = {}
-    for key, value in to_flat(root).items():
+    for key, value in to_flat(root, keys).items():
         *secs, leaf = key.split(".")
         d = nested
         for s in secs:
             d = d.setdefault(s, {})
         d[leaf] = value
-    assert from_mapping(type(root), nested, where="f.toml") == root
+    assert from_mapping(type(root), nested, where="f.toml", keys=keys) == root
 
 
 def test_coercion_and_leaf_keys():

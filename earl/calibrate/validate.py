@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from earl.config import parse_sets
 from earl.cost_model import CostModel
 from earl.cost_model.profile import HardwareProfile, check_stamp, datasheet_profile, load_profile
 from earl.specs import MODEL_CATALOG, ClusterSpec, ModelSpec
@@ -216,13 +217,7 @@ def parse_variants(text: str | None) -> list[tuple[str, dict]]:
         return [("base", {})]
     out = []
     for part in (p.strip() for p in text.split(";") if p.strip()):
-        kv = {}
-        for item in part.split(","):
-            if "=" not in item:
-                raise ValueError(f"--variants expects key=value[,key=value][;...], got {item!r}")
-            k, v = item.split("=", 1)
-            kv[k.strip()] = v.strip()
-        out.append((part, kv))
+        out.append((part, parse_sets(part.split(","), flag="--variants")))
     return out
 
 
@@ -243,7 +238,7 @@ def run_validation(*, config, profile: str, steps: int = 4, warmup_steps: int = 
         raise ValueError(f"--out {out} already exists and is not an empty folder")
     prof = load_profile(profile)
     for _, ov in variants or []:
-        apply_overrides(config, ov)  # a typo in a variant fails before anything runs
+        apply_overrides(config, ov, where="--variants")  # a typo in a variant fails before anything runs
     if model and model.lower() in MODEL_CATALOG and model.lower() not in BUILTIN_MODELS:
         model = str(random_checkpoint(model.lower(), out / "model", config.model.dtype,
                                       str(config.model.device)))
