@@ -210,3 +210,15 @@ def test_unsupported_field_type_is_caught_early():
 
     with pytest.raises(TypeError, match="unsupported type"):
         keys_of(Bad)
+
+
+def test_config_imports_without_torch_or_simpy():
+    import subprocess
+    import sys
+
+    code = ("import sys\nsys.modules['torch'] = None\nsys.modules['simpy'] = None\n"
+            "import earl.config, earl.runtime.config\n"
+            "from earl.runtime.config import RunConfig\n"
+            "earl.config.apply_overrides(RunConfig(), {'lr': '0.1'})\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
