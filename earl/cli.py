@@ -2,9 +2,10 @@
 
     earl --help
 
-Each command is a thin wrapper: it parses options into specs and calls into the package.
-User mistakes (ValueError / TypeError / FileNotFoundError raised as ValueError) are printed as
-one line and exit with code 2, without a traceback.
+Each command only declares its options and calls into the layer that owns the work; that layer
+returns results (or rich tables) and raises ValueError for a user mistake. `user_errors` is the
+one place that turns such an error into one line on stderr and exit code 2, without a traceback.
+Configuration (files, `--set key=value`, key and type checks) is earl.config.
 """
 
 from __future__ import annotations
@@ -16,18 +17,19 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from earl import __version__
+from earl.config import parse_sets
+
+# plain (click) help: typer's rich help prints a `<bool>` placeholder after every flag
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,
                   help="EARL: efficient agentic RL: cost model, policies, simulator, runtime.")
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, soft_wrap=True)
 
 
-class UserError(ValueError):
-    """A mistake in the user's input; printed in one line, exit code 2."""
-
-
 def user_errors(fn):
-    """Turn ValueError/TypeError into a one-line message and exit code 2."""
+    """Turn ValueError/TypeError into a one-line message on stderr and exit code 2."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -41,61 +43,22 @@ def user_errors(fn):
     return wrapper
 
 
-def parse_sets(items: Optional[list[str]]) -> dict[str, str]:
-    """`--set key=value` pairs into a dict (values stay strings; callers convert)."""
-    out: dict[str, str] = {}
-    for item in items or []:
-        if "=" not in item:
-            raise ValueError(f"--set expects key=value, got {item!r}")
-        k, v = item.split("=", 1)
-        out[k.strip()] = v.strip()
-    return out
+def _version(value: bool) -> None:
+    if value:
+        print(f"earl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="print the version and exit")) -> None:
+    """EARL: efficient agentic RL: cost model, policies, simulator, runtime."""
 
 
 # ============================================================================================
-# estimate / plan  (earl/cost_model, earl/policies)
+# estimate / plan  (earl/cost_model/report.py, earl/policies/explain.py)
 # ============================================================================================
 # <estimate-plan>
-def _fmt_s(t: float) -> str:
-    if t == float("inf"):
-        return "inf"
-    return f"{t * 1e3:.3f} ms" if t < 1 else f"{t:.3f} s"
-
-
-def _gib(b: float) -> str:
-    return f"{b / 2**30:.2f} GiB"
-
-
-def _print_estimate(est, title: str) -> None:
-    from rich.table import Table
-
-    t = Table(title=title, show_header=False, title_justify="left")
-    t.add_column("metric", style="bold")
-    t.add_column("value")
-    t.add_row("plan", est.plan.describe() if est.plan else "-")
-    t.add_row("feasible", "[green]yes[/]" if est.feasible else "[red]no[/]")
-    if est.reason:
-        t.add_row("note" if est.feasible else "reason", est.reason)
-    t.add_row("time", _fmt_s(est.time_s))
-    if est.tokens and est.feasible:
-        t.add_row("tokens/s/GPU", f"{est.tokens_per_gpu_s:,.1f}")
-    if est.flops:
-        t.add_row("TFLOP/s/GPU", f"{est.tflops_per_gpu:.1f}")
-        t.add_row("MFU", f"{est.mfu:.1%}")
-    if est.memory:
-        t.add_row("memory/GPU", f"{_gib(est.memory.total)} of {_gib(est.memory.capacity)}")
-        for c in est.memory.COMPONENTS:
-            v = getattr(est.memory, c)
-            if v:
-                t.add_row(f"  {c}", _gib(v))
-    for k, v in est.breakdown.items():
-        if v:
-            t.add_row(f"  time: {k}", _fmt_s(v))
-    for k, v in est.extras.items():
-        t.add_row(f"  {k}", f"{v:,.4g}" if isinstance(v, float) else str(v))
-    console.print(t)
-
-
 @app.command("estimate")
 @user_errors
 def estimate_cmd(
@@ -121,26 +84,19 @@ def estimate_cmd(
     """Price one stage of an RL iteration (time, memory, throughput, MFU)."""
     import json
 
-    from earl.cost_model.model import STAGES
-    from earl.cost_model.resolve import make_cost_model
+    from earl.cost_model.report import estimate_stage, estimate_table
     from earl.specs import ParallelPlan
 
-    if stage not in STAGES:
-        raise ValueError(f"unknown stage {stage!r}; valid: {', '.join(STAGES)}")
-    cm = make_cost_model(model, hardware, gpus, network)
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=micro_batch, recompute=recompute,
-                        sharded_optimizer=sharded_optimizer).resolve(gpus)
-    if stage in ("reshard", "dispatch"):
-        dst = ParallelPlan.parse(to).resolve(gpus) if to else plan
-        est = (cm.reshard(plan, dst, include_optimizer=optimizer_state) if stage == "reshard"
-               else cm.dispatch(dispatcher, plan, dst, batch, context))
-    else:
-        est = cm.estimate(stage, plan, batch, context)
+                        sharded_optimizer=sharded_optimizer)
+    cm, est = estimate_stage(stage, model=model, hardware=hardware, gpus=gpus, plan=plan, batch=batch,
+                             context=context, to=to, dispatcher=dispatcher, network=network,
+                             optimizer_state=optimizer_state)
     if json_out:
         print(json.dumps(est.to_dict(), indent=2, default=str))
     else:
-        _print_estimate(est, f"{stage}: {cm.model.name} on {gpus} x {cm.profile.name}, "
-                             f"batch {batch} x {context} tokens")
+        console.print(estimate_table(est, f"{stage}: {cm.model.name} on {gpus} x {cm.profile.name}, "
+                                          f"batch {batch} x {context} tokens"))
 
 
 @app.command("plan")
@@ -163,66 +119,29 @@ def plan_cmd(
 ):
     """Enumerate every valid plan for a stage and rank them by predicted throughput."""
     import json
-    import time
 
-    from rich.table import Table
-
+    from earl.cost_model.report import ranking_dict, ranking_table, timed_ranking
     from earl.cost_model.resolve import make_cost_model
-    from earl.cost_model.search import rank_plans
+    from earl.policies.explain import decision_dict, explain_for_ranking, format_decision
 
     cm = make_cost_model(model, hardware, gpus, network)
-    t0 = time.perf_counter()
-    ranked = rank_plans(cm, stage, gpus, batch, context)
-    elapsed = time.perf_counter() - t0
-    decision = None
-    if selector:
-        decision = _select_for_plan_cmd(cm, selector, stage, gpus, batch, context, current,
-                                        context_p95, context_max, ranked)
-    shown = ranked[:top] if top else ranked
+    ranked, elapsed_s = timed_ranking(cm, stage, gpus, batch, context)
+    decision = None if not selector else explain_for_ranking(
+        selector, cm, stage, gpus, batch, context, ranked, current=current, context_p95=context_p95,
+        context_max=context_max)
     if json_out:
-        out = {"stage": stage, "plans_evaluated": len(ranked), "search_s": elapsed,
-               "plans": [e.to_dict() for _, e in shown]}
+        out = ranking_dict(stage, ranked, elapsed_s, top)
         if decision is not None:
-            out["decision"] = {"plan": decision.plan.describe(), "switched": decision.switched,
-                               "reason": decision.reason, "predicted": decision.predicted}
+            out["decision"] = decision_dict(decision)
         print(json.dumps(out, indent=2, default=str))
         return
-    n_ok = sum(e.feasible for _, e in ranked)
-    t = Table(title=f"{stage}: {cm.model.name} on {gpus} x {cm.profile.name}, batch {batch} x {context}: "
-                    f"{len(ranked)} plans ({n_ok} feasible) in {elapsed * 1e3:.0f} ms", title_justify="left")
-    for col in ("#", "plan", "tokens/s/GPU", "time", "MFU", "mem/GPU", "why not"):
-        t.add_column(col, justify="right" if col not in ("plan", "why not") else "left")
-    for i, (p, e) in enumerate(shown, 1):
-        t.add_row(str(i), p.describe(), f"{e.tokens_per_gpu_s:,.0f}" if e.feasible else "-", _fmt_s(e.time_s),
-                  f"{e.mfu:.1%}" if e.feasible and e.flops else "-",
-                  _gib(e.memory.total) if e.memory else "-", "" if e.feasible else e.reason)
-    console.print(t)
+    console.print(ranking_table(cm, stage, gpus, batch, context, ranked, elapsed_s, top))
     if decision is not None:
-        from earl.policies import format_decision
-
         console.print(format_decision(decision))
-
-
-def _select_for_plan_cmd(cm, selector, stage, gpus, batch, context, current, p95, mx, ranked):
-    """The selector's decision for `stage`, starting from `current` (default: the slowest
-    feasible plan, so the selector has something to improve on)."""
-    from earl.policies import explain_selection
-    from earl.specs import ParallelPlan, Stage, WorkloadStats
-
-    stage_map = {"decode": Stage.ROLLOUT, "prefill": Stage.ROLLOUT, "logprob": Stage.EXPERIENCE,
-                 "train": Stage.TRAIN}
-    if current:
-        cur = ParallelPlan.parse(current).resolve(gpus)
-    else:
-        feasible = [p for p, e in ranked if e.feasible]
-        cur = feasible[-1] if feasible else ranked[0][0]
-    stats = WorkloadStats(num_responses=batch, context_mean=context, context_p95=p95 or int(1.5 * context),
-                          context_max=mx or 2 * context)
-    return explain_selection(selector, cm, stage_map[stage], stats, cur)
 # </estimate-plan>
 
 # ============================================================================================
-# simulate / study  (earl/sim, studies/)
+# simulate  (earl/sim)
 # ============================================================================================
 # <simulate>
 @app.command()
@@ -238,53 +157,22 @@ def simulate(
     plots: bool = typer.Option(True, "--plots/--no-plots", help="write PNG plots"),
 ) -> None:
     """Discrete-event simulation of agentic RL training on a GPU cluster."""
-    import datetime
-
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
+    from earl.sim import report
     from earl.sim.run import check_out_dir, write_outputs
     from earl.sim.run import simulate as run_simulation
-    from earl.sim.scenario import load_scenario
 
-    sets = parse_sets(set_)
-    if steps is not None:
-        sets["scenario.steps"] = str(steps)
-    if fine:
-        sets["engine.fine"] = "true"
-    sc = load_scenario(scenario, sets)
-    pairs = sc.policies(compare)
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out_dir = check_out_dir(out or f"runs/sim-{stamp}")
-    console.print(f"[bold]{sc.name}[/]: {sc.model} on {sc.cluster_spec().num_gpus} x {sc.hardware} "
-                  f"({sc.network}), workload {sc.workload.name}, {sc.steps} steps, "
-                  f"{len(pairs)} polic{'y' if len(pairs) == 1 else 'ies'}")
+    sc, pairs = report.prepare(scenario, parse_sets(set_), steps=steps, fine=fine, compare=compare)
+    out_dir = check_out_dir(out or report.default_out_dir())
+    console.print(report.headline(sc, pairs))
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=True) as bar:
         task = bar.add_task("simulating", total=sc.steps * len(pairs))
-
-        def progress(label: str, step: int) -> None:
-            bar.update(task, advance=1, description=f"{label} step {step + 1}/{sc.steps}")
-
-        results = run_simulation(sc, compare=compare, progress=progress)
-    table = Table(title=f"{sc.name}: {sc.steps} steps, same seeded workload")
-    for col in ("policy", "tokens/s/GPU", "step time s", "OOM events", "truncated", "dispatch s",
-                "re-shard s", "sync s", "final plans (rollout | experience | train)"):
-        table.add_column(col, justify="left" if col.startswith(("policy", "final")) else "right")
-    for r in results:
-        s = r.summary
-        fp = s["final_plans"]
-        table.add_row(s["policy"], f"{s['throughput_tokens_per_gpu_s']:.1f}",
-                      f"{s['step_time_mean_s']:.1f}", str(s["oom_events"]),
-                      str(s["truncated_episodes"]), f"{s['dispatch_s']:.2f}",
-                      f"{s['reshard_s']:.1f}", f"{s['sync_s']:.1f}",
-                      f"{fp.get('rollout')} | {fp.get('experience')} | {fp.get('train')}")
-    console.print(table)
-    path = write_outputs(sc, results, out_dir, plots=plots)
-    events = sum(r.events for r in results)
-    wall = sum(r.wall_s for r in results)
-    console.print(f"wrote {path}/ (metrics.csv, summary.json, decisions.jsonl, trace.json"
-                  f"{', plots' if plots else ''}); {events:,} events in {wall:.1f} s")
+        results = run_simulation(sc, compare=compare, progress=lambda label, step: bar.update(
+            task, advance=1, description=f"{label} step {step + 1}/{sc.steps}"))
+    console.print(report.results_table(sc, results))
+    console.print(report.outputs_line(write_outputs(sc, results, out_dir, plots=plots), results, plots))
 # </simulate>
 
 # ============================================================================================
@@ -363,7 +251,7 @@ def run_cmd(
 # </run>
 
 # ============================================================================================
-# calibrate / validate
+# calibrate / validate  (earl/calibrate)
 # ============================================================================================
 # <calibrate>
 @app.command("calibrate")
@@ -382,37 +270,13 @@ def calibrate_cmd(
 ):
     """Measure this device (GEMMs, attention, copies, collectives), fit the cost model's
     efficiency curves and links, and write a version-stamped hardware profile."""
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-    from rich.progress import Progress as RichProgress
+    from earl.calibrate.report import quality_table
+    from earl.calibrate.runner import calibrate_to_file
 
-    from earl.calibrate import Progress, run_calibration
-    from earl.calibrate.report import quality_table, write_measurements
-    from earl.calibrate.runner import default_out, parse_phases
-
-    chosen = parse_phases(phases)
-    out_path = out or default_out(device)
-    if not out_path.endswith(".json"):
-        raise ValueError(f"--out {out_path!r} must name a .json file")
-
-    class Bar(Progress):
-        def __init__(self, rich_progress):
-            self.p, self.tasks = rich_progress, {}
-
-        def phase(self, name, total):
-            self.tasks[name] = self.p.add_task(name, total=total, label="")
-
-        def step(self, name, label):
-            self.p.update(self.tasks[name], advance=1, label=label)
-
-    columns = (TextColumn("{task.description:12s}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TextColumn("{task.fields[label]}"))
-    with RichProgress(*columns, console=err_console, transient=False) as rp:
-        res = run_calibration(device=device, budget_s=budget_s, phases=chosen, dtype=dtype,
-                              threads=threads, base=base, seed=seed, progress=Bar(rp))
-    res.profile.save(out_path)
+    res, out_path = calibrate_to_file(device=device, budget_s=budget_s, out=out, phases=phases, dtype=dtype,
+                                      threads=threads, base=base, seed=seed, measurements=measurements,
+                                      console=err_console)
     console.print(quality_table(res))
-    if measurements:
-        write_measurements(res, measurements)
     console.print(f"wrote {out_path} (load with --hardware {out_path})")
 
 
@@ -433,28 +297,17 @@ def validate_cmd(
     """Run the runtime for a few steps and the simulator on the same config and workload trace;
     print predicted vs. measured time per stage and peak memory, and the Kendall tau of the
     variants' ranking."""
-    from rich.table import Table
-
-    from earl.calibrate.validate import parse_variants, run_validation
-    from earl.runtime.run import resolve_config
-
-    overrides = parse_sets(sets)
-    if device is not None:
-        if device not in ("cpu", "cuda"):
-            raise ValueError(f"unknown device {device!r}; valid: cpu, cuda")
-        overrides["model.device"] = device
-        if device == "cuda" and dtype is None:
-            dtype = "bf16"
-    if dtype is not None:
-        overrides["model.dtype"] = dtype
-    cfg = resolve_config(config, overrides=overrides)
-    if str(cfg.model.device).startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError("device 'cuda' is not available here; use --device cpu")
     import warnings
 
+    from earl.calibrate.validate import (
+        parse_variants,
+        ranking_line,
+        run_validation,
+        validation_config,
+        validation_table,
+    )
+
+    cfg = validation_config(config, parse_sets(sets), device=device, dtype=dtype)
     with console.status("validating: runtime and simulator..."), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         res = run_validation(config=cfg, profile=hardware, steps=steps, warmup_steps=warmup_steps,
@@ -462,60 +315,17 @@ def validate_cmd(
     for w in caught:
         if "stamp mismatch" in str(w.message):
             err_console.print(f"[yellow]warning:[/] {w.message}", highlight=False)
-    t = Table(title=f"earl validate ({res.device}, profile {hardware}, {len(res.variants)} variant(s), "
-                    f"{steps - warmup_steps} scored step(s) each)")
-    for col in ("stage", "measured s", "predicted s", "median err", f"datasheet ({res.datasheet}) s",
-                "datasheet err", "err vs CPU time"):
-        t.add_column(col, justify="left" if col == "stage" else "right")
-    for r in res.table:  # last column: measured x the step's CPU share (other processes excluded)
-        t.add_row(r["stage"], f"{r['measured_s']:.4f}", f"{r['predicted_s']:.4f}", f"{r['median_err']:.1%}",
-                  f"{r['datasheet_s']:.4f}", f"{r['datasheet_median_err']:.1%}", f"{r['cpu_median_err']:.1%}")
-    for v in res.variants:
-        err = abs(v.peak_mem_predicted - v.peak_mem_measured) / v.peak_mem_measured
-        what = f"peak memory, {v.name}" + ("" if res.memory_comparable else " (CPU RSS: not comparable)")
-        t.add_row(what, f"{v.peak_mem_measured / 2**30:.3f} GiB",
-                  f"{v.peak_mem_predicted / 2**30:.3f} GiB", f"{err:.1%}" if res.memory_comparable else "-",
-                  "", "", "")
-    console.print(t)
-    if len(res.variants) > 1:
-        fmt = lambda x: "n/a" if x is None else f"{x:+.2f}"  # noqa: E731
-        console.print(f"Kendall tau of the variants' total time, predicted vs measured: calibrated "
-                      f"{fmt(res.kendall_tau)}, datasheet {fmt(res.kendall_tau_datasheet)}")
+    console.print(validation_table(res, hardware, steps - warmup_steps))
+    if ranking_line(res):
+        console.print(ranking_line(res))
     console.print(f"wrote {out}/validation.json, validation.csv, scatter.png")
 # </calibrate>
 
 
 # ============================================================================================
-# study  (studies/ at the repository root; earl never imports it, it runs the scripts)
+# study  (earl/studies.py runs the scripts of studies/ at the repository root)
 # ============================================================================================
 # <study>
-def _studies_dir():
-    from pathlib import Path
-
-    return Path(__file__).resolve().parent.parent / "studies"
-
-
-def _study_scripts() -> dict:
-    """{stem: path} of every study script (studies/s<N>_<name>.py), in study order."""
-    folder = _studies_dir()
-    if not folder.is_dir():
-        raise ValueError(f"no studies folder at {folder}: `earl study` runs the scripts of a repository checkout")
-    scripts = sorted(folder.glob("s[0-9]*_*.py"), key=lambda p: int(p.stem[1:].split("_")[0]))
-    return {p.stem: p for p in scripts}
-
-
-def resolve_study(name: str, scripts: dict) -> list:
-    """`s2`, `2`, `data_volume`, `s2_data_volume` or `all` -> the scripts to run."""
-    key = name.lower().replace("-", "_")
-    if key == "all":
-        return list(scripts.values())
-    for stem, path in scripts.items():
-        num, _, rest = stem.partition("_")
-        if key in (stem, num, num[1:], rest):
-            return [path]
-    raise ValueError(f"unknown study {name!r}; valid: {', '.join(scripts)} (or s<N>, <N>, all)")
-
-
 @app.command("study")
 @user_errors
 def study_cmd(
@@ -525,23 +335,14 @@ def study_cmd(
     list_: bool = typer.Option(False, "--list", help="list the studies and exit"),
 ):
     """Run an evaluation study: writes its CSV and PNG and prints its key table."""
-    import ast
-    import subprocess
+    from earl.studies import run_studies, study_summaries
 
-    scripts = _study_scripts()
     if list_ or name is None:
-        for stem, path in scripts.items():
-            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
-            summary = " ".join(doc.split("\n\n")[0].split())
-            console.print(f"[bold]{stem}[/]  {summary[:100] + ('...' if len(summary) > 100 else '')}",
-                          highlight=False)
+        for stem, summary in study_summaries():
+            console.print(f"[bold]{stem}[/]  {summary}", highlight=False)
         return
-    failed = []
-    for path in resolve_study(name, scripts):
-        cmd = [sys.executable, str(path)] + (["--out", out] if out else []) + (["--quick"] if quick else [])
-        console.print(f"[dim]$ {' '.join(cmd)}[/]", highlight=False)
-        if subprocess.run(cmd, check=False).returncode != 0:
-            failed.append(path.stem)
+    failed = run_studies(name, out=out, quick=quick, echo=lambda line: console.print(f"[dim]{line}[/]",
+                                                                                   highlight=False))
     if failed:
         err_console.print(f"[bold red]failed:[/] {', '.join(failed)}")
         raise typer.Exit(code=1)

@@ -341,3 +341,41 @@ def _build_profile(dev, dt, base_prof: HardwareProfile, overhead_s: float,
 
 def default_out(device: str) -> str:
     return os.path.join(os.getcwd(), f"earl-profile-{device}.json")
+
+
+class RichProgress(Progress):
+    """One rich progress bar per phase (what `earl calibrate` shows on stderr)."""
+
+    def __init__(self, rich_progress):
+        self.p, self.tasks = rich_progress, {}
+
+    def phase(self, name, total):
+        self.tasks[name] = self.p.add_task(name, total=total, label="")
+
+    def step(self, name, label):
+        self.p.update(self.tasks[name], advance=1, label=label)
+
+
+def calibrate_to_file(*, device: str = "cpu", budget_s: float = 90.0, out: str | None = None,
+                      phases: str = "all", dtype: str = "auto", threads: int = 0, base: str | None = None,
+                      seed: int = 0, measurements: str | None = None, console=None) -> tuple[CalibrationResult, str]:
+    """`earl calibrate`: measure, fit, save the profile to `out` (default ./earl-profile-<device>.json)
+    and the raw points to `measurements` if given; progress bars on the rich `console`."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress as RichBars
+
+    from earl.calibrate.report import write_measurements
+
+    chosen = parse_phases(phases)
+    out_path = out or default_out(device)
+    if not out_path.endswith(".json"):
+        raise ValueError(f"--out {out_path!r} must name a .json file")
+    columns = (TextColumn("{task.description:12s}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("{task.fields[label]}"))
+    with RichBars(*columns, console=console, transient=False) as rp:
+        res = run_calibration(device=device, budget_s=budget_s, phases=chosen, dtype=dtype,
+                              threads=threads, base=base, seed=seed, progress=RichProgress(rp))
+    res.profile.save(out_path)
+    if measurements:
+        write_measurements(res, measurements)
+    return res, out_path

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from earl.config import parse_sets
 from earl.cost_model import CostModel
 from earl.cost_model.profile import HardwareProfile, check_stamp, datasheet_profile, load_profile
 from earl.specs import MODEL_CATALOG, ClusterSpec, ModelSpec
@@ -216,14 +217,32 @@ def parse_variants(text: str | None) -> list[tuple[str, dict]]:
         return [("base", {})]
     out = []
     for part in (p.strip() for p in text.split(";") if p.strip()):
-        kv = {}
-        for item in part.split(","):
-            if "=" not in item:
-                raise ValueError(f"--variants expects key=value[,key=value][;...], got {item!r}")
-            k, v = item.split("=", 1)
-            kv[k.strip()] = v.strip()
-        out.append((part, kv))
+        out.append((part, parse_sets(part.split(","), flag="--variants")))
     return out
+
+
+def validation_config(config_file: str | None = None, sets: dict | None = None, *, device: str | None = None,
+                      dtype: str | None = None):
+    """`earl validate`'s run config: the file (or the default), `--set`s, then `--device` (cuda
+    defaults the dtype to bf16) and `--dtype`; a cuda device must be present."""
+    from earl.runtime.run import resolve_config
+
+    overrides = dict(sets or {})
+    if device is not None:
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"unknown device {device!r}; valid: cpu, cuda")
+        overrides["model.device"] = device
+        if device == "cuda" and dtype is None:
+            dtype = "bf16"
+    if dtype is not None:
+        overrides["model.dtype"] = dtype
+    cfg = resolve_config(config_file, overrides=overrides)
+    if str(cfg.model.device).startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("device 'cuda' is not available here; use --device cpu")
+    return cfg
 
 
 def run_validation(*, config, profile: str, steps: int = 4, warmup_steps: int = 1,
@@ -243,7 +262,7 @@ def run_validation(*, config, profile: str, steps: int = 4, warmup_steps: int = 
         raise ValueError(f"--out {out} already exists and is not an empty folder")
     prof = load_profile(profile)
     for _, ov in variants or []:
-        apply_overrides(config, ov)  # a typo in a variant fails before anything runs
+        apply_overrides(config, ov, where="--variants")  # a typo in a variant fails before anything runs
     if model and model.lower() in MODEL_CATALOG and model.lower() not in BUILTIN_MODELS:
         model = str(random_checkpoint(model.lower(), out / "model", config.model.dtype,
                                       str(config.model.device)))
@@ -275,6 +294,36 @@ def run_validation(*, config, profile: str, steps: int = 4, warmup_steps: int = 
         kendall_tau_datasheet=kendall_tau(meas, [v.total("datasheet") for v in results]))
     write_report(res, out)
     return res
+
+
+def validation_table(res: ValidationResult, hardware: str, scored_steps: int):
+    """Predicted vs measured time per stage and peak memory per variant (what the CLI prints)."""
+    from rich.table import Table
+
+    t = Table(title=f"earl validate ({res.device}, profile {hardware}, {len(res.variants)} variant(s), "
+                    f"{scored_steps} scored step(s) each)")
+    for col in ("stage", "measured s", "predicted s", "median err", f"datasheet ({res.datasheet}) s",
+                "datasheet err", "err vs CPU time"):
+        t.add_column(col, justify="left" if col == "stage" else "right")
+    for r in res.table:  # last column: measured x the step's CPU share (other processes excluded)
+        t.add_row(r["stage"], f"{r['measured_s']:.4f}", f"{r['predicted_s']:.4f}", f"{r['median_err']:.1%}",
+                  f"{r['datasheet_s']:.4f}", f"{r['datasheet_median_err']:.1%}", f"{r['cpu_median_err']:.1%}")
+    for v in res.variants:
+        err = abs(v.peak_mem_predicted - v.peak_mem_measured) / v.peak_mem_measured
+        what = f"peak memory, {v.name}" + ("" if res.memory_comparable else " (CPU RSS: not comparable)")
+        t.add_row(what, f"{v.peak_mem_measured / 2**30:.3f} GiB",
+                  f"{v.peak_mem_predicted / 2**30:.3f} GiB", f"{err:.1%}" if res.memory_comparable else "-",
+                  "", "", "")
+    return t
+
+
+def ranking_line(res: ValidationResult) -> str | None:
+    """The Kendall tau of the variants' ranking, when there are several variants."""
+    if len(res.variants) < 2:
+        return None
+    fmt = lambda x: "n/a" if x is None else f"{x:+.2f}"  # noqa: E731
+    return (f"Kendall tau of the variants' total time, predicted vs measured: calibrated "
+            f"{fmt(res.kendall_tau)}, datasheet {fmt(res.kendall_tau_datasheet)}")
 
 
 def to_dict(res: ValidationResult) -> dict:

@@ -36,6 +36,31 @@ def explain_selection(selector_name: str, cost_model, stage: Stage | str, stats:
     return selector.select(stage, stats, current)
 
 
+STAGE_OF = {"decode": Stage.ROLLOUT, "prefill": Stage.ROLLOUT, "logprob": Stage.EXPERIENCE,
+            "train": Stage.TRAIN}  # cost-model stage -> the RL stage a selector plans
+
+
+def explain_for_ranking(selector_name: str, cost_model, stage: str, gpus: int, batch: int, context: int,
+                        ranked: list, *, current: str | None = None, context_p95: int | None = None,
+                        context_max: int | None = None) -> Decision:
+    """`earl plan --selector`: the selector's decision for the cost-model `stage`, starting from
+    `current` (default: the slowest feasible plan of `ranked`, so the selector has something to
+    improve on). p95 / max context default to 1.5 x and 2 x `context`."""
+    if current:
+        cur = ParallelPlan.parse(current).resolve(gpus)
+    else:
+        feasible = [p for p, e in ranked if e.feasible]
+        cur = feasible[-1] if feasible else ranked[0][0]
+    stats = WorkloadStats(num_responses=batch, context_mean=context,
+                          context_p95=context_p95 or int(1.5 * context), context_max=context_max or 2 * context)
+    return explain_selection(selector_name, cost_model, STAGE_OF[stage], stats, cur)
+
+
+def decision_dict(decision: Decision) -> dict:
+    return {"plan": decision.plan.describe(), "switched": decision.switched, "reason": decision.reason,
+            "predicted": decision.predicted}
+
+
 def _fmt(v) -> str:
     if isinstance(v, bool):
         return "yes" if v else "no"

@@ -3,7 +3,7 @@
 Sources, later ones winning: the built-in default (tiny model, Tic-Tac-Toe vs a random
 opponent), a TOML/YAML file (sections [model], [env], [sampling], [trainer], top-level run keys),
 CLI flags, then `--set key=value` (dotted `trainer.lr=3e-4`, or a leaf name that is unique).
-A typo is an error naming the close matches.
+A typo is an error naming the close matches. The machinery (files, keys, types) is earl.config.
 
     earl run --set trainer.lr=3e-3 --set steps=50
 """
@@ -11,13 +11,11 @@ A typo is an error naming the close matches.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from earl.configfile import read_mapping_file
+from earl import config
 from earl.policies.registry import DISPATCHERS, SELECTORS
 
 ALGOS = ("grpo", "reinforce++")
@@ -148,112 +146,19 @@ class RunConfig:
         return self.groups * self.group_size
 
 
-SECTIONS = {"model": ModelConfig, "hardware": HardwareConfig, "plan": PlanConfig, "policy": PolicyConfig,
-            "env": EnvConfig, "sampling": SamplingConfig, "trainer": TrainerConfig}
-
-
-def all_keys() -> list[str]:
-    keys = [f.name for f in dataclasses.fields(RunConfig) if f.name not in SECTIONS]
-    for sec, cls in SECTIONS.items():
-        keys += [f"{sec}.{f.name}" for f in dataclasses.fields(cls)]
-    return keys
-
-
-def resolve_key(key: str) -> str:
-    """A dotted key, given a dotted key or a unique leaf name."""
-    keys = all_keys()
-    if key in keys:
-        return key
-    leaf = [k for k in keys if k.split(".")[-1] == key]
-    if len(leaf) == 1:
-        return leaf[0]
-    close = list(dict.fromkeys(difflib.get_close_matches(key, keys + [k.split(".")[-1] for k in keys],
-                                                         n=3)))
-    hint = f" (did you mean {', '.join(close)}?)" if close else ""
-    raise ValueError(f"unknown config key {key!r}{hint}; valid: {', '.join(keys)}")
-
-
-def _convert(key: str, value, typ):
-    """Coerce a (string or parsed) value to a field's type; ValueError on a mismatch."""
-    origin = typing.get_origin(typ)
-    try:
-        if typ is bool:
-            if isinstance(value, bool):
-                return value
-            if str(value).lower() in ("true", "1", "yes", "on"):
-                return True
-            if str(value).lower() in ("false", "0", "no", "off"):
-                return False
-            raise ValueError
-        if typ is int:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            return int(value)
-        if typ is float:
-            return float(value)
-        if typ is str:
-            if not isinstance(value, (str, int, float)):
-                raise ValueError
-            return str(value)
-        if origin is tuple:
-            if isinstance(value, str):
-                value = json.loads(value) if value.strip().startswith("[") else value.split(",")
-            args = typing.get_args(typ)
-            elem = args[0]
-            return tuple(_convert(key, v, elem) for v in value)
-    except (ValueError, TypeError, json.JSONDecodeError):
-        pass
-    else:
-        raise AssertionError(f"unhandled config type {typ}")
-    raise ValueError(f"config key {key!r}: cannot use {value!r} as {getattr(typ, '__name__', typ)}")
-
-
-def _field_types(cls) -> dict:
-    return typing.get_type_hints(cls)
-
-
 def to_dict(cfg: RunConfig) -> dict:
     return json.loads(json.dumps(dataclasses.asdict(cfg)))
 
 
-def apply_overrides(cfg: RunConfig, overrides: dict) -> RunConfig:
+def apply_overrides(cfg: RunConfig, overrides: dict, where: str = "--set") -> RunConfig:
     """Return `cfg` with `{key: value}` applied (dotted or unique-leaf keys)."""
-    top: dict = {}
-    sections: dict[str, dict] = {}
-    for raw_key, value in overrides.items():
-        key = resolve_key(raw_key)
-        if "." in key:
-            sec, name = key.split(".")
-            typ = _field_types(SECTIONS[sec])[name]
-            sections.setdefault(sec, {})[name] = _convert(key, value, typ)
-        else:
-            top[key] = _convert(key, value, _field_types(RunConfig)[key])
-    for sec, vals in sections.items():
-        top[sec] = dataclasses.replace(getattr(cfg, sec), **vals)
-    return dataclasses.replace(cfg, **top)
+    return config.apply_overrides(cfg, overrides, where=where)
 
 
-def from_dict(data: dict, base: RunConfig | None = None) -> RunConfig:
+def from_dict(data: dict, base: RunConfig | None = None, where: str = "the saved config") -> RunConfig:
     """Nested dict (as in a TOML/YAML file or a checkpoint) -> RunConfig; typos are errors."""
-    if not isinstance(data, dict):
-        raise ValueError(f"config must be a mapping of keys to values, got {type(data).__name__}")
-    flat: dict = {}
-    for k, v in data.items():
-        if k in SECTIONS:
-            if not isinstance(v, dict):
-                raise ValueError(f"config section [{k}] must be a table, got {v!r}")
-            for kk, vv in v.items():
-                flat[f"{k}.{kk}"] = vv
-        else:
-            flat[k] = v
-    for k in flat:  # dotted keys only here: a file names its sections
-        if k not in all_keys():
-            close = difflib.get_close_matches(k, all_keys(), n=3)
-            hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            raise ValueError(f"unknown config key {k!r}{hint}")
-    return apply_overrides(base or RunConfig(), flat)
+    return config.from_mapping(RunConfig, data, where=where, base=base)
 
 
 def load_config_file(path: str | Path) -> RunConfig:
-    data = read_mapping_file(path, "config file")
-    return from_dict(data)
+    return config.load(RunConfig, path)

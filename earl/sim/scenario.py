@@ -2,8 +2,9 @@
 
 A scenario names the model, the cluster, the workload, the initial plan per RL stage and the
 policies to evaluate. Files are sectioned (`[cluster]`, `[workload]`, ...); every key is also
-addressable in dotted form (`--set cluster.nodes=4`, `--set workload.gen_tokens=300`). Unknown
-keys are errors naming the closest valid keys. Built-in scenarios live in
+addressable in dotted form (`--set cluster.nodes=4`, `--set workload.gen_tokens=300`) or, in
+`--set`, by a unique leaf name (`--set nodes=4`). Unknown keys are errors naming the closest
+valid keys. Files, keys and types are handled by earl.config. Built-in scenarios live in
 `earl/sim/scenarios/*.toml` and load by name (`earl simulate tool-use`).
 
     python -c "from earl.sim.scenario import load_scenario; print(load_scenario(None, {'scenario.steps': '3'}))"
@@ -11,12 +12,10 @@ keys are errors naming the closest valid keys. Built-in scenarios live in
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from earl.configfile import read_mapping_file
+from earl.config import flatten, keys_of, read_mapping, replace_keys, resolve_values, to_flat
 from earl.parallel import validate_plan
 from earl.specs import (
     ClusterSpec,
@@ -129,104 +128,30 @@ class Scenario:
 
     def to_flat(self) -> dict:
         """The scenario as dotted keys (what `--set` accepts), for summary.json."""
-        out = {}
-        for key, (attr, _) in KEYS.items():
-            if key.startswith("workload."):
-                sub = key.split(".", 1)[1]
-                out[key] = self.workload.name if sub == "preset" else getattr(self.workload, sub)
-            else:
-                v = getattr(self, attr)
-                out[key] = list(v) if isinstance(v, tuple) else v
-        return out
+        return to_flat(self, KEYS)
 
 
-# dotted key -> (Scenario attribute or WorkloadSpec field, type)
-KEYS: dict[str, tuple[str, type]] = {
-    "scenario.name": ("name", str), "scenario.seed": ("seed", int),
-    "scenario.steps": ("steps", int),
-    "model.name": ("model", str),
-    "cluster.hardware": ("hardware", str), "cluster.nodes": ("nodes", int),
-    "cluster.gpus_per_node": ("gpus_per_node", int), "cluster.network": ("network", str),
-    "cluster.profile": ("profile", str),
-    "plan.rollout": ("rollout_plan", str), "plan.experience": ("experience_plan", str),
-    "plan.train": ("train_plan", str),
-    "policy.selector": ("selector", str), "policy.dispatcher": ("dispatcher", str),
-    "policy.compare": ("compare", tuple),
-    "engine.max_num_seqs": ("max_num_seqs", int), "engine.fine": ("fine", bool),
-    "experience.logprob_passes": ("logprob_passes", int),
-    "failure.oom_restart_s": ("oom_restart_s", float),
-    "workload.preset": ("preset", str),
+# public dotted key of each Scenario attribute (workload fields keep their own: workload.gen_tokens)
+KEY_NAMES = {
+    "name": "scenario.name", "seed": "scenario.seed", "steps": "scenario.steps",
+    "model": "model.name",
+    "hardware": "cluster.hardware", "nodes": "cluster.nodes", "gpus_per_node": "cluster.gpus_per_node",
+    "network": "cluster.network", "profile": "cluster.profile",
+    "rollout_plan": "plan.rollout", "experience_plan": "plan.experience", "train_plan": "plan.train",
+    "selector": "policy.selector", "dispatcher": "policy.dispatcher", "compare": "policy.compare",
+    "max_num_seqs": "engine.max_num_seqs", "fine": "engine.fine",
+    "logprob_passes": "experience.logprob_passes",
+    "oom_restart_s": "failure.oom_restart_s",
+    "workload.name": "workload.preset",  # picks the base workload; other workload keys override it
 }
-for _f in dataclasses.fields(WorkloadSpec):
-    if _f.name != "name":
-        KEYS[f"workload.{_f.name}"] = (_f.name, _f.type if isinstance(_f.type, type) else
-                                      {"int": int, "float": float, "str": str}[_f.type])
-_KEY_OF = {attr: key for key, (attr, _) in KEYS.items() if not key.startswith("workload.")}
-
-
-def unknown_key_error(key: str, where: str) -> ValueError:
-    close = difflib.get_close_matches(key, KEYS, n=3, cutoff=0.5)
-    hint = f"; closest valid keys: {', '.join(close)}" if close else \
-        f"; valid sections: {', '.join(sorted({k.split('.')[0] for k in KEYS}))}"
-    return ValueError(f"unknown scenario key {key!r} in {where}{hint}")
-
-
-def _convert(key: str, value, kind: type, where: str):
-    """A file value (already typed) or a --set string, checked against the key's type."""
-    bad = ValueError(f"{key} = {value!r} in {where}: expected {kind.__name__}")
-    if kind is tuple:
-        if isinstance(value, str):
-            return tuple(v.strip() for v in value.split(",") if v.strip())
-        if isinstance(value, list) and all(isinstance(v, str) for v in value):
-            return tuple(value)
-        raise bad
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.lower() in ("true", "1", "yes")
-        raise bad
-    if isinstance(value, bool):
-        raise bad
-    if kind is int:
-        if isinstance(value, int):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                raise bad from None
-        raise bad
-    if kind is float:
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                raise bad from None
-        raise bad
-    if not isinstance(value, (str, int, float)):
-        raise bad
-    return str(value)
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
+KEYS = keys_of(Scenario, rename=KEY_NAMES, what="scenario")
+_KEY_OF = {k.path[0]: name for name, k in KEYS.items() if len(k.path) == 1}
 
 
 def read_scenario_file(path: str | Path) -> dict:
     """A scenario file as dotted keys -> values (TOML via tomllib, YAML via yaml.safe_load)."""
-    data = read_mapping_file(path, "scenario file",
-                             f" (built-in scenarios: {', '.join(builtin_scenarios())})")
-    return _flatten(data)
+    data = read_mapping(path, "scenario file", f" (built-in scenarios: {', '.join(builtin_scenarios())})")
+    return flatten(data, where=str(path))
 
 
 def builtin_scenarios() -> list[str]:
@@ -243,36 +168,25 @@ def resolve_scenario_path(name_or_path: str | Path | None) -> Path:
     return p
 
 
-def build_scenario(flat: dict, where: str = "scenario") -> Scenario:
-    """Dotted keys -> Scenario (workload.preset picks the base workload, other workload keys
-    override it)."""
-    scen_kw, work_kw = {}, {}
-    for key, value in flat.items():
-        if key not in KEYS:
-            raise unknown_key_error(key, where)
-        attr, kind = KEYS[key]
-        v = _convert(key, value, kind, where)
-        (work_kw if key.startswith("workload.") else scen_kw)[attr] = v
-    base = preset(work_kw.pop("preset")) if "preset" in work_kw else WorkloadSpec()
-    try:
-        workload = dataclasses.replace(base, **work_kw)
-    except TypeError as e:  # a mistyped value reaching a comparison in __post_init__
-        raise ValueError(f"workload in {where}: {e}") from None
-    return Scenario(workload=workload, **scen_kw)
+def build_scenario(values: dict, where: str = "scenario") -> Scenario:
+    """Typed dotted keys -> Scenario (workload.preset picks the base workload, other workload
+    keys override it)."""
+    values = dict(values)
+    name = values.pop("workload.preset", None)
+    custom = name is None or name == WorkloadSpec().name  # "custom": the defaults (as to_flat writes)
+    base = Scenario() if custom else Scenario(workload=preset(name))
+    return replace_keys(base, values, KEYS, where=where)
 
 
 def load_scenario(name_or_path: str | Path | None = None, sets: dict | None = None) -> Scenario:
     """File (or built-in name; None: the default) + `--set` overrides -> a checked Scenario."""
     path = resolve_scenario_path(name_or_path)
-    flat = read_scenario_file(path)
-    for key in sets or {}:
-        if key not in KEYS:
-            raise unknown_key_error(key, "--set")
-    merged = {**flat, **(sets or {})}
-    if "workload.preset" in (sets or {}) and "workload.preset" in flat:
+    from_file = resolve_values(read_scenario_file(path), KEYS, where=str(path), leaf=False)
+    from_sets = resolve_values(sets or {}, KEYS, where="--set")
+    if "workload.preset" in from_sets:
         # a new preset replaces the file's workload wholesale, keeping only explicit --set keys
-        merged = {k: v for k, v in merged.items()
-                  if not k.startswith("workload.") or k in (sets or {})}
+        from_file = {k: v for k, v in from_file.items() if not k.startswith("workload.")}
+    merged = {**from_file, **from_sets}
     return build_scenario(merged, where=str(path) if not sets else f"{path} / --set").check()
 
 

@@ -14,9 +14,9 @@ def test_overrides_dotted_and_leaf():
 
 
 @pytest.mark.parametrize("over,match", [
-    ({"trainer.lrr": "1"}, "did you mean"), ({"steps": "1.5"}, "as int"), ({"steps": "0"}, ">= 1"),
+    ({"trainer.lrr": "1"}, "did you mean"), ({"steps": "1.5"}, "expected int"), ({"steps": "0"}, ">= 1"),
     ({"selector": "best"}, "valid: static"), ({"trainer.algo": "ppo"}, "valid: grpo"),
-    ({"plots": "maybe"}, "as bool"), ({"trainer.algo": "grpo", "group_size": "1"}, "group_size")])
+    ({"plots": "maybe"}, "expected bool"), ({"trainer.algo": "grpo", "group_size": "1"}, "group_size")])
 def test_bad_overrides(over, match):
     with pytest.raises(ValueError, match=match):
         apply_overrides(RunConfig(), over)
