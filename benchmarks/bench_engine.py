@@ -29,10 +29,10 @@ def run_episodes(engine: TorchEngine, *, episodes: int, turns: int, obs: int, ge
     t0 = time.perf_counter()
     for start in range(0, episodes, batch):
         n = min(batch, episodes - start)
-        b = engine.open(n)
+        b = engine.open(n, seeds=[seed * 1_000_003 + start + r for r in range(n)])
         for _ in range(turns):
             inputs = {r: torch.randint(3, vocab, (obs,), generator=g).tolist() for r in range(n)}
-            outs = b.generate(inputs, params, g)
+            outs = b.generate(inputs, params)
             produced += sum(len(o.token_ids) for o in outs.values())
         b.close(range(n))
     return produced, time.perf_counter() - t0

@@ -13,7 +13,7 @@ from earl.calibrate.overhead import ForwardPoint, fit_overhead
 from earl.calibrate.validate import STAGES, kendall_tau, parse_variants, run_validation
 from earl.cli import app
 from earl.cost_model.profile import load_profile
-from earl.runtime.loop import resolve_config
+from earl.runtime.run import resolve_config
 
 SMALL = {"groups": 2, "group_size": 2}
 

@@ -12,9 +12,9 @@ import torch
 from earl.policies.balance import balance_samples, round_robin_samples
 from earl.policies.dispatch import CentralizedDispatcher, LayoutAwareDispatcher
 from earl.policies.types import Layout, Sample
+from earl.runtime.advantages import AdvantageSpec
 from earl.runtime.dispatch import check_delivery, execute_dispatch
 from earl.runtime.dist import run_local
-from earl.runtime.advantages import AdvantageSpec
 from earl.specs import ParallelPlan
 
 GROUP_SIZE = 3
@@ -53,27 +53,39 @@ def produce(s: Sample) -> dict[str, torch.Tensor]:
 
 
 def expected_advantages(samples, spec: AdvantageSpec) -> dict[int, torch.Tensor]:
-    """runtime-1's single-process estimators on the whole batch (earl.runtime.trainer)."""
-    from earl.runtime.trainer import grpo_advantages, reinforce_pp_advantages
+    """The estimators' reference formulas on the whole batch, on one process.
 
-    items = [produce(s) for s in samples]
-    width = max(s.tokens for s in samples)
-
-    def pad(name, fill=0):
-        out = torch.full((len(samples), width), fill, dtype=items[0][name].dtype)
-        for r, it in enumerate(items):
-            out[r, :it[name].numel()] = it[name]
-        return out
-
-    mask = pad("loss_mask")
+    GRPO: (reward - group mean) / (group std + eps) on every generated token. REINFORCE++: the
+    undiscounted return-to-go of the token rewards, minus the batch mean (or, per turn, the
+    mean of the same turn index), divided by the std of the centred returns over all generated
+    tokens of the batch (+ eps)."""
+    items = {s.id: produce(s) for s in samples}
+    out = {}
     if spec.estimator == "grpo":
-        per_sample = grpo_advantages(torch.cat([it["rewards"] for it in items]),
-                                     torch.tensor([s.group for s in samples]))
-        adv = per_sample[:, None] * mask
-    else:
-        adv = reinforce_pp_advantages(pad("token_rewards"), mask, pad("old_logprobs"), None, 0.0,
-                                      turn_ids=pad("turn_ids", -1) if spec.per_turn else None)
-    return {s.id: adv[r, :s.tokens] for r, s in enumerate(samples)}
+        for g in {s.group for s in samples}:
+            ids = [s.id for s in samples if s.group == g]
+            r = torch.cat([items[i]["rewards"] for i in ids]).double()
+            adv = (r - r.mean()) / (r.std(unbiased=False) + spec.eps)
+            for i, a in zip(ids, adv.tolist(), strict=True):
+                out[i] = (a * items[i]["loss_mask"].double()).float()
+        return out
+    returns = {i: it["token_rewards"].double().flip(0).cumsum(0).flip(0) for i, it in items.items()}
+    masks = {i: it["loss_mask"] for i, it in items.items()}
+    keys = {i: it["turn_ids"] if spec.per_turn else torch.zeros_like(it["turn_ids"]) for i, it in items.items()}
+    values: dict[int, list[float]] = {}  # baseline key -> returns of the generated tokens
+    for i in items:
+        for k, v in zip(keys[i][masks[i]].tolist(), returns[i][masks[i]].tolist(), strict=True):
+            values.setdefault(k, []).append(v)
+    means = {k: sum(v) / len(v) for k, v in values.items()}
+    centred = {i: torch.tensor([v - means[k] for k, v in zip(keys[i][masks[i]].tolist(),
+                                                             returns[i][masks[i]].tolist(), strict=True)],
+                               dtype=torch.float64) for i in items}
+    std = torch.cat(list(centred.values())).pow(2).mean().sqrt().item()
+    for i in items:
+        adv = torch.zeros_like(returns[i])
+        adv[masks[i]] = centred[i] / (std + spec.eps)
+        out[i] = adv.float()
+    return out
 
 
 def layouts(samples, src_plan, dst_plan):

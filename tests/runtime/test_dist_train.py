@@ -1,30 +1,37 @@
 """A training step under tp x dp = 2 x 2 (4 gloo ranks, ZeRO-1 optimizer) gives the same loss
-and updated weights as one process running runtime-1's Trainer on the whole batch.
+and updated weights as one process running the loss and plain AdamW (torch.optim.AdamW with
+global-norm clipping, written out here) on the whole batch; so does `train_step` on one process
+(plan tp1-dp1, no process group).
 
     OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_dist_train.py
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from earl.parallel import build_plan_groups, holdings
 from earl.policies.balance import balance_samples
-from earl.policies.types import Sample
+from earl.policies.types import Layout, Sample
+from earl.runtime.advantages import AdvantageSpec, distributed_advantages
 from earl.runtime.config import TrainerConfig
 from earl.runtime.dist import run_local
 from earl.runtime.model import build_builtin
+from earl.runtime.optim import ShardedAdamW, train_step
 from earl.runtime.rollout import Trajectory
 from earl.runtime.tp import apply_tp, param_shapes
-from earl.runtime.trainer import Trainer, collate
+from earl.runtime.trainer import ExperienceBatch, Trainer, batch_logprobs, collate
 from earl.specs import ParallelPlan
 
 CFG = TrainerConfig(algo="grpo", lr=1e-2, grad_clip=0.5, token_budget=64, entropy_coef=0.01, lr_decay="none")
 STEPS = 2
 
 
-def make_batch(n: int = 8, seed: int = 0):
+def make_batch(n: int = 8, seed: int = 0) -> ExperienceBatch:
+    """A prepared batch: old log-probs of the initial model, GRPO advantages (one process)."""
     gen = torch.Generator().manual_seed(seed)
     trajs = []
     for i in range(n):
@@ -33,58 +40,106 @@ def make_batch(n: int = 8, seed: int = 0):
         mask = [0] * 4 + (torch.rand(length - 4, generator=gen) > 0.3).int().tolist()
         trajs.append(Trajectory(episode_id=i, group_id=i // 4, token_ids=ids, loss_mask=mask,
                                 logprobs=[0.0] * length, reward=float(torch.rand(1, generator=gen))))
-    pol = build_builtin("tiny", seed=0)
-    trainer = Trainer(pol.model, CFG, temperature=1.0)
-    return trainer.prepare(collate(trajs, pad_id=0))
+    batch = collate(trajs, pad_id=0)
+    old = batch_logprobs(build_builtin("tiny", seed=0).model, batch, 1.0, CFG.token_budget)
+    samples = [Sample(id=i, tokens=len(t.token_ids), group=t.group_id) for i, t in enumerate(trajs)]
+    store = {i: {"input_ids": batch.input_ids[i, :s.tokens], "loss_mask": batch.loss_mask[i, :s.tokens],
+                 "rewards": batch.rewards[i].reshape(1)} for i, s in enumerate(samples)}
+    distributed_advantages(store, samples, Layout(ParallelPlan(), (tuple(range(n)),)),
+                           AdvantageSpec(estimator="grpo"))
+    adv = torch.zeros(batch.input_ids.shape)
+    for i, s in enumerate(samples):
+        adv[i, :s.tokens] = store[i]["advantages"]
+    return dataclasses.replace(batch, old_logprobs=old, ref_logprobs=old, advantages=adv)
+
+
+def reference_step(trainer: Trainer, opt: torch.optim.Optimizer, batch: ExperienceBatch) -> dict:
+    """One optimizer step on the whole batch, the plain way: token-mean loss, global-norm clip,
+    torch's AdamW."""
+    opt.zero_grad(set_to_none=True)
+    n = float(batch.loss_mask.sum())
+    sums = trainer.backward(batch, n)
+    params = [p for p in trainer.model.parameters() if p.grad is not None]
+    norm = float(torch.nn.utils.clip_grad_norm_(params, CFG.grad_clip))
+    opt.step()
+    return {"loss": sums["loss"] / n, "grad_norm": norm, "train_tokens": n}
+
+
+def reference_run(batch: ExperienceBatch):
+    model = build_builtin("tiny", seed=0).model
+    trainer = Trainer(model, CFG, temperature=1.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=CFG.lr, betas=CFG.betas, weight_decay=CFG.weight_decay)
+    stats = [reference_step(trainer, opt, batch) for _ in range(STEPS)]
+    return stats, {n: p.detach() for n, p in model.named_parameters()}
 
 
 def _train_worker(batch, plan: ParallelPlan):
-    from earl.runtime.dist_train import dist_train_step, make_dist_trainer
-
     groups = build_plan_groups(plan)
     model = build_builtin("tiny", seed=0).model
     shapes = param_shapes(model)
     apply_tp(model, plan.tp, groups.tp_rank, groups.tp_group)
-    trainer, optim = make_dist_trainer(model, shapes, groups, CFG, temperature=1.0)
+    trainer = Trainer(model, CFG, temperature=1.0)
+    optim = ShardedAdamW(model, shapes, groups, CFG)
     samples = [Sample(id=i, tokens=int(n)) for i, n in enumerate(batch.loss_mask.sum(1))]
     assignment, _ = balance_samples(samples, plan.dp)
     local = batch.select(list(assignment[groups.dp_rank]))
-    stats = [dist_train_step(trainer, optim, local) for _ in range(STEPS)]
+    stats = [train_step(trainer, optim, local) for _ in range(STEPS)]
     return stats, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def check_weights(weights: dict, want: dict, init: dict, label: str, mean_tol: float) -> float:
+    """Updated weights against the reference's (same slices); returns how far the reference
+    moved from `init`."""
+    moved = 0.0
+    for name, w in weights.items():
+        if name.endswith("k_proj.bias"):
+            # q.(k + b) shifts every score of a query equally: softmax ignores it, the true
+            # gradient is 0 and AdamW turns rounding noise (~1e-10) into tiny, differing steps
+            assert float((w - want[name]).abs().max()) < 0.05 * CFG.lr * STEPS, f"{label} {name}"
+            continue
+        # AdamW divides by sqrt(v): entries with tiny gradients amplify rounding differences,
+        # so the bound is 1% of one lr-sized step; the typical entry agrees far closer
+        diff = (w - want[name]).abs()
+        assert float(diff.max()) < 0.01 * CFG.lr, f"{label} {name}: {float(diff.max())}"
+        assert float(diff.mean()) < mean_tol, f"{label} {name}: mean {float(diff.mean())}"
+        moved = max(moved, float((want[name] - init[name]).abs().max()))
+    return moved
+
+
+def test_one_process_train_step_is_plain_adamw():
+    """One process (tp1-dp1, no process group): ShardedAdamW + train_step is plain AdamW. Not
+    bit-exact: the strategy takes the clipping norm in float64, torch in float32."""
+    batch = make_batch()
+    ref_stats, ref_w = reference_run(batch)
+    stats, weights = _train_worker(batch, ParallelPlan())
+    for got, want in zip(stats, ref_stats, strict=True):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-6, abs=1e-7)
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-6)
+        assert got["train_tokens"] == want["train_tokens"]
+    init_w = {n: p.detach() for n, p in build_builtin("tiny", seed=0).model.named_parameters()}
+    assert check_weights(weights, ref_w, init_w, "one process", mean_tol=1e-7) > 1e-3, "no update"
+    assert ref_stats[0]["grad_norm"] > CFG.grad_clip  # the clip was exercised
 
 
 @pytest.mark.dist
 def test_tp2_dp2_step_matches_single_process():
     batch = make_batch()
-    pol = build_builtin("tiny", seed=0)
-    ref = Trainer(pol.model, CFG, temperature=1.0)
-    ref_stats = [ref._optimizer_step(batch) for _ in range(STEPS)]
-    ref_w = {n: p.detach() for n, p in pol.model.named_parameters()}
+    ref_stats, ref_w = reference_run(batch)
     init_w = {n: p.detach() for n, p in build_builtin("tiny", seed=0).model.named_parameters()}
     plan = ParallelPlan(tp=2, dp=2, sharded_optimizer=True)
     results = run_local(_train_worker, 4, batch, plan, timeout_s=120)
-    shapes = param_shapes(pol.model)
+    shapes = param_shapes(build_builtin("tiny", seed=0).model)
     for rank, (stats, weights) in enumerate(results):
         for got, want in zip(stats, ref_stats, strict=True):
             assert got["loss"] == pytest.approx(want["loss"], rel=1e-4, abs=1e-6)
             assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
             assert got["train_tokens"] == want["train_tokens"]
-        moved = 0.0
-        for name, w in weights.items():
-            p = shapes[name]
-            lo, hi = holdings(p, plan, optimizer=False)[rank]
-            want = ref_w[name].narrow(p.shard_dim, lo, hi - lo)
-            if name.endswith("k_proj.bias"):
-                # q.(k + b) shifts every score of a query equally: softmax ignores it, the true
-                # gradient is 0 and AdamW turns rounding noise (~1e-10) into tiny, differing steps
-                assert float((w - want).abs().max()) < 0.05 * CFG.lr * STEPS
-                continue
-            # AdamW divides by sqrt(v): entries with tiny gradients amplify rounding differences,
-            # so the bound is 1% of one lr-sized step; the typical entry agrees far closer
-            diff = (w - want).abs()
-            assert float(diff.max()) < 0.01 * CFG.lr, f"rank {rank} {name}: {float(diff.max())}"
-            assert float(diff.mean()) < 1e-5, f"rank {rank} {name}: mean {float(diff.mean())}"
-            moved = max(moved, float((want - init_w[name].narrow(p.shard_dim, lo, hi - lo)).abs().max()))
+        mine = {}
+        for name, full in (("want", ref_w), ("init", init_w)):
+            mine[name] = {}
+            for n, t in full.items():
+                lo, hi = holdings(shapes[n], plan, optimizer=False)[rank]
+                mine[name][n] = t.narrow(shapes[n].shard_dim, lo, hi - lo)
+        moved = check_weights(weights, mine["want"], mine["init"], f"rank {rank}", mean_tol=1e-5)
         assert moved > 1e-3, "the step did not change the weights"
     assert ref_stats[0]["grad_norm"] > CFG.grad_clip  # the global clip was exercised
-

@@ -1,9 +1,10 @@
-"""Engine: log-probs equal a plain forward pass; cross-turn KV cache equals re-prefill."""
+"""Engine: log-probs equal a plain forward pass; cross-turn KV cache equals re-prefill; an
+episode's sampled tokens depend on its own seed only, never on the batch it is played in."""
 
 import pytest
 import torch
 
-from earl.runtime.engine import SamplingParams, TorchEngine, sample_tokens
+from earl.runtime.engine import SamplingParams, TorchEngine, counter_uniform, sample_tokens
 
 
 def plain_logprobs(model, ids, temperature=1.0):
@@ -15,13 +16,12 @@ def plain_logprobs(model, ids, temperature=1.0):
 
 def play(engine, tok, params, seed=0, turns=3):
     """Three episodes of different lengths, one closing early; returns tokens + logprobs."""
-    batch = engine.open(3)
-    gen = torch.Generator().manual_seed(seed)
+    batch = engine.open(3, seeds=[seed * 10 + r for r in range(3)])
     seqs = {r: [] for r in range(3)}
     lps = {r: [] for r in range(3)}
     inputs = {0: tok.encode("hello"), 1: tok.encode("a longer prompt here"), 2: tok.encode("x")}
     for turn in range(turns):
-        outs = batch.generate(inputs, params, gen)
+        outs = batch.generate(inputs, params)
         for r, o in outs.items():
             seqs[r] += inputs[r]
             lps[r] += [None] * len(inputs[r])
@@ -71,6 +71,52 @@ def test_batched_equals_one_at_a_time_greedy(tiny):
         assert alone.logprobs == pytest.approx(together[i].logprobs, abs=1e-5)
 
 
+def _episodes(engine, tok, params, episodes, turns):
+    """Play `episodes` (name, prompt, seed, turns it lasts) as one episode batch for up to
+    `turns` turns; each observation depends on the episode's prompt and the turn only. Returns
+    per episode name its generated token ids, per turn."""
+    batch = engine.open(len(episodes), seeds=[seed for _, _, seed, _ in episodes])
+    out = {name: [] for name, *_ in episodes}
+    inputs = {r: tok.encode(prompt) for r, (_, prompt, _, _) in enumerate(episodes)}
+    for turn in range(turns):
+        gens = batch.generate(inputs, params)
+        for r, g in gens.items():
+            out[episodes[r][0]].append(g.token_ids)
+        done = [r for r in gens if episodes[r][3] <= turn + 1]
+        batch.close(done)
+        inputs = {r: tok.encode(f"obs {turn} " * (1 + len(episodes[r][1]) % 3)) for r in gens if r not in done}
+        if not inputs:
+            break
+    return out
+
+
+@pytest.mark.parametrize("reuse_kv", [True, False])
+def test_sampled_tokens_do_not_depend_on_the_batch(tiny, reuse_kv):
+    """Temperature 1, several turns: an episode samples the very same tokens alone or among
+    others (rows of other lengths, a row closing early, another order); group members (same
+    prompt and observations) with different seeds sample different tokens, with equal seeds
+    the same ones."""
+    tok = tiny.tokenizer
+    eng = TorchEngine(tiny.model, tok, reuse_kv=reuse_kv)
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, stop_at_eos=False)
+    turns = 4
+    episodes = [("g0", "tic tac", 101, turns), ("g1", "tic tac", 202, turns),
+                ("long", "a much longer prompt, this one", 303, turns), ("g0-again", "tic tac", 101, turns),
+                ("short", "7", 505, 2)]
+    together = _episodes(eng, tok, params, episodes, turns)
+    assert {k: len(v) for k, v in together.items()} == {"g0": 4, "g1": 4, "long": 4, "g0-again": 4, "short": 2}
+    assert all(len(t) == 6 for v in together.values() for t in v)
+    for ep in episodes:
+        alone = _episodes(eng, tok, params, [ep], turns)
+        assert alone[ep[0]] == together[ep[0]], f"episode {ep[0]} sampled differently in a batch"
+    # a differently composed batch, in another order, changes nothing either
+    other = _episodes(eng, tok, params, [episodes[4], episodes[2], episodes[1]], turns)
+    assert all(other[k] == together[k] for k in ("short", "long", "g1"))
+    # group members: different seeds differ (on most turns), equal seeds agree
+    assert together["g0"] == together["g0-again"]
+    assert sum(a != b for a, b in zip(together["g0"], together["g1"], strict=True)) >= 2
+
+
 def test_stop_strings_and_length(tiny):
     tok = tiny.tokenizer
     eng = TorchEngine(tiny.model, tok)
@@ -86,10 +132,26 @@ def test_stop_strings_and_length(tiny):
 
 def test_top_p_samples_only_the_nucleus():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]).repeat(2000, 1))
-    gen = torch.Generator().manual_seed(0)
-    toks, lps = sample_tokens(logits, SamplingParams(top_p=0.7), gen)
+    seeds, positions = torch.arange(2000), torch.zeros(2000, dtype=torch.long)
+    toks, lps = sample_tokens(logits, SamplingParams(top_p=0.7), seeds, positions)
     assert set(toks.tolist()) == {0, 1}
     assert torch.allclose(lps[toks == 0], torch.log(torch.tensor(0.5)))
+    # within the nucleus, the renormalised probabilities: 0.5 / 0.8 for token 0
+    assert abs((toks == 0).float().mean().item() - 0.625) < 0.05
+    with pytest.raises(ValueError, match="seed and a position"):
+        sample_tokens(logits, SamplingParams(temperature=1.0))
+
+
+def test_counter_noise_is_a_function_of_seed_and_position_only():
+    seeds, pos = torch.tensor([7, 7, 8, 7]), torch.tensor([3, 4, 3, 3])
+    u = counter_uniform(seeds, pos, 50)
+    assert u.dtype == torch.float64 and bool(((u > 0) & (u < 1)).all())
+    assert torch.equal(u[0], u[3])  # same (seed, position): same noise, whatever the row
+    assert not torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2])
+    assert torch.equal(counter_uniform(seeds[2:3], pos[2:3], 50), u[2:3])  # alone == in a batch
+    # roughly uniform: mean 1/2, and the 50 columns of a row are not a constant
+    big = counter_uniform(torch.arange(400), torch.zeros(400, dtype=torch.long), 50)
+    assert abs(big.mean().item() - 0.5) < 0.01 and big[0].std() > 0.1
 
 
 def test_bad_requests(tiny):

@@ -1,6 +1,7 @@
-"""Rollouts are token-in token-out: the loss mask covers exactly the generated tokens."""
+"""Rollouts are token-in token-out: the loss mask covers exactly the generated tokens; an
+episode plays the same whatever engine batch it shares."""
 
-import torch
+import pytest
 
 from earl.runtime.engine import SamplingParams, TorchEngine
 from earl.runtime.envs.base import StepResult
@@ -38,7 +39,7 @@ def test_mask_covers_exactly_generated_tokens(tiny):
     eng = TorchEngine(tiny.model, tok)
     params = SamplingParams(temperature=1.0, max_new_tokens=4, stop=("\n",))
     trajs = rollout(eng, lambda: EchoEnv(log), seeds=list(range(6)), group_ids=[0, 0, 1, 1, 2, 2],
-                    params=params, generator=torch.Generator().manual_seed(0), max_context=512)
+                    params=params, sample_seeds=[10 + i for i in range(6)], max_context=512)
     for tr in trajs:
         rec = log[tr.episode_id]
         assert len(tr.turns) == 1 + tr.episode_id % 3 == len(rec["actions"])
@@ -72,6 +73,29 @@ def test_max_context_truncates(tiny):
     log = {}
     eng = TorchEngine(tiny.model, tiny.tokenizer)
     params = SamplingParams(max_new_tokens=4, stop=("\n",))
-    trajs = rollout(eng, lambda: EchoEnv(log), seeds=[2], group_ids=[0], params=params,
-                    generator=torch.Generator().manual_seed(0), max_context=16)
+    trajs = rollout(eng, lambda: EchoEnv(log), seeds=[2], group_ids=[0], params=params, max_context=16)
     assert trajs[0].outcome == "truncated" and len(trajs[0].token_ids) <= 16
+
+
+def test_episodes_do_not_depend_on_the_engine_batch(tiny):
+    """An episode's trajectory is the same whether all episodes share one engine batch or each
+    plays alone; episode ids (not positions in the list) name the episodes, and group members,
+    which share their environment seed, sample from different streams by default."""
+    tok = tiny.tokenizer
+    params = SamplingParams(temperature=1.0, max_new_tokens=4, stop=("\n",))
+    seeds, groups, ids = [5, 5, 7, 7, 9], [0, 0, 1, 1, 2], [40, 41, 42, 43, 44]
+
+    def play(engine_batch):
+        log = {}
+        return rollout(TorchEngine(tiny.model, tok), lambda: EchoEnv(log), seeds=seeds, group_ids=groups,
+                       params=params, max_context=512, engine_batch=engine_batch, episode_ids=ids)
+
+    together, alone, pairs = play(0), play(1), play(2)
+    assert [t.episode_id for t in together] == ids
+    for a, b, c in zip(together, alone, pairs, strict=True):
+        assert a.token_ids == b.token_ids == c.token_ids
+        assert a.loss_mask == b.loss_mask and a.reward == b.reward and a.group_id == b.group_id
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    # members of a group see the same environment but sample their own tokens
+    gen = [[t for t, m in zip(tr.token_ids, tr.loss_mask, strict=True) if m] for tr in together]
+    assert gen[0] != gen[1] and gen[2] != gen[3]

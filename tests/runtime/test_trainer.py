@@ -1,13 +1,70 @@
-"""Trainer: advantages, token-budget micro-batching equivalence, and the update itself."""
+"""Trainer: advantages (earl.runtime.advantages against the reference formulas), token-budget
+micro-batching equivalence, and the update itself (the loss + the one-process optimizer)."""
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 
+from earl.parallel import build_plan_groups
+from earl.policies.types import Layout, Sample
+from earl.runtime.advantages import AdvantageSpec, distributed_advantages
 from earl.runtime.config import TrainerConfig
+from earl.runtime.optim import ShardedAdamW, train_step
 from earl.runtime.rollout import Trajectory, Turn
-from earl.runtime.trainer import Trainer, collate, grpo_advantages, micro_batches, reinforce_pp_advantages
+from earl.runtime.tp import param_shapes
+from earl.runtime.trainer import ExperienceBatch, Trainer, batch_logprobs, collate, micro_batches
+from earl.specs import ParallelPlan
+
+ONE = ParallelPlan()  # tp1-dp1: one process, no process group
+
+
+def advantages(batch: ExperienceBatch, spec: AdvantageSpec, token_rewards: torch.Tensor | None = None,
+               turn_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """[N, T] advantages of a batch computed by earl.runtime.advantages on one process."""
+    tok_r = batch.token_rewards if token_rewards is None else token_rewards
+    turns = batch.turn_ids if turn_ids is None else turn_ids
+    samples, store = [], {}
+    for r in range(batch.size):
+        k = int(batch.attention_mask[r].sum())
+        i = int(batch.sample_ids[r])
+        samples.append(Sample(id=i, tokens=k, group=int(batch.group_ids[r])))
+        store[i] = {"input_ids": batch.input_ids[r, :k], "loss_mask": batch.loss_mask[r, :k],
+                    "rewards": batch.rewards[r].reshape(1), "token_rewards": tok_r[r, :k], "turn_ids": turns[r, :k]}
+    distributed_advantages(store, samples, Layout(ONE, (tuple(s.id for s in samples),)), spec)
+    out = torch.zeros(batch.input_ids.shape)
+    for r, s in enumerate(samples):
+        out[r, :s.tokens] = store[s.id]["advantages"]
+    return out
+
+
+def toy_batch(rewards, groups, loss_mask, token_rewards=None, turn_ids=None) -> ExperienceBatch:
+    """A batch holding only what advantages read (ids are arbitrary, every position is real)."""
+    n, t = loss_mask.shape
+    return ExperienceBatch(
+        sample_ids=torch.arange(n), group_ids=torch.as_tensor(groups), input_ids=torch.zeros(n, t, dtype=torch.long),
+        attention_mask=torch.ones(n, t, dtype=torch.bool), loss_mask=loss_mask, engine_logprobs=torch.zeros(n, t),
+        rewards=torch.as_tensor(rewards, dtype=torch.float32),
+        token_rewards=torch.zeros(n, t) if token_rewards is None else token_rewards,
+        turn_ids=torch.full((n, t), -1) if turn_ids is None else turn_ids)
+
+
+def prepare(model, batch: ExperienceBatch, cfg: TrainerConfig, ref_model=None, temperature=1.0) -> ExperienceBatch:
+    """The experience stage on one process (as earl.runtime.step runs it): old and reference
+    log-probs, REINFORCE++'s KL penalty folded into the token rewards, then advantages."""
+    old = batch_logprobs(model, batch, temperature, cfg.token_budget)
+    ref = batch_logprobs(ref_model, batch, temperature, cfg.token_budget) if ref_model is not None else old
+    tok_r = batch.token_rewards
+    if ref_model is not None and cfg.kl_coef and cfg.algo == "reinforce++":
+        tok_r = tok_r - cfg.kl_coef * (old - ref) * batch.loss_mask
+    spec = AdvantageSpec(estimator=cfg.algo, per_turn=cfg.baseline == "per-turn")
+    adv = advantages(batch, spec, token_rewards=tok_r)
+    return dataclasses.replace(batch, old_logprobs=old, ref_logprobs=ref, advantages=adv)
+
+
+def one_process_optim(model, cfg: TrainerConfig) -> ShardedAdamW:
+    return ShardedAdamW(model, param_shapes(model), build_plan_groups(ONE), cfg)
 
 
 def fake_trajs(n=6, seed=0):
@@ -33,22 +90,65 @@ def fake_trajs(n=6, seed=0):
 
 
 def test_grpo_advantages_are_group_normalised():
-    r = torch.tensor([1.0, 0.0, 0.0, 2.0, 2.0, 2.0])
-    adv = grpo_advantages(r, torch.tensor([0, 0, 0, 1, 1, 1]))
-    assert adv[:3].mean().abs() < 1e-6 and adv[0] > 0 > adv[1]
-    assert torch.all(adv[3:] == 0)  # identical rewards: no signal
+    r = torch.tensor([1.0, 0.0, 0.0, 2.0, 2.0, 2.0, 0.5, -1.5])
+    groups = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2])
+    mask = torch.tensor([[0, 1, 1, 0], [0, 1, 0, 0], [0, 0, 1, 1]] * 2 + [[0, 1, 1, 1], [0, 0, 0, 1]],
+                        dtype=torch.bool)
+    adv = advantages(toy_batch(r, groups, mask), AdvantageSpec(estimator="grpo"))
+    # reference: (r - group mean) / (group std + eps), population std, on every generated token
+    want = torch.zeros(8)
+    for g in groups.unique():
+        sel = groups == g
+        want[sel] = (r[sel] - r[sel].mean()) / (r[sel].std(unbiased=False) + 1e-6)
+    assert torch.allclose(adv, want[:, None] * mask, atol=1e-5)
+    per_sample = adv.sum(1) / mask.sum(1)
+    assert per_sample[:3].mean().abs() < 1e-6 and per_sample[0] > 0 > per_sample[1]
+    assert torch.all(adv[3:6] == 0)  # identical rewards: no signal
+    assert torch.all(adv[~mask] == 0)
+
+
+def _return_to_go_reference(tok_r, mask, turn_ids=None, eps=1e-6):
+    """REINFORCE++ reference: undiscounted return-to-go on generated tokens, minus the batch
+    mean (or the mean of the same turn index), divided by the std of the centred returns over
+    all generated tokens of the batch."""
+    returns = tok_r.flip(1).cumsum(1).flip(1)
+    centred = torch.zeros_like(returns)
+    if turn_ids is None:
+        centred[mask] = returns[mask] - returns[mask].mean()
+    else:
+        for k in turn_ids[mask].unique():
+            sel = (turn_ids == k) & mask
+            centred[sel] = returns[sel] - returns[sel].mean()
+    std = centred[mask].pow(2).mean().sqrt()
+    return centred / (std + eps) * mask
 
 
 def test_reinforce_pp_return_to_go_and_whitening():
     mask = torch.tensor([[0, 1, 1, 0, 1], [0, 1, 0, 0, 0]], dtype=torch.bool)
     tok_r = torch.zeros(2, 5)
     tok_r[0, 2], tok_r[0, 4], tok_r[1, 1] = 0.5, 1.0, -1.0
-    adv = reinforce_pp_advantages(tok_r, mask, torch.zeros(2, 5), None, 0.0)
+    adv = advantages(toy_batch([1.5, -1.0], [0, 1], mask, tok_r), AdvantageSpec(estimator="reinforce++"))
     # returns-to-go: row 0: 1.5, 1.5, 1.0 on its generated tokens; row 1: -1
     ret = torch.tensor([1.5, 1.5, 1.0, -1.0])
     expect = (ret - ret.mean()) / ret.std(unbiased=False)
     assert torch.allclose(adv[mask], expect, atol=1e-5)
     assert torch.all(adv[~mask] == 0)
+    assert torch.allclose(adv, _return_to_go_reference(tok_r, mask), atol=1e-5)
+
+
+def test_reinforce_pp_matches_the_reference_on_random_batches():
+    gen = torch.Generator().manual_seed(3)
+    n, t = 7, 20
+    mask = torch.rand(n, t, generator=gen) > 0.4
+    mask[:, 0] = False  # position 0 is a prompt token
+    turns = torch.where(mask, torch.randint(0, 3, (n, t), generator=gen).sort(1).values, -1)
+    tok_r = torch.randn(n, t, generator=gen) * (torch.rand(n, t, generator=gen) > 0.6)
+    batch = toy_batch(tok_r.sum(1), torch.arange(n) // 2, mask, tok_r, turns)
+    for per_turn in (False, True):
+        adv = advantages(batch, AdvantageSpec(estimator="reinforce++", per_turn=per_turn))
+        want = _return_to_go_reference(tok_r, mask, turns if per_turn else None)
+        assert torch.allclose(adv, want, atol=1e-5), per_turn
+    assert advantages(batch, AdvantageSpec(estimator="reinforce++")).abs().sum() > 0
 
 
 def test_micro_batches_respect_budget():
@@ -68,12 +168,13 @@ def test_token_budget_does_not_change_the_update(tiny, algo):
         model = copy.deepcopy(tiny.model)
         cfg = TrainerConfig(algo=algo, lr=1e-3, token_budget=budget, kl_coef=0.1)
         ref = copy.deepcopy(tiny.model)
-        tr = Trainer(model, cfg, temperature=1.0, ref_model=ref)
-        batch = tr.prepare(collate(trajs, 0))
-        stats = tr.step(batch)
+        tr = Trainer(model, cfg, temperature=1.0)
+        batch = prepare(model, collate(trajs, 0), cfg, ref_model=ref)
+        stats = train_step(tr, one_process_optim(model, cfg), batch)
         # compare gradients: Adam's first step (g / |g|) magnifies float noise in near-zero grads
         results.append((stats, [p.grad.clone() for p in model.parameters()]))
     (s1, p1), (s2, p2) = results
+    assert s1["train_tokens"] == s2["train_tokens"] == sum(t.generated_tokens for t in trajs)
     assert s1["loss"] == pytest.approx(s2["loss"], abs=1e-5)
     assert s1["grad_norm"] == pytest.approx(s2["grad_norm"], rel=1e-4)
     for a, b in zip(p1, p2, strict=True):
@@ -83,12 +184,13 @@ def test_token_budget_does_not_change_the_update(tiny, algo):
 def test_update_raises_logprob_of_rewarded_tokens(tiny):
     model = copy.deepcopy(tiny.model)
     trajs = fake_trajs()
-    tr = Trainer(model, TrainerConfig(algo="grpo", lr=1e-2), temperature=1.0)
-    batch = tr.prepare(collate(trajs, 0))
+    cfg = TrainerConfig(algo="grpo", lr=1e-2)
+    tr, optim = Trainer(model, cfg, temperature=1.0), one_process_optim(model, cfg)
+    batch = prepare(model, collate(trajs, 0), cfg)
     before = batch.old_logprobs.clone()
     for _ in range(3):
-        tr.step(batch)
-    after = tr.prepare(collate(trajs, 0)).old_logprobs
+        train_step(tr, optim, batch)
+    after = prepare(model, collate(trajs, 0), cfg).old_logprobs
     pos = (batch.advantages > 0) & batch.loss_mask
     neg = (batch.advantages < 0) & batch.loss_mask
     assert (after - before)[pos].mean() > 0 > (after - before)[neg].mean()
@@ -96,9 +198,27 @@ def test_update_raises_logprob_of_rewarded_tokens(tiny):
     assert torch.all(batch.old_logprobs[:, 0] == 0)
 
 
-def test_kl_needs_reference(tiny):
-    with pytest.raises(ValueError, match="reference"):
-        Trainer(tiny.model, TrainerConfig(kl_coef=0.1), temperature=1.0)
+def test_grpo_kl_term_pulls_towards_the_reference(tiny):
+    """GRPO's k3 KL term: zero against an identical reference, positive against another one,
+    and part of the loss with weight kl_coef."""
+    trajs = fake_trajs()
+    cfg = TrainerConfig(algo="grpo", lr=1e-3, kl_coef=0.5, entropy_coef=0.01)
+    model = copy.deepcopy(tiny.model)
+    tr = Trainer(model, cfg, temperature=1.0)
+    same = prepare(model, collate(trajs, 0), cfg, ref_model=copy.deepcopy(tiny.model))
+    n = float(same.loss_mask.sum())
+    sums = tr.backward(same, n)
+    assert sums["kl"] == pytest.approx(0.0, abs=1e-4 * n)
+    other_ref = copy.deepcopy(tiny.model)
+    with torch.no_grad():
+        for p in other_ref.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    model.zero_grad()
+    far = prepare(model, collate(trajs, 0), cfg, ref_model=other_ref)
+    sums = tr.backward(far, n)
+    assert sums["kl"] > 1e-3 * n
+    want = sums["pg_loss"] - cfg.entropy_coef * sums["entropy"] + cfg.kl_coef * sums["kl"]
+    assert sums["loss"] == pytest.approx(want, rel=1e-5, abs=1e-6)
 
 
 def test_reinforce_pp_per_turn_baseline_has_no_position_bias():
@@ -107,7 +227,8 @@ def test_reinforce_pp_per_turn_baseline_has_no_position_bias():
     turns = torch.tensor([[-1, 0, -1, 1, -1, 2]] * 4)
     tok_r = torch.zeros(4, 6)
     tok_r[:, 1], tok_r[:, 3], tok_r[:, 5] = -0.3, -0.3, -1.0
-    adv = reinforce_pp_advantages(tok_r, mask, torch.zeros(4, 6), None, 0.0, turn_ids=turns)
+    batch = toy_batch([-1.6] * 4, [0, 0, 1, 1], mask, tok_r, turns)
+    adv = advantages(batch, AdvantageSpec(estimator="reinforce++", per_turn=True))
     assert torch.all(adv == 0)
-    biased = reinforce_pp_advantages(tok_r, mask, torch.zeros(4, 6), None, 0.0)
+    biased = advantages(batch, AdvantageSpec(estimator="reinforce++"))
     assert biased[0, 5] > 0 > biased[0, 1]  # the single batch mean favours the last turn
