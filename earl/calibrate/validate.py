@@ -149,12 +149,12 @@ def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: i
                   workload=WorkloadSpec(episodes_per_step=episodes, trace=str(trace),
                                         max_context=cfg.sampling.max_context),
                   rollout_plan="tp1-dp1", experience_plan=f"tp1-dp1-mb{mb}", train_plan=f"tp1-dp1-mb{mb}",
-                  selector=cfg.selector, dispatcher=cfg.dispatcher,
+                  selector=cfg.policy.selector, dispatcher=cfg.policy.dispatcher,
                   max_num_seqs=cfg.engine_batch or episodes,
                   logprob_passes=2 if cfg.trainer.kl_coef else 1)
     # the PyTorch runtime's engine plays turns in lockstep; its micro-batches are padded
     engine = "turn-sync" if cfg.engine == "pytorch" else "continuous"
-    sim = Simulation(sc, cfg.selector, cfg.dispatcher, cost_model=cm, engine=engine, padded=True,
+    sim = Simulation(sc, cfg.policy.selector, cfg.policy.dispatcher, cost_model=cm, engine=engine, padded=True,
                      token_budget=cfg.trainer.token_budget).run()
     return sim.rows
 

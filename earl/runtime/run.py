@@ -116,7 +116,11 @@ def check_config(cfg: RunConfig, world: int | None = None) -> None:
     spec = model_spec(cfg.model.path)
     plans = initial_plans(cfg, world)
     for stage in Stage:
-        check_tp_dp(validate_plan(plans.for_stage(stage), spec, world=world), world, f"{stage.value} plan")
+        plan = plans.for_stage(stage)
+        if plan.world_size != world and -1 not in (plan.tp, plan.dp):
+            raise ValueError(f"{stage.value} plan {plan.describe()} needs {plan.world_size} processes, the run "
+                             f"has {world}; pass --nproc {plan.world_size} or a plan for {world}")
+        check_tp_dp(validate_plan(plan, spec, world=world), world, f"{stage.value} plan")
     for _, stage, plan in parse_schedule(cfg.plan.schedule):
         check_tp_dp(validate_plan(ParallelPlan.parse(plan), spec, world=world), world, f"scheduled {stage} plan")
     if cfg.engine != "pytorch" and world > 1:

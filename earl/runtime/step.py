@@ -232,7 +232,7 @@ def experience(w: Worker, ctx: StepContext, step: int, trajs: list[Trajectory], 
     src = Layout(roll_plan, roll_assign)
     dst = Layout(exp_plan, balance_aligned(samples, exp_plan.dp, roll_assign)[0])
     t0 = time.perf_counter()
-    store = _rollout_store(trajs if w.roll_groups.tp_rank == 0 else [])
+    store = _rollout_store(trajs)  # tp peers of a replica hold the same episodes: any may send
     tplan = ctx.dispatcher.plan(src, dst, samples)
     got, hstats = execute_dispatch(tplan, store, samples, src, dst, tensors=HANDOFF_TENSORS)
     w.span("handoff", "dispatch", t0, step, bytes=hstats.bytes_sent)

@@ -1,11 +1,10 @@
-"""Experience preparation and the policy-gradient update.
+"""The batch the experience and training stages exchange, log-probs, and the policy-gradient loss.
 
-Stages exchange explicit batches: `collate` turns trajectories into an `ExperienceBatch` (padded
-tensors), `Trainer.prepare` fills in old / reference log-probs and advantages (GRPO's
-group-relative or REINFORCE++'s batch-normalised returns), and `Trainer.step` runs the clipped
-policy loss with token-budget micro-batching, AdamW and gradient clipping. The loss is a
-token-mean over the whole (mini)batch, so any split into micro-batches or data-parallel shards
-gives the same gradient.
+`ExperienceBatch` holds padded tensors; `batch_logprobs` is the experience stage's forward-only
+pass; `Trainer.backward` runs the clipped policy loss (entropy bonus, GRPO's k3 KL term) with
+token-budget micro-batching. The loss is a token-mean over the whole global (mini)batch, so any
+split into micro-batches or data-parallel shards gives the same gradient. Advantages come from
+earl.runtime.advantages; the optimizer step from earl.runtime.optim.train_step.
 
     pytest tests/runtime/test_trainer.py
 """
@@ -177,7 +176,9 @@ class Trainer:
             adv = t["advantages"]
             pg = -torch.minimum(ratio * adv, ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv)
             loss_tok = pg - cfg.entropy_coef * ent
-            if cfg.kl_coef and cfg.algo == "grpo" and "ref_logprobs" in t:
+            if cfg.kl_coef and cfg.algo == "grpo":
+                if "ref_logprobs" not in t:
+                    raise ValueError("trainer.kl_coef > 0 with grpo needs reference log-probs in the batch")
                 d = t["ref_logprobs"] - lp
                 kl = torch.exp(d) - d - 1  # k3 estimator, >= 0
                 loss_tok = loss_tok + cfg.kl_coef * kl

@@ -13,14 +13,16 @@ def earl(*args, timeout=240):
                                                 "PYTHONUNBUFFERED": "1"})
 
 
-def test_plan_flags_without_nproc_are_rejected():
+def test_plan_for_another_world_size_is_rejected():
     r = earl("run", "--rollout-plan", "tp2-dp1", "--steps", "1")
-    assert r.returncode == 2 and "only apply with --nproc" in r.stderr
+    assert r.returncode == 2 and "needs 2 processes, the run has 1; pass --nproc 2" in r.stderr
 
 
 def test_bad_plan_is_rejected_before_any_process_starts():
     r = earl("run", "--nproc", "2", "--rollout-plan", "tp3-dp1", "--steps", "1")
-    assert r.returncode == 2 and "tp*pp*dp*cp = 3*1*1*1 = 3" in r.stderr
+    assert r.returncode == 2 and "tp3-dp1-mb1 needs 3 processes, the run has 2" in r.stderr
+    r = earl("run", "--nproc", "4", "--rollout-plan", "tp4-dp1", "--steps", "1")
+    assert r.returncode == 2 and "tp=4 does not divide tiny's 2 key/value heads" in r.stderr
 
 
 @pytest.mark.dist

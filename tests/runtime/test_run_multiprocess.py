@@ -225,7 +225,7 @@ def test_bad_multi_process_options_are_one_line_errors():
         torchrun_command(1, Path("c.json"), Path("out"))
     with pytest.raises(ValueError, match="tp=4 does not divide tiny's 2 key/value heads"):
         check_config(resolve_config(overrides={"nproc": 4, "plan.train": "tp4-dp1"}))
-    with pytest.raises(ValueError, match="= 4, but the stage has 2 GPUs"):
+    with pytest.raises(ValueError, match="needs 4 processes, the run has 2"):
         check_config(resolve_config(overrides={"nproc": 2, "plan.train": "tp1-dp4"}))
     with pytest.raises(ValueError, match="unknown config key 'trainer.lrr'"):
         resolve_config(overrides={"trainer.lrr": "1"})
