@@ -17,7 +17,7 @@ A per-rank memory budget (CPU: from the runtime's own accounting of weights, gra
 optimizer state and activations) is checked before training; over budget, the runtime
 re-plans to a more memory-sparing train plan, re-shards, and retries the step's training on
 the same samples. Per-rank state and switches: earl.runtime.dist_state; checkpoints (resume on
-the same or another plan): earl.runtime.dist_checkpoint. A failed peer stops every rank with
+the same or another plan): earl.runtime.checkpoint. A failed peer stops every rank with
 one clear message.
 
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 -m earl.runtime.dist_loop \
@@ -42,17 +42,17 @@ from earl.parallel import check_tp_dp, validate_plan
 from earl.policies import make_dispatcher, make_selector
 from earl.policies.balance import balance_samples
 from earl.policies.types import Layout, Sample
-from earl.runtime.checkpoint import find_checkpoint
+from earl.runtime.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from earl.runtime.config import RunConfig, to_dict
 from earl.runtime.dispatch import execute_dispatch
 from earl.runtime.dist import (
+    comm_device,
     exchange_objects,
     init_distributed,
     print0,
     shutdown,
 )
 from earl.runtime.dist_advantages import Store
-from earl.runtime.dist_checkpoint import load_dist_checkpoint, save_dist_checkpoint
 from earl.runtime.dist_state import DistOptions, DistRun, MemoryBudgetExceeded, check_supported, runnable
 from earl.runtime.dist_train import dist_train_step
 from earl.runtime.envs import env_options, make_env
@@ -251,7 +251,7 @@ def run_distributed(cfg: RunConfig, out_dir: str | Path, opts: DistOptions, *,
     torch.set_num_threads(1)
     torch.manual_seed(cfg.seed)
     run = DistRun(cfg, opts, out, env.rank, env.world)
-    start = load_dist_checkpoint(run, ckpt) if ckpt is not None else 0
+    start = _load_checkpoint(run, ckpt) if ckpt is not None else 0
     if start >= cfg.steps:
         raise ValueError(f"the checkpoint is at step {start} and steps={cfg.steps}: nothing to do (raise --steps)")
     rec = None
@@ -291,7 +291,7 @@ def run_distributed(cfg: RunConfig, out_dir: str | Path, opts: DistOptions, *,
                        f"rollout {row['plan_rollout']}  train {row['plan_train']}  {row['step_s']:.2f}s")
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 or step == cfg.steps:
                 stage = f"checkpoint at step {step}"
-                save_dist_checkpoint(run, step)
+                _save_checkpoint(run, step, prev)
     except (RuntimeError, ConnectionError) as e:
         if isinstance(e, MemoryBudgetExceeded):
             raise
@@ -305,6 +305,23 @@ def run_distributed(cfg: RunConfig, out_dir: str | Path, opts: DistOptions, *,
     if rec is not None and cfg.plots:
         plot_run(out)
     return rec.metrics.rows if rec is not None else []
+
+
+def _save_checkpoint(run: DistRun, step: int, stats: WorkloadStats) -> None:
+    """Every rank writes its train-plan shards (weights and ZeRO-1 optimizer slices)."""
+    meta = {"config": to_dict(run.cfg), "plans": {s.value: run.plans.for_stage(s).describe() for s in Stage},
+            "world": run.world, "model_source": run.policy.source, "stats": dataclasses.asdict(stats)}
+    save_checkpoint(run.out, step, params={n: p.detach() for n, p in run.train_model.named_parameters()},
+                    optimizer=run.optim.state_tensors(), optimizer_step=run.optim.step_count, shapes=run.shapes,
+                    plan=run.plans.train, meta=meta, keep=run.cfg.keep_checkpoints)
+
+
+def _load_checkpoint(run: DistRun, ckpt: Path) -> int:
+    """Each rank reads its shards under the current train plan (any plan or world it was saved on)."""
+    got = load_checkpoint(ckpt, shapes=run.shapes, plan=run.plans.train, rank=run.rank, world=run.world,
+                          device=comm_device())
+    run._build_train(run.plans.train, state=({**got.params, **got.optimizer}, got.optimizer_step))
+    return int(got.meta["step"])
 
 
 def _last_checkpoint(out: Path) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from earl.runtime.checkpoint import find_checkpoint, load_checkpoint, read_state, save_checkpoint
+from earl.runtime.checkpoint import find_checkpoint, load_model_checkpoint, read_meta, save_model_checkpoint
 from earl.runtime.config import RunConfig, apply_overrides, from_dict, load_config_file, to_dict
 from earl.runtime.engine import SamplingParams, make_engine
 from earl.runtime.envs import ENVS, env_options, make_env
@@ -49,7 +49,7 @@ def resolve_config(config_file: str | Path | None = None, *, resume: str | Path 
                    overrides: dict | None = None) -> RunConfig:
     """Default, or the checkpoint's config when resuming, or a file; then `overrides`."""
     if resume is not None:
-        cfg = from_dict(read_state(find_checkpoint(resume))["config"])
+        cfg = from_dict(read_meta(find_checkpoint(resume))["config"])
         if config_file is not None:
             raise ValueError("give either a CONFIG file or --resume (the run's config is in its checkpoint)")
     elif config_file is not None:
@@ -238,7 +238,7 @@ def train(cfg: RunConfig, out_dir: str | Path, *, resume: str | Path | None = No
     pol = Policies(cfg, policy.spec)
     start = 0
     if ckpt is not None:
-        state = load_checkpoint(ckpt, model, trainer.optimizer)
+        state = load_model_checkpoint(ckpt, model=model, optimizer=trainer.optimizer)
         start = int(state["step"])
         pol.plans = StagePlan(**{k: ParallelPlan.parse(v) for k, v in state["plans"].items()})
         resumed_stats = WorkloadStats(**state["stats"])
@@ -275,8 +275,8 @@ def train(cfg: RunConfig, out_dir: str | Path, *, resume: str | Path | None = No
                 rec.flush()
                 extra = {"plans": {s.value: pol.plans.for_stage(s).describe() for s in Stage},
                          "model_source": policy.source, "stats": dataclasses.asdict(prev_stats)}
-                last_ckpt = save_checkpoint(out, step=step, model=model, optimizer=trainer.optimizer,
-                                            config=to_dict(cfg), extra=extra, keep=cfg.keep_checkpoints)
+                last_ckpt = save_model_checkpoint(out, step, model=model, optimizer=trainer.optimizer,
+                                                  meta={"config": to_dict(cfg), **extra}, keep=cfg.keep_checkpoints)
             else:
                 rec.flush(with_trace=False)
             bar.update(step, row)

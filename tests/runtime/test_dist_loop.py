@@ -78,15 +78,15 @@ def test_killed_rank_stops_cleanly_and_resume_on_another_plan(tmp_path):
     r = _launch(args, {"EARL_FAULT_RANK_STEP": "1:4"})
     assert r.returncode != 0
     assert "injected fault at step 4" in r.stderr
-    assert (out / "checkpoints" / "step_0000002").is_dir()
-    assert not (out / "checkpoints" / "step_0000004").exists()
+    assert (out / "checkpoints" / "step-000002").is_dir()
+    assert not (out / "checkpoints" / "step-000004").exists()
     r = _launch(["--out", str(out), "--resume", str(out), "--train-plan", "tp2-dp1",
                  "--rollout-plan", "tp2-dp1", "--set", "steps=5"])
     assert r.returncode == 0, r.stderr[-3000:]
     rows = _rows(out)
     assert [x["step"] for x in rows] == [1, 2, 3, 4, 5]
     assert rows[-1]["plan_train"] == "tp2-dp1-mb1"
-    assert (out / "checkpoints" / "step_0000005").is_dir()
+    assert (out / "checkpoints" / "step-000005").is_dir()
 
 
 if __name__ == "__main__":
