@@ -240,7 +240,8 @@ def train(cfg: RunConfig, out_dir: str | Path, *, resume: str | Path | None = No
     if ckpt is not None:
         state = load_model_checkpoint(ckpt, model=model, optimizer=trainer.optimizer)
         start = int(state["step"])
-        pol.plans = StagePlan(**{k: ParallelPlan.parse(v) for k, v in state["plans"].items()})
+        plans = {k: ParallelPlan.parse(v) for k, v in state["plans"].items()}  # one process: 1-rank plans only
+        pol.plans = StagePlan(**{k: p if p.world_size == 1 else ParallelPlan() for k, p in plans.items()})
         resumed_stats = WorkloadStats(**state["stats"])
     if start >= cfg.steps:
         raise ValueError(f"the checkpoint is at step {start} and steps={cfg.steps}: nothing to do "
