@@ -211,13 +211,13 @@ class Selector:
 
 
 class StaticSelector(Selector):
-    """Always the initial StagePlan."""
+    """Never switches on its own: the plan in force stays (the initial StagePlan, unless the
+    runtime moved it for another reason: a scripted switch or a memory-budget re-plan)."""
 
     name = "static"
 
     def _select(self, stage: Stage, stats: WorkloadStats, current: ParallelPlan) -> Decision:
-        plan = self.initial.for_stage(stage)
-        return self._decide(stage, stats, current, plan, f"static plan {plan.describe()}")
+        return self._decide(stage, stats, current, current, f"static plan {current.describe()}")
 
 
 DEFAULT_RANGES = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)  # range edges, tokens

@@ -1,128 +1,465 @@
-"""Atomic checkpoints: model (safetensors), optimizer and RNG states (torch.save, read back with
-`weights_only=True`), step and config (JSON).
+"""Sharded, layout-independent checkpoints on torch.distributed.checkpoint (DCP), and the HF
+export of the policy.
 
-A checkpoint is written into a temporary folder next to its final place and renamed into place
-only when complete, then `checkpoints/latest` is updated (also atomically). A crash or Ctrl-C at
-any moment leaves the previous complete checkpoint untouched.
+Every rank saves its own shards: its tensor-parallel weight slices and its ZeRO-1 optimizer
+slices are wrapped as DTensors on the plan's device mesh with the placements earl.parallel
+derives from the same shard bounds, so DCP records exactly which part of each full tensor a
+file holds. Loading asks DCP for this rank's parts under the NEW plan and world, so a
+checkpoint written by 1 process loads into 2, tp2 into tp1, dp2-zero into dp1 and back. A
+single process without a process group saves and loads full tensors (DCP's no-dist mode).
 
-    earl run --resume runs/<name>        # continue from runs/<name>/checkpoints/latest
+On disk (`run/checkpoints/`):
+    step-000004/   .metadata, __<rank>_0.distcp (DCP) and meta.json (step, config, plans,
+                   workload stats, RNG states, model source, tensor shapes, format version)
+    latest         the name of the newest complete checkpoint
+A save is atomic: rank 0 makes `.tmp-step-NNNNNN-<id>/`, every rank writes into it, rank 0
+adds meta.json, renames the folder into place and only then rewrites `latest` (atomically).
+An interrupted save leaves `latest` and the previous checkpoint untouched. Clean-up keeps the
+newest `keep` checkpoints by step number, never the one `latest` names, and never touches a
+folder it did not write.
+
+    OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_checkpoint.py
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
+import re
 import shutil
+import uuid
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
+from earl.parallel import ParamShape, build_mesh, check_tp_dp, local_bounds, local_shape, placements
+from earl.specs import ParallelPlan
 from earl.trace import atomic_write_text
 
+FORMAT_VERSION = 1
 CKPT_DIR = "checkpoints"
 LATEST = "latest"
-FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "state.json")
+META = "meta.json"
+STEP_RE = re.compile(r"^step-(\d{6,})$")
+RESERVED = ("format_version", "step", "optimizer_step", "layout")
+OPT_SEP = "/"  # optimizer tensors are "<param>/<state>", e.g. "model.norm.weight/exp_avg"
 
 
-def _fsync_dir_files(d: Path) -> None:
-    for f in d.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+@dataclass
+class LoadedCheckpoint:
+    """This rank's tensors under the plan it loaded into."""
+
+    params: dict[str, torch.Tensor]  # param name -> local shard
+    optimizer: dict[str, torch.Tensor]  # "<param>/<state>" -> local slice ({} if none was saved)
+    optimizer_step: int  # optimizer steps taken (0: no optimizer state)
+    meta: dict  # meta.json: step, config, plans, stats, rng, ... and the layout it was saved under
 
 
-def save_checkpoint(run_dir: Path, *, step: int, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer, config: dict, extra: dict,
-                    keep: int = 2) -> Path:
-    """Write checkpoints/step_<step>/ atomically; keep the newest `keep` checkpoints."""
-    from safetensors.torch import save_model
+def _rank_world() -> tuple[int, int]:
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
-    root = run_dir / CKPT_DIR
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step:07d}"
-    tmp = root / f".tmp-step_{step:07d}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+
+def _broadcast(obj):
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+@contextmanager
+def _single_process_ok():
+    """DCP warns when it runs without a process group; for world 1 that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _param_of(key: str) -> str:
+    return key.split(OPT_SEP, 1)[0]
+
+
+def _dcp_state(params: dict, optimizer: dict, shapes: dict[str, ParamShape], plan: ParallelPlan,
+               rank: int) -> dict:
+    """DCP's state dict: local tensors, as DTensors on the plan's mesh under a process group,
+    as they are (full tensors) without one. Checks each local shape against the plan."""
+    out = {}
+    for prefix, tensors, opt in (("params", params, False), ("optimizer", optimizer, True)):
+        for key in sorted(tensors):
+            t = tensors[key]
+            name = _param_of(key) if opt else key
+            if name not in shapes:
+                raise ValueError(f"tensor {key!r} has no entry in `shapes`")
+            p = shapes[name]
+            want = local_shape(p, plan, rank, optimizer=opt)
+            if tuple(t.shape) != want:
+                raise ValueError(f"{key}: local shape {tuple(t.shape)} on rank {rank}, but plan "
+                                 f"{plan.describe()} gives it {want}")
+            if dist.is_initialized():
+                from torch.distributed.tensor import DTensor
+
+                dims, pl = placements(p, plan, optimizer=opt)
+                mesh = build_mesh(plan, device_type=t.device.type, dims=dims)
+                t = DTensor.from_local(t.contiguous(), mesh, pl, run_check=False, shape=torch.Size(p.shape),
+                                       stride=torch.empty(p.shape, device="meta").stride())
+            out[f"{prefix}/{key}"] = t
+    return out
+
+
+def _check_plan(plan: ParallelPlan, world: int) -> None:
+    check_tp_dp(plan, world)
+    if plan.world_size != world:
+        raise ValueError(f"plan {plan.describe()} has {plan.world_size} ranks; a checkpoint is saved and "
+                         f"loaded by all {world} ranks of the job")
+
+
+# --------------------------------------------------------------------------------------------
+# Save
+# --------------------------------------------------------------------------------------------
+def save_checkpoint(out_dir: str | Path, step: int, *, params: dict[str, torch.Tensor],
+                    optimizer: dict[str, torch.Tensor], optimizer_step: int, shapes: dict[str, ParamShape],
+                    plan: ParallelPlan, meta: dict, keep: int = 2) -> Path:
+    """Write `out_dir/checkpoints/step-NNNNNN` atomically and point `latest` at it; keep the
+    newest `keep`. Collective: every rank calls it with its own local shards (`params`: name ->
+    this rank's tp shard; `optimizer`: "<param>/<state>" -> its optimizer slice under `plan`).
+    `meta` (JSON-able: config, plans, stats, rng, model source, ...) is written by rank 0."""
+    rank, world = _rank_world()
+    _check_plan(plan, world)
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    clash = [k for k in RESERVED if k in meta]
+    if clash:
+        raise ValueError(f"meta keys {clash} are reserved for the checkpoint's own fields")
+    root = Path(out_dir) / CKPT_DIR
+    name = f"step-{step:06d}"
+    tmp = None
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+    tmp = Path(_broadcast(str(tmp)))
+    failed = ""
     try:
-        save_model(model, str(tmp / "model.safetensors"))
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        rng = {"torch": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
-        torch.save(rng, tmp / "rng.pt")
-        state = {"step": step, "config": config, "python_random": _py_state(), **extra}
-        (tmp / "state.json").write_text(json.dumps(state, default=str))
-        _fsync_dir_files(tmp)
-        if final.exists():  # rewriting the same step (after a resume): swap atomically
-            old = root / f".old-step_{step:07d}-{os.getpid()}"
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    atomic_write_text(root / LATEST, final.name + "\n")
-    for old in sorted(root.glob("step_*"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
-def _py_state() -> list:
-    v, internal, gauss = random.getstate()
-    return [v, list(internal), gauss]
-
-
-def find_checkpoint(path: str | Path) -> Path:
-    """A checkpoint folder, given it or a run folder (its checkpoints/latest)."""
-    p = Path(path)
-    if (p / "state.json").is_file():
-        return p
-    root = p / CKPT_DIR
-    if not root.is_dir():
-        raise ValueError(f"--resume {str(path)!r}: no checkpoint there (expected a run folder with "
-                         f"{CKPT_DIR}/ or a checkpoint folder with state.json)")
-    latest = root / LATEST
-    name = latest.read_text().strip() if latest.is_file() else ""
-    if not name or not (root / name).is_dir():
-        found = sorted(root.glob("step_*"))
-        if not found:
-            raise ValueError(f"--resume {str(path)!r}: {root} holds no complete checkpoint")
-        name = found[-1].name
+        state = _dcp_state(params, optimizer, shapes, plan, rank)
+        with _single_process_ok():
+            dcp.save(state, checkpoint_id=tmp)
+        if rank == 0:
+            layout = {"plan": plan.describe(), "world": world,
+                      "tensors": {n: {"shape": list(shapes[n].shape), "tp_dim": shapes[n].tp_dim,
+                                      "dtype": _dtype_name(params[n])} for n in sorted(params)},
+                      "optimizer": {k: _dtype_name(v) for k, v in sorted(optimizer.items())}}
+            doc = {"format_version": FORMAT_VERSION, "step": int(step), "optimizer_step": int(optimizer_step),
+                   "layout": layout, **meta}
+            with open(tmp / META, "w") as f:
+                f.write(json.dumps(doc, default=str))
+                f.flush()
+                os.fsync(f.fileno())
+            _publish(tmp, root / name)
+            atomic_write_text(root / LATEST, name + "\n")
+            _clean_up(root, keep)
+    except BaseException as e:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if not dist.is_initialized() or isinstance(e, KeyboardInterrupt):
+            raise
+        failed = f"{type(e).__name__}: {e}"
+    failed = _all_failures(failed)
+    if failed:
+        raise RuntimeError(f"checkpoint at step {step} failed: {failed}")
     return root / name
 
 
-def read_state(ckpt: Path) -> dict:
+def _all_failures(mine: str) -> str:
+    """Every rank learns whether any rank failed (so none waits forever or goes on alone)."""
+    if not dist.is_initialized():
+        return mine
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, mine)
+    return "; ".join(f"rank {r}: {m}" for r, m in enumerate(out) if m)
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename the complete folder into place (swapping out an earlier save of the same step)."""
+    if final.exists():
+        old = final.parent / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+
+
+def _ours(d: Path) -> int | None:
+    """The step of a checkpoint folder this module wrote, else None."""
+    m = STEP_RE.match(d.name)
+    if not m or not d.is_dir():
+        return None
     try:
-        state = json.loads((ckpt / "state.json").read_text())
-        int(state["step"])
-        dict(state["config"])
+        doc = json.loads((d / META).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return int(m.group(1)) if isinstance(doc, dict) and "format_version" in doc else None
+
+
+def _clean_up(root: Path, keep: int) -> None:
+    latest = (root / LATEST).read_text().strip() if (root / LATEST).is_file() else ""
+    found = sorted((s, d) for d in root.iterdir() if (s := _ours(d)) is not None)
+    for _, d in found[:-keep]:
+        if d.name != latest:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Find, inspect, load
+# --------------------------------------------------------------------------------------------
+def find_checkpoint(path: str | Path) -> Path:
+    """A checkpoint folder, given it or a run folder (its checkpoints/latest, else the highest
+    step there). No process group needed."""
+    p = Path(path)
+    if (p / META).is_file():
+        return p
+    if (p / "state.json").is_file():
+        raise ValueError(f"checkpoint {p} is in the old single-file format (state.json); this earl "
+                         "reads sharded checkpoints (meta.json + DCP files) only")
+    root = p / CKPT_DIR
+    if not root.is_dir():
+        raise ValueError(f"--resume {str(path)!r}: no checkpoint there (expected a run folder with "
+                         f"{CKPT_DIR}/ or a checkpoint folder with {META})")
+    latest = root / LATEST
+    name = latest.read_text().strip() if latest.is_file() else ""
+    if name and (root / name / META).is_file():
+        return root / name
+    found = sorted((s, d) for d in root.iterdir() if (s := _ours(d)) is not None)
+    if not found:
+        raise ValueError(f"--resume {str(path)!r}: {root} holds no complete checkpoint")
+    return found[-1][1]
+
+
+def read_meta(path: str | Path) -> dict:
+    """meta.json of a checkpoint (or of a run folder's latest one)."""
+    ckpt = find_checkpoint(path)
+    try:
+        doc = json.loads((ckpt / META).read_text())
+        int(doc["step"])
+        int(doc["format_version"])
+        dict(doc["layout"]["tensors"])
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"checkpoint {ckpt} is corrupted: state.json unreadable ({e})") from None
-    return state
+        raise ValueError(f"checkpoint {ckpt} is corrupted: {META} unreadable ({e})") from None
+    if doc["format_version"] > FORMAT_VERSION:
+        raise ValueError(f"checkpoint {ckpt} has format {doc['format_version']}; this earl reads up to "
+                         f"{FORMAT_VERSION}")
+    return doc
 
 
-def load_checkpoint(ckpt: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
-    """Restore model, optimizer and RNG states in place; return the state dict (step, ...)."""
-    from safetensors.torch import load_model
+def check_compatible(meta: dict, shapes: dict[str, ParamShape], where: str = "checkpoint") -> None:
+    """ValueError naming the first difference when a checkpoint holds another model."""
+    saved = meta["layout"]["tensors"]
+    missing, extra = sorted(set(shapes) - set(saved)), sorted(set(saved) - set(shapes))
+    if missing or extra:
+        raise ValueError(f"{where} is from an incompatible model: "
+                         + (f"it lacks {missing[:3]}" if missing else f"it has extra tensors {extra[:3]}")
+                         + f" ({len(saved)} tensors there, {len(shapes)} here)")
+    for n, p in sorted(shapes.items()):
+        if tuple(saved[n]["shape"]) != tuple(p.shape):
+            raise ValueError(f"{where} is from an incompatible model: {n} has shape "
+                             f"{tuple(saved[n]['shape'])} there, {tuple(p.shape)} here")
 
-    state = read_state(ckpt)
-    missing = [f for f in FILES if not (ckpt / f).is_file()]
-    if missing:
-        raise ValueError(f"checkpoint {ckpt} is incomplete: missing {', '.join(missing)}")
+
+def load_checkpoint(path: str | Path, *, shapes: dict[str, ParamShape], plan: ParallelPlan,
+                    rank: int | None = None, world: int | None = None, device: str | torch.device = "cpu",
+                    with_optimizer: bool = True) -> LoadedCheckpoint:
+    """This rank's local tensors under `plan` (any tp x dp plan of the current world, whatever
+    the plan and world the checkpoint was saved under). Collective under a process group."""
+    ckpt = find_checkpoint(path)
+    meta = read_meta(ckpt)
+    r0, w0 = _rank_world()
+    rank = r0 if rank is None else rank
+    world = w0 if world is None else world
+    if (rank, world) != (r0, w0):
+        raise ValueError(f"load_checkpoint: rank/world {rank}/{world} differ from the process group's {r0}/{w0}")
+    _check_plan(plan, world)
+    check_compatible(meta, shapes, f"checkpoint {ckpt}")
+    layout = meta["layout"]
+    dtypes = {n: getattr(torch, d["dtype"]) for n, d in layout["tensors"].items()}
+    opt_keys = sorted(layout["optimizer"]) if with_optimizer else []
+    params = {n: torch.empty(local_shape(shapes[n], plan, rank, optimizer=False), dtype=dtypes[n], device=device)
+              for n in sorted(shapes)}
+    optimizer = {k: torch.empty(local_shape(shapes[_param_of(k)], plan, rank, optimizer=True),
+                                dtype=getattr(torch, layout["optimizer"][k]), device=device) for k in opt_keys}
+    state = _dcp_state(params, optimizer, shapes, plan, rank)
     try:
-        load_model(model, str(ckpt / "model.safetensors"), strict=True)
-        if optimizer is not None:
-            optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
-        rng = torch.load(ckpt / "rng.pt", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any failure to parse the files means corruption
-        raise ValueError(f"checkpoint {ckpt} is corrupted: {type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''}") from None
-    torch.set_rng_state(rng["torch"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-    v, internal, gauss = state["python_random"]
+        with _single_process_ok():
+            dcp.load(state, checkpoint_id=ckpt)
+    except (CheckpointException, Exception) as e:  # noqa: BLE001 - DCP wraps any read or parse failure
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ValueError(f"checkpoint {ckpt} is corrupted: {type(e).__name__}: {first}") from None
+    local = {k: (v.to_local() if hasattr(v, "to_local") else v) for k, v in state.items()}
+    return LoadedCheckpoint(params={n: local[f"params/{n}"] for n in params},
+                            optimizer={k: local[f"optimizer/{k}"] for k in optimizer},
+                            optimizer_step=int(meta["optimizer_step"]) if with_optimizer else 0, meta=meta)
+
+
+# --------------------------------------------------------------------------------------------
+# RNG and optimizer-state helpers for callers
+# --------------------------------------------------------------------------------------------
+def rng_state() -> dict:
+    """This process's RNG states, JSON-able (torch CPU, CUDA when present, Python's random)."""
+    enc = lambda t: base64.b64encode(t.numpy().tobytes()).decode()
+    v, internal, gauss = random.getstate()
+    out = {"torch": enc(torch.get_rng_state()), "python": [v, list(internal), gauss]}
+    if torch.cuda.is_available():
+        out["cuda"] = [enc(s) for s in torch.cuda.get_rng_state_all()]
+    return out
+
+
+def restore_rng(state: dict) -> None:
+    dec = lambda s: torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
+    torch.set_rng_state(dec(state["torch"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([dec(s) for s in state["cuda"]])
+    v, internal, gauss = state["python"]
     random.setstate((v, tuple(internal), gauss))
-    return state
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer, named_params: dict[str, torch.nn.Parameter]
+                      ) -> tuple[dict[str, torch.Tensor], int]:
+    """A plain torch optimizer's per-parameter state as "<param>/<state>" tensors, and its step."""
+    out, step = {}, 0
+    for name, p in named_params.items():
+        for k, v in optimizer.state.get(p, {}).items():
+            if k == "step":
+                step = int(v)
+            elif isinstance(v, torch.Tensor) and v.shape == p.shape:
+                out[f"{name}{OPT_SEP}{k}"] = v.detach()
+    return out, step
+
+
+def load_optimizer_tensors(optimizer: torch.optim.Optimizer, named_params: dict[str, torch.nn.Parameter],
+                           tensors: dict[str, torch.Tensor], step: int) -> None:
+    """The inverse of `optimizer_tensors` (a no-op before the first step)."""
+    if step == 0:
+        return
+    for name, p in named_params.items():
+        st = {k.split(OPT_SEP, 1)[1]: v.clone() for k, v in tensors.items() if _param_of(k) == name}
+        optimizer.state[p] = {"step": torch.tensor(float(step)), **st}
+
+
+def save_model_checkpoint(out_dir: str | Path, step: int, *, model: torch.nn.Module,
+                          optimizer: torch.optim.Optimizer, meta: dict, keep: int = 2) -> Path:
+    """One process holding the whole model and a plain torch optimizer: `save_checkpoint`
+    under the one-rank plan, with this process's RNG states added to `meta`."""
+    from earl.runtime.tp import param_shapes
+
+    named = dict(model.named_parameters())
+    opt, opt_step = optimizer_tensors(optimizer, named)
+    return save_checkpoint(out_dir, step, params={n: p.detach() for n, p in named.items()}, optimizer=opt,
+                           optimizer_step=opt_step, shapes=param_shapes(model), plan=ParallelPlan(),
+                           meta={**meta, "rng": rng_state()}, keep=keep)
+
+
+def load_model_checkpoint(path: str | Path, *, model: torch.nn.Module,
+                          optimizer: torch.optim.Optimizer | None) -> dict:
+    """The inverse of `save_model_checkpoint` (from a checkpoint of any plan and world):
+    weights, optimizer state and RNG states restored in place; returns meta.json."""
+    from earl.runtime.tp import param_shapes
+
+    named = dict(model.named_parameters())
+    device = next(iter(named.values())).device
+    got = load_checkpoint(path, shapes=param_shapes(model), plan=ParallelPlan(), device=device,
+                          with_optimizer=optimizer is not None)
+    with torch.no_grad():
+        for n, p in named.items():
+            p.copy_(got.params[n])
+    if optimizer is not None:
+        load_optimizer_tensors(optimizer, named, got.optimizer, got.optimizer_step)
+    if "rng" in got.meta:
+        restore_rng(got.meta["rng"])
+    return got.meta
+
+
+# --------------------------------------------------------------------------------------------
+# Full weights and the HF export
+# --------------------------------------------------------------------------------------------
+def gather_full_params(params: dict[str, torch.Tensor], shapes: dict[str, ParamShape], plan: ParallelPlan,
+                       dst: int = 0) -> dict[str, torch.Tensor] | None:
+    """Full tensors on rank `dst` (None elsewhere): the tp shards of replica 0 are sent to it
+    point to point. Collective under a process group."""
+    rank, world = _rank_world()
+    _check_plan(plan, world)
+    if world == 1:
+        return {n: t.detach() for n, t in params.items()}
+    holders = list(range(plan.tp))  # replica 0 holds every tp shard
+    full: dict[str, torch.Tensor] = {}
+    works = []
+    for n in sorted(params):
+        p, t = shapes[n], params[n].detach()
+        if rank == dst:
+            out = torch.empty(p.shape, dtype=t.dtype, device=t.device)
+            for src in holders if p.tp_dim is not None else [dst]:
+                lo, hi = local_bounds(p, plan, src, optimizer=False)
+                view = out.narrow(p.shard_dim, lo, hi - lo)
+                if src == rank:
+                    view.copy_(t)
+                elif hi > lo:
+                    buf = torch.empty(view.shape, dtype=t.dtype, device=t.device)
+                    works.append((dist.irecv(buf, src=src), view, buf))
+            full[n] = out
+        elif rank in holders and p.tp_dim is not None and t.numel():
+            works.append((dist.isend(t.contiguous(), dst=dst), None, None))
+    for w, view, buf in works:
+        w.wait()
+        if view is not None:
+            view.copy_(buf)
+    return full if rank == dst else None
+
+
+def export_hf(folder: str | Path, full_state_dict: dict[str, torch.Tensor], model_config, tokenizer,
+              dtype: str | torch.dtype | None = None) -> Path:
+    """An HF folder `AutoModelForCausalLM.from_pretrained` loads: config.json, model.safetensors
+    in `dtype` (default: the tensors' own dtype; bf16 stays bf16) and the tokenizer (an HF
+    tokenizer's files, or the built-in character tokenizer's earl_tokenizer.json)."""
+    from safetensors.torch import save_file
+
+    from earl.runtime.model import TORCH_DTYPES
+    from earl.runtime.tokenizer import CharTokenizer, HFTokenizer
+
+    if isinstance(dtype, str):
+        if dtype not in TORCH_DTYPES:
+            raise ValueError(f"dtype {dtype!r} unknown; valid: {', '.join(TORCH_DTYPES)}")
+        dtype = TORCH_DTYPES[dtype]
+    dtype = dtype or next(iter(full_state_dict.values())).dtype
+    d = Path(folder)
+    d.mkdir(parents=True, exist_ok=True)
+    seen: set = set()
+    tensors = {}
+    for k, v in full_state_dict.items():
+        v = v.detach().to("cpu", dtype).contiguous()
+        if v.data_ptr() in seen:  # safetensors refuses shared storage (e.g. tied embeddings)
+            v = v.clone()
+        seen.add(v.data_ptr())
+        tensors[k] = v
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    cfg = model_config.to_dict() if hasattr(model_config, "to_dict") else dict(model_config)
+    cfg["dtype" if "dtype" in cfg else "torch_dtype"] = str(dtype).removeprefix("torch.")
+    atomic_write_text(d / "config.json", json.dumps(cfg, indent=2, default=str))
+    if isinstance(tokenizer, HFTokenizer):
+        tokenizer.tok.save_pretrained(str(d))
+    elif isinstance(tokenizer, CharTokenizer):
+        tokenizer.save(d)
+    elif tokenizer is not None:
+        raise TypeError(f"export_hf: unknown tokenizer type {type(tokenizer).__name__}")
+    return d

@@ -18,6 +18,7 @@ import dataclasses
 import datetime
 import json
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -29,21 +30,28 @@ import torch.distributed as dist
 from earl.cost_model.resolve import make_cost_model
 from earl.parallel import check_tp_dp, validate_plan
 from earl.policies import make_dispatcher, make_selector
-from earl.policies.reshard import plan_reshard
-from earl.runtime.checkpoint import find_checkpoint, load_checkpoint, read_state, save_checkpoint
+from earl.runtime.checkpoint import (
+    export_hf,
+    find_checkpoint,
+    gather_full_params,
+    load_checkpoint,
+    read_meta,
+    restore_rng,
+    rng_state,
+    save_checkpoint,
+)
 from earl.runtime.config import RunConfig, apply_overrides, from_dict, load_config_file, to_dict
 from earl.runtime.dist import comm_device, shutdown
 from earl.runtime.envs import ENVS, env_options, make_env
 from earl.runtime.metrics import RunRecorder, plot_run
-from earl.runtime.model import check_dtype, check_model_path, empty_like_policy
-from earl.runtime.optim import STATES
-from earl.runtime.reshard import allocate_local, execute_reshard
+from earl.runtime.model import check_dtype, check_model_path
 from earl.runtime.step import StepContext, run_step
-from earl.runtime.worker import ONE, MemoryBudgetExceeded, Worker, sampling_params
+from earl.runtime.worker import MemoryBudgetExceeded, Worker, sampling_params
 from earl.specs import MODEL_CATALOG, ModelSpec, ParallelPlan, Stage, StagePlan, WorkloadStats, unknown_name_error
 from earl.trace import atomic_write_text
 
 LAUNCH_CONFIG = "launch-config.json"  # the resolved config a multi-process run's ranks read
+HF_EXPORT = "hf"  # the run folder's HF export of the final policy
 STAGE_NAMES = tuple(s.value for s in Stage)
 
 
@@ -65,12 +73,30 @@ def resolve_config(config_file: str | Path | None = None, *, resume: str | Path 
     if resume is not None:
         if config_file is not None:
             raise ValueError("give either a CONFIG file or --resume (the run's config is in its checkpoint)")
-        cfg = from_dict(read_state(find_checkpoint(resume))["config"])
+        cfg = _fit_world(from_dict(read_meta(find_checkpoint(resume))["config"]), overrides or {})
     elif config_file is not None:
         cfg = load_config_file(config_file)
     else:
         cfg = RunConfig()
     return apply_overrides(cfg, overrides or {})
+
+
+def _fit_world(cfg: RunConfig, overrides: dict) -> RunConfig:
+    """A resumed run's config on this call's process count: the saved plans (and scripted
+    switches) made for another world size give way to the defaults, unless given again."""
+    nproc = overrides.get("nproc")
+    if nproc is None or int(nproc) == cfg.nproc:
+        return cfg
+    world = int(nproc)
+    fields = {}
+    for name in ("rollout", "experience", "train"):
+        value = getattr(cfg.plan, name)
+        if value and f"plan.{name}" not in overrides and ParallelPlan.parse(value).world_size != world:
+            fields[name] = ""
+    if "plan.schedule" not in overrides:
+        fields["schedule"] = tuple(x for x in cfg.plan.schedule
+                                   if ParallelPlan.parse(x.split(":")[-1]).world_size == world)
+    return dataclasses.replace(cfg, plan=dataclasses.replace(cfg.plan, **fields))
 
 
 def default_out_dir(resume: str | Path | None) -> Path:
@@ -181,57 +207,44 @@ def init_process_group() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-class _FullOptimizer:
-    """The optimizer state of a one-rank plan, in the form the checkpoint files hold."""
-
-    def __init__(self, tensors: dict[str, torch.Tensor] | None = None, step_count: int = 0):
-        self.tensors, self.step_count = tensors or {}, step_count
-
-    def state_dict(self) -> dict:
-        return {"tensors": self.tensors, "step": self.step_count}
-
-    def load_state_dict(self, d: dict) -> None:
-        self.tensors, self.step_count = dict(d["tensors"]), int(d["step"])
-
-
-def save(w: Worker, out: Path, step: int, stats: WorkloadStats) -> Path | None:
-    """Gather weights + optimizer state to rank 0 (a re-shard to one rank) and write them."""
-    rplan = plan_reshard(w.shapes, w.plans.train, ONE, w.world, optimizer_states=STATES)
-    src = w.train_tensors()
-    dst = allocate_local(w.shapes, ONE, w.rank, list(src), device=comm_device()) if w.rank == 0 else {}
-    execute_reshard(rplan, w.shapes, src, dst)
-    path = None
-    if w.rank == 0:
-        full = empty_like_policy(w.policy)
-        with torch.no_grad():
-            for n, p in full.named_parameters():
-                p.copy_(dst[n])
-        opt = _FullOptimizer({k: v.cpu() for k, v in dst.items() if "/" in k}, w.optim.step_count)
-        extra = {"plans": {s.value: w.plans.for_stage(s).describe() for s in Stage},
-                 "model_source": w.policy.source, "stats": dataclasses.asdict(stats), "world": w.world}
-        path = save_checkpoint(out, step=step, model=full, optimizer=opt, config=to_dict(w.cfg), extra=extra,
-                               keep=w.cfg.keep_checkpoints)
-    dist.barrier()
-    return path
+def save(w: Worker, out: Path, step: int, stats: WorkloadStats) -> Path:
+    """Every rank writes its training shards (weights and optimizer slices) with DCP; the
+    checkpoint loads into any world size and plan (earl.runtime.checkpoint)."""
+    meta = {"config": to_dict(w.cfg), "plans": {s.value: w.plans.for_stage(s).describe() for s in Stage},
+            "world": w.world, "model_source": w.policy.source, "stats": dataclasses.asdict(stats),
+            "rng": rng_state()}
+    return save_checkpoint(out, step, params={n: p.detach() for n, p in w.train_model.named_parameters()},
+                           optimizer=w.optim.state_tensors(), optimizer_step=w.optim.step_count, shapes=w.shapes,
+                           plan=w.plans.train, meta=meta, keep=w.cfg.keep_checkpoints)
 
 
 def load(w: Worker, ckpt: Path) -> tuple[int, WorkloadStats]:
-    """Restore onto the current plans (any world size): rank 0 reads, a re-shard spreads."""
-    state = read_state(ckpt)
-    src, step_count = {}, 0
-    if w.rank == 0:
-        full, opt = empty_like_policy(w.policy), _FullOptimizer()
-        load_checkpoint(ckpt, full, opt)
-        src = {k: v.to(comm_device()) for k, v in
-               {**{n: p.detach() for n, p in full.named_parameters()}, **opt.tensors}.items()}
-        step_count = opt.step_count
-    box = [step_count]
-    dist.broadcast_object_list(box, src=0)
-    names = list(w.train_tensors())
-    dst = allocate_local(w.shapes, w.plans.train, w.rank, names, device=comm_device())
-    execute_reshard(plan_reshard(w.shapes, ONE, w.plans.train, w.world, optimizer_states=STATES), w.shapes, src, dst)
-    w.restore(dst, box[0])
-    return int(state["step"]), WorkloadStats(**state["stats"])
+    """Each rank reads its shards under the current training plan, whatever it was saved on."""
+    got = load_checkpoint(ckpt, shapes=w.shapes, plan=w.plans.train, rank=w.rank, world=w.world,
+                          device=comm_device())
+    w.restore({**got.params, **got.optimizer}, got.optimizer_step)
+    if got.meta.get("rng") and got.meta.get("world") == w.world:
+        restore_rng(got.meta["rng"])
+    return int(got.meta["step"]), WorkloadStats(**got.meta["stats"])
+
+
+def export(w: Worker, folder: Path) -> Path | None:
+    """The policy as an HF folder (config.json, safetensors in the model's dtype, tokenizer) on
+    rank 0, written next to its final place and renamed in. Collective."""
+    full = gather_full_params({n: p.detach() for n, p in w.train_model.named_parameters()}, w.shapes,
+                              w.plans.train)
+    if full is None:
+        return None
+    tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}")
+    export_hf(tmp, full, w.policy.model.config, w.policy.tokenizer)
+    if folder.exists():
+        old = folder.with_name(f".old-{folder.name}-{os.getpid()}")
+        os.replace(folder, old)
+        os.replace(tmp, folder)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, folder)
+    return folder
 
 
 def _resume_plans(cfg: RunConfig, ckpt: Path | None, world: int) -> StagePlan:
@@ -239,7 +252,7 @@ def _resume_plans(cfg: RunConfig, ckpt: Path | None, world: int) -> StagePlan:
     plans = initial_plans(cfg, world)
     if ckpt is None:
         return plans
-    saved = read_state(ckpt).get("plans", {})
+    saved = read_meta(ckpt).get("plans", {})
     try:
         restored = StagePlan(**{k: ParallelPlan.parse(v) for k, v in saved.items()})
     except (TypeError, ValueError):
@@ -326,7 +339,7 @@ def _train(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume
             if rec is not None:
                 rec.flush(with_trace=due)
             if due:
-                last_ckpt = save(worker, out, step, prev) or last_ckpt
+                last_ckpt = save(worker, out, step, prev)
             if row is not None:
                 bar.update(step, row)
                 if not bar.enabled and (world > 1 or step % max(1, cfg.steps // 10) == 0 or step == last):
@@ -338,6 +351,7 @@ def _train(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume
         if rec is not None:
             rec.flush()
             rec.close()
+    export(worker, out / HF_EXPORT)
     if rec is not None and cfg.plots:
         plot_run(out)
     return RunResult(out_dir=out, first_step=start + 1, last_step=step,
@@ -358,7 +372,8 @@ def summarize(result: RunResult) -> str:
     lines = [f"steps {rows[0]['step']}-{rows[-1]['step']}: first 10 -> last 10"]
     lines += [f"  {k:18s} {avg(head, k):+.3f} -> {avg(tail, k):+.3f}" for k in keys]
     lines.append(f"outputs in {result.out_dir}: metrics.csv, metrics.jsonl, workload.jsonl, "
-                 f"decisions.jsonl, trace.json, plots/, checkpoints/ (last: {result.last_checkpoint})")
+                 f"decisions.jsonl, trace.json, plots/, hf/ (the policy, HF format), checkpoints/ "
+                 f"(last: {result.last_checkpoint})")
     return "\n".join(lines)
 
 

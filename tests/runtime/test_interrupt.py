@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from earl.runtime.checkpoint import find_checkpoint, read_state
+from earl.runtime.checkpoint import find_checkpoint, read_meta
 
 
 @pytest.mark.slow
@@ -29,7 +29,7 @@ def test_ctrl_c_keeps_last_checkpoint(tmp_path):
     assert proc.returncode == 130, err
     assert "last complete checkpoint" in err
     ckpt = find_checkpoint(out)
-    step = read_state(ckpt)["step"]
+    step = read_meta(ckpt)["step"]
     assert step % 3 == 0 and not list((out / "checkpoints").glob(".tmp-*"))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows and rows[-1]["step"] >= step  # whole lines only

@@ -50,14 +50,14 @@ def test_run_writes_all_outputs(four_steps):
     trace = json.loads((out / "trace.json").read_text())
     cats = {e["cat"] for e in trace["traceEvents"] if e["ph"] == "X"}
     assert {"rollout", "experience", "dispatch", "train", "select"} <= cats
-    assert find_checkpoint(out).name == "step_0000004"
-    assert len(list((out / "checkpoints").glob("step_*"))) == 2  # keep_checkpoints
+    assert find_checkpoint(out).name == "step-000004"
+    assert len(list((out / "checkpoints").glob("step-*"))) == 2  # keep_checkpoints
 
 
 def test_resume_is_exact(four_steps, tmp_path):
     out = tmp_path / "b"
     first = train(small(steps=4), out, progress=False, echo=lambda s: None, stop_at=2)
-    assert first.last_step == 2 and find_checkpoint(out).name == "step_0000002"
+    assert first.last_step == 2 and find_checkpoint(out).name == "step-000002"
     cfg = resolve_config(resume=out)
     res = train(cfg, out, resume=out, progress=False, echo=lambda s: None)
     assert res.first_step == 3
@@ -103,12 +103,13 @@ def test_cli_bad_input(tmp_path, four_steps):
     cfg_file.write_text("[trainer]\nlearning_rate = 0.1\n")
     assert "unknown config key" in one_line_error(runner.invoke(app, [*base, str(cfg_file)]))
     assert "no checkpoint" in one_line_error(runner.invoke(app, base + ["--resume", str(tmp_path)]))
-    # a corrupted checkpoint: garbage weights
+    # a corrupted checkpoint: garbage weight shards
     import shutil
 
     run = tmp_path / "corrupt"
     shutil.copytree(four_steps.out_dir, run)
-    (find_checkpoint(run) / "model.safetensors").write_bytes(b"\x00" * 100)
+    for f in find_checkpoint(run).glob("*.distcp"):
+        f.write_bytes(b"\x00" * 100)
     msg = one_line_error(runner.invoke(app, ["run", "--resume", str(run), "--steps", "6", "--quiet"]))
     assert "corrupted" in msg
 

@@ -112,13 +112,13 @@ def test_rank0_control_bytes_do_not_grow_with_tokens(tmp_path):
     """Outside the dispatcher (and the weight re-shards), rank 0 receives per-sample metadata
     and reduced scalars only: 5x longer episodes leave its bytes per step unchanged."""
     got = {}
-    for gen in (2, 48):
+    for gen in (2, 64):
         out = tmp_path / f"gen{gen}"
         r = earl_run(["--out", str(out), "--steps", "2", "--nproc", "2", "--set", f"sampling.max_new_tokens={gen}",
                       "--set", "sampling.stop=@@@@", "--set", "sampling.max_context=4096", *SMALL])
         assert r.returncode == 0, r.stderr[-3000:]
         got[gen] = rows_of(out)
-    small, large = got[2], got[48]
+    small, large = got[2], got[64]
     tokens_ratio = sum(x["tokens"] for x in large) / sum(x["tokens"] for x in small)
     assert tokens_ratio > 2.0, tokens_ratio
     for x, y in zip(small, large, strict=True):
@@ -174,15 +174,15 @@ def test_killed_rank_stops_cleanly_and_resume_on_another_plan(tmp_path):
     r = earl_run(args, {"EARL_FAULT_RANK_STEP": "1:4"})
     assert r.returncode != 0
     assert "injected fault at step 4" in r.stderr
-    assert (out / "checkpoints" / "step_0000002").is_dir()
-    assert not (out / "checkpoints" / "step_0000004").exists()
+    assert (out / "checkpoints" / "step-000002").is_dir()
+    assert not (out / "checkpoints" / "step-000004").exists()
     r = earl_run(["--resume", str(out), "--nproc", "2", "--train-plan", "tp2-dp1", "--rollout-plan", "tp2-dp1",
                   "--steps", "5", "--quiet"])
     assert r.returncode == 0, r.stderr[-3000:]
     rows = rows_of(out)
     assert [x["step"] for x in rows] == [1, 2, 3, 4, 5]
     assert rows[-1]["plan_train"] == "tp2-dp1-mb1"
-    assert (out / "checkpoints" / "step_0000005").is_dir()
+    assert (out / "checkpoints" / "step-000005").is_dir()
 
 
 @pytest.mark.slow
