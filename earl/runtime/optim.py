@@ -153,7 +153,7 @@ class ShardedAdamW:
             return
         for name, q in self.owned.items():
             self.inner.state[q] = {"step": torch.tensor(float(step_count)),
-                                   **{s: tensors[f"{name}/{s}"].clone() for s in STATES}}
+                                   **{s: tensors[f"{name}/{s}"].to(q.device, q.dtype, copy=True) for s in STATES}}
 
 
 def train_step(trainer: Trainer, optim: ShardedAdamW, local: ExperienceBatch, *, progress: float = 0.0,

@@ -213,8 +213,10 @@ def save(w: Worker, out: Path, step: int, stats: WorkloadStats) -> Path:
     meta = {"config": to_dict(w.cfg), "plans": {s.value: w.plans.for_stage(s).describe() for s in Stage},
             "world": w.world, "model_source": w.policy.source, "stats": dataclasses.asdict(stats),
             "rng": rng_state()}
-    return save_checkpoint(out, step, params={n: p.detach() for n, p in w.train_model.named_parameters()},
-                           optimizer=w.optim.state_tensors(), optimizer_step=w.optim.step_count, shapes=w.shapes,
+    dev = comm_device()  # tensors where the process group's backend takes them (gloo: the CPU)
+    return save_checkpoint(out, step, params={n: p.detach().to(dev) for n, p in w.train_model.named_parameters()},
+                           optimizer={k: v.to(dev) for k, v in w.optim.state_tensors().items()},
+                           optimizer_step=w.optim.step_count, shapes=w.shapes,
                            plan=w.plans.train, meta=meta, keep=w.cfg.keep_checkpoints)
 
 
@@ -231,8 +233,8 @@ def load(w: Worker, ckpt: Path) -> tuple[int, WorkloadStats]:
 def export(w: Worker, folder: Path) -> Path | None:
     """The policy as an HF folder (config.json, safetensors in the model's dtype, tokenizer) on
     rank 0, written next to its final place and renamed in. Collective."""
-    full = gather_full_params({n: p.detach() for n, p in w.train_model.named_parameters()}, w.shapes,
-                              w.plans.train)
+    full = gather_full_params({n: p.detach().to(comm_device()) for n, p in w.train_model.named_parameters()},
+                              w.shapes, w.plans.train)
     if full is None:
         return None
     tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}")
