@@ -289,11 +289,17 @@ def _build_profile(dev, dt, base_prof: HardwareProfile, overhead_s: float,
         f = _fit_kind(ms, kind, overhead_s, memory_s)
         if f:
             fits[kind] = f
-    rates = [f.rate for k, f in fits.items() if k != "memory"]
+    # only the compute-bound kinds identify the peak: decode attention is memory-bound, and its
+    # time barely moves with FLOPs, so its fitted rate can run off to absurd values (seen on an
+    # H200: 3.5e19 FLOP/s); such a rate is capped at the peak below
+    rates = [fits[k].rate for k in ("matmul", "attention") if k in fits]
     if dev.type == "cpu" and "matmul" in fits:  # no datasheet: the GEMM asymptote is the peak
         hw = dataclasses.replace(hw, peak_flops=fits["matmul"].rate)
     if rates and max(rates) > 1.5 * hw.peak_flops:  # faster than its datasheet entry
         hw = dataclasses.replace(hw, peak_flops=max(rates))
+    for kind, f in list(fits.items()):
+        if kind != "memory" and f.rate > hw.peak_flops:
+            fits[kind] = dataclasses.replace(f, rate=hw.peak_flops)
     # 3. links
     link = fit_link(coll) if coll else None
     if link:
