@@ -36,7 +36,7 @@ def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30) -> float:
 
 def main() -> None:
     from earl.runtime.engine import SamplingParams, TorchEngine
-    from earl.runtime.model import TORCH_DTYPES, build_builtin
+    from earl.runtime.hf_model import TORCH_DTYPES, build_builtin
     from earl.specs import MODEL_CATALOG
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -55,7 +55,7 @@ def main() -> None:
     else:
         from transformers import AutoModelForCausalLM
 
-        from earl.runtime.model import hf_config_from_spec
+        from earl.runtime.hf_model import hf_config_from_spec
         from earl.runtime.tokenizer import CharTokenizer
 
         with torch.device(dev):

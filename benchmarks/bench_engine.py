@@ -16,7 +16,7 @@ import time
 import torch
 
 from earl.runtime.engine import SamplingParams, TorchEngine
-from earl.runtime.model import load_policy
+from earl.runtime.hf_model import load_policy
 
 
 def run_episodes(engine: TorchEngine, *, episodes: int, turns: int, obs: int, gen: int,

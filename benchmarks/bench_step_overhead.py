@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def export(rev: str, dest: Path) -> Path:
+    dest.mkdir(parents=True)
     tar = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=tar, check=True)
     return dest

@@ -134,7 +134,7 @@ def test_validation_names_the_bad_value():
 
 
 def test_tp_check_on_hf_config_is_the_same_rule():
-    from earl.runtime.model import build_builtin
+    from earl.runtime.hf_model import build_builtin
     from earl.runtime.tp import check_tp
 
     cfg = build_builtin("tiny", seed=0).model.config  # 4 heads, 2 key/value heads

@@ -111,7 +111,7 @@ def synthetic_trajectories(n: int, length: int, vocab: int, gen: torch.Generator
 def _model(spec: ModelSpec, device: torch.device, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 
-    from earl.runtime.model import hf_config_from_spec
+    from earl.runtime.hf_model import hf_config_from_spec
 
     cfg = hf_config_from_spec(spec, {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype])
     with torch.random.fork_rng(devices=[]), torch.device(device):

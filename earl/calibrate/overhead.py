@@ -81,7 +81,7 @@ class OverheadFit:
 def _build(name: str, device: torch.device, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 
-    from earl.runtime.model import hf_config_from_spec
+    from earl.runtime.hf_model import hf_config_from_spec
 
     spec = MODEL_CATALOG[name]
     cfg = hf_config_from_spec(spec, {torch.float32: "fp32", torch.bfloat16: "bf16",
@@ -95,7 +95,7 @@ def _build(name: str, device: torch.device, dtype: torch.dtype):
 def measure_forward_points(*, device: torch.device, dtype: torch.dtype, prof: HardwareProfile,
                            budget_s: float, on_case=None) -> list[ForwardPoint]:
     """Time prefill and decode forwards of the device's models until `budget_s` is spent."""
-    from earl.runtime.model import cache_kwarg
+    from earl.runtime.hf_model import cache_kwarg
 
     cases = CPU_CASES if device.type == "cpu" else CUDA_CASES
     bare = dataclasses.replace(prof, op_overhead_s=0.0, elementwise=None)

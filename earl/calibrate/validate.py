@@ -120,7 +120,7 @@ def random_checkpoint(name: str, directory: Path, dtype: str, device: str = "cpu
     import torch
     from transformers import AutoModelForCausalLM
 
-    from earl.runtime.model import TORCH_DTYPES, Policy, hf_config_from_spec, save_hf
+    from earl.runtime.hf_model import TORCH_DTYPES, Policy, hf_config_from_spec, save_hf
     from earl.runtime.tokenizer import CharTokenizer
 
     if (directory / "config.json").is_file():
@@ -252,7 +252,7 @@ def run_validation(*, config, profile: str, steps: int = 4, warmup_steps: int = 
     `model`: a runtime model (built-in name or checkpoint dir) or any catalog name, for which
     a random-initialised checkpoint of that shape is written under `out_dir/model`."""
     from earl.runtime.config import apply_overrides
-    from earl.runtime.model import BUILTIN_MODELS
+    from earl.runtime.hf_model import BUILTIN_MODELS
 
     if steps < warmup_steps + 1:
         raise ValueError(f"--steps {steps} leaves nothing to score after {warmup_steps} warm-up "

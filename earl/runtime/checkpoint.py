@@ -434,7 +434,7 @@ def export_hf(folder: str | Path, full_state_dict: dict[str, torch.Tensor], mode
     tokenizer's files, or the built-in character tokenizer's earl_tokenizer.json)."""
     from safetensors.torch import save_file
 
-    from earl.runtime.model import TORCH_DTYPES
+    from earl.runtime.hf_model import TORCH_DTYPES
     from earl.runtime.tokenizer import CharTokenizer, HFTokenizer
 
     if isinstance(dtype, str):

@@ -122,7 +122,7 @@ def rollout(engine: Engine, make_env: Callable[[], Env], *, seeds: list[int], gr
 def demo() -> None:
     from earl.runtime.engine import TorchEngine
     from earl.runtime.envs import make_env
-    from earl.runtime.model import load_policy
+    from earl.runtime.hf_model import load_policy
 
     pol = load_policy("tiny")
     eng = TorchEngine(pol.model, pol.tokenizer)

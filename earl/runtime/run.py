@@ -43,8 +43,8 @@ from earl.runtime.checkpoint import (
 from earl.runtime.config import RunConfig, apply_overrides, from_dict, load_config_file, to_dict
 from earl.runtime.dist import comm_device, shutdown
 from earl.runtime.envs import ENVS, env_options, make_env
+from earl.runtime.hf_model import check_dtype, check_model_path
 from earl.runtime.metrics import RunRecorder, plot_run
-from earl.runtime.model import check_dtype, check_model_path
 from earl.runtime.step import StepContext, run_step
 from earl.runtime.worker import MemoryBudgetExceeded, Worker, sampling_params
 from earl.specs import MODEL_CATALOG, ModelSpec, ParallelPlan, Stage, StagePlan, WorkloadStats, unknown_name_error

@@ -29,7 +29,7 @@ from earl.runtime.config import RunConfig
 from earl.runtime.dist import comm_device, print0
 from earl.runtime.engine import SamplingParams, TorchEngine, make_engine
 from earl.runtime.envs import ENVS
-from earl.runtime.model import empty_like_policy, load_policy
+from earl.runtime.hf_model import empty_like_policy, load_policy
 from earl.runtime.optim import STATES, ShardedAdamW
 from earl.runtime.reshard import allocate_local, execute_reshard
 from earl.runtime.tp import apply_tp, check_tp, param_shapes

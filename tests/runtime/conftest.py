@@ -8,6 +8,6 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session")
 def tiny():
-    from earl.runtime.model import load_policy
+    from earl.runtime.hf_model import load_policy
 
     return load_policy("tiny", seed=0)

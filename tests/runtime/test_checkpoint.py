@@ -159,7 +159,7 @@ def test_rng_state_round_trip():
 def test_export_hf_loads_with_from_pretrained(tmp_path, dtype):
     from transformers import AutoModelForCausalLM
 
-    from earl.runtime.model import TORCH_DTYPES, build_builtin, load_policy
+    from earl.runtime.hf_model import TORCH_DTYPES, build_builtin, load_policy
 
     policy = build_builtin("tiny", seed=3, dtype=dtype)
     full = {n: p.detach() for n, p in policy.model.named_parameters()}
@@ -178,7 +178,7 @@ def _gather_tp2(folder: str) -> bool:
     import torch.distributed as dist
 
     from earl.parallel import build_plan_groups
-    from earl.runtime.model import build_builtin
+    from earl.runtime.hf_model import build_builtin
     from earl.runtime.tp import apply_tp, param_shapes
 
     plan = ParallelPlan(tp=2)
@@ -198,7 +198,7 @@ def _gather_tp2(folder: str) -> bool:
 def test_tp2_shards_gathered_to_rank0_export(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from earl.runtime.model import build_builtin
+    from earl.runtime.hf_model import build_builtin
 
     assert run_local(_gather_tp2, 2, str(tmp_path / "hf")) == [True, True]
     back = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), local_files_only=True)

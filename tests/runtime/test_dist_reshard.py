@@ -74,7 +74,7 @@ def test_bad_plans_raise():
 def _roundtrip_worker(train: ParallelPlan, rollout: ParallelPlan):
     import torch.distributed as dist
 
-    from earl.runtime.model import build_builtin
+    from earl.runtime.hf_model import build_builtin
     from earl.runtime.reshard import allocate_local, execute_reshard, local_range
     from earl.runtime.tp import param_shapes
 

@@ -12,7 +12,7 @@ import torch
 from earl.parallel import build_plan_groups
 from earl.runtime.dist import run_local
 from earl.runtime.engine import SamplingParams, TorchEngine
-from earl.runtime.model import build_builtin
+from earl.runtime.hf_model import build_builtin
 from earl.runtime.tp import apply_tp, check_tp
 from earl.specs import ParallelPlan
 

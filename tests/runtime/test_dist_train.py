@@ -19,7 +19,7 @@ from earl.policies.types import Layout, Sample
 from earl.runtime.advantages import AdvantageSpec, distributed_advantages
 from earl.runtime.config import TrainerConfig
 from earl.runtime.dist import run_local
-from earl.runtime.model import build_builtin
+from earl.runtime.hf_model import build_builtin
 from earl.runtime.optim import ShardedAdamW, train_step
 from earl.runtime.rollout import Trajectory
 from earl.runtime.tp import apply_tp, param_shapes

@@ -4,7 +4,7 @@ path; bad model paths fail with one clear ValueError."""
 import pytest
 import torch
 
-from earl.runtime.model import BUILTIN_MODELS, load_policy, save_hf
+from earl.runtime.hf_model import BUILTIN_MODELS, load_policy, save_hf
 from earl.runtime.tokenizer import CharTokenizer
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from earl.runtime.engine import EngineStats, Generation, SamplingParams
+from earl.runtime.engine.base import EngineStats, Generation, SamplingParams
 from earl.runtime.tokenizer import Tokenizer
 
 

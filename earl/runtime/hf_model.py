@@ -4,7 +4,7 @@ LM (Qwen2 / Llama families) from a local directory of safetensors weights. Never
 Model code here knows nothing about parallelism: the multi-process runtime shards the module
 this returns (build, then apply TP / FSDP), and the engine and trainer take it as an argument.
 
-    python -c "from earl.runtime.model import load_policy; print(load_policy('tiny').spec)"
+    python -c "from earl.runtime.hf_model import load_policy; print(load_policy('tiny').spec)"
 """
 
 from __future__ import annotations

@@ -1,0 +1,163 @@
+"""The engine interface every backend implements, and the sampling they share.
+
+An engine takes token ids in and gives token ids and log-probs out, keeping each episode's KV
+cache across turns. Backends: `earl.runtime.engine.pytorch` (built in) and
+`earl.runtime.engine.vllm` (optional, imported only when configured). `make_engine` picks one.
+
+Sampling (`sample_tokens`) is Gumbel-max with counter-based noise (`counter_uniform`): a
+token's noise depends only on its episode's seed and position, so an episode samples the same
+tokens alone, in any batch, on one process or many.
+
+    python benchmarks/bench_engine.py
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from earl.runtime.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingParams:
+    temperature: float = 1.0  # softmax temperature; 0 means greedy
+    top_p: float = 1.0  # nucleus sampling mass in (0, 1]
+    max_new_tokens: int = 16  # tokens generated per turn, at most
+    stop: tuple[str, ...] = ()  # stop strings (checked on the decoded text of this turn)
+    stop_at_eos: bool = True  # stop when the tokenizer's EOS id is sampled
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature the reported log-probs use (1 for greedy)."""
+        return self.temperature if self.temperature > 0 else 1.0
+
+
+@dataclass
+class Generation:
+    """One turn of one episode. `logprobs[i]` is log p(token_ids[i]) under the model's softmax
+    at `SamplingParams.logprob_temperature` (before top-p truncation)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish: str  # "stop" | "eos" | "length"
+
+
+@dataclass
+class EngineStats:
+    prefill_tokens: int = 0  # real tokens run through prefill
+    decode_tokens: int = 0  # real tokens run through decode steps
+    generated_tokens: int = 0  # tokens sampled
+    forwards: int = 0  # model calls
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+class EpisodeBatch(Protocol):
+    def generate(self, inputs: dict[int, list[int]], params: SamplingParams) -> dict[int, Generation]: ...
+
+    def close(self, rows: Iterable[int]) -> None: ...
+
+
+class Engine(Protocol):
+    """A generation backend. `open(n, seeds)` starts n episodes (rows 0..n-1) sharing a batch;
+    row i samples from its own random stream `seeds[i]` (default: i)."""
+
+    tokenizer: Tokenizer
+    stats: EngineStats
+
+    def open(self, n: int, seeds: Sequence[int] | None = None) -> EpisodeBatch: ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _as_i64(c: int) -> int:
+    """An unsigned 64-bit constant as the signed int64 torch stores (same bits)."""
+    c &= _MASK64
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+_GOLDEN = _as_i64(0x9E3779B97F4A7C15)
+_MIX1 = _as_i64(0xBF58476D1CE4E5B9)
+_MIX2 = _as_i64(0x94D049BB133111EB)
+
+
+def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 bits (torch's >> is arithmetic)."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def _mix64(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser on int64 tensors (wrapping arithmetic)."""
+    x = (x ^ _shr(x, 30)) * _MIX1
+    x = (x ^ _shr(x, 27)) * _MIX2
+    return x ^ _shr(x, 31)
+
+
+def counter_uniform(seeds_A: torch.Tensor, positions_A: torch.Tensor, width: int) -> torch.Tensor:
+    """[A, width] float64 uniforms in (0, 1), a pure function of (row seed, position, column).
+
+    Counter-based randomness: a token's noise depends only on its episode's seed and where it
+    sits in the episode, never on which other episodes share the batch, which process plays the
+    episode, or how many tokens were drawn before. So a run samples the same tokens on one
+    process or many, with any engine batch size."""
+    dev = seeds_A.device
+    row = _mix64(_mix64(seeds_A.long() * _GOLDEN + 1) + positions_A.long() * _MIX1)
+    cols = torch.arange(width, device=dev, dtype=torch.long) * _GOLDEN
+    bits = _shr(_mix64(row[:, None] + cols[None, :]), 11)  # 53 random bits
+    return (bits.double() + 0.5) / float(1 << 53)
+
+
+def sample_tokens(logits_AV: torch.Tensor, params: SamplingParams, seeds_A: torch.Tensor | None = None,
+                  positions_A: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row; return (token ids, their log-probs).
+
+    Gumbel-max over the (top-p truncated) distribution with counter-based noise
+    (`counter_uniform`): row i draws from its own stream `seeds_A[i]` at `positions_A[i]`."""
+    logits = logits_AV.float()
+    logp_all = torch.log_softmax(logits / params.logprob_temperature, dim=-1)
+    if params.temperature == 0:
+        tokens = logits.argmax(dim=-1)
+    else:
+        if seeds_A is None or positions_A is None:
+            raise ValueError("sampling at temperature > 0 needs a seed and a position per row")
+        scores = logp_all.double()
+        if params.top_p < 1:
+            sorted_p, order = logp_all.exp().sort(dim=-1, descending=True)
+            drop = sorted_p.cumsum(-1) - sorted_p > params.top_p  # keep the smallest nucleus
+            scores = scores.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+        u = counter_uniform(seeds_A.to(logits.device), positions_A.to(logits.device), logits.shape[-1])
+        tokens = (scores - torch.log(-torch.log(u))).argmax(dim=-1)
+    return tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+ENGINES = ("pytorch", "vllm")
+
+
+def make_engine(name: str, model: torch.nn.Module, tokenizer: Tokenizer, *, reuse_kv: bool = True,
+                model_path: str | None = None) -> Engine:
+    if name == "pytorch":
+        from earl.runtime.engine.pytorch import TorchEngine
+
+        return TorchEngine(model, tokenizer, reuse_kv=reuse_kv)
+    if name == "vllm":
+        from earl.runtime.engine.vllm import VLLMEngine
+
+        return VLLMEngine(model_path=model_path, tokenizer=tokenizer)
+    raise ValueError(f"engine {name!r} unknown; valid: {', '.join(ENGINES)}")
