@@ -64,17 +64,23 @@ def _entries(item: dict[str, torch.Tensor], s: Sample, spec: AdvantageSpec):
 def local_stats(store: Store, samples: list[Sample], spec: AdvantageSpec,
                 counted: set[int] | None = None) -> dict[int, torch.Tensor]:
     """key -> float64 [sum, sum of squares, count] over the samples this rank holds (only those
-    in `counted`, when given: tp peers hold copies and must count each sample once)."""
-    stats: dict[int, torch.Tensor] = {}
+    in `counted`, when given: tp peers hold copies and must count each sample once). All the
+    samples' entries are concatenated and summed per key at once (bincount)."""
+    keys, values = [], []
     for s in samples:
         if (counted is not None and s.id not in counted) or s.id not in store:
             continue
-        keys, values = _entries(store[s.id], s, spec)
-        for k in keys.unique().tolist():
-            v = values[keys == k]
-            stats.setdefault(k, torch.zeros(3, dtype=torch.float64))
-            stats[k] += torch.stack([v.sum(), (v * v).sum(), torch.tensor(float(v.numel()), dtype=torch.float64)])
-    return stats
+        k, v = _entries(store[s.id], s, spec)
+        keys.append(k)
+        values.append(v)
+    if not keys:
+        return {}
+    k, v = torch.cat(keys).long(), torch.cat(values)
+    uniq, idx = torch.unique(k, return_inverse=True)
+    n = len(uniq)
+    sums = torch.stack([torch.bincount(idx, weights=v, minlength=n), torch.bincount(idx, weights=v * v, minlength=n),
+                        torch.bincount(idx, minlength=n).double()], dim=1)
+    return {int(key): sums[i] for i, key in enumerate(uniq.tolist())}
 
 
 def fill_advantages(store: Store, samples: list[Sample], stats: dict[int, torch.Tensor],
@@ -84,14 +90,23 @@ def fill_advantages(store: Store, samples: list[Sample], stats: dict[int, torch.
         n = sum(float(v[2]) for v in stats.values())
         centred_sq = sum(float(v[1]) - float(v[0]) ** 2 / float(v[2]) for v in stats.values() if v[2] > 0)
         std = (max(centred_sq, 0.0) / max(n, 1.0)) ** 0.5
+        width = max(stats, default=-1) + 1  # keys are turn indices (or 0): a lookup table of means
+        mean_of = torch.zeros(max(width, 1), dtype=torch.float64)
+        for k, tot in stats.items():
+            if k >= 0 and tot[2] > 0:
+                mean_of[k] = float(tot[0]) / float(tot[2])
+    else:
+        group_adv = {}
+        for k, tot in stats.items():
+            total, sq, cnt = tot.tolist()
+            mean = total / cnt
+            group_adv[k] = (mean, max(sq / cnt - mean * mean, 0.0) ** 0.5)
     for s in samples:
         item = store.get(s.id)
         if item is None:
             continue
         if spec.estimator == "grpo":
-            total, sq, cnt = stats[s.group].tolist()
-            mean = total / cnt
-            g_std = max(sq / cnt - mean * mean, 0.0) ** 0.5
+            mean, g_std = group_adv[s.group]
             adv = (float(item["rewards"].double().item()) - mean) / (g_std + spec.eps)
             item["advantages"] = torch.full((item["input_ids"].numel(),), adv, dtype=torch.float32) \
                 * item["loss_mask"]
@@ -99,10 +114,7 @@ def fill_advantages(store: Store, samples: list[Sample], stats: dict[int, torch.
         mask = item["loss_mask"].bool()
         returns = item["token_rewards"].double().flip(0).cumsum(0).flip(0)
         keys = item["turn_ids"].long() if spec.per_turn else torch.zeros_like(item["input_ids"])
-        means = torch.zeros_like(returns)
-        for k in keys[mask].unique().tolist():
-            tot = stats[k]
-            means[keys == k] = float(tot[0]) / float(tot[2])
+        means = mean_of[keys.clamp(0, len(mean_of) - 1)]
         item["advantages"] = ((returns - means) / (std + spec.eps) * mask).float()
 
 

@@ -105,7 +105,7 @@ def _copy(transfer, store: Store, tokens: dict[int, int], out: Store,
     for i, (a, b) in _pieces(transfer, tokens):
         for name in transfer.tensors:
             t = store[i][name]
-            out.setdefault(i, {})[name] = t.reshape(1).clone() if name in TENSOR_BYTES_PER_SAMPLE else t[a:b].clone()
+            out.setdefault(i, {})[name] = t.reshape(1) if name in TENSOR_BYTES_PER_SAMPLE else t[a:b]  # a view
             counts[(i, name)] = counts.get((i, name), 0) + 1
 
 

@@ -180,43 +180,46 @@ def play(w: Worker, step: int) -> tuple[list[Trajectory], dict]:
 
 
 def _rollout_store(trajs: list[Trajectory]) -> Store:
-    """Per episode, the 1-D tensors the experience stage needs."""
-    store: Store = {}
-    for t in trajs:
-        k = len(t.token_ids)
-        tok_r = torch.zeros(k)
-        turn_ids = torch.full((k,), -1, dtype=torch.long)
+    """Per episode, the 1-D tensors the experience stage needs (views into a few flat tensors)."""
+    if not trajs:
+        return {}
+    lengths = [len(t.token_ids) for t in trajs]
+    ids = torch.tensor([x for t in trajs for x in t.token_ids], dtype=torch.long)
+    mask = torch.tensor([x for t in trajs for x in t.loss_mask], dtype=torch.bool)
+    tok_r = torch.zeros(len(ids))
+    turn_ids = torch.full((len(ids),), -1, dtype=torch.long)
+    off = 0
+    for t, k in zip(trajs, lengths, strict=True):
         start = 0
         for j, (pos, r) in enumerate(t.step_rewards):
-            tok_r[pos] += r
-            turn_ids[start:pos + 1] = j
+            tok_r[off + pos] += r
+            turn_ids[off + start:off + pos + 1] = j
             start = pos + 1
-        mask = torch.tensor(t.loss_mask, dtype=torch.bool)
-        turn_ids[~mask] = -1
-        store[t.episode_id] = {"input_ids": torch.tensor(t.token_ids, dtype=torch.long), "loss_mask": mask,
-                               "token_rewards": tok_r, "turn_ids": turn_ids,
-                               "rewards": torch.tensor([t.reward], dtype=torch.float32)}
-    return store
+        off += k
+    turn_ids[~mask] = -1
+    rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
+    parts = {"input_ids": ids.split(lengths), "loss_mask": mask.split(lengths),
+             "token_rewards": tok_r.split(lengths), "turn_ids": turn_ids.split(lengths)}
+    return {t.episode_id: {**{k: v[j] for k, v in parts.items()}, "rewards": rewards[j:j + 1]}
+            for j, t in enumerate(trajs)}
 
 
 def _batch(store: Store, ids: list[int], meta: dict[int, SampleMeta], pad_id: int) -> ExperienceBatch:
-    """Right-padded rows of `ids` from per-sample 1-D tensors; absent fields are zeros."""
+    """Right-padded rows of `ids` from per-sample 1-D tensors; absent fields are zeros. Each
+    field is filled with one masked assignment of all its samples' tokens."""
     n = len(ids)
-    width = max((store[i]["input_ids"].numel() for i in ids), default=0)
-    rows = {"input_ids": torch.full((n, width), pad_id, dtype=torch.long),
-            "attention_mask": torch.zeros(n, width, dtype=torch.bool),
+    lengths = torch.tensor([store[i]["input_ids"].numel() for i in ids], dtype=torch.long)
+    width = int(lengths.max()) if n else 0
+    attn = torch.arange(width)[None, :] < lengths[:, None]
+    rows = {"input_ids": torch.full((n, width), pad_id, dtype=torch.long), "attention_mask": attn,
             "loss_mask": torch.zeros(n, width, dtype=torch.bool),
             "turn_ids": torch.full((n, width), -1, dtype=torch.long)}
     for name in ("engine_logprobs", "token_rewards", "old_logprobs", "ref_logprobs", "advantages"):
         rows[name] = torch.zeros(n, width)
-    for r, i in enumerate(ids):
-        d = store[i]
-        k = d["input_ids"].numel()
-        rows["attention_mask"][r, :k] = True
-        for name, t in d.items():
-            if name in rows:
-                rows[name][r, :k] = t
-        rows["advantages"][r, :k] *= rows["loss_mask"][r, :k]
+    present = set(store[ids[0]]) if n else set()
+    for name in present & set(rows) - {"attention_mask"}:
+        rows[name][attn] = torch.cat([store[i][name] for i in ids]).to(rows[name].dtype)
+    rows["advantages"] *= rows["loss_mask"]
     return ExperienceBatch(sample_ids=torch.tensor(ids, dtype=torch.long),
                            group_ids=torch.tensor([meta[i].group for i in ids], dtype=torch.long),
                            rewards=torch.tensor([meta[i].reward for i in ids], dtype=torch.float32), **rows)
@@ -235,7 +238,7 @@ def experience(w: Worker, ctx: StepContext, step: int, trajs: list[Trajectory], 
     store = _rollout_store(trajs)  # tp peers of a replica hold the same episodes: any may send
     tplan = ctx.dispatcher.plan(src, dst, samples)
     got, hstats = execute_dispatch(tplan, store, samples, src, dst, tensors=HANDOFF_TENSORS)
-    w.span("handoff", "dispatch", t0, step, bytes=hstats.bytes_sent)
+    w.span("handoff", "experience", t0, step, bytes=hstats.bytes_sent)
 
     w.sync_weights(Stage.EXPERIENCE, step)
     t0 = time.perf_counter()
