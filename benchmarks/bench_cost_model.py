@@ -1,6 +1,6 @@
 """Cost-model speed: estimates per second per stage, and a full `earl plan` over 1,024 GPUs.
 
-Target (issue 2): enumerating and ranking every plan for 1,024 GPUs in under 1 s on one core.
+Target: enumerating and ranking every plan for 1,024 GPUs in under 1 s on one core.
 
     python benchmarks/bench_cost_model.py
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check (issue 7): calibrate one GPU (GEMMs, attention, memory bandwidth) and, when
+# GPU check: calibrate one GPU (GEMMs, attention, memory bandwidth) and, when
 # `earl validate` exists, compare the simulator with the runtime on a random-initialised model
 # of a real shape (Qwen2.5-1.5B). Everything lands in one folder: $OUT if set, else ./gpu_check.
 # Sized for about 6 minutes on one H200 (calibration 120 s of measuring, then 3 config variants x
