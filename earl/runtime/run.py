@@ -426,7 +426,9 @@ def worker_main(argv: list[str] | None = None) -> None:
     try:
         cfg = from_dict(json.loads(Path(a.config).read_text()))
         stage = "the run"
-        train(cfg, a.out, resume=a.resume, progress=a.progress, echo=lambda m: print(m, flush=True))
+        result = train(cfg, a.out, resume=a.resume, progress=a.progress, echo=lambda m: print(m, flush=True))
+        if result.metrics:  # rank 0
+            print(summarize(result), flush=True)
     except ValueError as e:
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"error: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
