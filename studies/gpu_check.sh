@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# GPU check: calibrate one GPU (GEMMs, attention, memory bandwidth) and, when
-# `earl validate` exists, compare the simulator with the runtime on a random-initialised model
-# of a real shape (Qwen2.5-1.5B). Everything lands in one folder: $OUT if set, else ./gpu_check.
-# Sized for about 6 minutes on one H200 (calibration 120 s of measuring, then 3 config variants x
-# 3 runtime steps of the calculator env); the CPU path (DEVICE=cpu QUICK=1) is what the tests run.
+# GPU check: the `gpu` tests, the engine's decode throughput against the HBM roofline,
+# calibration of one GPU (GEMMs, attention, memory bandwidth, the runtime's host costs) and
+# `earl validate` (the simulator vs the runtime on a random-initialised model of a real shape,
+# Qwen2.5-1.5B). Everything lands in one folder: $OUT if set, else ./gpu_check. Sized for about
+# 8 minutes on one H200 (tests ~3 min, decode ~1 min, calibration BUDGET s of measuring, then 3
+# config variants x 3 runtime steps of the calculator env); PROFILE=NAME|PATH skips calibration
+# and validates with that profile. The CPU path (DEVICE=cpu QUICK=1) is what the tests run.
 #
 #   bash studies/gpu_check.sh                        # on a CUDA machine
-#   DEVICE=cpu QUICK=1 OUT=/tmp/gc bash studies/gpu_check.sh   # ~20 s CPU smoke run
+#   PROFILE=h200-measured bash studies/gpu_check.sh  # re-check with the shipped profile
+#   DEVICE=cpu QUICK=1 OUT=/tmp/gc bash studies/gpu_check.sh   # ~30 s CPU smoke run
 set -euo pipefail
 
 OUT_DIR="${OUT:-./gpu_check}"
@@ -33,17 +36,33 @@ status=0
 } > "$OUT_DIR/env.txt" 2>&1 || status=1
 cat "$OUT_DIR/env.txt"
 
+# 0. the gpu-marked tests (they skip without CUDA) and the decode roofline
+if [ "$DEVICE" = cuda ]; then
+  timeout 330 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT_DIR/gpu-tests.log" || status=1
+  timeout 150 "$PY" benchmarks/bench_decode_roofline.py --model qwen2.5-0.5b --device cuda 2>&1 \
+    | tee "$OUT_DIR/decode.txt" || status=1
+else
+  timeout 120 "$PY" benchmarks/bench_decode_roofline.py --model tiny --device cpu --dtype fp32 --new 8 \
+    --batches 1,4 2>&1 | tee "$OUT_DIR/decode.txt" || status=1
+fi
+
 # 1. calibration (collectives need 2+ GPUs: a one-GPU machine keeps the datasheet link)
-timeout $((BUDGET * 2 + 90)) "$PY" -m earl.cli calibrate --device "$DEVICE" --budget-s "$BUDGET" \
-  --phases matmul,attention,memory,overhead,runtime --out "$OUT_DIR/profile-$DEVICE.json" \
-  --measurements "$OUT_DIR/measurements-$DEVICE.json" 2>&1 | tee "$OUT_DIR/calibrate.log" || status=1
+if [ -n "${PROFILE:-}" ]; then
+  PROFILE_PATH="$PROFILE"
+  echo "calibration skipped: validating with the profile $PROFILE" | tee "$OUT_DIR/calibrate.log"
+else
+  PROFILE_PATH="$OUT_DIR/profile-$DEVICE.json"
+  timeout $((BUDGET * 2 + 90)) "$PY" -m earl.cli calibrate --device "$DEVICE" --budget-s "$BUDGET" \
+    --phases matmul,attention,memory,overhead,runtime --out "$PROFILE_PATH" \
+    --measurements "$OUT_DIR/measurements-$DEVICE.json" 2>&1 | tee "$OUT_DIR/calibrate.log" || status=1
+fi
 
 # 2. validation against the runtime, with the profile just measured
 if "$PY" -m earl.cli validate --help >/dev/null 2>&1; then
   timeout "$VALIDATE_LIMIT" "$PY" -m earl.cli validate --device "$DEVICE" --model "$MODEL" \
-    --steps "$STEPS" --hardware "$OUT_DIR/profile-$DEVICE.json" --out "$OUT_DIR/validate" \
+    --steps "$STEPS" --hardware "$PROFILE_PATH" --out "$OUT_DIR/validate" \
     --variants "$VARIANTS" "${WORKLOAD[@]}" 2>&1 | tee "$OUT_DIR/validate.log" || status=1
-  rm -rf "$OUT_DIR/validate/model" "$OUT_DIR"/validate/runs/*/checkpoints  # weights: large, random
+  rm -rf "$OUT_DIR/validate/model" "$OUT_DIR"/validate/runs/*/checkpoints "$OUT_DIR"/validate/runs/*/hf  # weights
 else
   echo "earl validate is not available in this checkout: validation skipped" | tee "$OUT_DIR/validate.log"
 fi
