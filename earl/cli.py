@@ -96,6 +96,14 @@ def _print_estimate(est, title: str) -> None:
     console.print(t)
 
 
+def _network_note(cm) -> str:
+    """The network a command priced with, named in its output (never a silent default)."""
+    c, net = cm.cluster, cm.cluster.network
+    return (f"{c.nodes} node(s) x {c.gpus_per_node}, network {net.name} ({net.nics_per_node} x "
+            f"{net.nic_bw_bytes_s * 8 / 1e9:g} Gb/s per node at {net.efficiency:.0%}, "
+            f"incast {net.incast_efficiency:.0%})")
+
+
 @app.command("estimate")
 @user_errors
 def estimate_cmd(
@@ -114,6 +122,9 @@ def estimate_cmd(
     sharded_optimizer: bool = typer.Option(False, help="shard grads + optimizer over dp (ZeRO-2)"),
     to: Optional[str] = typer.Option(None, help="reshard / dispatch: destination plan, e.g. tp4-dp2"),
     dispatcher: str = typer.Option("layout-aware", help="dispatch: centralized | layout-aware"),
+    controller_path: Optional[str] = typer.Option(
+        None, help="dispatch: the single controller's serialisation path: packing (default: packs like any "
+                   "rank) | object-store (0.8 GB/s, the EARL paper's '~1 TB took over 20 minutes')"),
     network: Optional[str] = typer.Option(None, help="inter-node network: tcp-200g, rdma-200g, rdma-400gx8, ..."),
     optimizer_state: bool = typer.Option(False, help="reshard: move optimizer states too"),
     json_out: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
@@ -128,19 +139,28 @@ def estimate_cmd(
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; valid: {', '.join(STAGES)}")
     cm = make_cost_model(model, hardware, gpus, network)
+    if controller_path:
+        from earl.cost_model.profile import with_controller_path
+
+        cm = cm.with_profile(with_controller_path(cm.profile, controller_path))
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=micro_batch, recompute=recompute,
                         sharded_optimizer=sharded_optimizer).resolve(gpus)
-    if stage in ("reshard", "dispatch"):
+    if stage == "reshard":
         dst = ParallelPlan.parse(to).resolve(gpus) if to else plan
-        est = (cm.reshard(plan, dst, include_optimizer=optimizer_state) if stage == "reshard"
-               else cm.dispatch(dispatcher, plan, dst, batch, context))
+        est = cm.reshard(plan, dst, include_optimizer=optimizer_state)
+    elif stage == "dispatch":
+        from earl.policies.dispatch_cost import estimate_dispatch
+
+        dst = ParallelPlan.parse(to).resolve(gpus) if to else plan
+        est = estimate_dispatch(cm, dispatcher, plan, dst, batch, context)
     else:
         est = cm.estimate(stage, plan, batch, context)
     if json_out:
-        print(json.dumps(est.to_dict(), indent=2, default=str))
+        print(json.dumps({**est.to_dict(), "network": cm.cluster.network.name, "nodes": cm.cluster.nodes},
+                         indent=2, default=str))
     else:
         _print_estimate(est, f"{stage}: {cm.model.name} on {gpus} x {cm.profile.name}, "
-                             f"batch {batch} x {context} tokens")
+                             f"batch {batch} x {context} tokens; {_network_note(cm)}")
 
 
 @app.command("plan")
@@ -382,7 +402,7 @@ def calibrate_cmd(
     budget_s: float = typer.Option(90.0, "--budget-s", help="seconds to spend measuring (cpu >= 8, cuda >= 20)"),
     out: Optional[str] = typer.Option(None, help="profile JSON to write (default ./earl-profile-<device>.json)"),
     phases: str = typer.Option("all", help="all, or a comma list of matmul,attention,memory,"
-                                           "collectives,overhead,runtime"),
+                                           "collectives,overhead,runtime,dispatch"),
     dtype: str = typer.Option("auto", help="auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16"),
     threads: int = typer.Option(0, help="CPU threads per rank (0: 1, as one runtime rank uses)"),
     base: Optional[str] = typer.Option(None, help="profile (name or path) supplying what is not measured"),

@@ -291,11 +291,17 @@ class NetworkSpec:
     efficiency: float  # achievable fraction of line rate for large messages (TCP < RDMA)
     latency_s: float  # per-message latency, s
     protocol: str = "rdma"  # "tcp" | "rdma" (informational; efficiency/latency carry the cost)
+    # fraction of `efficiency` a node's receiving NICs keep when several nodes send to them at
+    # once (many-to-one incast: TCP loses throughput to drops and retransmit timeouts; RDMA with
+    # lossless flow control keeps most of it); an assumption, varied by study s8
+    incast_efficiency: float = 1.0
 
     def __post_init__(self):
-        _check_positive(self, "nic_bw_bytes_s", "nics_per_node", "efficiency", "latency_s")
+        _check_positive(self, "nic_bw_bytes_s", "nics_per_node", "efficiency", "latency_s", "incast_efficiency")
         if self.efficiency > 1:
             raise ValueError(f"NetworkSpec.efficiency must be in (0, 1], got {self.efficiency}")
+        if self.incast_efficiency > 1:
+            raise ValueError(f"NetworkSpec.incast_efficiency must be in (0, 1], got {self.incast_efficiency}")
         if self.protocol not in ("tcp", "rdma"):
             raise ValueError(f"NetworkSpec.protocol {self.protocol!r}; valid: tcp, rdma")
 
@@ -312,11 +318,15 @@ class NetworkSpec:
         return NETWORK_CATALOG[key]
 
 
+# Many-to-one TCP loses goodput to drops and retransmission timeouts (incast: Phanishayee et al.,
+# FAST 2008; Vasudevan et al., SIGCOMM 2009). 0.5 is an assumption, not a measurement: with it the
+# EARL paper's Fig. 4 ratios come out within ~10%; with 1.0 they are ~1.7x too high (study s8).
+TCP_INCAST_EFFICIENCY = 0.5
 # TCP efficiency/latency: kernel TCP on 100-200 GbE typically reaches ~50-70% of line rate per
 # stream with tens of microseconds per message; RDMA (IB/RoCE) ~90% with a few microseconds.
 NETWORK_CATALOG: dict[str, NetworkSpec] = {n.name: n for n in [
     NetworkSpec(name="tcp-200g", nic_bw_bytes_s=25 * GB, nics_per_node=1, efficiency=0.6,
-                latency_s=30e-6, protocol="tcp"),
+                latency_s=30e-6, protocol="tcp", incast_efficiency=TCP_INCAST_EFFICIENCY),
     NetworkSpec(name="rdma-200g", nic_bw_bytes_s=25 * GB, nics_per_node=1, efficiency=0.9,
                 latency_s=3e-6, protocol="rdma"),
     NetworkSpec(name="ib-ndr400x8", nic_bw_bytes_s=50 * GB, nics_per_node=8, efficiency=0.9,

@@ -21,7 +21,6 @@ import numpy as np
 import pandas as pd
 from common import main, print_table, save_figure, write_csv
 
-from earl.cost_model.model import CONTROLLER_BW_BYTES_S
 from earl.sim.run import simulate
 from earl.sim.scenario import load_scenario
 
@@ -50,8 +49,8 @@ def assumptions(sc) -> str:
         f"(or tp4-dp32), experience {sc.experience_plan}, train {sc.train_plan}; colocated stages (weights re-shard "
         "train -> experience and sync train -> rollout whenever layouts differ). Throughput = trained tokens / "
         f"simulated wall time / GPUs. An OOM event drops that sequence from the stage and charges the step "
-        f"{sc.oom_restart_s:g} s (the job restarts from a checkpoint); the centralized controller moves at most "
-        f"{CONTROLLER_BW_BYTES_S / 1e9:g} GB/s (single-controller cap)."
+        f"{sc.oom_restart_s:g} s (the job restarts from a checkpoint); dispatch is the one price of the dispatcher's "
+        "TransferPlan (earl.cost_model.dispatch; the controller packs like any rank, TCP incast efficiency 0.5)."
     )
 
 

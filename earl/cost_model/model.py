@@ -18,15 +18,10 @@ from earl.cost_model import comm, memory
 from earl.cost_model.compute import PassCost, causal_pairs, forward_pass, param_tensors, train_flops_per_token
 from earl.cost_model.memory import MemoryBreakdown
 from earl.cost_model.profile import HardwareProfile, LinkParams, datasheet_profile
-from earl.specs import TENSOR_BYTES_PER_SAMPLE, TENSOR_BYTES_PER_TOKEN, ClusterSpec, ModelSpec, ParallelPlan
+from earl.specs import ClusterSpec, ModelSpec, ParallelPlan
 
 STAGES = ("prefill", "decode", "logprob", "train", "reshard", "dispatch")
-# What one single-controller process moves per second when it gathers and scatters batches
-# (serialisation, host copies, object-store hops). The EARL paper (Tan et al. 2025, sec. 1)
-# reports ~1 TB of intermediate data taking over 20 minutes through verl's controller for a
-# 200B model at 32K context, i.e. <= ~0.8 GB/s; we round to 1 GB/s.
-CONTROLLER_BW_BYTES_S = 1.0e9
-DISPATCHERS = ("centralized", "layout-aware")
+DISPATCHERS = ("centralized", "layout-aware")  # priced by earl.cost_model.dispatch on their TransferPlan
 
 
 @dataclass
@@ -82,10 +77,7 @@ class CostModel:
     """Analytical time / memory model of one model on one cluster."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, profile: HardwareProfile | None = None,
-                 *, flash_attention: bool = True, controller_bw_bytes_s: float = CONTROLLER_BW_BYTES_S):
-        if controller_bw_bytes_s <= 0:
-            raise ValueError(f"controller_bw_bytes_s must be > 0, got {controller_bw_bytes_s}")
-        self.controller_bw_bytes_s = controller_bw_bytes_s
+                 *, flash_attention: bool = True):
         self.model = model
         self.cluster = cluster
         self.profile = profile or datasheet_profile(cluster.hardware)
@@ -99,8 +91,7 @@ class CostModel:
         self.kv_capacity_tokens = lru_cache(maxsize=256)(self._kv_capacity_tokens)
 
     def with_profile(self, profile: HardwareProfile) -> CostModel:
-        return CostModel(self.model, self.cluster, profile, flash_attention=self.flash_attention,
-                         controller_bw_bytes_s=self.controller_bw_bytes_s)
+        return CostModel(self.model, self.cluster, profile, flash_attention=self.flash_attention)
 
     # ---- links ------------------------------------------------------------------------------
     def link_of(self, src: int, dst: int) -> str:
@@ -446,61 +437,6 @@ class CostModel:
         return Estimate(stage="reshard", time_s=t, feasible=True, gpus=world, plan=dst,
                         breakdown={"transfer": t},
                         extras={"bytes_per_gpu": worst, "bytes_total": moved, "link_bw_bytes_s": link.bw_bytes_s})
-
-    def dispatch_bytes_per_sample(self, context: int) -> float:
-        return context * sum(TENSOR_BYTES_PER_TOKEN.values()) + sum(TENSOR_BYTES_PER_SAMPLE.values())
-
-    def dispatch(self, kind: str, src: ParallelPlan, dst: ParallelPlan, batch: int, context: int) -> Estimate:
-        """Move the experience tensors of `batch` sequences from the producers (`src` layout) to
-        the training layout (`dst`). `centralized`: everything into one controller, then out
-        again. `layout-aware`: producers send straight to the consumers that need each sample."""
-        if kind not in DISPATCHERS:
-            raise ValueError(f"unknown dispatcher {kind!r}; valid: {', '.join(DISPATCHERS)}")
-        self._check(dst, batch, context)
-        nodes = self.cluster.nodes
-        per_sample = self.dispatch_bytes_per_sample(context)
-        total = batch * per_sample
-        # every tp/pp-edge rank of a consumer group needs its samples; cp ranks need 1/cp
-        edge_stages = min(dst.pp, 2)
-        consumers = dst.dp * dst.tp * dst.cp * edge_stages
-        delivered = total * dst.tp * edge_stages  # cp splits tokens, tp and pp edges replicate
-        producers = src.dp
-        intra = self.profile.intra
-        net = self.cluster.network
-        node_bw = net.node_bw_bytes_s
-        if kind == "centralized":
-            remote_frac = (nodes - 1) / nodes
-            gather = comm.p2p_s(total * remote_frac, LinkParams(alpha_s=net.latency_s, bw_bytes_s=node_bw)) \
-                + total * (1 - remote_frac) / intra.bw_bytes_s + producers * net.latency_s
-            scatter = comm.p2p_s(delivered * remote_frac, LinkParams(alpha_s=net.latency_s, bw_bytes_s=node_bw)) \
-                + delivered * (1 - remote_frac) / intra.bw_bytes_s + consumers * net.latency_s
-            # the controller process itself caps both phases
-            gather = max(gather, total / self.controller_bw_bytes_s)
-            scatter = max(scatter, delivered / self.controller_bw_bytes_s)
-            t = gather + scatter
-            br = {"gather": gather, "scatter": scatter}
-            through_controller = total + delivered
-        else:
-            # balanced: each node sends/receives its share; a sample stays inside its node with
-            # probability 1/nodes (placement is independent of the producer's node)
-            remote_frac = (nodes - 1) / nodes
-            per_node = delivered / nodes
-            net_t = per_node * remote_frac / node_bw if nodes > 1 else 0.0
-            per_gpu_in = delivered / max(1, consumers) * (1 - remote_frac)
-            msgs = -(-consumers // max(1, producers))
-            alpha = net.latency_s if nodes > 1 else intra.alpha_s
-            alltoall = max(net_t, per_gpu_in / intra.bw_bytes_s) + msgs * alpha
-            world = max(dst.world_size, src.world_size)
-            # advantage normalisation: all-reduce of a few scalars per group
-            stats = comm.allreduce_s(16 * dst.dp, world, comm.group_link(self.cluster, self.profile, world,
-                                                                          collective="allreduce"))
-            t = alltoall + stats
-            br = {"alltoall": alltoall, "advantage_stats": stats}
-            through_controller = 64 * batch  # sample ids and lengths only
-        return Estimate(stage="dispatch", time_s=t, feasible=True, tokens=batch * context,
-                        gpus=dst.world_size, plan=dst, breakdown=br,
-                        extras={"payload_bytes": total, "delivered_bytes": delivered,
-                                "controller_bytes": through_controller, "dispatcher": kind})
 
 
 def pack_micro_batches(lengths, token_budget: int) -> list[list[int]]:

@@ -10,7 +10,16 @@ from pathlib import Path
 
 from earl.cost_model.model import CostModel
 from earl.cost_model.profile import load_profile
-from earl.specs import GB, MODEL_CATALOG, NETWORK_CATALOG, ClusterSpec, ModelSpec, NetworkSpec, unknown_name_error
+from earl.specs import (
+    GB,
+    MODEL_CATALOG,
+    NETWORK_CATALOG,
+    TCP_INCAST_EFFICIENCY,
+    ClusterSpec,
+    ModelSpec,
+    NetworkSpec,
+    unknown_name_error,
+)
 
 _NET_RE = re.compile(r"^(tcp|rdma)-(\d+(?:\.\d+)?)g(?:x(\d+))?$")
 
@@ -27,7 +36,8 @@ def resolve_model(name_or_path: str) -> ModelSpec:
 
 def resolve_network(text: str) -> NetworkSpec:
     """A catalog name, or `tcp-<Gbps>g[x<NICs>]` / `rdma-<Gbps>g[x<NICs>]` (e.g. `tcp-100g`,
-    `rdma-400gx8`): TCP at 60% of line rate and 30 us, RDMA at 90% and 3 us."""
+    `rdma-400gx8`): TCP at 60% of line rate, 30 us and incast efficiency
+    TCP_INCAST_EFFICIENCY; RDMA at 90%, 3 us and no incast loss."""
     key = text.lower()
     if key in NETWORK_CATALOG:
         return NETWORK_CATALOG[key]
@@ -39,7 +49,8 @@ def resolve_network(text: str) -> NetworkSpec:
     proto, gbps, nics = m.group(1), float(m.group(2)), int(m.group(3) or 1)
     tcp = proto == "tcp"
     return NetworkSpec(name=key, nic_bw_bytes_s=gbps / 8 * GB, nics_per_node=nics,
-                       efficiency=0.6 if tcp else 0.9, latency_s=30e-6 if tcp else 3e-6, protocol=proto)
+                       efficiency=0.6 if tcp else 0.9, latency_s=30e-6 if tcp else 3e-6, protocol=proto,
+                       incast_efficiency=TCP_INCAST_EFFICIENCY if tcp else 1.0)
 
 
 def make_cost_model(model: str | ModelSpec, hardware: str, gpus: int, network: str | None = None) -> CostModel:

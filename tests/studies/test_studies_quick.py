@@ -6,15 +6,12 @@
 from __future__ import annotations
 
 import importlib
-import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
-
-from earl.cost_model.model import CONTROLLER_BW_BYTES_S
 
 STUDIES = Path(__file__).resolve().parents[2] / "studies"
 NAMES = sorted(p.stem for p in STUDIES.glob("s[0-9]*_*.py"))
@@ -57,15 +54,14 @@ def test_s1_context_growth(tmp_path):
 def test_s2_data_volume(tmp_path):
     df = run_quick("s2_data_volume", tmp_path)
     # bytes scale with context; centralized is slower than layout-aware; TCP no faster than RDMA
-    # (centralized is capped by the controller process itself, so the network barely matters)
     assert df["payload GiB"].iloc[-1] / df["payload GiB"].iloc[0] == pytest.approx(32, rel=0.01)
     assert (df["centralized TCP s"] > df["layout-aware TCP s"]).all()
     assert (df["centralized TCP s"] >= df["centralized RDMA s"]).all()
     assert (df["layout-aware TCP s"] > df["layout-aware RDMA s"]).all()
-    # the controller process moves every byte it handles at no more than its cap; the NIC alone is faster
-    through = df["centralized controller GiB"] * 2**30 / CONTROLLER_BW_BYTES_S
-    assert (df["centralized TCP s"] >= through * (1 - 1e-5)).all()  # CSV keeps 6 significant digits
-    assert (df["centralized TCP NIC-only s"] < df["centralized TCP s"]).all()
+    # the object-store controller moves every byte it handles at no more than 0.8 GB/s
+    through = df["centralized controller GiB"] * 2**30 / 0.8e9
+    assert (df["centralized TCP object-store s"] >= through * (1 - 1e-5)).all()  # CSV keeps 6 digits
+    assert (df["centralized TCP object-store s"] > df["centralized TCP s"]).all()
 
 
 def test_s3_decode_tp(tmp_path):
@@ -80,8 +76,11 @@ def test_s4_dispatch_latency(tmp_path):
     df = run_quick("s4_dispatch_latency", tmp_path)
     assert set(df["network"]) == {"TCP", "RDMA"}
     assert (df["speedup"] > 1).all()
-    assert math.isclose(df["gather s"].iloc[0] + df["scatter s"].iloc[0], df["centralized s"].iloc[0], rel_tol=1e-4)
-    assert (df["centralized NIC-only s"] <= df["centralized s"]).all()
+    parts = df["gather s"] + df["scatter s"] + df["controller advantages s"]
+    assert ((parts - df["centralized s"]).abs() <= 1e-3 * df["centralized s"]).all()  # + metadata, planning
+    assert (df["centralized object-store s"] > df["centralized s"]).all()
+    tcp = df[df["network"] == "TCP"]
+    assert ((tcp["speedup"] / tcp["paper speedup"] - 1).abs() <= 0.30).all()  # the paper's Fig. 4
 
 
 def test_s5_end_to_end(tmp_path):
@@ -115,8 +114,8 @@ def test_s7_scale(tmp_path):
     la = df["dispatch layout-aware s"]
     assert c.iloc[1] > 5 * c.iloc[0]
     assert la.iloc[1] / la.iloc[0] < 0.25 * c.iloc[1] / c.iloc[0]
-    assert (la < 0.01).all()
-    assert (df["dispatch centralized NIC-only s"] < df["dispatch centralized s"]).all()
+    assert (la < 0.05).all()
+    assert (df["dispatch centralized object-store s"] > df["dispatch centralized s"]).all()
 
 
 def test_s8_sensitivity(tmp_path):
