@@ -215,29 +215,47 @@ class CostModel:
 
     def decode(self, plan: ParallelPlan, batch: int, context: int) -> Estimate:
         """One decode iteration for `batch` sequences of `context` tokens each, over plan.dp
-        replicas. When they don't all fit in KV memory, the replica runs the concurrency that
-        fits (continuous batching) and `time_s` covers all of them advancing one token."""
+        replicas: `time_s` covers all of them advancing one token.
+
+        Status (extras["status"]): "fits" when every sequence's KV fits; "preempting" when only
+        `fit` of a replica's `per` sequences fit: the engine runs `fit` at a time (continuous
+        batching, per/fit iterations) and, like vLLM's recompute preemption (the simulator's
+        engine, earl.sim.engine), the KV its running sequences add each iteration (`fit`
+        tokens) must be freed by preempting a sequence whose `context` tokens are prefilled
+        again when it returns: (fit / context) recomputed sequences per iteration (an upper
+        bound: a sequence finishing frees room without a preemption); "cannot run" (infeasible)
+        when not one sequence fits. The KV room is what the engine's explicit reserve leaves
+        (extras["engine_reserve_bytes"]: the profile's mem_reserve_frac and mem_reserve_bytes)."""
         self._check(plan, batch, context)
         gpus = plan.world_size
         per = -(-batch // plan.dp)
-        fit = min(per, self.kv_capacity_tokens(plan.tp, plan.pp) // context)
+        cap = self.kv_capacity_tokens(plan.tp, plan.pp)
+        fit = min(per, cap // context)
         if fit < 1:
             mem = self.memory("decode", plan, plan.dp, context)
-            return _infeasible("decode", plan, mem, gpus, f"one sequence of {context} tokens of KV")
+            est = _infeasible("decode", plan, mem, gpus, f"cannot run: one sequence of {context} tokens of KV")
+            est.extras.update({"status": "cannot run", "kv_capacity_tokens": cap,
+                               "engine_reserve_bytes": self.reserve})
+            return est
         mem = self.memory("decode", plan, fit * plan.dp, context)
         # continuous batching keeps `fit` sequences running: all `per` advance one token in
-        # per/fit steps on average (no whole-wave rounding)
+        # per/fit iterations on average (no whole-wave rounding)
         waves = per / fit
         cost, tp_s, host_s = self._decode_pass(plan.tp, fit, fit * context)
         t_step = cost.total_s + tp_s + host_s
-        t = waves * t_step
-        note = "" if fit == per else (f"only {fit} of {per} sequences per replica fit in KV memory; "
-                                      "throughput at that concurrency (continuous batching)")
+        preempting = fit < per
+        recompute_s = (fit / context) * self.prefill_time_s(plan.tp, context, 0, 1) if preempting else 0.0
+        t = waves * (t_step + recompute_s)
+        note = "" if not preempting else (f"preempting: only {fit} of {per} sequences per replica fit in KV "
+                                          f"memory; {fit / context:.3g} sequences recomputed per iteration")
+        br = self._breakdown(cost, waves, tp_s, host_s)
+        br["recompute"] = waves * recompute_s
         return Estimate(stage="decode", time_s=t, feasible=True, reason=note, tokens=batch, gpus=gpus,
                         flops=waves * cost.flops / plan.pp, peak_flops=self.profile.hardware.peak_flops,
-                        memory=mem, plan=plan, breakdown=self._breakdown(cost, waves, tp_s, host_s),
-                        extras={"concurrency": fit, "waves": waves, "step_time_s": t_step,
-                                "kv_capacity_tokens": self.kv_capacity_tokens(plan.tp, plan.pp)})
+                        memory=mem, plan=plan, breakdown=br,
+                        extras={"status": "preempting" if preempting else "fits", "concurrency": fit,
+                                "waves": waves, "step_time_s": t_step, "recompute_per_step_s": recompute_s,
+                                "kv_capacity_tokens": cap, "engine_reserve_bytes": self.reserve})
 
     @staticmethod
     def _breakdown(cost: PassCost, repeats: float, comm_s: float, host_s: float) -> dict:
