@@ -104,12 +104,18 @@ def _network_note(cm) -> str:
             f"incast {net.incast_efficiency:.0%})")
 
 
+_PRESET_HELP = "training-cluster preset (sets --hardware and --network unless given): earl-paper | " \
+               "dgx-h100-ndr | dgx-a100-hdr"
+
+
 @app.command("estimate")
 @user_errors
 def estimate_cmd(
     stage: str = typer.Argument(..., help="prefill | decode | logprob | train | reshard | dispatch"),
     model: str = typer.Option("qwen2.5-7b", help="catalog name or path to an HF config.json / checkpoint dir"),
-    hardware: str = typer.Option("h100-sxm-80gb", help="hardware profile name or profile JSON path"),
+    hardware: Optional[str] = typer.Option(None, help="hardware profile name or profile JSON path "
+                                                      "(default h100-sxm-80gb)"),
+    cluster: Optional[str] = typer.Option(None, help=_PRESET_HELP),
     gpus: int = typer.Option(8, help="GPUs the stage runs on"),
     tp: int = typer.Option(1, help="tensor parallel"),
     pp: int = typer.Option(1, help="pipeline parallel"),
@@ -133,11 +139,12 @@ def estimate_cmd(
     import json
 
     from earl.cost_model.model import STAGES
-    from earl.cost_model.resolve import make_cost_model
+    from earl.cost_model.resolve import make_cost_model, resolve_preset
     from earl.specs import ParallelPlan
 
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; valid: {', '.join(STAGES)}")
+    hardware, network = resolve_preset(cluster, hardware, network)
     cm = make_cost_model(model, hardware, gpus, network)
     if controller_path:
         from earl.cost_model.profile import with_controller_path
@@ -168,7 +175,9 @@ def estimate_cmd(
 def plan_cmd(
     stage: str = typer.Argument(..., help="prefill | decode | logprob | train"),
     model: str = typer.Option("qwen2.5-7b", help="catalog name or path to an HF config.json / checkpoint dir"),
-    hardware: str = typer.Option("h100-sxm-80gb", help="hardware profile name or profile JSON path"),
+    hardware: Optional[str] = typer.Option(None, help="hardware profile name or profile JSON path "
+                                                      "(default h100-sxm-80gb)"),
+    cluster: Optional[str] = typer.Option(None, help=_PRESET_HELP),
     gpus: int = typer.Option(8, help="GPUs the stage runs on"),
     batch: int = typer.Option(64, help="sequences"),
     context: int = typer.Option(4096, help="tokens per sequence (mean, for --selector)"),
@@ -187,9 +196,10 @@ def plan_cmd(
 
     from rich.table import Table
 
-    from earl.cost_model.resolve import make_cost_model
+    from earl.cost_model.resolve import make_cost_model, resolve_preset
     from earl.cost_model.search import rank_plans
 
+    hardware, network = resolve_preset(cluster, hardware, network)
     cm = make_cost_model(model, hardware, gpus, network)
     t0 = time.perf_counter()
     ranked = rank_plans(cm, stage, gpus, batch, context)
@@ -201,6 +211,7 @@ def plan_cmd(
     shown = ranked[:top] if top else ranked
     if json_out:
         out = {"stage": stage, "plans_evaluated": len(ranked), "search_s": elapsed,
+               "network": cm.cluster.network.name, "nodes": cm.cluster.nodes,
                "plans": [e.to_dict() for _, e in shown]}
         if decision is not None:
             out["decision"] = {"plan": decision.plan.describe(), "switched": decision.switched,
@@ -209,7 +220,8 @@ def plan_cmd(
         return
     n_ok = sum(e.feasible for _, e in ranked)
     t = Table(title=f"{stage}: {cm.model.name} on {gpus} x {cm.profile.name}, batch {batch} x {context}: "
-                    f"{len(ranked)} plans ({n_ok} feasible) in {elapsed * 1e3:.0f} ms", title_justify="left")
+                    f"{len(ranked)} plans ({n_ok} feasible) in {elapsed * 1e3:.0f} ms; {_network_note(cm)}",
+              title_justify="left")
     for col in ("#", "plan", "tokens/s/GPU", "time", "MFU", "mem/GPU", "why not"):
         t.add_column(col, justify="right" if col not in ("plan", "why not") else "left")
     for i, (p, e) in enumerate(shown, 1):

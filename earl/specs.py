@@ -389,6 +389,9 @@ class ParallelPlan:
     micro_batch: int = 1  # sequences per micro-batch (train / logprob)
     recompute: str = "none"  # activation recompute: none | selective | full
     sharded_optimizer: bool = False  # ZeRO/FSDP-style sharding of grads+optimizer over dp
+    # interleaved 1F1B (Narayanan et al. 2021): model chunks per pipeline rank; the bubble
+    # shrinks by this factor and the stage-to-stage sends grow by it (1: plain 1F1B)
+    virtual_stages: int = 1
 
     def __post_init__(self):
         degrees = {"tp": self.tp, "pp": self.pp, "dp": self.dp, "cp": self.cp}
@@ -402,6 +405,10 @@ class ParallelPlan:
         if self.recompute not in RECOMPUTE_MODES:
             raise ValueError(f"ParallelPlan.recompute {self.recompute!r}; valid: "
                              f"{', '.join(RECOMPUTE_MODES)}")
+        if not isinstance(self.virtual_stages, int) or self.virtual_stages < 1:
+            raise ValueError(f"ParallelPlan.virtual_stages must be an int >= 1, got {self.virtual_stages!r}")
+        if self.virtual_stages > 1 and self.pp == 1:
+            raise ValueError(f"ParallelPlan.virtual_stages={self.virtual_stages} needs pp > 1 (interleaved 1F1B)")
 
     @property
     def world_size(self) -> int:
@@ -437,8 +444,9 @@ class ParallelPlan:
         if model.ffn_hidden % plan.tp:
             raise ValueError(f"tp={plan.tp} does not divide {model.name}'s "
                              f"ffn width {model.ffn_hidden}")
-        if plan.pp > model.num_layers:
-            raise ValueError(f"pp={plan.pp} exceeds {model.name}'s {model.num_layers} layers")
+        if plan.pp * plan.virtual_stages > model.num_layers:
+            raise ValueError(f"pp={plan.pp} x virtual_stages={plan.virtual_stages} exceeds {model.name}'s "
+                             f"{model.num_layers} layers")
         if seq_len is not None and seq_len % plan.cp:
             raise ValueError(f"cp={plan.cp} does not divide the sequence length {seq_len}")
         return plan
@@ -454,6 +462,8 @@ class ParallelPlan:
 
     def describe(self) -> str:
         extra = [f"mb{self.micro_batch}"]
+        if self.virtual_stages > 1:
+            extra.append(f"v{self.virtual_stages}")
         if self.recompute != "none":
             extra.append(f"rc-{self.recompute}")
         if self.sharded_optimizer:
@@ -462,7 +472,8 @@ class ParallelPlan:
 
     @staticmethod
     def parse(text: str) -> ParallelPlan:
-        """Parse the `short()`/`describe()` form, e.g. `tp4-dp2`, `tp2-cp2-dp4-mb2-rc-full-zero`."""
+        """Parse the `short()`/`describe()` form, e.g. `tp4-dp2`, `tp2-cp2-dp4-mb2-rc-full-zero`,
+        `tp8-pp4-dp2-mb1-v2` (interleaved 1F1B, 2 model chunks per pipeline rank)."""
         kw: dict = {}
         parts = text.lower().split("-")
         i = 0
@@ -476,6 +487,8 @@ class ParallelPlan:
                 kw["sharded_optimizer"] = True
             elif p.startswith("mb") and p[2:].lstrip("-").isdigit():
                 kw["micro_batch"] = int(p[2:])
+            elif p.startswith("v") and p[1:].isdigit():
+                kw["virtual_stages"] = int(p[1:])
             elif p[:2] in ("tp", "pp", "dp", "cp") and p[2:].lstrip("-").isdigit():
                 kw[p[:2]] = int(p[2:])
             else:

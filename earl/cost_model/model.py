@@ -323,25 +323,38 @@ class CostModel:
                            kv_tokens=plan.micro_batch * context, lm_tokens=tokens)
         recompute = {"none": 0.0, "selective": fwd.attention_s, "full": fwd.total_s - fwd.lm_head_s}[plan.recompute]
         tp_passes = 4 + (2 if plan.recompute == "full" else 0)
-        tp_c = self._tp_comm_s(plan.tp, tokens, tp_passes) / plan.pp
+        # the profile's assumed share of TP communication hidden under the GEMMs
+        tp_c = self._tp_comm_s(plan.tp, tokens, tp_passes) / plan.pp * (1 - self.profile.tp_comm_overlap)
         cp_c = self._cp_comm_s(plan, context, 2)
         # + work of each micro-batch beyond 3 forwards: loss, its backward, stats, fixed and per
         # padded token (calibrated)
         t_mb = (3 * fwd.total_s + recompute + tp_c + cp_c + self.profile.train_pass_s
                 + self.profile.train_token_s * tokens)
-        pipeline = (m + plan.pp - 1) * t_mb
+        # 1F1B: (pp - 1) micro-batch slots of fill and drain; interleaved over v model chunks per
+        # rank, each slot is 1/v as long (Narayanan et al. 2021, sec. 2.2.2)
+        v = plan.virtual_stages
+        bubble = (plan.pp - 1) * t_mb / v
+        pipeline = m * t_mb + bubble
         pp_p2p = 0.0
         if plan.pp > 1:
             act = tokens * self.model.hidden_size * self.model.dtype_bytes / plan.tp
             link = comm.group_link(self.cluster, self.profile, plan.pp, plan.tp * plan.cp)
-            pp_p2p = 2 * (m + plan.pp - 1) * comm.p2p_s(act, link)
+            pp_p2p = 2 * (v * m + plan.pp - 1) * comm.p2p_s(act, link)  # v chunks: v x the sends
         p_local = memory.params_per_gpu(self.model, plan)
         # gradients are reduced over every rank holding the same weights: the dp x cp group
         grad_group = plan.dp * plan.cp
         span = (plan.cp - 1) * plan.tp + (plan.dp - 1) * plan.tp * plan.cp * plan.pp
         dp_link = (self.profile.link_for("allreduce") if span < self.cluster.gpus_per_node
                    else comm.inter_node_link(self.cluster, self.cluster.gpus_per_node))
-        dp_sync = comm.allreduce_s(p_local * memory.GRAD_BYTES, grad_group, dp_link)
+        grad_bytes = p_local * memory.GRAD_BYTES
+        dp_sync_total = comm.allreduce_s(grad_bytes, grad_group, dp_link)
+        dp_sync = dp_sync_total
+        if self.profile.dp_grad_overlap and dp_sync_total > 0:
+            # buckets are reduced as the last micro-batch's backward produces them (Megatron's
+            # overlap_grad_reduce, FSDP): hidden up to that backward, except the last bucket
+            window = 2 * fwd.total_s + recompute
+            last = dp_sync_total * min(1.0, self.profile.grad_bucket_bytes / grad_bytes)
+            dp_sync = max(dp_sync_total - window, last)
         shard = grad_group if plan.sharded_optimizer else 1
         opt_bytes = p_local / shard * (memory.GRAD_BYTES + 2 * memory.OPTIMIZER_BYTES + memory.WEIGHT_BYTES)
         optimizer = opt_bytes / (self.profile.hardware.hbm_bw_bytes_s * self.profile.memory(opt_bytes))
@@ -357,10 +370,11 @@ class CostModel:
             peak_flops=self.profile.hardware.peak_flops, memory=mem, plan=plan,
             breakdown={"forward": m * fwd.total_s, "backward": m * 2 * fwd.total_s,
                        "recompute": m * recompute, "tp_comm": m * tp_c, "cp_comm": m * cp_c,
-                       "pipeline_bubble": (plan.pp - 1) * t_mb, "pp_p2p": pp_p2p,
+                       "pipeline_bubble": bubble, "pp_p2p": pp_p2p,
                        "dp_grad_sync": dp_sync, "optimizer": optimizer},
             extras={"micro_batches": m, "micro_batch_s": t_mb, "pp_p2p_per_mb_s": pp_p2p / (m + plan.pp - 1),
-                    "bubble_frac": (plan.pp - 1) / (m + plan.pp - 1)})
+                    "bubble_frac": bubble / pipeline, "dp_grad_sync_unhidden_s": dp_sync_total,
+                    "tp_comm_overlap": self.profile.tp_comm_overlap, "virtual_stages": v})
 
     def mixed_batch(self, stage: str, plan: ParallelPlan, lengths, *, buckets: int = 8, passes: int = 1,
                     imbalance: float = 1.0, padded: bool = False, token_budget: int = 0) -> Estimate:
@@ -406,7 +420,7 @@ class CostModel:
                 return est
             m, t_mb = est.extras["micro_batches"], est.extras["micro_batch_s"]
             stream += m * t_mb
-            fill = max(fill, (plan.pp - 1) * t_mb)
+            fill = max(fill, (plan.pp - 1) * t_mb / plan.virtual_stages)
             p2p += est.extras.get("pp_p2p_per_mb_s", 0.0) * m
             last = est
         once = 0.0

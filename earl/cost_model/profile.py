@@ -161,6 +161,17 @@ class HardwareProfile:
     # per-piece and per-sample terms instead)
     dispatch_seq_s: float = 0.0  # ... and per sample delivered
     dispatch_path: DispatchPath = field(default_factory=DispatchPath)  # see DispatchPath
+    # ---- overlap of training communication with compute: assumptions of the software stack,
+    # named in every headline they move and varied by study s8
+    tp_comm_overlap: float = 0.0  # fraction of tensor-parallel communication hidden under GEMMs, [0, 1]
+    dp_grad_overlap: bool = True  # data-parallel gradient reduction bucketed and overlapped with backward
+    grad_bucket_bytes: float = 80e6  # gradient bytes per bucket (Megatron DDP: 40M params in bf16)
+
+    def __post_init__(self):
+        if not 0 <= self.tp_comm_overlap <= 1:
+            raise ValueError(f"HardwareProfile.tp_comm_overlap must be in [0, 1], got {self.tp_comm_overlap}")
+        if self.grad_bucket_bytes <= 0:
+            raise ValueError(f"HardwareProfile.grad_bucket_bytes must be > 0, got {self.grad_bucket_bytes}")
 
     @property
     def name(self) -> str:
@@ -209,6 +220,9 @@ class HardwareProfile:
                 step_overhead_s=float(d.get("step_overhead_s", 0.0)),
                 elementwise=EfficiencyCurve(**d["elementwise"]) if d.get("elementwise") else None,
                 dispatch_path=_dispatch_path(d.get("dispatch_path")),
+                tp_comm_overlap=float(d.get("tp_comm_overlap", 0.0)),
+                dp_grad_overlap=bool(d.get("dp_grad_overlap", True)),
+                grad_bucket_bytes=float(d.get("grad_bucket_bytes", 80e6)),
                 **{k: float(d.get(k, 0.0)) for k in HOST_COST_FIELDS},
             )
         except KeyError as e:

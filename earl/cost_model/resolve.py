@@ -53,8 +53,29 @@ def resolve_network(text: str) -> NetworkSpec:
                        incast_efficiency=TCP_INCAST_EFFICIENCY if tcp else 1.0)
 
 
+# Training-cluster presets: (hardware profile, network). The EARL paper's cluster, and the two
+# common DGX builds (one 200G HDR or 400G NDR InfiniBand NIC per GPU, rail-optimised).
+CLUSTER_PRESETS: dict[str, tuple[str, str]] = {
+    "earl-paper": ("h100-sxm-80gb", "tcp-200g"),  # 16 x 8 H100, one 200 Gbps Ethernet NIC per node, TCP
+    "dgx-h100-ndr": ("h100-sxm-80gb", "ib-ndr400x8"),  # 8 x 400 Gb/s NDR per node
+    "dgx-a100-hdr": ("a100-sxm-80gb", "rdma-200gx8"),  # 8 x 200 Gb/s HDR per node
+}
+
+
+def resolve_preset(preset: str | None, hardware: str | None, network: str | None) -> tuple[str, str | None]:
+    """(hardware, network) from a cluster preset; explicit options win over the preset's."""
+    if preset is None:
+        return hardware or "h100-sxm-80gb", network
+    if preset not in CLUSTER_PRESETS:
+        raise unknown_name_error("cluster preset", preset, CLUSTER_PRESETS)
+    hw, net = CLUSTER_PRESETS[preset]
+    return hardware or hw, network or net
+
+
 def make_cost_model(model: str | ModelSpec, hardware: str, gpus: int, network: str | None = None) -> CostModel:
-    """CostModel for `gpus` GPUs of `hardware` (profile name or JSON path)."""
+    """CostModel for `gpus` GPUs of `hardware` (profile name or JSON path); without `network`,
+    the cluster's default (ClusterSpec.for_gpus: rdma-200g), which every command names in its
+    output."""
     spec = model if isinstance(model, ModelSpec) else resolve_model(model)
     profile = load_profile(hardware)
     net = resolve_network(network) if network else None
