@@ -13,17 +13,18 @@ the EARL paper's anecdote) is a named option shown dotted.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
 from common import GIB, HARDWARE, MODEL, controller_note, main, object_store, print_table, save_figure, write_csv
 
-from earl.cost_model import HardwareProfile
+from earl.cost_model import CostModel, HardwareProfile
 from earl.cost_model.resolve import make_cost_model
 from earl.policies import make_selector
 from earl.policies.dispatch_cost import estimate_dispatch
-from earl.specs import ParallelPlan, Stage, StagePlan, WorkloadStats
+from earl.specs import NetworkSpec, ParallelPlan, Stage, StagePlan, WorkloadStats
 
 NAME = "s7_scale"
 SCALES = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -53,9 +54,12 @@ ASSUMPTIONS = (
 )
 
 
-def one_scale(gpus: int, profile: HardwareProfile | None = None) -> dict:
-    """One RL step at `gpus` GPUs (optionally priced with another hardware profile)."""
+def one_scale(gpus: int, profile: HardwareProfile | None = None, network: NetworkSpec | None = None) -> dict:
+    """One RL step at `gpus` GPUs (optionally priced with another hardware profile or another
+    TCP network)."""
     cm = make_cost_model(MODEL, HARDWARE, gpus, NETWORK)
+    if network is not None:
+        cm = CostModel(cm.model, dataclasses.replace(cm.cluster, network=network), cm.profile)
     rdma = make_cost_model(MODEL, HARDWARE, gpus, "rdma-200g")
     if profile is not None:
         cm, rdma = cm.with_profile(profile), rdma.with_profile(profile)

@@ -120,8 +120,16 @@ def test_s7_scale(tmp_path):
 
 def test_s8_sensitivity(tmp_path):
     df = run_quick("s8_sensitivity", tmp_path)
-    assert list(df["variant"]) == ["baseline", "all curves x0.8", "all curves x1.2"]
-    assert df["s4 layout-aware speedup, 32K TCP"].nunique() == 1  # dispatch does not depend on compute
+    assert list(df["variant"])[:3] == ["baseline", "all curves x0.8", "all curves x1.2"]
+    assumed = {"TCP incast 1.0 (none)", "controller object-store", "OOM restart 0 s", "DP overlap off"}
+    assert assumed <= set(df["variant"])
+    curves = df[df["variant"].str.startswith(("baseline", "all curves"))]
+    assert curves["s4 layout-aware speedup, 32K TCP"].nunique() == 1  # dispatch does not depend on compute
+    by = df.set_index("variant")
+    # the assumptions the dispatch headline rests on move it; the object store multiplies it
+    assert by.loc["controller object-store", "s4 layout-aware speedup, 32K TCP"] > 10 * by.loc[
+        "baseline", "s4 layout-aware speedup, 32K TCP"]
+    assert by.loc["TCP incast 1.0 (none)", "s4 |error vs paper 11.2x| (%)"] > 30
 
 
 def test_cli_study_list_and_unknown():
