@@ -8,7 +8,7 @@ fastest of `repeats` after a warm-up (on a shared host the one least slowed by o
 Per-piece, per-byte and per-sample costs come from timing the executor's own packing and
 advantage code in one process (`measure_host`: quiet and exact); bytes between processes go on
 the profile's intra link (fitted by the collectives phase); the gloo runs then fit the
-per-message cost and the oversubscription round (`sync_s`) minimising the squared log error of
+per-message cost and the two oversubscription terms (`sync_s`, `oversubscribed_exp`) minimising the squared log error of
 `price_transfer_plan` on the very plans that ran; host_parallel is the number of CPUs this
 process may use (the processes share them). benchmarks/bench_dispatch.py uses the same layouts
 and workers.
@@ -197,7 +197,7 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
     """The DispatchPath that best predicts `points` through `price_transfer_plan` on `profile`'s
     links, with the per-piece, per-byte and per-sample terms of `host` (measure_host) fixed and
     the bytes between processes on the profile's intra link (a loopback socket costs CPU both
-    ways): the gloo runs fit the per-message cost and the oversubscription round. Returns
+    ways): the gloo runs fit the per-message cost and the oversubscription terms. Returns
     it and its quality {fit_median_err, fit_max_err, n, host_parallel, points}."""
     from scipy.optimize import least_squares
 
@@ -211,7 +211,8 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
     cms = {n: local_cost_model(base, n) for n in {p.procs for p in points}}
 
     def fields(x) -> dict:
-        return {"message_s": float(np.exp(x[0])), "sync_s": float(np.exp(x[1]))}
+        return {"message_s": float(np.exp(x[0])), "sync_s": float(np.exp(x[1])),
+                "oversubscribed_exp": float(np.exp(x[2]))}
 
     def predicted(x) -> list[float]:
         prof = _with_path(base, **fields(x))
@@ -223,8 +224,8 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
         return out
 
     y = np.array([p.seconds for p in points])
-    res = least_squares(lambda x: np.log(np.array(predicted(x)) / y), np.log([50e-6, 1e-3]),
-                        bounds=(np.log([1e-7, 1e-9]), np.log([1e-2, 0.1])))
+    res = least_squares(lambda x: np.log(np.array(predicted(x)) / y), np.log([50e-6, 1e-3, 0.3]),
+                        bounds=(np.log([1e-7, 1e-9, 1e-4]), np.log([1e-2, 0.1, 2.0])))
     path = dataclasses.replace(base.dispatch_path, **fields(res.x))
     pred = predicted(res.x)
     errs = [abs(a / b - 1) for a, b in zip(pred, y, strict=True)]

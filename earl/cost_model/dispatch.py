@@ -11,7 +11,9 @@ Per phase of the plan (phases run one after another; transfers of a phase run at
   (`controller_bw_bytes_s`, `controller_object_s`) on every byte and piece it moves;
 - plus its intra-node traffic on its NVLink port (the busier direction; both directions on a
   host whose loopback sends and receives cost CPU time alike) and one link latency;
-- a node's ranks share its CPU: the node takes max(slowest rank, sum of its ranks / host_parallel);
+- a node's ranks share its CPU: the node takes max(slowest rank, sum of its ranks / host_parallel),
+  the slowest rank stretched by (processes / host_parallel) ** oversubscribed_exp when the node
+  runs more processes than host_parallel (waiting peers poll and take CPU from it);
 - each node's NICs carry its inter-node bytes (the busier direction); the receiving side's rate
   drops to the network's `incast_efficiency` when more than one other node sends to it;
 - the phase lasts as long as its slowest node (host or NIC), plus `sync_s` when a node runs more
@@ -77,9 +79,10 @@ def _phase_s(cm: CostModel, phase, central_rank: int | None, ppn: int) -> tuple[
     net = cm.cluster.network
     node_bw = net.node_bw_bytes_s
     worst = 0.0
+    stretch = (ppn / path.host_parallel) ** path.oversubscribed_exp if ppn > path.host_parallel else 1.0
     for n in by_node.keys() | nic_in.keys() | nic_out.keys():
         times = by_node.get(n, [])
-        t_host = max(max(times, default=0.0), sum(times) / path.host_parallel)
+        t_host = max(stretch * max(times, default=0.0), sum(times) / path.host_parallel)
         in_bw = node_bw * (net.incast_efficiency if len(senders[n]) > 1 else 1.0)
         t_nic = max(nic_out[n] / node_bw, nic_in[n] / in_bw)
         worst = max(worst, t_host, t_nic + (net.latency_s if t_nic else 0.0))

@@ -77,12 +77,16 @@ class DispatchPath:
     controller_object_s: float = 0.0  # per piece, s
     host_parallel: int = 64  # processes of one node whose host work runs at once (CPU cores)
     sync_s: float = 0.0  # per synchronising round when a node runs more processes than host_parallel, s
+    # a node running more processes than host_parallel: its slowest rank's time stretches by
+    # (processes / host_parallel) ** oversubscribed_exp (its waiting peers poll and take CPU
+    # from it); the node's total work is shared over host_parallel regardless. 0: no stretch
+    oversubscribed_exp: float = 0.0
     # a rank sends and receives over its intra-node link at once (NVLink ports are full duplex);
     # False on a CPU host, where a loopback send and a receive both cost the rank's CPU time
     full_duplex: bool = True
 
     def __post_init__(self):
-        for k in ("message_s", "object_s", "sample_s", "controller_object_s", "sync_s"):
+        for k in ("message_s", "object_s", "sample_s", "controller_object_s", "sync_s", "oversubscribed_exp"):
             if getattr(self, k) < 0:
                 raise ValueError(f"DispatchPath.{k} must be >= 0 s, got {getattr(self, k)}")
         for k in ("copy_bw_bytes_s", "controller_bw_bytes_s"):

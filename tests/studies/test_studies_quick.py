@@ -39,7 +39,7 @@ def run_quick(name: str, out: Path) -> pd.DataFrame:
 
 def test_every_study_is_tested():
     assert NAMES == ["s1_context_growth", "s2_data_volume", "s3_decode_tp", "s4_dispatch_latency",
-                     "s5_end_to_end", "s6_train_plans", "s7_scale", "s8_sensitivity"]
+                     "s5_end_to_end", "s6_train_plans", "s7_scale", "s8_sensitivity", "s9_fidelity"]
 
 
 def test_s1_context_growth(tmp_path):
@@ -144,3 +144,11 @@ def test_cli_study_runs_one(tmp_path):
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "s4_dispatch_latency.csv").is_file()
+
+
+def test_s9_fidelity(tmp_path):
+    df = run_quick("s9_fidelity", tmp_path)
+    earl = df[df["reference"].str.startswith("EARL")]
+    assert len(earl) == 1 and (earl["error"].abs() <= 0.30).all()  # the paper's Fig. 4 at 32K
+    mega = df[df["reference"].str.startswith("Megatron")]
+    assert (mega["predicted"].between(0.2, 0.8)).all() and (mega["published"] == 0.47).all()
