@@ -20,7 +20,9 @@ Per phase of the plan (phases run one after another; transfers of a phase run at
   processes than `host_parallel` (a descheduled partner costs a scheduler slice per round).
 Then advantages: centralized, the controller computes all of them between its two phases;
 layout-aware, each producer computes its own and one all-reduce of per-group scalars follows.
-Then metadata through the controller and the fixed planning cost (`dispatch_fixed_s`).
+Then metadata through the controller and the fixed planning cost (`dispatch_fixed_s`). On one
+process no executor runs (the runtime re-orders rows in place): the calibrated host cost of that
+path (`dispatch_fixed_s` + `dispatch_seq_s` per sample) is the price.
 
 Parameters live in the profile (`HardwareProfile.dispatch_path`, fitted by `earl calibrate`) and
 the network (`NetworkSpec`).
@@ -101,6 +103,15 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
     if samples < 1 or producers < 1 or world < 1:
         raise ValueError(f"price_transfer_plan needs samples, producers and world >= 1, got "
                          f"{samples}, {producers}, {world}")
+    if world == 1:
+        # one process: the runtime plans and re-orders rows in place (earl.runtime.loop), no
+        # executor runs; its calibrated host cost (earl.calibrate.hostcost) is the price
+        prof = cm.profile
+        br = {"local": prof.dispatch_seq_s * samples, **({"planning": prof.dispatch_fixed_s} if control else {})}
+        return Estimate(stage="dispatch", time_s=sum(br.values()), feasible=True, gpus=1, plan=plan, breakdown=br,
+                        extras={"dispatcher": tplan.kind, "moved_bytes": 0.0, "controller_bytes": 0.0,
+                                "busiest_rank_bytes": 0.0, "messages": 0, "transfers": len(tplan.transfers),
+                                "samples": samples})
     path = cm.profile.dispatch_path
     g = cm.cluster.gpus_per_node
     ppn = min(world, g)  # processes on the busiest node

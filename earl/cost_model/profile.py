@@ -161,8 +161,8 @@ class HardwareProfile:
     experience_seq_s: float = 0.0  # experience stage: per sequence (collating, advantages)
     experience_token_s: float = 0.0  # experience stage: per token (padded tensors built on the host)
     dispatch_fixed_s: float = 0.0  # a dispatch's host work: planning and executing it, fixed
-    # (dispatch_seq_s is kept for old profiles; dispatch pricing now uses dispatch_path's
-    # per-piece and per-sample terms instead)
+    # (per sample, dispatch_seq_s prices the one-process path, where the runtime re-orders rows in
+    # place; across processes dispatch_path's per-piece and per-sample terms price the executor)
     dispatch_seq_s: float = 0.0  # ... and per sample delivered
     dispatch_path: DispatchPath = field(default_factory=DispatchPath)  # see DispatchPath
     # ---- overlap of training communication with compute: assumptions of the software stack,

@@ -146,3 +146,13 @@ def test_gloo_measurement_runs_both_dispatchers():
     pts = dispatchfit.measure(procs=(2,), cases=((2, 256),), repeats=1, trials=1)
     assert {p.kind for p in pts} == {"centralized", "layout-aware"}
     assert all(p.seconds > 0 and p.busiest_bytes > 0 for p in pts)
+
+
+def test_one_process_dispatch_is_its_calibrated_host_cost():
+    """On one process the runtime re-orders rows in place: dispatch_fixed_s + dispatch_seq_s."""
+    prof = load_profile("cpu-measured")
+    cm = dispatchfit.local_cost_model(prof, 1)
+    samples, s, d = dispatch_layouts(ParallelPlan(), ParallelPlan(), 16, 150)
+    est = price_transfer_plan(cm, make_dispatcher("layout-aware").plan(s, d, samples), samples=16, producers=1,
+                              world=1)
+    assert est.time_s == pytest.approx(prof.dispatch_fixed_s + 16 * prof.dispatch_seq_s)
