@@ -11,6 +11,7 @@ import time
 
 from earl.cost_model.resolve import make_cost_model
 from earl.cost_model.search import enumerate_plans, rank_plans
+from earl.policies.dispatch_cost import estimate_dispatch
 from earl.specs import ParallelPlan
 
 
@@ -32,7 +33,7 @@ def main() -> None:
         "prefill": lambda: cm.prefill(rollout, 4096, 2048),
         "logprob": lambda: cm.logprob(plan, 1024, 16384),
         "train": lambda: cm.train(plan, 1024, 16384),
-        "dispatch": lambda: cm.dispatch("layout-aware", rollout, plan, 1024, 16384),
+        "dispatch (plan + price)": lambda: estimate_dispatch(cm, "layout-aware", rollout, plan, 1024, 16384),
         "reshard": lambda: cm.reshard(plan, rollout),
         "decode_step_time_s (sim hook)": lambda: cm.decode_step_time_s(8, 64, 64 * 16384),
     }

@@ -59,12 +59,18 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 # estimate / plan  (earl/cost_model/report.py, earl/policies/explain.py)
 # ============================================================================================
 # <estimate-plan>
+PRESET_HELP = ("training-cluster preset (sets --hardware and --network unless given): earl-paper | "
+               "dgx-h100-ndr | dgx-a100-hdr")
+
+
 @app.command("estimate")
 @user_errors
 def estimate_cmd(
     stage: str = typer.Argument(..., help="prefill | decode | logprob | train | reshard | dispatch"),
     model: str = typer.Option("qwen2.5-7b", help="catalog name or path to an HF config.json / checkpoint dir"),
-    hardware: str = typer.Option("h100-sxm-80gb", help="hardware profile name or profile JSON path"),
+    hardware: Optional[str] = typer.Option(None, help="hardware profile name or profile JSON path "
+                                                      "(default h100-sxm-80gb)"),
+    cluster: Optional[str] = typer.Option(None, help=PRESET_HELP),
     gpus: int = typer.Option(8, help="GPUs the stage runs on"),
     tp: int = typer.Option(1, help="tensor parallel"),
     pp: int = typer.Option(1, help="pipeline parallel"),
@@ -77,6 +83,9 @@ def estimate_cmd(
     sharded_optimizer: bool = typer.Option(False, help="shard grads + optimizer over dp (ZeRO-2)"),
     to: Optional[str] = typer.Option(None, help="reshard / dispatch: destination plan, e.g. tp4-dp2"),
     dispatcher: str = typer.Option("layout-aware", help="dispatch: centralized | layout-aware"),
+    controller_path: Optional[str] = typer.Option(
+        None, help="dispatch: the single controller's serialisation path: packing (default: packs like any "
+                   "rank) | object-store (0.8 GB/s, the EARL paper's '~1 TB took over 20 minutes')"),
     network: Optional[str] = typer.Option(None, help="inter-node network: tcp-200g, rdma-200g, rdma-400gx8, ..."),
     optimizer_state: bool = typer.Option(False, help="reshard: move optimizer states too"),
     json_out: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
@@ -84,19 +93,28 @@ def estimate_cmd(
     """Price one stage of an RL iteration (time, memory, throughput, MFU)."""
     import json
 
-    from earl.cost_model.report import estimate_stage, estimate_table
+    from earl.cost_model.report import cost_model_for, estimate_stage, estimate_table, network_note
     from earl.specs import ParallelPlan
 
+    cm = cost_model_for(model, hardware=hardware, gpus=gpus, network=network, cluster=cluster,
+                        controller_path=controller_path)
     plan = ParallelPlan(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=micro_batch, recompute=recompute,
                         sharded_optimizer=sharded_optimizer)
-    cm, est = estimate_stage(stage, model=model, hardware=hardware, gpus=gpus, plan=plan, batch=batch,
-                             context=context, to=to, dispatcher=dispatcher, network=network,
+    if stage == "dispatch":  # priced on the dispatcher's own TransferPlan (earl/policies)
+        from earl.policies.dispatch_cost import estimate_dispatch
+
+        src = plan.resolve(gpus)
+        est = estimate_dispatch(cm, dispatcher, src, ParallelPlan.parse(to).resolve(gpus) if to else src, batch,
+                                context)
+    else:
+        est = estimate_stage(stage, cm, plan, gpus=gpus, batch=batch, context=context, to=to,
                              optimizer_state=optimizer_state)
     if json_out:
-        print(json.dumps(est.to_dict(), indent=2, default=str))
+        print(json.dumps({**est.to_dict(), "network": cm.cluster.network.name, "nodes": cm.cluster.nodes},
+                         indent=2, default=str))
     else:
         console.print(estimate_table(est, f"{stage}: {cm.model.name} on {gpus} x {cm.profile.name}, "
-                                          f"batch {batch} x {context} tokens"))
+                                          f"batch {batch} x {context} tokens; {network_note(cm)}"))
 
 
 @app.command("plan")
@@ -104,7 +122,9 @@ def estimate_cmd(
 def plan_cmd(
     stage: str = typer.Argument(..., help="prefill | decode | logprob | train"),
     model: str = typer.Option("qwen2.5-7b", help="catalog name or path to an HF config.json / checkpoint dir"),
-    hardware: str = typer.Option("h100-sxm-80gb", help="hardware profile name or profile JSON path"),
+    hardware: Optional[str] = typer.Option(None, help="hardware profile name or profile JSON path "
+                                                      "(default h100-sxm-80gb)"),
+    cluster: Optional[str] = typer.Option(None, help=PRESET_HELP),
     gpus: int = typer.Option(8, help="GPUs the stage runs on"),
     batch: int = typer.Option(64, help="sequences"),
     context: int = typer.Option(4096, help="tokens per sequence (mean, for --selector)"),
@@ -120,17 +140,16 @@ def plan_cmd(
     """Enumerate every valid plan for a stage and rank them by predicted throughput."""
     import json
 
-    from earl.cost_model.report import ranking_dict, ranking_table, timed_ranking
-    from earl.cost_model.resolve import make_cost_model
+    from earl.cost_model.report import cost_model_for, ranking_dict, ranking_table, timed_ranking
     from earl.policies.explain import decision_dict, explain_for_ranking, format_decision
 
-    cm = make_cost_model(model, hardware, gpus, network)
+    cm = cost_model_for(model, hardware=hardware, gpus=gpus, network=network, cluster=cluster)
     ranked, elapsed_s = timed_ranking(cm, stage, gpus, batch, context)
     decision = None if not selector else explain_for_ranking(
         selector, cm, stage, gpus, batch, context, ranked, current=current, context_p95=context_p95,
         context_max=context_max)
     if json_out:
-        out = ranking_dict(stage, ranked, elapsed_s, top)
+        out = ranking_dict(cm, stage, ranked, elapsed_s, top)
         if decision is not None:
             out["decision"] = decision_dict(decision)
         print(json.dumps(out, indent=2, default=str))
@@ -261,7 +280,7 @@ def calibrate_cmd(
     budget_s: float = typer.Option(90.0, "--budget-s", help="seconds to spend measuring (cpu >= 8, cuda >= 20)"),
     out: Optional[str] = typer.Option(None, help="profile JSON to write (default ./earl-profile-<device>.json)"),
     phases: str = typer.Option("all", help="all, or a comma list of matmul,attention,memory,"
-                                           "collectives,overhead,runtime"),
+                                           "collectives,overhead,runtime,dispatch"),
     dtype: str = typer.Option("auto", help="auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16"),
     threads: int = typer.Option(0, help="CPU threads per rank (0: 1, as one runtime rank uses)"),
     base: Optional[str] = typer.Option(None, help="profile (name or path) supplying what is not measured"),

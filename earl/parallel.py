@@ -50,8 +50,9 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec | None = None, *, world: 
     if model is not None:
         check_tp_divides(plan.tp, num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
                  ffn_hidden=model.ffn_hidden, name=model.name)
-        if plan.pp > model.num_layers:
-            raise ValueError(f"pp={plan.pp} exceeds {model.name}'s {model.num_layers} layers")
+        if plan.pp * plan.virtual_stages > model.num_layers:
+            stages = f"pp={plan.pp}" + (f" x virtual_stages={plan.virtual_stages}" if plan.virtual_stages > 1 else "")
+            raise ValueError(f"{stages} exceeds {model.name}'s {model.num_layers} layers")
     if seq_len is not None and seq_len % plan.cp:
         raise ValueError(f"cp={plan.cp} does not divide the sequence length {seq_len}")
     return plan

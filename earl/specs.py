@@ -291,11 +291,17 @@ class NetworkSpec:
     efficiency: float  # achievable fraction of line rate for large messages (TCP < RDMA)
     latency_s: float  # per-message latency, s
     protocol: str = "rdma"  # "tcp" | "rdma" (informational; efficiency/latency carry the cost)
+    # fraction of `efficiency` a node's receiving NICs keep when several nodes send to them at
+    # once (many-to-one incast: TCP loses throughput to drops and retransmit timeouts; RDMA with
+    # lossless flow control keeps most of it); an assumption, varied by study s8
+    incast_efficiency: float = 1.0
 
     def __post_init__(self):
-        _check_positive(self, "nic_bw_bytes_s", "nics_per_node", "efficiency", "latency_s")
+        _check_positive(self, "nic_bw_bytes_s", "nics_per_node", "efficiency", "latency_s", "incast_efficiency")
         if self.efficiency > 1:
             raise ValueError(f"NetworkSpec.efficiency must be in (0, 1], got {self.efficiency}")
+        if self.incast_efficiency > 1:
+            raise ValueError(f"NetworkSpec.incast_efficiency must be in (0, 1], got {self.incast_efficiency}")
         if self.protocol not in ("tcp", "rdma"):
             raise ValueError(f"NetworkSpec.protocol {self.protocol!r}; valid: tcp, rdma")
 
@@ -312,11 +318,15 @@ class NetworkSpec:
         return NETWORK_CATALOG[key]
 
 
+# Many-to-one TCP loses goodput to drops and retransmission timeouts (incast: Phanishayee et al.,
+# FAST 2008; Vasudevan et al., SIGCOMM 2009). 0.5 is an assumption, not a measurement: with it the
+# EARL paper's Fig. 4 ratios come out within ~10%; with 1.0 they are ~1.7x too high (study s8).
+TCP_INCAST_EFFICIENCY = 0.5
 # TCP efficiency/latency: kernel TCP on 100-200 GbE typically reaches ~50-70% of line rate per
 # stream with tens of microseconds per message; RDMA (IB/RoCE) ~90% with a few microseconds.
 NETWORK_CATALOG: dict[str, NetworkSpec] = {n.name: n for n in [
     NetworkSpec(name="tcp-200g", nic_bw_bytes_s=25 * GB, nics_per_node=1, efficiency=0.6,
-                latency_s=30e-6, protocol="tcp"),
+                latency_s=30e-6, protocol="tcp", incast_efficiency=TCP_INCAST_EFFICIENCY),
     NetworkSpec(name="rdma-200g", nic_bw_bytes_s=25 * GB, nics_per_node=1, efficiency=0.9,
                 latency_s=3e-6, protocol="rdma"),
     NetworkSpec(name="ib-ndr400x8", nic_bw_bytes_s=50 * GB, nics_per_node=8, efficiency=0.9,
@@ -380,6 +390,9 @@ class ParallelPlan:
     micro_batch: int = 1  # sequences per micro-batch (train / logprob)
     recompute: str = "none"  # activation recompute: none | selective | full
     sharded_optimizer: bool = False  # ZeRO/FSDP-style sharding of grads+optimizer over dp
+    # interleaved 1F1B (Narayanan et al. 2021): model chunks per pipeline rank; the bubble
+    # shrinks by this factor and the stage-to-stage sends grow by it (1: plain 1F1B)
+    virtual_stages: int = 1
 
     def __post_init__(self):
         degrees = {"tp": self.tp, "pp": self.pp, "dp": self.dp, "cp": self.cp}
@@ -393,6 +406,10 @@ class ParallelPlan:
         if self.recompute not in RECOMPUTE_MODES:
             raise ValueError(f"ParallelPlan.recompute {self.recompute!r}; valid: "
                              f"{', '.join(RECOMPUTE_MODES)}")
+        if not isinstance(self.virtual_stages, int) or self.virtual_stages < 1:
+            raise ValueError(f"ParallelPlan.virtual_stages must be an int >= 1, got {self.virtual_stages!r}")
+        if self.virtual_stages > 1 and self.pp == 1:
+            raise ValueError(f"ParallelPlan.virtual_stages={self.virtual_stages} needs pp > 1 (interleaved 1F1B)")
 
     @property
     def world_size(self) -> int:
@@ -429,6 +446,8 @@ class ParallelPlan:
 
     def describe(self) -> str:
         extra = [f"mb{self.micro_batch}"]
+        if self.virtual_stages > 1:
+            extra.append(f"v{self.virtual_stages}")
         if self.recompute != "none":
             extra.append(f"rc-{self.recompute}")
         if self.sharded_optimizer:
@@ -437,7 +456,8 @@ class ParallelPlan:
 
     @staticmethod
     def parse(text: str) -> ParallelPlan:
-        """Parse the `short()`/`describe()` form, e.g. `tp4-dp2`, `tp2-cp2-dp4-mb2-rc-full-zero`."""
+        """Parse the `short()`/`describe()` form, e.g. `tp4-dp2`, `tp2-cp2-dp4-mb2-rc-full-zero`,
+        `tp8-pp4-dp2-mb1-v2` (interleaved 1F1B, 2 model chunks per pipeline rank)."""
         kw: dict = {}
         parts = text.lower().split("-")
         i = 0
@@ -451,6 +471,8 @@ class ParallelPlan:
                 kw["sharded_optimizer"] = True
             elif p.startswith("mb") and p[2:].lstrip("-").isdigit():
                 kw["micro_batch"] = int(p[2:])
+            elif p.startswith("v") and p[1:].isdigit():
+                kw["virtual_stages"] = int(p[1:])
             elif p[:2] in ("tp", "pp", "dp", "cp") and p[2:].lstrip("-").isdigit():
                 kw[p[:2]] = int(p[2:])
             else:

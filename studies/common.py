@@ -30,6 +30,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from earl.cost_model import CostModel  # noqa: E402
+from earl.cost_model.profile import with_controller_path  # noqa: E402
 from earl.trace import atomic_write_text  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -117,17 +118,22 @@ def print_table(df: pd.DataFrame, title: str, columns: list[str] | None = None) 
     console.print(t)
 
 
-def network_only(cm: CostModel) -> CostModel:
-    """`cm` without the single-controller throughput cap: what a centralized dispatch would cost
-    if only the controller's NIC limited it (the bound the cost model used before the cap)."""
-    return CostModel(cm.model, cm.cluster, cm.profile, flash_attention=cm.flash_attention,
-                     controller_bw_bytes_s=float("inf"))
+def object_store(cm: CostModel) -> CostModel:
+    """`cm` with the single controller behind an object store (pickling, Ray-style hops) at
+    0.8 GB/s: the EARL paper's "~1 TB took over 20 minutes" through verl's controller. A named
+    option, not the default (earl.cost_model.profile.CONTROLLER_PATHS)."""
+    return cm.with_profile(with_controller_path(cm.profile, "object-store"))
 
 
 def controller_note(cm: CostModel) -> str:
-    """One phrase for the assumptions footers: the controller cap in use."""
-    return (f"the centralized controller process moves at most {cm.controller_bw_bytes_s / 1e9:g} GB/s "
-            "(EARL paper: ~1 TB took over 20 min through verl's controller), on top of its one NIC")
+    """One phrase for the assumptions footers: the dispatch path in use."""
+    path, net = cm.profile.dispatch_path, cm.cluster.network
+    ctrl = ("packs like any rank (no extra serialisation)" if math.isinf(path.controller_bw_bytes_s)
+            else f"serialises at {path.controller_bw_bytes_s / 1e9:g} GB/s")
+    return (f"dispatch priced on the dispatcher's TransferPlan (earl.cost_model.dispatch): the controller {ctrl}; "
+            f"{path.message_s * 1e6:g} us per message, {path.object_s * 1e6:g} us per (sample, tensor) piece, "
+            f"packing at {path.copy_bw_bytes_s / 1e12:.2g} TB/s; receiving NICs keep "
+            f"{net.incast_efficiency:.0%} under incast on {net.name} (assumed)")
 
 
 def human_bytes(b: float) -> str:

@@ -31,8 +31,9 @@ ASSUMPTIONS = (
     f"{MODEL} on {HARDWARE} (datasheet profile: matmul 80%, attention 55%, HBM 90% of peak). One vLLM-style engine "
     "per plan (tp4 on 4 GPUs, tp8 on 8 GPUs, NVLink), bf16 weights and KV cache, 8% + 1 GB of memory reserved. "
     "Every sequence holds `context` tokens; throughput = generated tokens/s divided by the engine's GPUs "
-    "(earl cost model `decode`). OOM*: the batch's KV cache does not fit: a static-batch engine fails, a "
-    "continuous-batching engine runs only the concurrency that fits (shown), which is the throughput plotted."
+    "(earl cost model `decode`). preempting: the batch's KV cache does not fit: the engine runs the concurrency "
+    "that fits and pays vLLM-style recompute preemption (each iteration's new KV evicts a sequence that is "
+    "prefilled again; an upper bound), as the simulator's engine does; cannot run: not one sequence fits."
 )
 
 
@@ -44,11 +45,10 @@ def run(out: Path, quick: bool = False) -> pd.DataFrame:
             row = {"context": ctx, "responses": n}
             for tp in TPS:
                 est = cm.decode(ParallelPlan(tp=tp, dp=1), n, ctx)
-                fits_all = est.feasible and est.extras["concurrency"] >= n
                 row[f"tp{tp} tok/s/GPU"] = est.tokens_per_gpu_s
                 row[f"tp{tp} concurrency"] = est.extras.get("concurrency", 0)
                 row[f"tp{tp} step ms"] = est.time_s * 1e3 if est.feasible else float("inf")
-                row[f"tp{tp} status"] = "ok" if fits_all else ("KV-full" if est.feasible else "OOM")
+                row[f"tp{tp} status"] = est.extras["status"]  # fits | preempting | cannot run
             t4, t8 = row["tp4 tok/s/GPU"], row["tp8 tok/s/GPU"]
             row["speedup tp8/tp4"] = t8 / t4 if t4 > 0 else float("inf")
             rows.append(row)
@@ -73,19 +73,20 @@ def plot(df: pd.DataFrame, out: Path) -> Path:
     im = ax1.imshow(np.log2(vals), cmap="RdBu_r", vmin=-span, vmax=span, origin="lower", aspect="auto")
     for i, n in enumerate(resp):
         for j, c in enumerate(ctxs):
-            mark = {"ok": "", "KV-full": "\nOOM*", "OOM": "\nOOM"}
+            mark = {"fits": "", "preempting": "\npreempt", "cannot run": "\ncannot run"}
             text = f"{vals[i, j]:.2f}x" + mark[status.loc[n, c]]
-            if status8.loc[n, c] != "ok":
+            if status8.loc[n, c] != "fits":
                 text += " both"
             dark = abs(np.log2(vals[i, j])) > 0.6 * span
             ax1.text(j, i, text, ha="center", va="center", fontsize=7.5, color="white" if dark else "black")
-            if status.loc[n, c] != "ok":
+            if status.loc[n, c] != "fits":
                 ax1.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", lw=0, alpha=0.35))
     ax1.set_xticks(range(len(ctxs)), [context_label(c) for c in ctxs])
     ax1.set_yticks(range(len(resp)), [str(r) for r in resp])
     ax1.set_xlabel("context length (tokens per sequence)")
     ax1.set_ylabel("responses decoded together")
-    ax1.set_title("Speedup of tp=8 over tp=4 (per GPU)\nOOM*: tp=4 cannot hold the batch's KV cache (both: nor tp=8)")
+    ax1.set_title("Speedup of tp=8 over tp=4 (per GPU)\npreempt: tp=4 cannot hold the batch's KV cache "
+                  "(both: nor tp=8)")
     cb = fig.colorbar(im, ax=ax1, shrink=0.85)
     ticks = [t for t in (0.5, 0.67, 1, 1.5, 2, 3, 4) if abs(np.log2(t)) <= span + 1e-9]
     cb.set_ticks([np.log2(t) for t in ticks], labels=[f"{t:g}x" for t in ticks])

@@ -3,24 +3,28 @@ centralized dispatcher's cost overtakes the other parts of an RL step, and what 
 selector picks for each stage at each scale.
 
 Weak scaling: every GPU keeps the same share of the batch (4 sequences), so per-GPU compute
-stays flat while everything funnelled through one controller grows with the cluster, and that
-controller process moves at most `CostModel.controller_bw_bytes_s` (1 GB/s).
+stays flat while everything funnelled through one controller grows with the cluster. Dispatch
+is the one price of the dispatcher's TransferPlan (earl.cost_model.dispatch): by default the
+controller packs like any rank and is bound by its NIC; the object-store controller (0.8 GB/s,
+the EARL paper's anecdote) is a named option shown dotted.
 
     python studies/s7_scale.py [--out docs/figures] [--quick]     # or: earl study s7
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
-from common import GIB, HARDWARE, MODEL, controller_note, main, network_only, print_table, save_figure, write_csv
+from common import GIB, HARDWARE, MODEL, controller_note, main, object_store, print_table, save_figure, write_csv
 
-from earl.cost_model import HardwareProfile
+from earl.cost_model import CostModel, HardwareProfile
 from earl.cost_model.resolve import make_cost_model
 from earl.policies import make_selector
-from earl.specs import ParallelPlan, Stage, StagePlan, WorkloadStats
+from earl.policies.dispatch_cost import estimate_dispatch
+from earl.specs import NetworkSpec, ParallelPlan, Stage, StagePlan, WorkloadStats
 
 NAME = "s7_scale"
 SCALES = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -42,16 +46,20 @@ ASSUMPTIONS = (
     "cost-model selector (10% memory margin, no hysteresis for this one-shot choice) picks rollout (tp x dp), "
     "experience (tp x pp x dp x micro-batch) and training (tp/pp/cp/dp, micro-batch, recompute, ZeRO) on all N GPUs; "
     "rollout = generated tokens x one decode iteration at the mean context; experience = 2 forward log-prob passes; "
-    "weight sync = re-shard training -> rollout layout; dispatch = cost model `dispatch` from the experience to the "
-    "training layout. Every stage uses the whole cluster (colocated). Centralized dispatch: "
-    + controller_note(make_cost_model(MODEL, HARDWARE, 128))
-    + " (RDMA gives the same times); dotted: the NIC alone (no controller cap), TCP."
+    "weight sync = re-shard training -> rollout layout; dispatch = the dispatcher's TransferPlan from the experience "
+    "to the training layout (producer d: a contiguous block; consumer d: samples i = d mod dp), priced once. "
+    "Every stage uses the whole cluster (colocated). "
+    + controller_note(make_cost_model(MODEL, HARDWARE, 128, NETWORK))
+    + "; dotted: the centralized controller behind an object store at 0.8 GB/s (named option), TCP."
 )
 
 
-def one_scale(gpus: int, profile: HardwareProfile | None = None) -> dict:
-    """One RL step at `gpus` GPUs (optionally priced with another hardware profile)."""
+def one_scale(gpus: int, profile: HardwareProfile | None = None, network: NetworkSpec | None = None) -> dict:
+    """One RL step at `gpus` GPUs (optionally priced with another hardware profile or another
+    TCP network)."""
     cm = make_cost_model(MODEL, HARDWARE, gpus, NETWORK)
+    if network is not None:
+        cm = CostModel(cm.model, dataclasses.replace(cm.cluster, network=network), cm.profile)
     rdma = make_cost_model(MODEL, HARDWARE, gpus, "rdma-200g")
     if profile is not None:
         cm, rdma = cm.with_profile(profile), rdma.with_profile(profile)
@@ -71,14 +79,14 @@ def one_scale(gpus: int, profile: HardwareProfile | None = None) -> dict:
     row["experience s"] = times["experience"]
     row["train s"] = times["train"]
     row["weight sync s"] = cm.reshard(plans["train"], plans["rollout"]).time_s
+    ex, tr = plans["experience"], plans["train"]
     for kind in ("centralized", "layout-aware"):
-        est = cm.dispatch(kind, plans["experience"], plans["train"], batch, CONTEXT_MEAN)
+        est = estimate_dispatch(cm, kind, ex, tr, batch, CONTEXT_MEAN)
         row[f"dispatch {kind} s"] = est.time_s
         row[f"dispatch {kind} controller GiB"] = est.extras["controller_bytes"] / GIB
-    row["dispatch centralized NIC-only s"] = network_only(cm).dispatch(
-        "centralized", plans["experience"], plans["train"], batch, CONTEXT_MEAN).time_s
-    row["dispatch centralized RDMA s"] = rdma.dispatch("centralized", plans["experience"], plans["train"], batch,
-                                                       CONTEXT_MEAN).time_s
+    row["dispatch centralized object-store s"] = estimate_dispatch(object_store(cm), "centralized", ex, tr, batch,
+                                                                   CONTEXT_MEAN).time_s
+    row["dispatch centralized RDMA s"] = estimate_dispatch(rdma, "centralized", ex, tr, batch, CONTEXT_MEAN).time_s
     step = sum(row[f"{c} s"] for c in COMPONENTS[:4])
     for kind in ("centralized", "layout-aware"):
         row[f"step with {kind} s"] = step + row[f"dispatch {kind} s"]
@@ -129,8 +137,8 @@ def plot(df: pd.DataFrame, cross: pd.DataFrame, out: Path) -> Path:
     for comp, (color, ls) in styles.items():
         ax1.plot(df["gpus"], df[f"{comp} s"], ls, color=color, marker="o", ms=4, label=comp,
                  lw=2.2 if "dispatch" in comp else 1.4)
-    ax1.plot(df["gpus"], df["dispatch centralized NIC-only s"], ":", color="tab:red", lw=1.4,
-             label="dispatch centralized, NIC only (no controller cap)")
+    ax1.plot(df["gpus"], df["dispatch centralized object-store s"], ":", color="tab:red", lw=1.4,
+             label="dispatch centralized, object-store controller (0.8 GB/s)")
     for g in HIGHLIGHT:
         if g in set(df["gpus"]):
             ax1.axvline(g, color="0.7", lw=0.8, ls=":")

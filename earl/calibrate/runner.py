@@ -7,7 +7,9 @@ prefill curve; decode attention is priced by the memory roofline and only checke
 overhead (whole eager forwards of random-initialised catalog models: the effective per-operator
 cost the cost model adds and the elementwise ops' speed, see earl.calibrate.overhead), runtime
 (host costs of the runtime's own stage code: collating, log-prob and training passes, the
-optimizer's per-tensor work, dispatch; see earl.calibrate.hostcost).
+optimizer's per-tensor work, dispatch; see earl.calibrate.hostcost), dispatch (the runtime's
+dispatch executor on 2 and 4 gloo processes: the profile's dispatch path, see
+earl.calibrate.dispatchfit).
 Parameters not measured (e.g. the link on a one-GPU machine) come from the `base` profile.
 
 How fitted numbers map onto the profile, matching `earl.cost_model.compute` (which prices an
@@ -23,7 +25,9 @@ operator as max(compute, memory) time plus `op_overhead_s`):
   attention_decode  the same for decode attention (one query token per sequence);
   memory         fit of (t - op_overhead_s) of copies against bytes read + written;
   intra          alpha-beta of point-to-point messages (ping-pong / 2);
-  collective_links  per-op links fitted through earl.cost_model.comm's formulas.
+  collective_links  per-op links fitted through earl.cost_model.comm's formulas;
+  dispatch_path  per-message, per-piece, per-byte, per-sample and oversubscription costs of the
+                 dispatch executor, fitted through earl.cost_model.dispatch (phase dispatch).
 On CPU there is no datasheet: the peak FLOP/s and bandwidth are set to the fitted asymptotes
 (matmul and memory peak_frac = 1); on a GPU the datasheet peaks stay and peak_frac is what
 was achieved.
@@ -52,9 +56,9 @@ from earl.calibrate.timing import resolve_device, resolve_dtype
 from earl.cost_model.profile import HardwareProfile, datasheet_profile, environment_stamp, load_profile
 from earl.specs import HARDWARE_CATALOG, HardwareSpec
 
-PHASES = ("matmul", "attention", "memory", "collectives", "overhead", "runtime")
+PHASES = ("matmul", "attention", "memory", "collectives", "overhead", "runtime", "dispatch")
 PHASE_WEIGHTS = {"matmul": 0.25, "attention": 0.20, "memory": 0.10, "collectives": 0.15, "overhead": 0.15,
-                 "runtime": 0.15}
+                 "runtime": 0.15, "dispatch": 0.10}
 MIN_BUDGET_S = {"cpu": 8.0, "cuda": 20.0}
 COLLECTIVE_STARTUP_S = 3.0  # spawning ranks and importing torch, not spent benchmarking
 
@@ -215,6 +219,8 @@ def _calibrate(dev, dt, budget_s, phases, base_prof, seed, progress, t_start) ->
         res = _fit_forward_overhead(res, dev, dt, share["overhead"], progress)
     if "runtime" in phases:
         res = _fit_host_costs(res, dev, dt, share["runtime"], progress)
+    if "dispatch" in phases:
+        res = _fit_dispatch_path(res, share["dispatch"], progress)
     wall = time.perf_counter() - t_start
     stamp = {**res.profile.stamp, "wall_s": round(wall, 1)}
     return dataclasses.replace(res, profile=dataclasses.replace(res.profile, stamp=stamp), wall_s=wall)
@@ -249,6 +255,19 @@ def _fit_host_costs(res: CalibrationResult, dev, dt, budget_s: float, progress: 
     prof = dataclasses.replace(res.profile, **fit.profile_fields(), stamp=stamp,
                                fit_quality={**res.profile.fit_quality, "host_costs": fit.quality()})
     return dataclasses.replace(res, profile=prof, host=fit)
+
+
+def _fit_dispatch_path(res: CalibrationResult, budget_s: float, progress: Progress) -> CalibrationResult:
+    """The dispatch path (earl.calibrate.dispatchfit): the runtime's dispatch executor on 2 and
+    4 local gloo processes (CPU tensors, whatever the device), fitted through the one dispatch
+    price on the links measured so far."""
+    from earl.calibrate import dispatchfit
+
+    progress.phase("dispatch", 1)
+    prof = dispatchfit.calibrate_dispatch(res.profile, budget_s)
+    progress.step("dispatch", "gloo runs")
+    stamp = {**prof.stamp, "measured": sorted([*prof.stamp["measured"], "dispatch"])}
+    return dataclasses.replace(res, profile=dataclasses.replace(prof, stamp=stamp))
 
 
 def _run_collectives(dev: torch.device, share_s: float, progress: Progress) -> CollectiveResult | None:
@@ -291,14 +310,14 @@ def _build_profile(dev, dt, base_prof: HardwareProfile, overhead_s: float,
             fits[kind] = f
     # only the compute-bound kinds identify the peak: decode attention is memory-bound, and its
     # time barely moves with FLOPs, so its fitted rate can run off to absurd values (seen on an
-    # H200: 3.5e19 FLOP/s); such a rate is capped at the peak below
+    # H200: 3.5e19 FLOP/s); a rate beyond 1.5x the peak is capped at the peak below
     rates = [fits[k].rate for k in ("matmul", "attention") if k in fits]
     if dev.type == "cpu" and "matmul" in fits:  # no datasheet: the GEMM asymptote is the peak
         hw = dataclasses.replace(hw, peak_flops=fits["matmul"].rate)
     if rates and max(rates) > 1.5 * hw.peak_flops:  # faster than its datasheet entry
         hw = dataclasses.replace(hw, peak_flops=max(rates))
     for kind, f in list(fits.items()):
-        if kind != "memory" and f.rate > hw.peak_flops:
+        if kind != "memory" and f.rate > 1.5 * hw.peak_flops:  # a runaway slope, not a measurement
             fits[kind] = dataclasses.replace(f, rate=hw.peak_flops)
     # 3. links
     link = fit_link(coll) if coll else None

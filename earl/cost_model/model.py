@@ -19,15 +19,10 @@ from earl.cost_model.compute import PassCost, causal_pairs, forward_pass, param_
 from earl.cost_model.memory import MemoryBreakdown
 from earl.cost_model.profile import HardwareProfile, LinkParams, datasheet_profile
 from earl.parallel import model_slice, validate_plan
-from earl.specs import TENSOR_BYTES_PER_SAMPLE, TENSOR_BYTES_PER_TOKEN, ClusterSpec, ModelSpec, ParallelPlan
+from earl.specs import ClusterSpec, ModelSpec, ParallelPlan
 
 STAGES = ("prefill", "decode", "logprob", "train", "reshard", "dispatch")
-# What one single-controller process moves per second when it gathers and scatters batches
-# (serialisation, host copies, object-store hops). The EARL paper (Tan et al. 2025, sec. 1)
-# reports ~1 TB of intermediate data taking over 20 minutes through verl's controller for a
-# 200B model at 32K context, i.e. <= ~0.8 GB/s; we round to 1 GB/s.
-CONTROLLER_BW_BYTES_S = 1.0e9
-DISPATCHERS = ("centralized", "layout-aware")
+DISPATCHERS = ("centralized", "layout-aware")  # priced by earl.cost_model.dispatch on their TransferPlan
 
 
 @dataclass
@@ -83,10 +78,7 @@ class CostModel:
     """Analytical time / memory model of one model on one cluster."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, profile: HardwareProfile | None = None,
-                 *, flash_attention: bool = True, controller_bw_bytes_s: float = CONTROLLER_BW_BYTES_S):
-        if controller_bw_bytes_s <= 0:
-            raise ValueError(f"controller_bw_bytes_s must be > 0, got {controller_bw_bytes_s}")
-        self.controller_bw_bytes_s = controller_bw_bytes_s
+                 *, flash_attention: bool = True):
         self.model = model
         self.cluster = cluster
         self.profile = profile or datasheet_profile(cluster.hardware)
@@ -100,8 +92,7 @@ class CostModel:
         self.kv_capacity_tokens = lru_cache(maxsize=256)(self._kv_capacity_tokens)
 
     def with_profile(self, profile: HardwareProfile) -> CostModel:
-        return CostModel(self.model, self.cluster, profile, flash_attention=self.flash_attention,
-                         controller_bw_bytes_s=self.controller_bw_bytes_s)
+        return CostModel(self.model, self.cluster, profile, flash_attention=self.flash_attention)
 
     # ---- links ------------------------------------------------------------------------------
     def link_of(self, src: int, dst: int) -> str:
@@ -225,29 +216,47 @@ class CostModel:
 
     def decode(self, plan: ParallelPlan, batch: int, context: int) -> Estimate:
         """One decode iteration for `batch` sequences of `context` tokens each, over plan.dp
-        replicas. When they don't all fit in KV memory, the replica runs the concurrency that
-        fits (continuous batching) and `time_s` covers all of them advancing one token."""
+        replicas: `time_s` covers all of them advancing one token.
+
+        Status (extras["status"]): "fits" when every sequence's KV fits; "preempting" when only
+        `fit` of a replica's `per` sequences fit: the engine runs `fit` at a time (continuous
+        batching, per/fit iterations) and, like vLLM's recompute preemption (the simulator's
+        engine, earl.sim.engine), the KV its running sequences add each iteration (`fit`
+        tokens) must be freed by preempting a sequence whose `context` tokens are prefilled
+        again when it returns: (fit / context) recomputed sequences per iteration (an upper
+        bound: a sequence finishing frees room without a preemption); "cannot run" (infeasible)
+        when not one sequence fits. The KV room is what the engine's explicit reserve leaves
+        (extras["engine_reserve_bytes"]: the profile's mem_reserve_frac and mem_reserve_bytes)."""
         self._check(plan, batch, context)
         gpus = plan.world_size
         per = -(-batch // plan.dp)
-        fit = min(per, self.kv_capacity_tokens(plan.tp, plan.pp) // context)
+        cap = self.kv_capacity_tokens(plan.tp, plan.pp)
+        fit = min(per, cap // context)
         if fit < 1:
             mem = self.memory("decode", plan, plan.dp, context)
-            return _infeasible("decode", plan, mem, gpus, f"one sequence of {context} tokens of KV")
+            est = _infeasible("decode", plan, mem, gpus, f"cannot run: one sequence of {context} tokens of KV")
+            est.extras.update({"status": "cannot run", "kv_capacity_tokens": cap,
+                               "engine_reserve_bytes": self.reserve})
+            return est
         mem = self.memory("decode", plan, fit * plan.dp, context)
         # continuous batching keeps `fit` sequences running: all `per` advance one token in
-        # per/fit steps on average (no whole-wave rounding)
+        # per/fit iterations on average (no whole-wave rounding)
         waves = per / fit
         cost, tp_s, host_s = self._decode_pass(plan.tp, fit, fit * context)
         t_step = cost.total_s + tp_s + host_s
-        t = waves * t_step
-        note = "" if fit == per else (f"only {fit} of {per} sequences per replica fit in KV memory; "
-                                      "throughput at that concurrency (continuous batching)")
+        preempting = fit < per
+        recompute_s = (fit / context) * self.prefill_time_s(plan.tp, context, 0, 1) if preempting else 0.0
+        t = waves * (t_step + recompute_s)
+        note = "" if not preempting else (f"preempting: only {fit} of {per} sequences per replica fit in KV "
+                                          f"memory; {fit / context:.3g} sequences recomputed per iteration")
+        br = self._breakdown(cost, waves, tp_s, host_s)
+        br["recompute"] = waves * recompute_s
         return Estimate(stage="decode", time_s=t, feasible=True, reason=note, tokens=batch, gpus=gpus,
                         flops=waves * cost.flops / plan.pp, peak_flops=self.profile.hardware.peak_flops,
-                        memory=mem, plan=plan, breakdown=self._breakdown(cost, waves, tp_s, host_s),
-                        extras={"concurrency": fit, "waves": waves, "step_time_s": t_step,
-                                "kv_capacity_tokens": self.kv_capacity_tokens(plan.tp, plan.pp)})
+                        memory=mem, plan=plan, breakdown=br,
+                        extras={"status": "preempting" if preempting else "fits", "concurrency": fit,
+                                "waves": waves, "step_time_s": t_step, "recompute_per_step_s": recompute_s,
+                                "kv_capacity_tokens": cap, "engine_reserve_bytes": self.reserve})
 
     @staticmethod
     def _breakdown(cost: PassCost, repeats: float, comm_s: float, host_s: float) -> dict:
@@ -315,25 +324,38 @@ class CostModel:
                            kv_tokens=plan.micro_batch * context, lm_tokens=tokens)
         recompute = {"none": 0.0, "selective": fwd.attention_s, "full": fwd.total_s - fwd.lm_head_s}[plan.recompute]
         tp_passes = 4 + (2 if plan.recompute == "full" else 0)
-        tp_c = self._tp_comm_s(plan.tp, tokens, tp_passes) / plan.pp
+        # the profile's assumed share of TP communication hidden under the GEMMs
+        tp_c = self._tp_comm_s(plan.tp, tokens, tp_passes) / plan.pp * (1 - self.profile.tp_comm_overlap)
         cp_c = self._cp_comm_s(plan, context, 2)
         # + work of each micro-batch beyond 3 forwards: loss, its backward, stats, fixed and per
         # padded token (calibrated)
         t_mb = (3 * fwd.total_s + recompute + tp_c + cp_c + self.profile.train_pass_s
                 + self.profile.train_token_s * tokens)
-        pipeline = (m + plan.pp - 1) * t_mb
+        # 1F1B: (pp - 1) micro-batch slots of fill and drain; interleaved over v model chunks per
+        # rank, each slot is 1/v as long (Narayanan et al. 2021, sec. 2.2.2)
+        v = plan.virtual_stages
+        bubble = (plan.pp - 1) * t_mb / v
+        pipeline = m * t_mb + bubble
         pp_p2p = 0.0
         if plan.pp > 1:
             act = tokens * self.model.hidden_size * self.model.dtype_bytes / plan.tp
             link = comm.group_link(self.cluster, self.profile, plan.pp, plan.tp * plan.cp)
-            pp_p2p = 2 * (m + plan.pp - 1) * comm.p2p_s(act, link)
+            pp_p2p = 2 * (v * m + plan.pp - 1) * comm.p2p_s(act, link)  # v chunks: v x the sends
         p_local = memory.params_per_gpu(self.model, plan)
         # gradients are reduced over every rank holding the same weights: the dp x cp group
         grad_group = plan.dp * plan.cp
         span = (plan.cp - 1) * plan.tp + (plan.dp - 1) * plan.tp * plan.cp * plan.pp
         dp_link = (self.profile.link_for("allreduce") if span < self.cluster.gpus_per_node
                    else comm.inter_node_link(self.cluster, self.cluster.gpus_per_node))
-        dp_sync = comm.allreduce_s(p_local * memory.GRAD_BYTES, grad_group, dp_link)
+        grad_bytes = p_local * memory.GRAD_BYTES
+        dp_sync_total = comm.allreduce_s(grad_bytes, grad_group, dp_link)
+        dp_sync = dp_sync_total
+        if self.profile.dp_grad_overlap and dp_sync_total > 0:
+            # buckets are reduced as the last micro-batch's backward produces them (Megatron's
+            # overlap_grad_reduce, FSDP): hidden up to that backward, except the last bucket
+            window = 2 * fwd.total_s + recompute
+            last = dp_sync_total * min(1.0, self.profile.grad_bucket_bytes / grad_bytes)
+            dp_sync = max(dp_sync_total - window, last)
         shard = grad_group if plan.sharded_optimizer else 1
         opt_bytes = p_local / shard * (memory.GRAD_BYTES + 2 * memory.OPTIMIZER_BYTES + memory.WEIGHT_BYTES)
         optimizer = opt_bytes / (self.profile.hardware.hbm_bw_bytes_s * self.profile.memory(opt_bytes))
@@ -349,10 +371,11 @@ class CostModel:
             peak_flops=self.profile.hardware.peak_flops, memory=mem, plan=plan,
             breakdown={"forward": m * fwd.total_s, "backward": m * 2 * fwd.total_s,
                        "recompute": m * recompute, "tp_comm": m * tp_c, "cp_comm": m * cp_c,
-                       "pipeline_bubble": (plan.pp - 1) * t_mb, "pp_p2p": pp_p2p,
+                       "pipeline_bubble": bubble, "pp_p2p": pp_p2p,
                        "dp_grad_sync": dp_sync, "optimizer": optimizer},
             extras={"micro_batches": m, "micro_batch_s": t_mb, "pp_p2p_per_mb_s": pp_p2p / (m + plan.pp - 1),
-                    "bubble_frac": (plan.pp - 1) / (m + plan.pp - 1)})
+                    "bubble_frac": bubble / pipeline, "dp_grad_sync_unhidden_s": dp_sync_total,
+                    "tp_comm_overlap": self.profile.tp_comm_overlap, "virtual_stages": v})
 
     def mixed_batch(self, stage: str, plan: ParallelPlan, lengths, *, buckets: int = 8, passes: int = 1,
                     imbalance: float = 1.0, padded: bool = False, token_budget: int = 0) -> Estimate:
@@ -398,7 +421,7 @@ class CostModel:
                 return est
             m, t_mb = est.extras["micro_batches"], est.extras["micro_batch_s"]
             stream += m * t_mb
-            fill = max(fill, (plan.pp - 1) * t_mb)
+            fill = max(fill, (plan.pp - 1) * t_mb / plan.virtual_stages)
             p2p += est.extras.get("pp_p2p_per_mb_s", 0.0) * m
             last = est
         once = 0.0
@@ -452,61 +475,6 @@ class CostModel:
         return Estimate(stage="reshard", time_s=t, feasible=True, gpus=world, plan=dst,
                         breakdown={"transfer": t},
                         extras={"bytes_per_gpu": worst, "bytes_total": moved, "link_bw_bytes_s": link.bw_bytes_s})
-
-    def dispatch_bytes_per_sample(self, context: int) -> float:
-        return context * sum(TENSOR_BYTES_PER_TOKEN.values()) + sum(TENSOR_BYTES_PER_SAMPLE.values())
-
-    def dispatch(self, kind: str, src: ParallelPlan, dst: ParallelPlan, batch: int, context: int) -> Estimate:
-        """Move the experience tensors of `batch` sequences from the producers (`src` layout) to
-        the training layout (`dst`). `centralized`: everything into one controller, then out
-        again. `layout-aware`: producers send straight to the consumers that need each sample."""
-        if kind not in DISPATCHERS:
-            raise ValueError(f"unknown dispatcher {kind!r}; valid: {', '.join(DISPATCHERS)}")
-        self._check(dst, batch, context)
-        nodes = self.cluster.nodes
-        per_sample = self.dispatch_bytes_per_sample(context)
-        total = batch * per_sample
-        # every tp/pp-edge rank of a consumer group needs its samples; cp ranks need 1/cp
-        edge_stages = min(dst.pp, 2)
-        consumers = dst.dp * dst.tp * dst.cp * edge_stages
-        delivered = total * dst.tp * edge_stages  # cp splits tokens, tp and pp edges replicate
-        producers = src.dp
-        intra = self.profile.intra
-        net = self.cluster.network
-        node_bw = net.node_bw_bytes_s
-        if kind == "centralized":
-            remote_frac = (nodes - 1) / nodes
-            gather = comm.p2p_s(total * remote_frac, LinkParams(alpha_s=net.latency_s, bw_bytes_s=node_bw)) \
-                + total * (1 - remote_frac) / intra.bw_bytes_s + producers * net.latency_s
-            scatter = comm.p2p_s(delivered * remote_frac, LinkParams(alpha_s=net.latency_s, bw_bytes_s=node_bw)) \
-                + delivered * (1 - remote_frac) / intra.bw_bytes_s + consumers * net.latency_s
-            # the controller process itself caps both phases
-            gather = max(gather, total / self.controller_bw_bytes_s)
-            scatter = max(scatter, delivered / self.controller_bw_bytes_s)
-            t = gather + scatter
-            br = {"gather": gather, "scatter": scatter}
-            through_controller = total + delivered
-        else:
-            # balanced: each node sends/receives its share; a sample stays inside its node with
-            # probability 1/nodes (placement is independent of the producer's node)
-            remote_frac = (nodes - 1) / nodes
-            per_node = delivered / nodes
-            net_t = per_node * remote_frac / node_bw if nodes > 1 else 0.0
-            per_gpu_in = delivered / max(1, consumers) * (1 - remote_frac)
-            msgs = -(-consumers // max(1, producers))
-            alpha = net.latency_s if nodes > 1 else intra.alpha_s
-            alltoall = max(net_t, per_gpu_in / intra.bw_bytes_s) + msgs * alpha
-            world = max(dst.world_size, src.world_size)
-            # advantage normalisation: all-reduce of a few scalars per group
-            stats = comm.allreduce_s(16 * dst.dp, world, comm.group_link(self.cluster, self.profile, world,
-                                                                          collective="allreduce"))
-            t = alltoall + stats
-            br = {"alltoall": alltoall, "advantage_stats": stats}
-            through_controller = 64 * batch  # sample ids and lengths only
-        return Estimate(stage="dispatch", time_s=t, feasible=True, tokens=batch * context,
-                        gpus=dst.world_size, plan=dst, breakdown=br,
-                        extras={"payload_bytes": total, "delivered_bytes": delivered,
-                                "controller_bytes": through_controller, "dispatcher": kind})
 
 
 def pack_micro_batches(lengths, token_budget: int) -> list[list[int]]:

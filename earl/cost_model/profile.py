@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import platform
 import warnings
 from dataclasses import dataclass, field
@@ -56,6 +57,61 @@ class LinkParams:
 
     def time_s(self, nbytes: float) -> float:
         return self.alpha_s + nbytes / self.bw_bytes_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class DispatchPath:
+    """Host-side terms of moving experience data between ranks (earl.cost_model.dispatch prices
+    a TransferPlan with them). `earl calibrate` fits them from gloo runs of the runtime's own
+    executor (earl.calibrate.dispatchfit); datasheet profiles carry the defaults below, which
+    are assumptions and are named in every headline they move."""
+
+    message_s: float = 20e-6  # per message a rank sends or receives (post, match, complete), s
+    object_s: float = 5e-6  # per (sample, tensor) piece a rank packs, unpacks or copies, s
+    copy_bw_bytes_s: float = 5e9  # bytes/s one process packs or unpacks (host copies), bytes/s
+    sample_s: float = 20e-6  # per sample whose advantage a rank computes (statistics, fill), s
+    # The single controller's extra serialisation (pickle, object store) on top of the packing
+    # every rank does: per byte it moves (inf: none) and per piece. The EARL paper's "~1 TB took
+    # over 20 minutes" through verl's controller is the `object-store` option (0.8 GB/s).
+    controller_bw_bytes_s: float = float("inf")  # bytes/s
+    controller_object_s: float = 0.0  # per piece, s
+    host_parallel: int = 64  # processes of one node whose host work runs at once (CPU cores)
+    sync_s: float = 0.0  # per synchronising round when a node runs more processes than host_parallel, s
+    # a node running more processes than host_parallel: its slowest rank's time stretches by
+    # (processes / host_parallel) ** oversubscribed_exp (its waiting peers poll and take CPU
+    # from it); the node's total work is shared over host_parallel regardless. 0: no stretch
+    oversubscribed_exp: float = 0.0
+    # a rank sends and receives over its intra-node link at once (NVLink ports are full duplex);
+    # False on a CPU host, where a loopback send and a receive both cost the rank's CPU time
+    full_duplex: bool = True
+
+    def __post_init__(self):
+        for k in ("message_s", "object_s", "sample_s", "controller_object_s", "sync_s", "oversubscribed_exp"):
+            if getattr(self, k) < 0:
+                raise ValueError(f"DispatchPath.{k} must be >= 0 s, got {getattr(self, k)}")
+        for k in ("copy_bw_bytes_s", "controller_bw_bytes_s"):
+            if not getattr(self, k) > 0:
+                raise ValueError(f"DispatchPath.{k} must be > 0 bytes/s, got {getattr(self, k)}")
+        if not isinstance(self.host_parallel, int) or self.host_parallel < 1:
+            raise ValueError(f"DispatchPath.host_parallel must be an int >= 1, got {self.host_parallel!r}")
+
+
+# Named controller paths for `--set dispatch.controller=...` style options and the sensitivity
+# study: what the single controller adds beyond packing like any other rank.
+CONTROLLER_PATHS: dict[str, dict] = {
+    "packing": {"controller_bw_bytes_s": float("inf"), "controller_object_s": 0.0},
+    # EARL paper (Tan et al. 2025, sec. 1): ~1 TB of intermediate data took over 20 minutes
+    # through verl's single controller (Ray object store + pickling): <= ~0.8 GB/s.
+    "object-store": {"controller_bw_bytes_s": 0.8e9, "controller_object_s": 0.0},
+}
+
+
+def with_controller_path(profile: HardwareProfile, name: str) -> HardwareProfile:
+    """`profile` with a named single-controller path (see CONTROLLER_PATHS)."""
+    if name not in CONTROLLER_PATHS:
+        raise unknown_name_error("controller path", name, CONTROLLER_PATHS)
+    path = dataclasses.replace(profile.dispatch_path, **CONTROLLER_PATHS[name])
+    return dataclasses.replace(profile, dispatch_path=path)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,7 +161,21 @@ class HardwareProfile:
     experience_seq_s: float = 0.0  # experience stage: per sequence (collating, advantages)
     experience_token_s: float = 0.0  # experience stage: per token (padded tensors built on the host)
     dispatch_fixed_s: float = 0.0  # a dispatch's host work: planning and executing it, fixed
+    # (per sample, dispatch_seq_s prices the one-process path, where the runtime re-orders rows in
+    # place; across processes dispatch_path's per-piece and per-sample terms price the executor)
     dispatch_seq_s: float = 0.0  # ... and per sample delivered
+    dispatch_path: DispatchPath = field(default_factory=DispatchPath)  # see DispatchPath
+    # ---- overlap of training communication with compute: assumptions of the software stack,
+    # named in every headline they move and varied by study s8
+    tp_comm_overlap: float = 0.0  # fraction of tensor-parallel communication hidden under GEMMs, [0, 1]
+    dp_grad_overlap: bool = True  # data-parallel gradient reduction bucketed and overlapped with backward
+    grad_bucket_bytes: float = 80e6  # gradient bytes per bucket (Megatron DDP: 40M params in bf16)
+
+    def __post_init__(self):
+        if not 0 <= self.tp_comm_overlap <= 1:
+            raise ValueError(f"HardwareProfile.tp_comm_overlap must be in [0, 1], got {self.tp_comm_overlap}")
+        if self.grad_bucket_bytes <= 0:
+            raise ValueError(f"HardwareProfile.grad_bucket_bytes must be > 0, got {self.grad_bucket_bytes}")
 
     @property
     def name(self) -> str:
@@ -119,6 +189,9 @@ class HardwareProfile:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["version"] = PROFILE_VERSION
+        # JSON has no infinity: an absent controller cap is written as null
+        if math.isinf(d["dispatch_path"]["controller_bw_bytes_s"]):
+            d["dispatch_path"]["controller_bw_bytes_s"] = None
         return d
 
     def save(self, path: str | Path) -> Path:
@@ -150,12 +223,26 @@ class HardwareProfile:
                                   if d.get("attention_decode") else None),
                 step_overhead_s=float(d.get("step_overhead_s", 0.0)),
                 elementwise=EfficiencyCurve(**d["elementwise"]) if d.get("elementwise") else None,
+                dispatch_path=_dispatch_path(d.get("dispatch_path")),
+                tp_comm_overlap=float(d.get("tp_comm_overlap", 0.0)),
+                dp_grad_overlap=bool(d.get("dp_grad_overlap", True)),
+                grad_bucket_bytes=float(d.get("grad_bucket_bytes", 80e6)),
                 **{k: float(d.get(k, 0.0)) for k in HOST_COST_FIELDS},
             )
         except KeyError as e:
             raise ValueError(f"{source}: profile is missing field {e.args[0]!r}") from None
         except TypeError as e:
             raise ValueError(f"{source}: malformed profile ({e})") from None
+
+
+def _dispatch_path(d: dict | None) -> DispatchPath:
+    """A profile's dispatch path; defaults for profiles written before it existed."""
+    if not d:
+        return DispatchPath()
+    d = dict(d)
+    if d.get("controller_bw_bytes_s") is None:
+        d["controller_bw_bytes_s"] = float("inf")
+    return DispatchPath(**d)
 
 
 # optional float fields read with a default of 0 (profiles written before they existed)
@@ -180,6 +267,11 @@ def datasheet_profile(hw: HardwareSpec) -> HardwareProfile:
         mem_reserve_frac=0.08,
         mem_reserve_bytes=1.0e9 if gpu else 0.5e9,
         stamp={"source": "datasheet", "device": hw.name},
+        # experience tensors are packed where they live (device memory on a GPU: a copy reads
+        # and writes, so ~half the memory bandwidth); every GPU of a node packs at once
+        # (views, one concatenation per message: ~1 us a piece; advantages vectorised)
+        dispatch_path=DispatchPath(copy_bw_bytes_s=0.45 * hw.hbm_bw_bytes_s, object_s=1e-6, sample_s=2e-6,
+                                   host_parallel=max(1, hw.gpus_per_node)),
     )
 
 

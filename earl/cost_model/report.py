@@ -11,7 +11,8 @@ import time
 from rich.table import Table
 
 from earl.cost_model.model import STAGES, CostModel, Estimate
-from earl.cost_model.resolve import make_cost_model
+from earl.cost_model.profile import with_controller_path
+from earl.cost_model.resolve import make_cost_model, resolve_preset
 from earl.cost_model.search import rank_plans
 from earl.specs import ParallelPlan
 
@@ -26,23 +27,38 @@ def gib(b: float) -> str:
     return f"{b / 2**30:.2f} GiB"
 
 
-def estimate_stage(stage: str, *, model: str, hardware: str, gpus: int, plan: ParallelPlan | None = None,
-                   batch: int = 64, context: int = 4096, to: str | None = None,
-                   dispatcher: str = "layout-aware", network: str | None = None,
-                   optimizer_state: bool = False) -> tuple[CostModel, Estimate]:
-    """Price one stage (prefill | decode | logprob | train | reshard | dispatch) on `gpus` GPUs;
-    reshard / dispatch go from `plan` to `to` (default: the same plan)."""
-    if stage not in STAGES:
-        raise ValueError(f"unknown stage {stage!r}; valid: {', '.join(STAGES)}")
+def cost_model_for(model: str, *, hardware: str | None, gpus: int, network: str | None = None,
+                   cluster: str | None = None, controller_path: str | None = None) -> CostModel:
+    """The CostModel `earl estimate` / `earl plan` price with: a cluster preset fills the
+    hardware and network the user did not give; `controller_path` sets the single
+    controller's serialisation path (dispatch)."""
+    hardware, network = resolve_preset(cluster, hardware, network)
     cm = make_cost_model(model, hardware, gpus, network)
-    plan = (plan or ParallelPlan()).resolve(gpus)
-    if stage in ("reshard", "dispatch"):
+    if controller_path:
+        cm = cm.with_profile(with_controller_path(cm.profile, controller_path))
+    return cm
+
+
+def estimate_stage(stage: str, cm: CostModel, plan: ParallelPlan, *, gpus: int, batch: int = 64,
+                   context: int = 4096, to: str | None = None, optimizer_state: bool = False) -> Estimate:
+    """Price one stage (prefill | decode | logprob | train | reshard) on `gpus` GPUs; reshard goes
+    from `plan` to `to` (default: the same plan). Dispatch is priced on the dispatcher's own
+    TransferPlan (earl.policies.dispatch_cost.estimate_dispatch), one layer up."""
+    if stage not in STAGES or stage == "dispatch":
+        raise ValueError(f"unknown stage {stage!r}; valid: {', '.join(STAGES)}")
+    plan = plan.resolve(gpus)
+    if stage == "reshard":
         dst = ParallelPlan.parse(to).resolve(gpus) if to else plan
-        est = (cm.reshard(plan, dst, include_optimizer=optimizer_state) if stage == "reshard"
-               else cm.dispatch(dispatcher, plan, dst, batch, context))
-    else:
-        est = cm.estimate(stage, plan, batch, context)
-    return cm, est
+        return cm.reshard(plan, dst, include_optimizer=optimizer_state)
+    return cm.estimate(stage, plan, batch, context)
+
+
+def network_note(cm: CostModel) -> str:
+    """The network a command priced with, named in its output (never a silent default)."""
+    c, net = cm.cluster, cm.cluster.network
+    return (f"{c.nodes} node(s) x {c.gpus_per_node}, network {net.name} ({net.nics_per_node} x "
+            f"{net.nic_bw_bytes_s * 8 / 1e9:g} Gb/s per node at {net.efficiency:.0%}, "
+            f"incast {net.incast_efficiency:.0%})")
 
 
 def estimate_table(est: Estimate, title: str) -> Table:
@@ -85,7 +101,8 @@ def ranking_table(cm: CostModel, stage: str, gpus: int, batch: int, context: int
     """The `top` best plans (0: all), with why the infeasible ones fail."""
     n_ok = sum(e.feasible for _, e in ranked)
     t = Table(title=f"{stage}: {cm.model.name} on {gpus} x {cm.profile.name}, batch {batch} x {context}: "
-                    f"{len(ranked)} plans ({n_ok} feasible) in {elapsed_s * 1e3:.0f} ms", title_justify="left")
+                    f"{len(ranked)} plans ({n_ok} feasible) in {elapsed_s * 1e3:.0f} ms; {network_note(cm)}",
+              title_justify="left")
     for col in ("#", "plan", "tokens/s/GPU", "time", "MFU", "mem/GPU", "why not"):
         t.add_column(col, justify="right" if col not in ("plan", "why not") else "left")
     for i, (p, e) in enumerate(ranked[:top] if top else ranked, 1):
@@ -95,7 +112,8 @@ def ranking_table(cm: CostModel, stage: str, gpus: int, batch: int, context: int
     return t
 
 
-def ranking_dict(stage: str, ranked: list, elapsed_s: float, top: int) -> dict:
+def ranking_dict(cm: CostModel, stage: str, ranked: list, elapsed_s: float, top: int) -> dict:
     """`earl plan --json`: the `top` best plans (0: all) as JSON-ready dicts."""
     return {"stage": stage, "plans_evaluated": len(ranked), "search_s": elapsed_s,
+            "network": cm.cluster.network.name, "nodes": cm.cluster.nodes,
             "plans": [e.to_dict() for _, e in (ranked[:top] if top else ranked)]}

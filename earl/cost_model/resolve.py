@@ -10,7 +10,16 @@ from pathlib import Path
 
 from earl.cost_model.model import CostModel
 from earl.cost_model.profile import load_profile
-from earl.specs import GB, MODEL_CATALOG, NETWORK_CATALOG, ClusterSpec, ModelSpec, NetworkSpec, unknown_name_error
+from earl.specs import (
+    GB,
+    MODEL_CATALOG,
+    NETWORK_CATALOG,
+    TCP_INCAST_EFFICIENCY,
+    ClusterSpec,
+    ModelSpec,
+    NetworkSpec,
+    unknown_name_error,
+)
 
 _NET_RE = re.compile(r"^(tcp|rdma)-(\d+(?:\.\d+)?)g(?:x(\d+))?$")
 
@@ -27,7 +36,8 @@ def resolve_model(name_or_path: str) -> ModelSpec:
 
 def resolve_network(text: str) -> NetworkSpec:
     """A catalog name, or `tcp-<Gbps>g[x<NICs>]` / `rdma-<Gbps>g[x<NICs>]` (e.g. `tcp-100g`,
-    `rdma-400gx8`): TCP at 60% of line rate and 30 us, RDMA at 90% and 3 us."""
+    `rdma-400gx8`): TCP at 60% of line rate, 30 us and incast efficiency
+    TCP_INCAST_EFFICIENCY; RDMA at 90%, 3 us and no incast loss."""
     key = text.lower()
     if key in NETWORK_CATALOG:
         return NETWORK_CATALOG[key]
@@ -39,11 +49,33 @@ def resolve_network(text: str) -> NetworkSpec:
     proto, gbps, nics = m.group(1), float(m.group(2)), int(m.group(3) or 1)
     tcp = proto == "tcp"
     return NetworkSpec(name=key, nic_bw_bytes_s=gbps / 8 * GB, nics_per_node=nics,
-                       efficiency=0.6 if tcp else 0.9, latency_s=30e-6 if tcp else 3e-6, protocol=proto)
+                       efficiency=0.6 if tcp else 0.9, latency_s=30e-6 if tcp else 3e-6, protocol=proto,
+                       incast_efficiency=TCP_INCAST_EFFICIENCY if tcp else 1.0)
+
+
+# Training-cluster presets: (hardware profile, network). The EARL paper's cluster, and the two
+# common DGX builds (one 200G HDR or 400G NDR InfiniBand NIC per GPU, rail-optimised).
+CLUSTER_PRESETS: dict[str, tuple[str, str]] = {
+    "earl-paper": ("h100-sxm-80gb", "tcp-200g"),  # 16 x 8 H100, one 200 Gbps Ethernet NIC per node, TCP
+    "dgx-h100-ndr": ("h100-sxm-80gb", "ib-ndr400x8"),  # 8 x 400 Gb/s NDR per node
+    "dgx-a100-hdr": ("a100-sxm-80gb", "rdma-200gx8"),  # 8 x 200 Gb/s HDR per node
+}
+
+
+def resolve_preset(preset: str | None, hardware: str | None, network: str | None) -> tuple[str, str | None]:
+    """(hardware, network) from a cluster preset; explicit options win over the preset's."""
+    if preset is None:
+        return hardware or "h100-sxm-80gb", network
+    if preset not in CLUSTER_PRESETS:
+        raise unknown_name_error("cluster preset", preset, CLUSTER_PRESETS)
+    hw, net = CLUSTER_PRESETS[preset]
+    return hardware or hw, network or net
 
 
 def make_cost_model(model: str | ModelSpec, hardware: str, gpus: int, network: str | None = None) -> CostModel:
-    """CostModel for `gpus` GPUs of `hardware` (profile name or JSON path)."""
+    """CostModel for `gpus` GPUs of `hardware` (profile name or JSON path); without `network`,
+    the cluster's default (ClusterSpec.for_gpus: rdma-200g), which every command names in its
+    output."""
     spec = model if isinstance(model, ModelSpec) else resolve_model(model)
     profile = load_profile(hardware)
     net = resolve_network(network) if network else None

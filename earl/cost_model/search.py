@@ -25,7 +25,7 @@ def enumerate_plans(stage: str, model: ModelSpec, gpus: int, context: int | None
 
     Rollout (prefill/decode): tp x dp, tp dividing the heads (and the node, if given).
     Log-probs: tp x pp x dp x micro-batch. Training: tp x pp x cp x dp x micro-batch x
-    recompute x sharded optimizer."""
+    recompute x sharded optimizer x interleaving (1 or 2 model chunks per pipeline rank)."""
     if stage not in PLAN_STAGES:
         raise ValueError(f"unknown stage {stage!r}; valid: {', '.join(PLAN_STAGES)}")
     if gpus < 1:
@@ -48,10 +48,13 @@ def enumerate_plans(stage: str, model: ModelSpec, gpus: int, context: int | None
                     if stage == "logprob":
                         plans.append(ParallelPlan(tp=t, pp=p, cp=c, dp=dp, micro_batch=mb))
                         continue
+                    # interleaved 1F1B with 2 chunks per pipeline rank where the layers split evenly
+                    vs = (1, 2) if p > 1 and model.num_layers % (2 * p) == 0 else (1,)
                     for rc in RECOMPUTE_MODES:
                         for zero in ((False, True) if dp * c > 1 else (False,)):
-                            plans.append(ParallelPlan(tp=t, pp=p, cp=c, dp=dp, micro_batch=mb,
-                                                      recompute=rc, sharded_optimizer=zero))
+                            for v in vs:
+                                plans.append(ParallelPlan(tp=t, pp=p, cp=c, dp=dp, micro_batch=mb, recompute=rc,
+                                                          sharded_optimizer=zero, virtual_stages=v))
     return plans
 
 

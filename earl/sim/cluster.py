@@ -81,7 +81,6 @@ class Cluster:
         nics = spec.network.nics_per_node
         self.nic_out = [Port(env, f"nic-out{n}", nics) for n in range(spec.nodes)]
         self.nic_in = [Port(env, f"nic-in{n}", nics) for n in range(spec.nodes)]
-        self.controller_port = Port(env, "controller")  # the single-controller process
         self.records: list[TransferRecord] = []
 
     @property
@@ -99,10 +98,8 @@ class Cluster:
             return self.nvlink_out[src], self.nvlink_in[dst]
         return self.nic_out[a], self.nic_in[b]
 
-    def transfer(self, src: int, dst: int, nbytes: int, controller: int | None = None):
-        """SimPy process: move `nbytes` from `src` to `dst` over the link model. A transfer into
-        or out of `controller` (a centralized dispatch's controller process) also queues on
-        that one process and goes no faster than its `controller_bw_bytes_s`."""
+    def transfer(self, src: int, dst: int, nbytes: int):
+        """SimPy process: move `nbytes` from `src` to `dst` over the link model."""
         if not (0 <= src < self.num_gpus and 0 <= dst < self.num_gpus):
             raise ValueError(f"transfer {src}->{dst} outside the cluster's {self.num_gpus} GPUs")
         t0 = self.env.now
@@ -110,12 +107,9 @@ class Cluster:
             return
         ports = list(self.path(src, dst))
         dt = self.cm.transfer_time_s(nbytes, src, dst)
-        if controller is not None and controller in (src, dst):
-            ports.append(self.controller_port)
-            dt = max(dt, nbytes / self.cm.controller_bw_bytes_s)
         reqs = []
         try:
-            for p in ports:  # fixed order: egress, ingress, controller (no cycles)
+            for p in ports:  # fixed order: egress, ingress (no cycles)
                 req = p.res.request()
                 reqs.append((p, req))
                 yield req
@@ -129,7 +123,7 @@ class Cluster:
                 p.res.release(req)
         self.records.append(TransferRecord(src, dst, nbytes, t0, t1, self.env.now))
 
-    def run_phases(self, phases: Iterable[Iterable[tuple[int, int, int]]], controller: int | None = None):
+    def run_phases(self, phases: Iterable[Iterable[tuple[int, int, int]]]):
         """SimPy process: phases of (src, dst, bytes) run one after another; the transfers of a
         phase run concurrently (aggregated per (src, dst) pair: one message per pair)."""
         for phase in phases:
@@ -139,7 +133,7 @@ class Cluster:
                     per_pair[(src, dst)] += nbytes
             if not per_pair:
                 continue
-            procs = [self.env.process(self.transfer(s, d, b, controller)) for (s, d), b in
+            procs = [self.env.process(self.transfer(s, d, b)) for (s, d), b in
                      sorted(per_pair.items())]
             yield self.env.all_of(procs)
 

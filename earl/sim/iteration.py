@@ -10,8 +10,9 @@ at the same points with the same statistics:
 3. `select(EXPERIENCE, stats of this rollout)`; weights re-shard train -> experience layout;
    reference and old-policy log-probs priced by `cm.logprob`.
 4. `select(TRAIN, ...)`; optimizer states re-shard when the training plan changes; the
-   dispatcher's TransferPlan from the experience layout to the training layout runs on the
-   cluster's links (contention included); one optimizer step priced by `cm.train`.
+   dispatcher's TransferPlan from the experience layout to the training layout is priced by
+   the cost model's one dispatch price (earl.cost_model.dispatch: per-node link and NIC
+   contention, host paths); one optimizer step priced by `cm.train`.
 
 Training state (weights, optimizer) lives in the training layout. Sequences of mixed lengths
 are priced in a few length buckets (equal counts, each priced at its mean length) and the
@@ -26,13 +27,13 @@ s = Simulation(load_scenario(None, {'scenario.steps': '2'}), 'static', 'centrali
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import simpy
 
 from earl.cost_model import CostModel
+from earl.cost_model.dispatch import price_transfer_plan
 from earl.cost_model.profile import load_profile
 from earl.policies import Layout, Sample, balance_aligned, balance_samples, make_dispatcher, make_selector
 from earl.specs import ParallelPlan, Stage, WorkloadStats
@@ -317,7 +318,8 @@ class Simulation:
 
     def _dispatch(self, ex: ParallelPlan, tr: ParallelPlan, kept: list[Episode],
                   trained: list[Episode], step: int):
-        """SimPy process: run the dispatcher's TransferPlan on the links; returns seconds."""
+        """SimPy process: price the dispatcher's TransferPlan (the cost model's one dispatch
+        price) and hold the step for it; returns seconds."""
         if not trained:
             return 0.0
         keep = {e.id for e in trained}
@@ -329,28 +331,15 @@ class Simulation:
         dst = Layout(tr, tuple(tuple(g) for g in dst_assign))
         tplan = self.dispatcher.plan(src, dst, samples)
         t0 = self.env.now
-        phases = [[(t.src, t.dst, t.bytes) for t in ph] for ph in tplan.phases]
-        n_before = len(self.cluster.records)
-        controller = tplan.controller if tplan.kind == "centralized" else None
-        yield self.env.process(self.cluster.run_phases(phases, controller))
-        self.events += len(self.cluster.records) - n_before
-        # control messages through the controller, then the scalar all-reduce (recursive
-        # doubling: log2(world) rounds of one small message, the farthest partner each round)
-        extra = 0.0
-        if tplan.metadata_bytes:
-            far = self.gpus - 1 if tplan.controller == 0 else 0
-            extra += self.cm.transfer_time_s(tplan.metadata_bytes, far, tplan.controller)
-        if tplan.reduce_bytes and self.gpus > 1:
-            rounds = math.ceil(math.log2(self.gpus))
-            extra += sum(self.cm.transfer_time_s(tplan.reduce_bytes, 0, min(2 ** k, self.gpus - 1))
-                         for k in range(rounds))
-        # host work of planning and executing the dispatch (calibrated; 0 on datasheets): a
-        # single process pays it even though every transfer is a local copy
-        extra += self.cm.profile.dispatch_fixed_s + self.cm.profile.dispatch_seq_s * len(samples)
-        if extra:
-            yield self.env.timeout(extra)
+        # the one dispatch price (earl.cost_model.dispatch): links, host paths, advantages,
+        # metadata and planning, on the same plan the runtime would execute
+        est = price_transfer_plan(self.cm, tplan, samples=len(samples), producers=ex.dp,
+                                  world=max(ex.world_size, tr.world_size), plan=tr)
+        self.events += 1
+        yield self.env.timeout(est.time_s)
         self._span(f"dispatch ({tplan.kind})", "dispatch", tplan.controller, t0, self.env.now, step,
                    bytes=tplan.total_bytes,
                    args={"transfers": len(tplan.transfers), "phases": len(tplan.phases),
-                         "metadata_bytes": tplan.metadata_bytes, "reduce_bytes": tplan.reduce_bytes})
+                         "metadata_bytes": tplan.metadata_bytes, "reduce_bytes": tplan.reduce_bytes,
+                         "breakdown_s": est.breakdown})
         return self.env.now - t0

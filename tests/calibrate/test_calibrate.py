@@ -32,7 +32,7 @@ def test_tiny_calibration_writes_a_loadable_stamped_profile(calibration, tmp_pat
     for key in ("device", "driver", "torch", "cuda", "attention", "date", "host", "dtype"):
         assert stamp[key], key
     assert stamp["source"] == "calibrated" and stamp["dtype"] == "float32"
-    assert stamp["measured"] == ["attention", "attention_decode", "collectives", "matmul", "memory",
+    assert stamp["measured"] == ["attention", "attention_decode", "collectives", "dispatch", "matmul", "memory",
                                  "overhead", "runtime"]
     assert check_stamp(loaded, current_stamp("cpu")) == []
     # every fit reports its held-out error, and the profile carries the measured numbers
@@ -58,6 +58,9 @@ def test_tiny_calibration_writes_a_loadable_stamped_profile(calibration, tmp_pat
         loaded.fit_quality["host_costs"]["points"])
     assert loaded.elementwise is None or 0 < loaded.elementwise.peak_frac <= 1.5
     assert loaded.intra.alpha_s > 0 and loaded.intra.bw_bytes_s > 0
+    # the dispatch path fitted from gloo runs of the runtime's dispatch executor
+    assert loaded.fit_quality["dispatch_path"]["n"] >= 6 and not loaded.dispatch_path.full_duplex
+    assert loaded.dispatch_path.message_s > 0 and loaded.dispatch_path.sample_s > 0
     assert loaded.link_for("allreduce") == res.link.ops["all_reduce"].link
     # the cost model prices with it
     cm = CostModel(ModelSpec.from_name("tiny"), ClusterSpec.for_gpus(loaded.hardware, 2), loaded)

@@ -73,3 +73,31 @@ def test_plan_selector_shows_decision_and_reason():
     assert d["plan"].startswith("tp8-dp2") and d["switched"] and "tokens/s/GPU" in d["reason"]
     r = run("plan", "decode", "--selector", "oracle")
     assert r.exit_code == 2 and "oracle" in r.output
+
+
+def test_estimate_dispatch_paper_fig4_through_the_cli():
+    """The issue's 'done' command: the ratio at 8K within 30% of the paper's 9.7x."""
+    times = {}
+    for kind in ("centralized", "layout-aware"):
+        r = run("estimate", "dispatch", "--model", "qwen2.5-72b", "--gpus", "128", "--tp", "4", "--batch", "1024",
+                "--context", "8192", "--dispatcher", kind, "--network", "tcp-200g", "--json")
+        assert r.exit_code == 0, r.output
+        d = json.loads(r.output)
+        assert d["network"] == "tcp-200g" and d["nodes"] == 16
+        times[kind] = d["time_s"]
+    assert 0.7 * 9.7 <= times["centralized"] / times["layout-aware"] <= 1.3 * 9.7
+    slow = run("estimate", "dispatch", "--model", "qwen2.5-72b", "--gpus", "128", "--tp", "4", "--batch", "1024",
+               "--context", "8192", "--dispatcher", "centralized", "--network", "tcp-200g",
+               "--controller-path", "object-store", "--json")
+    assert json.loads(slow.output)["time_s"] > 10 * times["centralized"]
+
+
+def test_estimate_and_plan_name_the_network_and_take_cluster_presets():
+    r = run("estimate", "train", "--model", "qwen2.5-7b", "--gpus", "16", "--tp", "2", "--batch", "32",
+            "--context", "2048", "--cluster", "dgx-h100-ndr")
+    assert r.exit_code == 0, r.output
+    assert "ib-ndr400x8" in r.output
+    r = run("plan", "train", "--model", "qwen2.5-7b", "--gpus", "16", "--top", "2", "--json")
+    assert json.loads(r.output)["network"] == "rdma-200g"  # the default, named
+    bad = run("estimate", "train", "--cluster", "my-garage")
+    assert bad.exit_code == 2 and "earl-paper" in bad.output

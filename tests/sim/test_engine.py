@@ -200,3 +200,37 @@ def test_decode_clock_sum_and_limit_agree_with_a_loop():
     k, t = clock.run(8, 4_000, 300, limit)
     assert decode_sum(cm, 8, 4_000, k) >= limit > decode_sum(cm, 8, 4_000, k - 1)
     assert t == pytest.approx(decode_sum(cm, 8, 4_000, k), rel=1e-9)
+
+
+@pytest.mark.parametrize("n, prompt, response", [(128, 8192, 1024), (256, 4096, 4096), (96, 8192, 8192)])
+def test_cost_model_decode_preemption_agrees_with_the_engine(n, prompt, response):
+    """The same KV-limited batch through the simulator's engine (recompute preemption) and the
+    cost model's estimate (prefill + decode estimates, which charge the recompute): within 25%."""
+    from earl.specs import ParallelPlan
+
+    cm = one_gpu("qwen2.5-7b")
+    r, _ = run_replica(cm, [Episode(id=i, turns=((prompt, response, 0.0),)) for i in range(n)], max_num_seqs=1024)
+    assert r.stats.preemptions > 0 and r.stats.recompute_tokens > 0
+    plan = ParallelPlan(tp=1)
+    step = response // 64
+    ests = [cm.decode(plan, n, prompt + j) for j in range(0, response, step)]
+    assert "preempting" in {e.extras["status"] for e in ests}
+    model = cm.prefill(plan, n, prompt).time_s + step * sum(e.time_s for e in ests)
+    assert model == pytest.approx(r.stats.t_end, rel=0.25)
+    assert all((e.breakdown["recompute"] > 0) == (e.extras["status"] == "preempting") for e in ests)
+
+
+def test_decode_status_fits_preempting_cannot_run():
+    from earl.specs import ParallelPlan
+
+    cm = one_gpu("qwen2.5-7b")
+    cap = cm.kv_capacity_tokens(1)
+    fits = cm.decode(ParallelPlan(tp=1), 8, 4096)
+    assert fits.extras["status"] == "fits" and fits.breakdown["recompute"] == 0
+    assert fits.extras["engine_reserve_bytes"] == cm.reserve > 0
+    pre = cm.decode(ParallelPlan(tp=1), 2 * (cap // 4096), 4096)
+    assert pre.extras["status"] == "preempting" and pre.feasible
+    # holding half the batch costs more than its two waves alone: the recompute is charged
+    assert pre.time_s > 1.05 * pre.extras["waves"] * pre.extras["step_time_s"]
+    none = cm.decode(ParallelPlan(tp=1), 1, cap + 1)
+    assert not none.feasible and none.extras["status"] == "cannot run"

@@ -93,6 +93,27 @@ def test_layout_aware_dispatch_beats_centralized_on_the_links():
     assert span.bytes > 0 and span.args["phases"] == 2
 
 
+def test_dispatch_is_the_cost_models_price_of_the_dispatchers_plan(monkeypatch):
+    """One dispatch model: the simulator holds each step for exactly what
+    earl.cost_model.dispatch.price_transfer_plan charges for the plan the dispatcher made."""
+    import earl.sim.iteration as it
+
+    priced = []
+    real = it.price_transfer_plan
+
+    def spy(cm, tplan, **kw):
+        est = real(cm, tplan, **kw)
+        priced.append((tplan.kind, est.time_s))
+        return est
+
+    monkeypatch.setattr(it, "price_transfer_plan", spy)
+    sets = small(cluster__nodes=2, plan__rollout="tp1-dp16", plan__experience="tp1-dp16",
+                 plan__train="tp2-dp8-mb1-rc-full-zero", cluster__network="tcp-200g")
+    res = Simulation(load_scenario("connect-four-small", sets), "static", "layout-aware").run()
+    assert [t for _, t in priced] == pytest.approx([r["dispatch_s"] for r in res.rows], rel=1e-9)
+    assert {k for k, _ in priced} == {"layout-aware"}
+
+
 def test_concurrent_transfers_contend_for_a_nic():
     hw = HardwareSpec.from_name("h100-sxm-80gb")
     spec = ClusterSpec(hardware=hw, nodes=2, network=NETWORK_CATALOG["tcp-200g"])

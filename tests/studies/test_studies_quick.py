@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import importlib
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -14,10 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from earl.cost_model.model import CONTROLLER_BW_BYTES_S
-
 STUDIES = Path(__file__).resolve().parents[2] / "studies"
-NAMES = sorted(p.stem for p in STUDIES.glob("s[0-9]*_*.py"))
+NAMES = sorted((p.stem for p in STUDIES.glob("s[0-9]*_*.py")), key=lambda n: int(n[1:].split("_")[0]))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -42,7 +39,7 @@ def run_quick(name: str, out: Path) -> pd.DataFrame:
 
 def test_every_study_is_tested():
     assert NAMES == ["s1_context_growth", "s2_data_volume", "s3_decode_tp", "s4_dispatch_latency",
-                     "s5_end_to_end", "s6_train_plans", "s7_scale", "s8_sensitivity"]
+                     "s5_end_to_end", "s6_train_plans", "s7_scale", "s8_sensitivity", "s10_fidelity"]
 
 
 def test_s1_context_growth(tmp_path):
@@ -57,22 +54,21 @@ def test_s1_context_growth(tmp_path):
 def test_s2_data_volume(tmp_path):
     df = run_quick("s2_data_volume", tmp_path)
     # bytes scale with context; centralized is slower than layout-aware; TCP no faster than RDMA
-    # (centralized is capped by the controller process itself, so the network barely matters)
     assert df["payload GiB"].iloc[-1] / df["payload GiB"].iloc[0] == pytest.approx(32, rel=0.01)
     assert (df["centralized TCP s"] > df["layout-aware TCP s"]).all()
     assert (df["centralized TCP s"] >= df["centralized RDMA s"]).all()
     assert (df["layout-aware TCP s"] > df["layout-aware RDMA s"]).all()
-    # the controller process moves every byte it handles at no more than its cap; the NIC alone is faster
-    through = df["centralized controller GiB"] * 2**30 / CONTROLLER_BW_BYTES_S
-    assert (df["centralized TCP s"] >= through * (1 - 1e-5)).all()  # CSV keeps 6 significant digits
-    assert (df["centralized TCP NIC-only s"] < df["centralized TCP s"]).all()
+    # the object-store controller moves every byte it handles at no more than 0.8 GB/s
+    through = df["centralized controller GiB"] * 2**30 / 0.8e9
+    assert (df["centralized TCP object-store s"] >= through * (1 - 1e-5)).all()  # CSV keeps 6 digits
+    assert (df["centralized TCP object-store s"] > df["centralized TCP s"]).all()
 
 
 def test_s3_decode_tp(tmp_path):
     df = run_quick("s3_decode_tp", tmp_path)
     short = df[(df["context"] == 1024) & (df["responses"] == 8)].iloc[0]
     long = df[(df["context"] == 32768) & (df["responses"] == 128)].iloc[0]
-    assert short["tp4 status"] == "ok" and long["tp4 status"] == "KV-full"
+    assert short["tp4 status"] == "fits" and long["tp4 status"] == "preempting"
     assert short["speedup tp8/tp4"] < 1 < long["speedup tp8/tp4"]
 
 
@@ -80,8 +76,11 @@ def test_s4_dispatch_latency(tmp_path):
     df = run_quick("s4_dispatch_latency", tmp_path)
     assert set(df["network"]) == {"TCP", "RDMA"}
     assert (df["speedup"] > 1).all()
-    assert math.isclose(df["gather s"].iloc[0] + df["scatter s"].iloc[0], df["centralized s"].iloc[0], rel_tol=1e-4)
-    assert (df["centralized NIC-only s"] <= df["centralized s"]).all()
+    parts = df["gather s"] + df["scatter s"] + df["controller advantages s"]
+    assert ((parts - df["centralized s"]).abs() <= 1e-3 * df["centralized s"]).all()  # + metadata, planning
+    assert (df["centralized object-store s"] > df["centralized s"]).all()
+    tcp = df[df["network"] == "TCP"]
+    assert ((tcp["speedup"] / tcp["paper speedup"] - 1).abs() <= 0.30).all()  # the paper's Fig. 4
 
 
 def test_s5_end_to_end(tmp_path):
@@ -115,14 +114,22 @@ def test_s7_scale(tmp_path):
     la = df["dispatch layout-aware s"]
     assert c.iloc[1] > 5 * c.iloc[0]
     assert la.iloc[1] / la.iloc[0] < 0.25 * c.iloc[1] / c.iloc[0]
-    assert (la < 0.01).all()
-    assert (df["dispatch centralized NIC-only s"] < df["dispatch centralized s"]).all()
+    assert (la < 0.05).all()
+    assert (df["dispatch centralized object-store s"] > df["dispatch centralized s"]).all()
 
 
 def test_s8_sensitivity(tmp_path):
     df = run_quick("s8_sensitivity", tmp_path)
-    assert list(df["variant"]) == ["baseline", "all curves x0.8", "all curves x1.2"]
-    assert df["s4 layout-aware speedup, 32K TCP"].nunique() == 1  # dispatch does not depend on compute
+    assert list(df["variant"])[:3] == ["baseline", "all curves x0.8", "all curves x1.2"]
+    assumed = {"TCP incast 1.0 (none)", "controller object-store", "OOM restart 0 s", "DP overlap off"}
+    assert assumed <= set(df["variant"])
+    curves = df[df["variant"].str.startswith(("baseline", "all curves"))]
+    assert curves["s4 layout-aware speedup, 32K TCP"].nunique() == 1  # dispatch does not depend on compute
+    by = df.set_index("variant")
+    # the assumptions the dispatch headline rests on move it; the object store multiplies it
+    assert by.loc["controller object-store", "s4 layout-aware speedup, 32K TCP"] > 10 * by.loc[
+        "baseline", "s4 layout-aware speedup, 32K TCP"]
+    assert by.loc["TCP incast 1.0 (none)", "s4 |error vs paper 11.2x| (%)"] > 30
 
 
 def test_cli_study_list_and_unknown():
@@ -137,3 +144,11 @@ def test_cli_study_runs_one(tmp_path):
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "s4_dispatch_latency.csv").is_file()
+
+
+def test_s10_fidelity(tmp_path):
+    df = run_quick("s10_fidelity", tmp_path)
+    earl = df[df["reference"].str.startswith("EARL")]
+    assert len(earl) == 1 and (earl["error"].abs() <= 0.30).all()  # the paper's Fig. 4 at 32K
+    mega = df[df["reference"].str.startswith("Megatron")]
+    assert (mega["predicted"].between(0.2, 0.8)).all() and (mega["published"] == 0.47).all()

@@ -1,0 +1,263 @@
+"""Fit the profile's dispatch path (`HardwareProfile.dispatch_path`) from gloo runs of the
+runtime's own dispatch executor, through the one dispatch price.
+
+Each point runs both dispatchers (earl.runtime.dispatch.execute_dispatch) on `procs` local gloo
+processes: experience was data-parallel on every process (tp1-dpN, round-robin), training uses
+tp2-dp(N/2) with token-balanced placement; the time of one dispatch is the slowest rank's, the
+fastest of `repeats` after a warm-up (on a shared host the one least slowed by other tenants).
+Per-piece, per-byte and per-sample costs come from timing the executor's own packing and
+advantage code in one process (`measure_host`: quiet and exact); bytes between processes go on
+the profile's intra link (fitted by the collectives phase); the gloo runs then fit the
+per-message cost and the two oversubscription terms (`sync_s`, `oversubscribed_exp`) minimising the squared log error of
+`price_transfer_plan` on the very plans that ran; host_parallel is the number of CPUs this
+process may use (the processes share them). benchmarks/bench_dispatch.py uses the same layouts
+and workers.
+
+    OMP_NUM_THREADS=1 python -m earl.calibrate.dispatchfit     # measure at 2 and 4, fit, print
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+
+from earl.cost_model.dispatch import price_transfer_plan
+from earl.cost_model.model import CostModel
+from earl.cost_model.profile import DispatchPath, HardwareProfile
+from earl.policies.balance import balance_samples, round_robin_samples
+from earl.policies.dispatch import CentralizedDispatcher, LayoutAwareDispatcher
+from earl.policies.types import Layout, Sample, Transfer
+from earl.specs import MODEL_CATALOG, NETWORK_CATALOG, ClusterSpec, ParallelPlan
+
+KINDS = ("centralized", "layout-aware")
+# (samples per process, context tokens) measured by `earl calibrate`: small to large payloads,
+# few to many pieces, so the per-message, per-piece and per-byte terms separate
+CASES: tuple[tuple[int, int], ...] = ((1, 512), (4, 2048), (16, 1024), (4, 16384), (8, 8192))
+
+
+@dataclass(frozen=True, kw_only=True)
+class DispatchPoint:
+    """One measured dispatch."""
+
+    procs: int  # gloo processes
+    per_rank: int  # samples each process produced
+    context: int  # tokens of the longest sample
+    kind: str  # dispatcher
+    seconds: float  # slowest rank's wall time, fastest of the repeats, s
+    busiest_bytes: float  # bytes the busiest rank sent + received
+
+
+def plans(nproc: int) -> tuple[ParallelPlan, ParallelPlan]:
+    """(experience plan, training plan) of the measured setting."""
+    return ParallelPlan(dp=nproc), ParallelPlan(tp=2 if nproc > 1 else 1, dp=max(1, nproc // 2))
+
+
+def layouts(nproc: int, per_rank: int, context: int, group_size: int = 4):
+    """(samples, src layout, dst layout): lengths context - 64 * (i % 4), GRPO groups of 4."""
+    src_plan, dst_plan = plans(nproc)
+    samples = [Sample(id=i, tokens=max(1, context - 64 * (i % 4)), group=i // group_size)
+               for i in range(nproc * per_rank)]
+    src = Layout(src_plan, round_robin_samples(samples, src_plan.dp)[0])
+    dst = Layout(dst_plan, balance_samples(samples, dst_plan.dp)[0])
+    return samples, src, dst
+
+
+def transfer_plans(nproc: int, per_rank: int, context: int) -> dict:
+    samples, src, dst = layouts(nproc, per_rank, context)
+    return {"centralized": CentralizedDispatcher().plan(src, dst, samples),
+            "layout-aware": LayoutAwareDispatcher().plan(src, dst, samples)}
+
+
+def _store(samples, src, rank):
+    import torch
+
+    out = {}
+    for i in src.assignment[rank // src.plan.tp]:
+        n = samples[i].tokens
+        out[i] = {"input_ids": torch.randint(0, 1000, (n,)), "loss_mask": torch.ones(n, dtype=torch.bool),
+                  "old_logprobs": torch.randn(n), "ref_logprobs": torch.randn(n), "rewards": torch.rand(1)}
+    return out
+
+
+def worker(cases, repeats):
+    """Runs on every gloo rank: both dispatchers alternating, per case; rank 0's answer is
+    {(per_rank, context): {kind: (median slowest-rank seconds, busiest-rank bytes)}}."""
+    import torch
+    import torch.distributed as dist
+
+    from earl.runtime.dispatch import execute_dispatch
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for per_rank, ctx in cases:
+        samples, src, dst = layouts(world, per_rank, ctx)
+        store = _store(samples, src, rank)
+        tplans = transfer_plans(world, per_rank, ctx)
+        times: dict[str, list[float]] = {k: [] for k in KINDS}
+        busiest = {}
+        for rep in range(repeats + 1):
+            for k in KINDS:
+                _, stats = execute_dispatch(tplans[k], store, samples, src, dst, check=(rep == 0))
+                t = torch.tensor([stats.seconds, float(stats.bytes_sent + stats.bytes_recv)])
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                busiest[k] = float(t[1])
+                if rep:  # the first round warms up connections and allocators
+                    times[k].append(float(t[0]))
+        # the fastest repeat: on a shared host, the one least slowed by other tenants
+        out[(per_rank, ctx)] = {k: (min(v), busiest[k], statistics.median(v)) for k, v in times.items()}
+    return out
+
+
+def measure(procs=(2, 4), cases=CASES, repeats: int = 5, trials: int = 2) -> list[DispatchPoint]:
+    """Run the executor on local gloo processes; one point per (procs, case, dispatcher), the
+    fastest over `trials` fresh process groups (each `repeats` long)."""
+    from earl.runtime.dist import run_local
+
+    best: dict[tuple, DispatchPoint] = {}
+    for _ in range(trials):
+        for n in procs:
+            res = run_local(worker, n, list(cases), repeats, timeout_s=600)[0]
+            for (per_rank, ctx), by_kind in res.items():
+                for k, (sec, busy, _) in by_kind.items():
+                    key = (n, per_rank, ctx, k)
+                    if key not in best or sec < best[key].seconds:
+                        best[key] = DispatchPoint(procs=n, per_rank=per_rank, context=ctx, kind=k, seconds=sec,
+                                                  busiest_bytes=busy)
+    return list(best.values())
+
+
+def local_cost_model(profile: HardwareProfile, nproc: int) -> CostModel:
+    """The cost model of `nproc` processes on this one host (one 'node', loopback network)."""
+    cluster = ClusterSpec(hardware=profile.hardware, nodes=1, gpus_per_node=nproc,
+                          network=NETWORK_CATALOG["loopback"])
+    return CostModel(MODEL_CATALOG["tiny"], cluster, profile)
+
+
+def predict(profile: HardwareProfile, nproc: int, per_rank: int, context: int) -> dict[str, float]:
+    """Seconds the profile predicts for each dispatcher on the measured setting (execution only:
+    the benchmark plans before it times, and sends no separate metadata)."""
+    cm = local_cost_model(profile, nproc)
+    src, _ = plans(nproc)
+    return {k: price_transfer_plan(cm, tp, samples=nproc * per_rank, producers=src.dp, world=nproc,
+                                   control=False).time_s
+            for k, tp in transfer_plans(nproc, per_rank, context).items()}
+
+
+def _with_path(profile: HardwareProfile, **fields) -> HardwareProfile:
+    return dataclasses.replace(profile, dispatch_path=dataclasses.replace(profile.dispatch_path, **fields))
+
+
+def measure_host(repeats: int = 15) -> dict[str, float]:
+    """In one process, the executor's own packing and unpacking (per piece and per byte) and
+    advantage computation (per sample), fastest of `repeats`: {object_s, copy_bw_bytes_s,
+    sample_s}. Quiet and exact where the gloo runs are noisy."""
+    import time
+
+    from earl.runtime.advantages import AdvantageSpec, fill_advantages, local_stats
+    from earl.runtime.dispatch import _pack, _unpack
+
+    def fastest(fn) -> float:
+        best = math.inf
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    rows, per_sample = [], []
+    spec = AdvantageSpec()
+    for per, ctx in ((1, 512), (16, 64), (64, 64), (4, 16384), (16, 8192), (2, 65536)):
+        samples, src, _ = layouts(1, per, ctx)
+        store = _store(samples, src, 0)
+        tokens = {s.id: s.tokens for s in samples}
+        ids = tuple(s.id for s in samples)
+        names = ("input_ids", "loss_mask", "old_logprobs", "ref_logprobs")
+        tr = Transfer(0, 1, ids, names, sum(tokens.values()) * 17, tuple((0, tokens[i]) for i in ids))
+        buf = _pack(tr, store, tokens)
+        # a sent piece is packed and a received one unpacked; a local one is copied once
+        t = (fastest(lambda tr=tr, st=store, tk=tokens: _pack(tr, st, tk))
+             + fastest(lambda tr=tr, b=buf, tk=tokens: _unpack(tr, b, tk, {}, {}))) / 2
+        rows.append((len(ids) * len(names), float(buf.numel()), t))
+        per_sample.append(fastest(lambda st=store, sm=samples: fill_advantages(st, sm, local_stats(st, sm, spec), spec))
+                          / len(samples))
+    a = np.array([[r[0], r[1]] for r in rows])
+    y = np.array([r[2] for r in rows])
+    (obj, inv_bw), *_ = np.linalg.lstsq(a / y[:, None], np.ones(len(y)), rcond=None)  # relative error
+    return {"object_s": max(float(obj), 1e-8), "copy_bw_bytes_s": 1 / max(float(inv_bw), 1e-12),
+            "sample_s": float(np.median(per_sample))}
+
+
+def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], host: dict[str, float],
+                      host_parallel: int | None = None) -> tuple[DispatchPath, dict]:
+    """The DispatchPath that best predicts `points` through `price_transfer_plan` on `profile`'s
+    links, with the per-piece, per-byte and per-sample terms of `host` (measure_host) fixed and
+    the bytes between processes on the profile's intra link (a loopback socket costs CPU both
+    ways): the gloo runs fit the per-message cost and the oversubscription terms. Returns
+    it and its quality {fit_median_err, fit_max_err, n, host_parallel, points}."""
+    from scipy.optimize import least_squares
+
+    if not points:
+        raise ValueError("fit_dispatch_path needs measured points")
+    hp = host_parallel or len(os.sched_getaffinity(0))
+    base = _with_path(profile, host_parallel=hp, controller_bw_bytes_s=float("inf"), controller_object_s=0.0,
+                      full_duplex=False, **host)  # gloo on one host: loopback sockets, CPU both ways
+    plans_by = {(p.procs, p.per_rank, p.context): transfer_plans(p.procs, p.per_rank, p.context)
+                for p in points}
+    cms = {n: local_cost_model(base, n) for n in {p.procs for p in points}}
+
+    def fields(x) -> dict:
+        return {"message_s": float(np.exp(x[0])), "sync_s": float(np.exp(x[1])),
+                "oversubscribed_exp": float(np.exp(x[2]))}
+
+    def predicted(x) -> list[float]:
+        prof = _with_path(base, **fields(x))
+        out = []
+        for p in points:
+            tp = plans_by[(p.procs, p.per_rank, p.context)][p.kind]
+            out.append(price_transfer_plan(cms[p.procs].with_profile(prof), tp, samples=p.procs * p.per_rank,
+                                           producers=p.procs, world=p.procs, control=False).time_s)
+        return out
+
+    y = np.array([p.seconds for p in points])
+    res = least_squares(lambda x: np.log(np.array(predicted(x)) / y), np.log([50e-6, 1e-3, 0.3]),
+                        bounds=(np.log([1e-7, 1e-9, 1e-4]), np.log([1e-2, 0.1, 2.0])))
+    path = dataclasses.replace(base.dispatch_path, **fields(res.x))
+    pred = predicted(res.x)
+    errs = [abs(a / b - 1) for a, b in zip(pred, y, strict=True)]
+    quality = {"fit_median_err": round(float(np.median(errs)), 4), "fit_max_err": round(float(max(errs)), 4),
+               "n": len(points), "host_parallel": hp,
+               "points": [{"label": f"{p.kind} n={p.procs} {p.per_rank}x{p.context}", "measured_s": p.seconds,
+                           "predicted_s": q} for p, q in zip(points, pred, strict=True)]}
+    return path, quality
+
+
+def calibrate_dispatch(profile: HardwareProfile, budget_s: float = 60.0) -> HardwareProfile:
+    """Measure and fit; `profile` with the fitted dispatch path and its fit quality. A budget
+    under 20 s measures 2 processes on three cases once (enough to exercise the path; the
+    shipped profile used the full set: 2 and 4 processes, five cases, two trials of 9)."""
+    if budget_s < 20:
+        pts = measure((2,), CASES[:3], repeats=3, trials=1)
+    else:
+        pts = measure((2, 4), CASES, repeats=9, trials=2)
+    path, quality = fit_dispatch_path(profile, pts, measure_host())
+    return dataclasses.replace(profile, dispatch_path=path,
+                               fit_quality={**profile.fit_quality, "dispatch_path": quality})
+
+
+if __name__ == "__main__":
+    from earl.cost_model.profile import load_profile
+
+    prof = load_profile("cpu-measured")
+    pts = measure()
+    path, q = fit_dispatch_path(prof, pts, measure_host())
+    print(path)
+    for p in q["points"]:
+        print(f"  {p['label']:<36} measured {p['measured_s'] * 1e3:7.2f} ms  "
+              f"predicted {p['predicted_s'] * 1e3:7.2f} ms")
+    print(f"median error {q['fit_median_err']:.0%}, max {q['fit_max_err']:.0%} (host_parallel {q['host_parallel']}, "
+          f"{math.nan if not pts else len(pts)} points)")
