@@ -224,6 +224,8 @@ class Worker:
         """Training weights -> the rollout engine (or a separate experience copy), every step.
         Returns the bytes this rank sent."""
         t0 = time.perf_counter()
+        if stage is not Stage.ROLLOUT and hasattr(self.engine, "sleep"):
+            self.engine.sleep()  # rollout is over: an engine with its own GPU memory frees it until the next sync
         if stage is Stage.ROLLOUT and self.roll_model is None and self.engine.model is not self.train_model:
             self.engine.update_weights((n, p.detach()) for n, p in self.train_model.named_parameters())
             self.span("weight_sync", "reshard", t0, step)

@@ -1,0 +1,185 @@
+"""The vLLM backend: its pure parts on CPU without vllm, the engine itself on a GPU with vllm.
+
+    python -m pytest -q tests/runtime/test_engine_vllm.py
+    EARL_VLLM_TEST_MODEL=/path/to/hf-dir python -m pytest -q -m gpu tests/runtime/test_engine_vllm.py
+"""
+
+import os
+
+import pytest
+import torch
+
+from earl.runtime.engine import SamplingParams
+from earl.runtime.engine.vllm import (
+    bucket_named_tensors,
+    earl_finish,
+    load_named_tensors,
+    pack_bucket,
+    receive_bucket,
+    request_seed,
+    unpack_bucket,
+    vllm_sampling_kwargs,
+)
+
+
+# ---- sampling parameters, seeds, finish reasons ---------------------------------------------------
+def test_sampling_kwargs_carry_every_setting():
+    p = SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=12, stop=("</a>", "\n"), stop_at_eos=True)
+    kw = vllm_sampling_kwargs(p, seed=123, eos_id=2)
+    assert kw == {"n": 1, "temperature": 0.7, "top_p": 0.9, "max_tokens": 12, "seed": 123,
+                  "stop": ["</a>", "\n"], "stop_token_ids": [2], "ignore_eos": False,
+                  "include_stop_str_in_output": True, "logprobs": 0}
+
+
+def test_sampling_kwargs_greedy_and_no_eos():
+    kw = vllm_sampling_kwargs(SamplingParams(temperature=0, stop_at_eos=False), seed=5, eos_id=2)
+    assert kw["seed"] is None and kw["ignore_eos"] and kw["stop_token_ids"] == []
+    assert vllm_sampling_kwargs(SamplingParams(), seed=5, eos_id=None)["stop_token_ids"] == []
+
+
+def test_request_seeds_differ_across_episodes_and_turns_and_repeat():
+    seeds = {request_seed(s, pos) for s in range(64) for pos in (0, 1, 17, 300)}
+    assert len(seeds) == 64 * 4  # no two (episode, position) pairs share a seed
+    assert all(0 <= x < 2**63 for x in seeds)
+    assert request_seed(7, 40) == request_seed(7, 40)
+    assert request_seed(-3, 5) != request_seed(3, 5)  # negative streams are hashed, not truncated
+
+
+def test_finish_reasons():
+    assert earl_finish("length", None) == "length"
+    assert earl_finish("stop", "</a>") == "stop"  # a stop string
+    assert earl_finish("stop", None) == "eos"  # the EOS token
+    assert earl_finish("stop", 151643) == "eos"  # another end token id
+    with pytest.raises(RuntimeError, match="abort"):
+        earl_finish("abort", None)
+
+
+# ---- weight buckets -------------------------------------------------------------------------------
+def test_pack_unpack_round_trip_keeps_dtypes_shapes_and_values():
+    g = torch.Generator().manual_seed(0)
+    named = [("a", torch.randn(3, 5, generator=g)),
+             ("b", torch.randn(7, generator=g).to(torch.bfloat16)),
+             ("c", torch.randn(4, 6, generator=g).t()),  # non-contiguous
+             ("d", torch.arange(5, dtype=torch.int64)),
+             ("e", torch.tensor(2.5, dtype=torch.float16))]  # a scalar
+    meta, flat = pack_bucket(named)
+    assert flat.dtype == torch.uint8 and all(m["offset"] % 256 == 0 for m in meta)
+    back = unpack_bucket(meta, flat)
+    assert [n for n, _ in back] == [n for n, _ in named]
+    for (_, want), (_, got) in zip(named, back, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+
+
+def test_buckets_respect_the_byte_limit_and_keep_order():
+    named = [(f"w{i}", torch.zeros(64)) for i in range(10)]  # 256 bytes each
+    buckets = bucket_named_tensors(named, max_bytes=1024)
+    assert [len(b) for b in buckets] == [4, 4, 2]
+    assert [n for b in buckets for n, _ in b] == [n for n, _ in named]
+    assert [len(b) for b in bucket_named_tensors([("big", torch.zeros(1000)), ("s", torch.zeros(1))], 1024)] == [1, 1]
+
+
+def test_worker_side_loading_makes_a_real_model_equal_the_source(tiny):
+    from earl.runtime.hf_model import load_policy
+
+    src = tiny.model
+    dst = load_policy("tiny", seed=1).model
+    x = torch.tensor([[1, 5, 9, 3, 7]])
+    assert not torch.allclose(src(x).logits, dst(x).logits)
+    loaded = set()
+    for bucket in bucket_named_tensors(((n, p.detach()) for n, p in src.named_parameters()), max_bytes=64 << 10):
+        meta, flat = pack_bucket(bucket)
+        loaded |= receive_bucket(dst, meta, flat, torch.device("cpu"))
+    assert loaded == {n for n, _ in dst.named_parameters()}
+    assert torch.equal(src(x).logits, dst(x).logits)
+
+
+def test_loading_rejects_unknown_names_and_shapes(tiny):
+    model = torch.nn.Linear(3, 2)
+    with pytest.raises(ValueError, match="'nope'"):
+        load_named_tensors(model, [("nope", torch.zeros(2, 3))])
+    with pytest.raises(ValueError, match="shape"):
+        load_named_tensors(model, [("weight", torch.zeros(3, 2))])
+
+
+def test_missing_vllm_is_one_line_value_error(tiny):
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        from earl.runtime.engine.vllm import VLLMEngine
+
+        with pytest.raises(ValueError, match=r"pip install 'earl\[vllm\]'"):
+            VLLMEngine(model_path="/nonexistent", tokenizer=tiny.tokenizer)
+    else:
+        pytest.skip("vllm is installed")
+
+
+# ---- the engine itself: vllm + CUDA + a local HF checkpoint --------------------------------------
+def _engine_or_skip():
+    pytest.importorskip("vllm")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    path = os.environ.get("EARL_VLLM_TEST_MODEL")
+    if not path:
+        pytest.skip("set EARL_VLLM_TEST_MODEL to a local HF checkpoint directory with a tokenizer")
+    from earl.runtime.engine.vllm import VLLMEngine
+    from earl.runtime.hf_model import load_policy
+
+    pol = load_policy(path, dtype="bf16")
+    eng = VLLMEngine(model_path=path, tokenizer=pol.tokenizer, dtype="bfloat16", enforce_eager=True)
+    return eng, pol
+
+
+@pytest.fixture(scope="module")
+def vllm_engine():
+    return _engine_or_skip()
+
+
+@pytest.mark.gpu
+def test_vllm_logprobs_are_processed_at_the_sampling_temperature(vllm_engine):
+    eng, pol = vllm_engine
+    prompt = pol.tokenizer.encode("The capital of France is")
+    params = SamplingParams(temperature=0.5, max_new_tokens=8)
+    gen = eng.open(1, [11]).generate({0: prompt}, params)[0]
+    model = pol.model.cuda()
+    ids = torch.tensor([prompt + gen.token_ids], device="cuda")
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1:-1].float()
+    want = torch.log_softmax(logits / 0.5, -1).gather(-1, ids[0, len(prompt):, None]).squeeze(-1)
+    assert torch.allclose(torch.tensor(gen.logprobs, device="cuda"), want, atol=5e-2)
+
+
+@pytest.mark.gpu
+def test_vllm_group_members_differ_and_seeds_repeat(vllm_engine):
+    eng, pol = vllm_engine
+    prompt = pol.tokenizer.encode("Once upon a time")
+    params = SamplingParams(temperature=1.0, max_new_tokens=16)
+    outs = eng.open(8, list(range(8))).generate({r: prompt for r in range(8)}, params)
+    assert len({tuple(g.token_ids) for g in outs.values()}) > 1
+    again = eng.open(8, list(range(8))).generate({r: prompt for r in range(8)}, params)
+    assert [g.token_ids for g in again.values()] == [g.token_ids for g in outs.values()]
+
+
+@pytest.mark.gpu
+def test_vllm_finish_reasons(vllm_engine):
+    eng, pol = vllm_engine
+    prompt = pol.tokenizer.encode("Count: 1, 2, 3,")
+    assert eng.open(1).generate({0: prompt}, SamplingParams(temperature=0, max_new_tokens=1))[0].finish == "length"
+    gen = eng.open(1).generate({0: prompt}, SamplingParams(temperature=0, max_new_tokens=32, stop=(",",)))[0]
+    assert gen.finish == "stop" and gen.text.endswith(",")
+
+
+@pytest.mark.gpu
+def test_vllm_sleep_then_weight_update_changes_outputs(vllm_engine):
+    eng, pol = vllm_engine
+    prompt = pol.tokenizer.encode("Hello")
+    params = SamplingParams(temperature=0, max_new_tokens=4)
+    before = eng.open(1).generate({0: prompt}, params)[0]
+    eng.sleep()
+    with pytest.raises(RuntimeError, match="sleeps"):
+        eng.open(1).generate({0: prompt}, params)
+    model = pol.model.cuda()
+    eng.update_weights((n, p.detach() * 0.5) for n, p in model.named_parameters())
+    after = eng.open(1).generate({0: prompt}, params)[0]
+    assert after.logprobs != before.logprobs
+    eng.update_weights((n, p.detach()) for n, p in model.named_parameters())
+    assert eng.open(1).generate({0: prompt}, params)[0].token_ids == before.token_ids
