@@ -92,6 +92,7 @@ class Worker:
         self.events: list[dict] = []  # plan switches / re-plans of the current step
         self.spans: list[Span] = []
         self.origin = time.perf_counter()
+        self.engine = None  # built with the rollout model; an external engine (vLLM) only once
         full = policy.model
         ref_full = copy.deepcopy(full) if cfg.trainer.kl_coef else None
         self.device = torch.device(cfg.model.device) if world == 1 else comm_device()
@@ -151,10 +152,11 @@ class Worker:
     def _build_rollout(self, plan: ParallelPlan) -> None:
         self.plans = self.plans.with_stage(Stage.ROLLOUT, plan)
         self.roll_groups = build_plan_groups(plan)
-        if self.cfg.engine != "pytorch":  # an external engine keeps its own weights
+        if self.cfg.engine != "pytorch":  # an external engine keeps its own weights: built once
             self.roll_model = None
-            self.engine = make_engine(self.cfg.engine, self.train_model, self.policy.tokenizer,
-                                      reuse_kv=self.cfg.reuse_kv, model_path=self.cfg.model.path)
+            if getattr(self, "engine", None) is None:
+                self.engine = make_engine(self.cfg.engine, self.train_model, self.policy.tokenizer,
+                                          reuse_kv=self.cfg.reuse_kv, model_path=self.cfg.model.path)
             return
         self.roll_model = None if self._shares_train(plan) else self._sharded_copy(plan)
         self.engine = TorchEngine(self.roll_model or self.train_model, self.policy.tokenizer,
