@@ -184,7 +184,8 @@ def simulate(
 def run_cmd(
     config: Optional[str] = typer.Argument(None, help="TOML/YAML run config (default: the built-in "
                                            "tiny model playing Tic-Tac-Toe vs a random opponent)"),
-    env: Optional[str] = typer.Option(None, "--env", help="connect-four | tic-tac-toe | calculator"),
+    env: Optional[str] = typer.Option(None, "--env", help="connect-four | tic-tac-toe | calculator | "
+                                      "openspiel:GAME (e.g. openspiel:connect_four)"),
     model: Optional[str] = typer.Option(None, "--model", help="local HF checkpoint dir, or tiny"),
     steps: Optional[int] = typer.Option(None, "--steps", help="training steps"),
     out: Optional[str] = typer.Option(None, "--out", help="output folder (default runs/run-<time>)"),

@@ -60,8 +60,8 @@ class PolicyConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class EnvConfig:
-    name: str = "tic-tac-toe"  # tic-tac-toe | connect-four | calculator
-    opponent: str = "random"  # games: random | lookahead
+    name: str = "tic-tac-toe"  # tic-tac-toe | connect-four | calculator | openspiel:GAME
+    opponent: str = "random"  # games: random | lookahead (built-in) | mcts (openspiel)
     agent_starts: str = "always"  # games: always | never | alternate
     invalid_action: str = "end"  # games: end the episode, or "retry"
     invalid_reward: float = -1.0  # games: reward of an invalid move (per-try share in retry mode)

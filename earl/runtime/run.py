@@ -42,12 +42,12 @@ from earl.runtime.checkpoint import (
 )
 from earl.runtime.config import RunConfig, apply_overrides, from_dict, load_config_file, to_dict
 from earl.runtime.dist import comm_device, shutdown
-from earl.runtime.envs import ENVS, env_options, make_env
+from earl.runtime.envs import env_options, make_env
 from earl.runtime.hf_model import check_dtype, check_model_path
 from earl.runtime.metrics import RunRecorder, plot_run
 from earl.runtime.step import StepContext, run_step
 from earl.runtime.worker import MemoryBudgetExceeded, Worker, sampling_params
-from earl.specs import MODEL_CATALOG, ModelSpec, ParallelPlan, Stage, StagePlan, WorkloadStats, unknown_name_error
+from earl.specs import MODEL_CATALOG, ModelSpec, ParallelPlan, Stage, StagePlan, WorkloadStats
 from earl.trace import atomic_write_text
 
 LAUNCH_CONFIG = "launch-config.json"  # the resolved config a multi-process run's ranks read
@@ -133,8 +133,6 @@ def model_spec(path: str) -> ModelSpec:
 def check_config(cfg: RunConfig, world: int | None = None) -> None:
     """Every user error the ranks would hit, as one ValueError, before any process starts."""
     world = cfg.nproc if world is None else world
-    if cfg.env.name not in ENVS:
-        raise unknown_name_error("env", cfg.env.name, ENVS)
     make_env(cfg.env.name, **env_options(cfg.env.name, cfg.env))  # checks the env options
     check_model_path(cfg.model.path)
     check_dtype(cfg.model.dtype)
