@@ -60,15 +60,17 @@ class PolicyConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class EnvConfig:
-    name: str = "tic-tac-toe"  # tic-tac-toe | connect-four | calculator | openspiel:GAME
+    name: str = "tic-tac-toe"  # tic-tac-toe | connect-four | calculator | openspiel:GAME | jsonl:PATH
     opponent: str = "random"  # games: random | lookahead (built-in) | mcts (openspiel)
     agent_starts: str = "always"  # games: always | never | alternate
     invalid_action: str = "end"  # games: end the episode, or "retry"
     invalid_reward: float = -1.0  # games: reward of an invalid move (per-try share in retry mode)
     max_retries: int = 2  # games: consecutive invalid tries allowed in retry mode
     valid_move_reward: float = 0.1  # games: reward of each legal move (dense shaping)
-    max_turns: int = 4  # calculator: model turns per episode
-    tool_timeout_s: float = 1.0  # calculator: seconds before a tool call becomes an error
+    max_turns: int = 4  # calculator, jsonl with tools: model turns per episode
+    tool_timeout_s: float = 1.0  # calculator, jsonl: seconds before a tool call becomes an error
+    reward: str = ""  # jsonl: the reward function, FILE.py:FUNC (FUNC(sample, messages) -> float)
+    tools: tuple[str, ...] = ()  # jsonl: registered tools the model may call (calculator)
 
 
 @dataclass(frozen=True, kw_only=True)

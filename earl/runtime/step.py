@@ -35,14 +35,14 @@ from earl.policies.types import Layout, Sample
 from earl.runtime.advantages import AdvantageSpec, Store
 from earl.runtime.control import ControlBytes, all_gather_objects, gather_objects, reduce_scalars
 from earl.runtime.dispatch import HANDOFF_TENSORS, execute_dispatch
-from earl.runtime.envs import env_options, make_env
+from earl.runtime.envs import OUTCOMES, env_options, make_env
 from earl.runtime.optim import train_step
 from earl.runtime.rollout import Trajectory, rollout
 from earl.runtime.trainer import ExperienceBatch, batch_logprobs
 from earl.runtime.worker import MemoryBudgetExceeded, Worker, runnable
 from earl.specs import ParallelPlan, Stage, WorkloadStats
 
-OUTCOME_RATES = ("win", "draw", "loss", "invalid", "correct", "wrong", "truncated")
+OUTCOME_RATES = OUTCOMES
 
 
 def mix_seed(*parts: int) -> int:

@@ -12,18 +12,19 @@ from __future__ import annotations
 from earl.runtime.envs.base import OUTCOMES, BoardGameEnv, Env, StepResult
 from earl.runtime.envs.calculator import Calculator
 from earl.runtime.envs.connect_four import ConnectFour
+from earl.runtime.envs.dataset import PromptDataset
 from earl.runtime.envs.openspiel import OpenSpielEnv
 from earl.runtime.envs.tictactoe import TicTacToe
 from earl.specs import unknown_name_error
 
 ENVS = {"tic-tac-toe": TicTacToe, "connect-four": ConnectFour, "calculator": Calculator,
-        "openspiel": OpenSpielEnv}
-ARG_ENVS = ("openspiel",)  # kinds named KIND:ARG; ARG is the constructor's first argument
+        "openspiel": OpenSpielEnv, "jsonl": PromptDataset}
+ARG_ENVS = ("openspiel", "jsonl")  # kinds named KIND:ARG; ARG is the constructor's first argument
 GAME_OPTIONS = ("opponent", "agent_starts", "invalid_action", "invalid_reward", "max_retries",
                 "valid_move_reward")
 TOOL_OPTIONS = ("max_turns", "tool_timeout_s")
 OPTIONS = {"tic-tac-toe": GAME_OPTIONS, "connect-four": GAME_OPTIONS, "openspiel": GAME_OPTIONS,
-           "calculator": TOOL_OPTIONS}
+           "calculator": TOOL_OPTIONS, "jsonl": ("reward", "tools", *TOOL_OPTIONS)}
 
 
 def split_env_name(name: str) -> tuple[str, str | None]:
@@ -34,7 +35,8 @@ def split_env_name(name: str) -> tuple[str, str | None]:
         raise unknown_name_error("env", name, [*(k for k in ENVS if k not in ARG_ENVS),
                                                 *(f"{k}:NAME" for k in ARG_ENVS)])
     if kind in ARG_ENVS and not arg:
-        raise ValueError(f"env {name!r} needs an argument: {kind}:NAME (e.g. openspiel:tic_tac_toe)")
+        example = {"openspiel": "openspiel:tic_tac_toe", "jsonl": "jsonl:prompts.jsonl"}[kind]
+        raise ValueError(f"env {name!r} needs an argument: {kind}:NAME (e.g. {example})")
     if kind not in ARG_ENVS and sep:
         raise ValueError(f"env {kind!r} takes no argument, got {name!r}")
     return kind, (arg if kind in ARG_ENVS else None)

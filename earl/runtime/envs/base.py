@@ -14,7 +14,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Protocol
 
-OUTCOMES = ("win", "draw", "loss", "invalid", "correct", "wrong", "truncated")
+OUTCOMES = ("win", "draw", "loss", "invalid", "correct", "wrong", "truncated", "reward_error")
 OPPONENTS = ("random", "lookahead")
 AGENT_STARTS = ("always", "never", "alternate")
 INVALID_MODES = ("end", "retry")
@@ -36,7 +36,7 @@ class Env(Protocol):
 
     max_new_tokens: int  # default generation budget per turn, tokens
     stop: tuple[str, ...]  # default stop strings
-    # optional: `tools` (JSON schemas handed to the chat template) and `context` (messages
+    # optional: `tool_schemas` (JSON schemas handed to the chat template) and `context` (messages
     # before the first observation, e.g. a system prompt), read after `reset`
 
     def reset(self, seed: int) -> str: ...
