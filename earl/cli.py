@@ -328,6 +328,24 @@ def validate_cmd(
 
 
 # ============================================================================================
+# show  (earl/runtime/metrics.py formats the transcripts a run wrote)
+# ============================================================================================
+# <show>
+@app.command("show")
+@user_errors
+def show_cmd(
+    run: str = typer.Argument(..., help="run folder (what earl run --out wrote)"),
+    episodes: int = typer.Option(4, "--episodes", "-n", help="transcripts to print"),
+    step: Optional[int] = typer.Option(None, "--step", help="a step with transcripts (default: the latest)"),
+):
+    """Print a run's latest episode transcripts: roles, messages, tool calls and rewards."""
+    from earl.runtime.metrics import format_transcripts
+
+    console.print(format_transcripts(run, episodes=episodes, step=step), markup=False, highlight=False)
+# </show>
+
+
+# ============================================================================================
 # study  (earl/studies.py runs the scripts of studies/ at the repository root)
 # ============================================================================================
 # <study>

@@ -168,6 +168,7 @@ def play(w: Worker, step: int) -> tuple[list[Trajectory], dict]:
                     group_ids=groups, episode_ids=mine, params=w.params,
                     sample_seeds=[mix_seed(cfg.seed, step, 1_000_001, e) for e in mine],
                     max_context=cfg.sampling.max_context, engine_batch=cfg.engine_batch)
+    w.played = trajs  # rank 0 writes transcripts of the episodes it played itself
     es = w.engine.stats
     counts = {"prefill_tokens": es.prefill_tokens - es0.prefill_tokens,
               "decode_tokens": es.decode_tokens - es0.decode_tokens,

@@ -91,6 +91,7 @@ class Worker:
         self.plans = plans
         self.events: list[dict] = []  # plan switches / re-plans of the current step
         self.spans: list[Span] = []
+        self.played: list = []  # the trajectories this rank played in the last rollout
         self.origin = time.perf_counter()
         full = policy.model
         ref_full = copy.deepcopy(full) if cfg.trainer.kl_coef else None
