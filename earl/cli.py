@@ -203,7 +203,11 @@ def simulate(
 def run_cmd(
     config: Optional[str] = typer.Argument(None, help="TOML/YAML run config (default: the built-in "
                                            "tiny model playing Tic-Tac-Toe vs a random opponent)"),
-    env: Optional[str] = typer.Option(None, "--env", help="connect-four | tic-tac-toe | calculator"),
+    env: Optional[str] = typer.Option(None, "--env", help="connect-four | tic-tac-toe | calculator | "
+                                      "openspiel:GAME (e.g. openspiel:connect_four) | jsonl:PATH "
+                                      "(.jsonl or .parquet prompts; needs --reward)"),
+    reward: Optional[str] = typer.Option(None, "--reward", help="reward function FILE.py:FUNC, called as "
+                                         "FUNC(sample, messages) -> float (= env.reward)"),
     model: Optional[str] = typer.Option(None, "--model", help="local HF checkpoint dir, or tiny"),
     steps: Optional[int] = typer.Option(None, "--steps", help="training steps"),
     out: Optional[str] = typer.Option(None, "--out", help="output folder (default runs/run-<time>)"),
@@ -233,7 +237,8 @@ def run_cmd(
     from earl.runtime.run import check_config, default_out_dir, resolve_config, summarize, train
 
     overrides: dict = parse_sets(sets)
-    for key, value in (("env.name", env), ("model.path", model), ("steps", steps), ("nproc", nproc),
+    for key, value in (("env.name", env), ("env.reward", reward), ("model.path", model), ("steps", steps),
+                       ("nproc", nproc),
                        ("hardware.profile", hardware), ("plan.rollout", rollout_plan),
                        ("plan.experience", experience_plan), ("plan.train", train_plan),
                        ("plan.memory_budget_mb", memory_budget_mb)):
@@ -339,6 +344,24 @@ def validate_cmd(
         console.print(ranking_line(res))
     console.print(f"wrote {out}/validation.json, validation.csv, scatter.png")
 # </calibrate>
+
+
+# ============================================================================================
+# show  (earl/runtime/metrics.py formats the transcripts a run wrote)
+# ============================================================================================
+# <show>
+@app.command("show")
+@user_errors
+def show_cmd(
+    run: str = typer.Argument(..., help="run folder (what earl run --out wrote)"),
+    episodes: int = typer.Option(4, "--episodes", "-n", help="transcripts to print"),
+    step: Optional[int] = typer.Option(None, "--step", help="a step with transcripts (default: the latest)"),
+):
+    """Print a run's latest episode transcripts: roles, messages, tool calls and rewards."""
+    from earl.runtime.metrics import format_transcripts
+
+    console.print(format_transcripts(run, episodes=episodes, step=step), markup=False, highlight=False)
+# </show>
 
 
 # ============================================================================================

@@ -5,7 +5,7 @@ from typer.testing import CliRunner
 from earl import __version__
 from earl.cli import app
 
-COMMANDS = ("simulate", "run", "calibrate", "validate", "plan", "estimate", "study")
+COMMANDS = ("simulate", "run", "calibrate", "validate", "plan", "estimate", "study", "show")
 
 
 def test_version():

@@ -60,15 +60,17 @@ class PolicyConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class EnvConfig:
-    name: str = "tic-tac-toe"  # tic-tac-toe | connect-four | calculator
-    opponent: str = "random"  # games: random | lookahead
+    name: str = "tic-tac-toe"  # tic-tac-toe | connect-four | calculator | openspiel:GAME | jsonl:PATH
+    opponent: str = "random"  # games: random | lookahead (built-in) | mcts (openspiel)
     agent_starts: str = "always"  # games: always | never | alternate
     invalid_action: str = "end"  # games: end the episode, or "retry"
     invalid_reward: float = -1.0  # games: reward of an invalid move (per-try share in retry mode)
     max_retries: int = 2  # games: consecutive invalid tries allowed in retry mode
     valid_move_reward: float = 0.1  # games: reward of each legal move (dense shaping)
-    max_turns: int = 4  # calculator: model turns per episode
-    tool_timeout_s: float = 1.0  # calculator: seconds before a tool call becomes an error
+    max_turns: int = 4  # calculator, jsonl with tools: model turns per episode
+    tool_timeout_s: float = 1.0  # calculator, jsonl: seconds before a tool call becomes an error
+    reward: str = ""  # jsonl: the reward function, FILE.py:FUNC (FUNC(sample, messages) -> float)
+    tools: tuple[str, ...] = ()  # jsonl: registered tools the model may call (calculator)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,11 +120,17 @@ class RunConfig:
     keep_checkpoints: int = 2  # newest checkpoints kept
     threads: int = 1  # torch CPU threads (the tiny model is overhead-bound; 1 avoids oversubscription)
     plots: bool = True  # PNG plots at the end
+    transcript_every: int = 10  # steps between episode transcripts (episodes.jsonl; and the last step); 0 = never
+    transcript_episodes: int = 4  # episodes per transcript write (rank 0's own episodes)
+    wandb: bool = False  # also log metrics to Weights & Biases (needs wandb; WANDB_MODE defaults to offline)
 
     def __post_init__(self):
         for name in ("steps", "groups", "group_size", "threads", "nproc"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.transcript_every < 0 or self.transcript_episodes < 0:
+            raise ValueError(f"transcript_every and transcript_episodes must be >= 0, got "
+                             f"{self.transcript_every} and {self.transcript_episodes}")
         if self.checkpoint_every < 0 or self.engine_batch < 0 or self.keep_checkpoints < 1:
             raise ValueError("checkpoint_every and engine_batch must be >= 0, keep_checkpoints >= 1")
         if self.policy.selector not in SELECTORS:

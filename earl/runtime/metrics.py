@@ -1,5 +1,6 @@
 """Run outputs: per-step metrics (CSV + JSONL), the workload trace the simulator replays, span
-traces (Chrome JSON), TensorBoard when installed, and PNG plots at the end.
+traces (Chrome JSON), episode transcripts (episodes.jsonl, printed by `earl show RUN`),
+TensorBoard when installed, and PNG plots at the end.
 
 Every file is rewritten atomically (temp file, then rename), so a crash or Ctrl-C never leaves
 half a line; on `--resume` the rows after the checkpoint's step are dropped.
@@ -22,6 +23,7 @@ METRICS_JSONL = "metrics.jsonl"
 WORKLOAD_JSONL = "workload.jsonl"
 DECISIONS_JSONL = "decisions.jsonl"
 TRACE_JSON = "trace.json"
+EPISODES_JSONL = "episodes.jsonl"
 
 
 def _clean(v):
@@ -53,11 +55,13 @@ class JsonlTable:
 class RunRecorder:
     """Everything `earl run` writes per step, in one place."""
 
-    def __init__(self, out_dir: Path, *, resume_step: int | None = None, tensorboard: bool = True):
+    def __init__(self, out_dir: Path, *, resume_step: int | None = None, tensorboard: bool = True,
+                 wandb_config: dict | None = None):
         self.out = out_dir
         self.metrics = JsonlTable(out_dir / METRICS_JSONL, resume_step)
         self.workload = JsonlTable(out_dir / WORKLOAD_JSONL, resume_step)
         self.decisions = JsonlTable(out_dir / DECISIONS_JSONL, resume_step)
+        self.episodes = JsonlTable(out_dir / EPISODES_JSONL, resume_step)
         self.spans: list[Span] = []
         if resume_step is not None and (out_dir / TRACE_JSON).is_file():
             self.spans = [s for s in read_chrome_trace(out_dir / TRACE_JSON) if s.step <= resume_step]
@@ -69,6 +73,14 @@ class RunRecorder:
                 SummaryWriter = None
             if SummaryWriter is not None:
                 self.tb = SummaryWriter(str(out_dir / "tensorboard"))
+        self.wb = None
+        if wandb_config is not None:  # wandb = true: offline unless WANDB_MODE says otherwise
+            import os
+
+            import wandb
+
+            os.environ.setdefault("WANDB_MODE", "offline")
+            self.wb = wandb.init(project="earl", dir=str(out_dir), name=out_dir.name, config=wandb_config)
 
     def log_step(self, row: dict, episodes: list[dict], decisions: list[dict]) -> None:
         self.metrics.append(row)
@@ -79,8 +91,19 @@ class RunRecorder:
             for k, v in row.items():
                 if isinstance(v, (int, float)) and k != "step" and v == v:
                     self.tb.add_scalar(k, v, row["step"])
+        if self.wb is not None:
+            self.wb.log({k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step" and v == v},
+                        step=row["step"])
+
+    def log_transcripts(self, step: int, trajs: list, k: int) -> None:
+        """`k` of the episodes this rank played (evenly spread over episode ids) as transcripts."""
+        trajs = sorted(trajs, key=lambda t: t.episode_id)
+        m = min(k, len(trajs))
+        for j in sorted({round(i * (len(trajs) - 1) / max(m - 1, 1)) for i in range(m)}):
+            self.episodes.append(transcript(trajs[j], step))
 
     def flush(self, with_trace: bool = True) -> None:
+        self.episodes.write()
         self.metrics.write()
         self.workload.write()
         self.decisions.write()
@@ -93,6 +116,53 @@ class RunRecorder:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+        if self.wb is not None:
+            self.wb.finish()
+
+
+def transcript(t, step: int) -> dict:
+    """One episode (an earl.runtime.rollout.Trajectory) as a JSON-able transcript; assistant
+    messages carry the tool calls parsed from them."""
+    from earl.runtime.envs.tools import parse_tool_calls
+
+    msgs = []
+    for m in t.messages:
+        m = dict(m)
+        if m["role"] == "assistant" and (calls := parse_tool_calls(m["content"])):
+            m["tool_calls"] = [{"name": c.name, "arguments": c.arguments, **({"error": c.error} if c.error else {})}
+                               for c in calls]
+        msgs.append(m)
+    return {"step": step, "episode": t.episode_id, "group": t.group_id, "reward": t.reward,
+            "outcome": t.outcome, "turns": len(t.turns), "invalid_actions": t.invalid_actions,
+            "tokens": len(t.token_ids), "generated_tokens": t.generated_tokens, "messages": msgs}
+
+
+def format_transcripts(run_dir: str | Path, *, episodes: int = 4, step: int | None = None) -> str:
+    """The latest (or step `step`'s) transcripts of a run folder, as text for a terminal."""
+    p = Path(run_dir) / EPISODES_JSONL
+    if not Path(run_dir).is_dir():
+        raise ValueError(f"run folder {str(run_dir)!r} not found")
+    if not p.is_file():
+        raise ValueError(f"{run_dir} has no {EPISODES_JSONL} (transcript_every=0, or a run from before transcripts)")
+    rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    if not rows:
+        raise ValueError(f"{p} holds no transcripts yet")
+    steps = sorted({r["step"] for r in rows})
+    want = steps[-1] if step is None else step
+    if want not in steps:
+        raise ValueError(f"no transcripts at step {want}; steps with transcripts: {', '.join(map(str, steps))}")
+    lines = []
+    for r in [r for r in rows if r["step"] == want][:episodes]:
+        lines.append(f"== step {r['step']}  episode {r['episode']} (group {r['group']})  reward {r['reward']:+.3f}  "
+                     f"{r['outcome'] or '-'}  {r['turns']} turn(s), {r['invalid_actions']} invalid, "
+                     f"{r['tokens']} tokens")
+        for m in r["messages"]:
+            body = m["content"].rstrip("\n").replace("\n", "\n" + " " * 12)
+            lines.append(f"  {m['role']:>9}: {body}")
+            for c in m.get("tool_calls", ()):
+                what = c.get("error") or json.dumps(c["arguments"])
+                lines.append(f"  {'':>9}  -> tool call {c['name'] or '?'}: {what}")
+    return "\n".join(lines)
 
 
 def rows_to_csv(rows: list[dict]) -> str:

@@ -2,7 +2,8 @@
 
 A trajectory keeps the exact token ids the model saw and produced (prompt, then per turn the
 generated tokens and the next observation's tokens) and a loss mask that is 1 only on the
-generated tokens: observations are never trained on and the text is never re-tokenized.
+generated tokens: observations are never trained on and the text is never re-tokenized. With a
+chat template, observations are rendered as messages (earl.runtime.tokenizer.Conversation).
 
     python -c "from earl.runtime.rollout import demo; demo()"
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 
 from earl.runtime.engine import Engine, SamplingParams
 from earl.runtime.envs import Env
+from earl.runtime.tokenizer import Conversation
 
 
 @dataclass
@@ -37,6 +39,7 @@ class Trajectory:
     turns: list[Turn] = field(default_factory=list)
     actions: int = 0
     invalid_actions: int = 0
+    messages: list[dict] = field(default_factory=list)  # the conversation (for transcripts)
 
     @property
     def generated_tokens(self) -> int:
@@ -52,10 +55,8 @@ class Trajectory:
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
 
 
-def _encode_obs(engine: Engine, text: str, first: bool) -> list[int]:
-    tok = engine.tokenizer
-    ids = tok.encode(text)
-    return ([tok.bos_id] if first and tok.bos_id is not None else []) + ids
+def _encode_obs(conv: Conversation, text: str, role: str = "user") -> list[int]:
+    return conv.observe(text, role)
 
 
 def play_episodes(engine: Engine, envs: list[Env], seeds: list[int], params: SamplingParams, *,
@@ -66,8 +67,13 @@ def play_episodes(engine: Engine, envs: list[Env], seeds: list[int], params: Sam
     assert len(envs) == len(seeds) == len(group_ids) == len(episode_ids) == len(sample_seeds)
     trajs = [Trajectory(episode_id=e, group_id=g) for e, g in zip(episode_ids, group_ids, strict=True)]
     pending: dict[int, list[int]] = {}
+    convs = []
     for i, (env, seed) in enumerate(zip(envs, seeds, strict=True)):
-        pending[i] = _encode_obs(engine, env.reset(seed), first=True)
+        prompt = env.reset(seed)
+        convs.append(Conversation(engine.tokenizer, tools=getattr(env, "tool_schemas", None),
+                                  context=getattr(env, "context", None)))
+        trajs[i].messages = convs[i].messages
+        pending[i] = _encode_obs(convs[i], prompt)
         trajs[i]._append(pending[i], generated=False)
     batch = engine.open(len(envs), sample_seeds)
     while pending:
@@ -76,6 +82,7 @@ def play_episodes(engine: Engine, envs: list[Env], seeds: list[int], params: Sam
         for i, gen in outs.items():
             tr = trajs[i]
             tr._append(gen.token_ids, generated=True, logprobs=gen.logprobs)
+            convs[i].reply(gen.token_ids, gen.text)
             t0 = time.perf_counter()
             res = envs[i].step(gen.text)
             tr.turns.append(Turn(len(pending[i]), len(gen.token_ids), time.perf_counter() - t0))
@@ -86,7 +93,7 @@ def play_episodes(engine: Engine, envs: list[Env], seeds: list[int], params: Sam
             if res.done:
                 tr.outcome = res.outcome
                 continue
-            obs = _encode_obs(engine, res.observation, first=False)
+            obs = _encode_obs(convs[i], res.observation, res.role)
             if len(tr.token_ids) + len(obs) + params.max_new_tokens > max_context:
                 tr.outcome = "truncated"
                 continue

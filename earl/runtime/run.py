@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import importlib.util
 import json
 import os
 import shutil
@@ -42,12 +43,12 @@ from earl.runtime.checkpoint import (
 )
 from earl.runtime.config import RunConfig, apply_overrides, from_dict, load_config_file, to_dict
 from earl.runtime.dist import comm_device, shutdown
-from earl.runtime.envs import ENVS, env_options, make_env
+from earl.runtime.envs import env_options, make_env
 from earl.runtime.hf_model import check_dtype, check_model_path
 from earl.runtime.metrics import RunRecorder, plot_run
 from earl.runtime.step import StepContext, run_step
 from earl.runtime.worker import MemoryBudgetExceeded, Worker, sampling_params
-from earl.specs import MODEL_CATALOG, ModelSpec, ParallelPlan, Stage, StagePlan, WorkloadStats, unknown_name_error
+from earl.specs import MODEL_CATALOG, ModelSpec, ParallelPlan, Stage, StagePlan, WorkloadStats
 from earl.trace import atomic_write_text
 
 LAUNCH_CONFIG = "launch-config.json"  # the resolved config a multi-process run's ranks read
@@ -133,9 +134,9 @@ def model_spec(path: str) -> ModelSpec:
 def check_config(cfg: RunConfig, world: int | None = None) -> None:
     """Every user error the ranks would hit, as one ValueError, before any process starts."""
     world = cfg.nproc if world is None else world
-    if cfg.env.name not in ENVS:
-        raise unknown_name_error("env", cfg.env.name, ENVS)
     make_env(cfg.env.name, **env_options(cfg.env.name, cfg.env))  # checks the env options
+    if cfg.wandb and importlib.util.find_spec("wandb") is None:
+        raise ValueError("wandb = true needs the wandb package: pip install wandb (or set wandb=false)")
     check_model_path(cfg.model.path)
     check_dtype(cfg.model.dtype)
     sampling_params(cfg)
@@ -315,7 +316,8 @@ def _train(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume
              f"hardware profile {hw} ({how}) -> {out}")
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "config.json", json.dumps(to_dict(cfg), indent=2))
-        rec = RunRecorder(out, resume_step=start if ckpt is not None else None)
+        rec = RunRecorder(out, resume_step=start if ckpt is not None else None,
+                          wandb_config=to_dict(cfg) if cfg.wandb else None)
     t_offset = max((s.t_end for s in rec.spans), default=0.0) if rec is not None else 0.0
     worker.origin = time.perf_counter() - t_offset
     bar = _Progress(cfg.steps, start, enabled=progress and rank == 0)
@@ -337,6 +339,8 @@ def _train(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume
             if rec is not None:
                 rec.spans.extend(row.pop("_spans"))
                 rec.log_step(row, episodes, decisions)
+                if cfg.transcript_every and (step % cfg.transcript_every == 0 or step == last):
+                    rec.log_transcripts(step, worker.played, cfg.transcript_episodes)
             due = cfg.checkpoint_every and step % cfg.checkpoint_every == 0 or step == last
             if rec is not None:
                 rec.flush(with_trace=due)

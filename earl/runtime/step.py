@@ -35,14 +35,14 @@ from earl.policies.types import Layout, Sample
 from earl.runtime.advantages import AdvantageSpec, Store
 from earl.runtime.control import ControlBytes, all_gather_objects, gather_objects, reduce_scalars
 from earl.runtime.dispatch import HANDOFF_TENSORS, execute_dispatch
-from earl.runtime.envs import env_options, make_env
+from earl.runtime.envs import OUTCOMES, env_options, make_env
 from earl.runtime.optim import train_step
 from earl.runtime.rollout import Trajectory, rollout
 from earl.runtime.trainer import ExperienceBatch, batch_logprobs
 from earl.runtime.worker import MemoryBudgetExceeded, Worker, runnable
 from earl.specs import ParallelPlan, Stage, WorkloadStats
 
-OUTCOME_RATES = ("win", "draw", "loss", "invalid", "correct", "wrong", "truncated")
+OUTCOME_RATES = OUTCOMES
 
 
 def mix_seed(*parts: int) -> int:
@@ -168,6 +168,7 @@ def play(w: Worker, step: int) -> tuple[list[Trajectory], dict]:
                     group_ids=groups, episode_ids=mine, params=w.params,
                     sample_seeds=[mix_seed(cfg.seed, step, 1_000_001, e) for e in mine],
                     max_context=cfg.sampling.max_context, engine_batch=cfg.engine_batch)
+    w.played = trajs  # rank 0 writes transcripts of the episodes it played itself
     es = w.engine.stats
     counts = {"prefill_tokens": es.prefill_tokens - es0.prefill_tokens,
               "decode_tokens": es.decode_tokens - es0.decode_tokens,

@@ -100,3 +100,57 @@ def load_tokenizer(directory: str | Path, vocab_size: int) -> Tokenizer:
         raise ValueError(f"tokenizer in {d} has {tok.vocab_size} ids but the model only "
                          f"{vocab_size} embedding rows")
     return tok
+
+
+class Conversation:
+    """One episode's messages and the exact token ids fed to and produced by the model.
+
+    With a tokenizer that has a chat template (an HF folder's `chat_template`), the first
+    observation is rendered with `apply_chat_template` (the env's `context` messages and `tools`
+    JSON schemas included) and each later observation is appended as a message: its ids are
+    the template's rendering of the conversation minus the text already fed, so generated ids
+    are kept as sampled and nothing is re-tokenized. `drift` counts turns where the template
+    did not extend the fed text (e.g. templates that rewrite earlier turns); those turns
+    append the new messages' own rendering. Without a template (the built-in character
+    tokenizer) observations are plain text, the first one after BOS."""
+
+    def __init__(self, tok: Tokenizer, *, tools: list[dict] | None = None, context: list[dict] | None = None):
+        self.tok = tok
+        self.tools = tools or None
+        self.messages: list[dict] = [dict(m) for m in context or ()]
+        self.ids: list[int] = []
+        self.drift = 0
+        self.chat = bool(getattr(getattr(tok, "tok", None), "chat_template", None))
+
+    def _render(self, messages: list[dict], generation_prompt: bool) -> str:
+        return self.tok.tok.apply_chat_template(messages, tools=self.tools, tokenize=False,
+                                                add_generation_prompt=generation_prompt)
+
+    def observe(self, text: str, role: str = "user") -> list[int]:
+        """The ids of a new observation (the first one is the prompt), appended to the episode."""
+        first = not self.ids
+        if not self.chat:
+            ids = ([self.tok.bos_id] if first and self.tok.bos_id is not None else []) + self.tok.encode(text)
+        else:
+            full = self._render([*self.messages, {"role": role, "content": text}], True)
+            fed = self.tok.tok.decode(self.ids, skip_special_tokens=False)
+            if full.startswith(fed):
+                delta = full[len(fed):]
+            else:
+                self.drift += 1
+                prev = self._render(self.messages, False)
+                delta = full[len(prev):] if full.startswith(prev) else full
+            ids = self.tok.encode(delta)
+        self.messages.append({"role": role, "content": text})
+        self.ids.extend(ids)
+        return ids
+
+    def reply(self, ids: list[int], text: str) -> None:
+        """Record what the model generated (`text`: its decoding without special tokens). With a
+        template the message keeps any special tokens sampled mid-reply (all but a final EOS,
+        which the template writes itself), so re-rendering gives back the same ids."""
+        if self.chat:
+            body = ids[:-1] if ids and ids[-1] == self.tok.eos_id else ids
+            text = self.tok.tok.decode(body, skip_special_tokens=False)
+        self.messages.append({"role": "assistant", "content": text})
+        self.ids.extend(ids)

@@ -28,7 +28,7 @@ from earl.policies.reshard import plan_reshard
 from earl.runtime.config import RunConfig
 from earl.runtime.dist import comm_device, print0
 from earl.runtime.engine import SamplingParams, TorchEngine, make_engine
-from earl.runtime.envs import ENVS
+from earl.runtime.envs import env_options, make_env
 from earl.runtime.hf_model import empty_like_policy, load_policy
 from earl.runtime.optim import STATES, ShardedAdamW
 from earl.runtime.reshard import allocate_local, execute_reshard
@@ -46,7 +46,7 @@ class MemoryBudgetExceeded(RuntimeError):
 
 def sampling_params(cfg: RunConfig) -> SamplingParams:
     """The run's sampling settings; empty fields take the environment's defaults."""
-    env_cls = ENVS[cfg.env.name]
+    env_cls = make_env(cfg.env.name, **env_options(cfg.env.name, cfg.env))  # its defaults
     s = cfg.sampling
     return SamplingParams(temperature=s.temperature, top_p=s.top_p,
                           max_new_tokens=s.max_new_tokens or env_cls.max_new_tokens,
@@ -91,6 +91,7 @@ class Worker:
         self.plans = plans
         self.events: list[dict] = []  # plan switches / re-plans of the current step
         self.spans: list[Span] = []
+        self.played: list = []  # the trajectories this rank played in the last rollout
         self.origin = time.perf_counter()
         self.engine = None  # built with the rollout model; an external engine (vLLM) only once
         full = policy.model

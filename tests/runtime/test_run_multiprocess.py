@@ -70,6 +70,10 @@ def test_one_and_two_processes_run_the_same_step(tmp_path):
         stages = [d["stage"] for d in decisions_of(out) if "predicted" in d]
         assert stages == ["rollout", "experience", "train"] * 3
     assert (one / "metrics.csv").read_text().splitlines()[0] == (two / "metrics.csv").read_text().splitlines()[0]
+    # transcripts: rank 0 writes episodes it played itself (rollout tp1-dp2: the even ids)
+    tr = {out: [json.loads(x) for x in (out / "episodes.jsonl").read_text().splitlines()] for out in (one, two)}
+    assert tr[one] and tr[two] and {t["step"] for t in tr[one] + tr[two]} == {3}
+    assert all(t["episode"] % 2 == 0 for t in tr[two])
 
 
 @pytest.mark.slow

@@ -125,12 +125,15 @@ def counter_uniform(seeds_A: torch.Tensor, positions_A: torch.Tensor, width: int
 
 
 def sample_tokens(logits_AV: torch.Tensor, params: SamplingParams, seeds_A: torch.Tensor | None = None,
-                  positions_A: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  positions_A: torch.Tensor | None = None,
+                  vocab_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; return (token ids, their log-probs).
 
     Gumbel-max over the (top-p truncated) distribution with counter-based noise
-    (`counter_uniform`): row i draws from its own stream `seeds_A[i]` at `positions_A[i]`."""
-    logits = logits_AV.float()
+    (`counter_uniform`): row i draws from its own stream `seeds_A[i]` at `positions_A[i]`.
+    `vocab_size` (the tokenizer's size) keeps ids the tokenizer cannot decode, such as a
+    checkpoint's padded embedding rows, from ever being drawn."""
+    logits = logits_AV[..., :vocab_size].float()
     logp_all = torch.log_softmax(logits / params.logprob_temperature, dim=-1)
     if params.temperature == 0:
         tokens = logits.argmax(dim=-1)

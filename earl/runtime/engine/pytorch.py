@@ -123,7 +123,8 @@ class TorchEpisodeBatch:
         while True:
             rows = [self.rows[i] for i in active]
             toks, lps = sample_tokens(next_logits, params, torch.tensor([self.seeds[r] for r in rows]),
-                                      torch.tensor([len(self.history[r]) for r in rows]))
+                                      torch.tensor([len(self.history[r]) for r in rows]),
+                                      vocab_size=eng.tokenizer.vocab_size)
             toks_l, lps_l = toks.tolist(), lps.tolist()
             still = []
             for j, i in enumerate(active):

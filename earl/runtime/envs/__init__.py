@@ -1,4 +1,8 @@
-"""Built-in environments and their registry.
+"""Environments and their registry.
+
+Built-in games and the calculator need nothing beyond earl; `openspiel:GAME` plays any
+two-player OpenSpiel game (pip install open_spiel) and `jsonl:PATH` trains on a prompt dataset
+scored by a reward function (`env.reward = "FILE.py:FUNC"`). A name with a colon is KIND:ARG.
 
     python -c "from earl.runtime.envs import ENVS; print(sorted(ENVS))"
 """
@@ -8,28 +12,47 @@ from __future__ import annotations
 from earl.runtime.envs.base import OUTCOMES, BoardGameEnv, Env, StepResult
 from earl.runtime.envs.calculator import Calculator
 from earl.runtime.envs.connect_four import ConnectFour
+from earl.runtime.envs.dataset import PromptDataset
+from earl.runtime.envs.openspiel import OpenSpielEnv
 from earl.runtime.envs.tictactoe import TicTacToe
 from earl.specs import unknown_name_error
 
-ENVS = {"tic-tac-toe": TicTacToe, "connect-four": ConnectFour, "calculator": Calculator}
+ENVS = {"tic-tac-toe": TicTacToe, "connect-four": ConnectFour, "calculator": Calculator,
+        "openspiel": OpenSpielEnv, "jsonl": PromptDataset}
+ARG_ENVS = ("openspiel", "jsonl")  # kinds named KIND:ARG; ARG is the constructor's first argument
 GAME_OPTIONS = ("opponent", "agent_starts", "invalid_action", "invalid_reward", "max_retries",
                 "valid_move_reward")
 TOOL_OPTIONS = ("max_turns", "tool_timeout_s")
+OPTIONS = {"tic-tac-toe": GAME_OPTIONS, "connect-four": GAME_OPTIONS, "openspiel": GAME_OPTIONS,
+           "calculator": TOOL_OPTIONS, "jsonl": ("reward", "tools", *TOOL_OPTIONS)}
+
+
+def split_env_name(name: str) -> tuple[str, str | None]:
+    """'openspiel:connect_four' -> ('openspiel', 'connect_four'); 'tic-tac-toe' -> (name, None).
+    Unknown kinds, and a missing or unexpected argument, are one-line errors."""
+    kind, sep, arg = name.partition(":")
+    if kind not in ENVS:
+        raise unknown_name_error("env", name, [*(k for k in ENVS if k not in ARG_ENVS),
+                                                *(f"{k}:NAME" for k in ARG_ENVS)])
+    if kind in ARG_ENVS and not arg:
+        example = {"openspiel": "openspiel:tic_tac_toe", "jsonl": "jsonl:prompts.jsonl"}[kind]
+        raise ValueError(f"env {name!r} needs an argument: {kind}:NAME (e.g. {example})")
+    if kind not in ARG_ENVS and sep:
+        raise ValueError(f"env {kind!r} takes no argument, got {name!r}")
+    return kind, (arg if kind in ARG_ENVS else None)
 
 
 def make_env(name: str, **options) -> Env:
     """A fresh environment; `options` are the constructor keywords (unknown ones are an error)."""
-    if name not in ENVS:
-        raise unknown_name_error("env", name, ENVS)
-    return ENVS[name](**options)
+    kind, arg = split_env_name(name)
+    return ENVS[kind](arg, **options) if arg is not None else ENVS[kind](**options)
 
 
 def env_options(name: str, cfg) -> dict:
     """The fields of an EnvConfig that the env `name` takes."""
-    if name not in ENVS:
-        raise unknown_name_error("env", name, ENVS)
-    keys = TOOL_OPTIONS if name == "calculator" else GAME_OPTIONS
-    return {k: getattr(cfg, k) for k in keys}
+    kind, _ = split_env_name(name)
+    return {k: getattr(cfg, k) for k in OPTIONS[kind]}
 
 
-__all__ = ["ENVS", "OUTCOMES", "BoardGameEnv", "Env", "StepResult", "make_env", "env_options"]
+__all__ = ["ENVS", "OUTCOMES", "BoardGameEnv", "Env", "StepResult", "make_env", "env_options",
+           "split_env_name"]

@@ -14,7 +14,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Protocol
 
-OUTCOMES = ("win", "draw", "loss", "invalid", "correct", "wrong", "truncated")
+OUTCOMES = ("win", "draw", "loss", "invalid", "correct", "wrong", "truncated", "reward_error")
 OPPONENTS = ("random", "lookahead")
 AGENT_STARTS = ("always", "never", "alternate")
 INVALID_MODES = ("end", "retry")
@@ -28,6 +28,7 @@ class StepResult:
     invalid: bool = False  # the action was unparseable or illegal
     outcome: str = ""  # one of OUTCOMES once done
     info: dict = field(default_factory=dict)
+    role: str = "user"  # the observation's chat role: "user", or "tool" for tool results
 
 
 class Env(Protocol):
@@ -35,6 +36,8 @@ class Env(Protocol):
 
     max_new_tokens: int  # default generation budget per turn, tokens
     stop: tuple[str, ...]  # default stop strings
+    # optional: `tool_schemas` (JSON schemas handed to the chat template) and `context` (messages
+    # before the first observation, e.g. a system prompt), read after `reset`
 
     def reset(self, seed: int) -> str: ...
 
@@ -59,11 +62,12 @@ class BoardGameEnv:
     max_new_tokens = 1
     stop: tuple[str, ...] = ("\n",)
     title = "game"
+    opponents = OPPONENTS  # the scripted opponents this game offers
 
     def __init__(self, *, opponent: str = "random", agent_starts: str = "always",
                  invalid_action: str = "end", invalid_reward: float = -1.0, max_retries: int = 2,
                  valid_move_reward: float = 0.0):
-        self.opponent = check_choice("opponent", opponent, OPPONENTS)
+        self.opponent = check_choice("opponent", opponent, self.opponents)
         self.agent_starts = check_choice("agent_starts", agent_starts, AGENT_STARTS)
         self.invalid_action = check_choice("invalid_action", invalid_action, INVALID_MODES)
         if max_retries < 0:

@@ -4,6 +4,11 @@
     -> "calc(37*12+5)"   tool call; observation "= 449"
     -> "ans 449"         final answer: reward 1 if right, 0 if wrong
 
+Chat models call the registry's calculator tool in the standard format instead (its schema is
+handed to the chat template; the result comes back as a `tool` message):
+
+    -> <tool_call>{"name": "calculator", "arguments": {"expression": "37*12+5"}}</tool_call>
+
 Generated text is parsed by a small recursive-descent parser (numbers, + - * /, parentheses);
 it is never evaluated as Python. Tool exceptions and timeouts become error observations.
 
@@ -16,94 +21,14 @@ import random
 import re
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 
 from earl.runtime.envs.base import StepResult
+from earl.runtime.envs.tools import TOOLS, ToolError, calculate, parse_tool_calls, run_tool, run_tool_calls
 
-MAX_EXPR_CHARS = 64
-MAX_DEPTH = 16
-MAX_ABS = 1e12
-_EXECUTOR = ThreadPoolExecutor(max_workers=4, thread_name_prefix="earl-tool")
+__all__ = ["Calculator", "ToolError", "calculate"]
+
 _CALL = re.compile(r"^\s*([a-z_]+)\((.*)\)\s*$")
 _ANSWER = re.compile(r"^\s*ans\s+(-?\d+(?:\.\d+)?)\s*$")
-
-
-class ToolError(Exception):
-    """A tool's own complaint about its input (becomes an error observation)."""
-
-
-def calculate(expr: str) -> str:
-    """Evaluate + - * / and parentheses over decimal numbers; raise ToolError on bad input."""
-    if len(expr) > MAX_EXPR_CHARS:
-        raise ToolError(f"expression longer than {MAX_EXPR_CHARS} characters")
-    tokens = re.findall(r"\d+(?:\.\d+)?|[-+*/()]|\S", expr)
-    pos = 0
-
-    def peek() -> str | None:
-        return tokens[pos] if pos < len(tokens) else None
-
-    def take() -> str:
-        nonlocal pos
-        pos += 1
-        return tokens[pos - 1]
-
-    def expression(depth: int) -> float:
-        value = term(depth)
-        while peek() in ("+", "-"):
-            value = value + term(depth) if take() == "+" else value - term(depth)
-        return value
-
-    def term(depth: int) -> float:
-        value = factor(depth)
-        while peek() in ("*", "/"):
-            op, rhs = take(), factor(depth)
-            if op == "/" and rhs == 0:
-                raise ToolError("division by zero")
-            value = value * rhs if op == "*" else value / rhs
-            if abs(value) > MAX_ABS:
-                raise ToolError("overflow")
-        return value
-
-    def factor(depth: int) -> float:
-        if depth > MAX_DEPTH:
-            raise ToolError("nested too deeply")
-        tok = peek()
-        if tok is None:
-            raise ToolError("unexpected end of expression")
-        take()
-        if tok == "-":
-            return -factor(depth + 1)
-        if tok == "(":
-            value = expression(depth + 1)
-            if peek() != ")":
-                raise ToolError("missing ')'")
-            take()
-            return value
-        if re.fullmatch(r"\d+(?:\.\d+)?", tok) and len(tok) <= 12:
-            return float(tok)
-        raise ToolError(f"unexpected {tok!r}")
-
-    value = expression(0)
-    if peek() is not None:
-        raise ToolError(f"unexpected {peek()!r}")
-    return format_number(value)
-
-
-def format_number(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else f"{x:.6f}".rstrip("0")
-
-
-def run_tool(fn: Callable[[str], str], arg: str, timeout_s: float) -> tuple[str, bool]:
-    """Call a tool on a worker thread; (result text, ok). Errors and timeouts are results too.
-    A timed-out call keeps its worker thread until it returns (threads cannot be killed)."""
-    future = _EXECUTOR.submit(fn, arg)
-    try:
-        return future.result(timeout=timeout_s), True
-    except FutureTimeout:
-        return f"error: tool timed out after {timeout_s:g}s", False
-    except Exception as e:  # noqa: BLE001 - any tool failure becomes an observation
-        return f"error: {e}"[:80], False
 
 
 class Calculator:
@@ -122,6 +47,8 @@ class Calculator:
         self.answer = ""
         self.turn = 0
         self.tool_calls = 0
+        self.registry = {"calculator": TOOLS["calculator"]}
+        self.tool_schemas = [t.schema() for t in self.registry.values()]
 
     def reset(self, seed: int) -> str:
         rng = random.Random(seed)
@@ -142,10 +69,18 @@ class Calculator:
             return StepResult(observation="correct\n" if right else "wrong\n", done=True,
                               reward=1.0 if right else 0.0, outcome="correct" if right else "wrong",
                               info={"tool_calls": self.tool_calls})
+        if calls := parse_tool_calls(action):
+            self.tool_calls += len(calls)
+            t0 = time.perf_counter()
+            results = run_tool_calls(calls, self.registry, self.tool_timeout_s)
+            info = {"tool_calls": self.tool_calls, "tool_s": time.perf_counter() - t0}
+            return StepResult(observation="\n".join(results), reward=0.0, done=last, role="tool",
+                              invalid=any(r.startswith("error:") for r in results),
+                              outcome="truncated" if last else "", info=info)
         if (m := _CALL.match(line)) and m.group(1) in self.tools:
             self.tool_calls += 1
             t0 = time.perf_counter()
-            text, ok = run_tool(self.tools[m.group(1)], m.group(2), self.tool_timeout_s)
+            text, ok = run_tool(self.tools[m.group(1)], (m.group(2),), timeout_s=self.tool_timeout_s)
             info = {"tool_calls": self.tool_calls, "tool_s": time.perf_counter() - t0}
             obs = f"= {text}\n" if ok else f"{text}\n"
             if last:
