@@ -56,10 +56,13 @@ class Scenario:
     max_num_seqs: int = 256  # rollout engine: most sequences decoding at once per replica
     logprob_passes: int = 2  # experience: forward passes (reference + old policy log-probs)
     fine: bool = False  # one event per decode iteration (slow; for checking the fast mode)
+    exact: bool = False  # simulate every rollout replica and every transfer (`--exact`)
+    exact_up_to: int = 1024  # episodes per step up to which every replica is simulated anyway;
+    #                          above it, replica classes (earl/sim/replicas.py)
     oom_restart_s: float = 0.0  # s charged to a step with an OOM event (job restart from checkpoint)
 
     def __post_init__(self):
-        for n in ("steps", "nodes", "max_num_seqs", "logprob_passes"):
+        for n in ("steps", "nodes", "max_num_seqs", "logprob_passes", "exact_up_to"):
             v = getattr(self, n)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{_KEY_OF[n]} must be an integer >= 1, got {v!r}")
@@ -85,14 +88,19 @@ class Scenario:
         return ClusterSpec(hardware=hw, nodes=self.nodes, gpus_per_node=self.gpus_per_node,
                            network=NetworkSpec.from_name(self.network))
 
+    def workload_spec(self) -> WorkloadSpec:
+        """The workload on this cluster (`workload.episodes_per_gpu` resolved)."""
+        return self.workload.for_cluster(self.cluster_spec().num_gpus)
+
     def stage_plan(self) -> StagePlan:
-        """The initial plans, resolved against the cluster's GPU count and checked on the model."""
+        """The initial plans, resolved against the cluster's GPU count and checked on the model.
+        A plan without a dp factor (`tp8`, `tp4-pp2`) fills the stage's GPUs with data parallelism."""
         model, gpus = self.model_spec(), self.cluster_spec().num_gpus
         plans = {}
         for stage, text in (("rollout", self.rollout_plan), ("experience", self.experience_plan),
                             ("train", self.train_plan)):
             try:
-                plans[stage] = ParallelPlan.parse(text).validate(model, world=gpus)
+                plans[stage] = parse_stage_plan(text).validate(model, world=gpus)
             except ValueError as e:
                 raise ValueError(f"plan.{stage} = {text!r} does not match the cluster "
                                  f"({self.nodes} x {self.cluster_spec().gpus_per_node} = {gpus} "
@@ -139,6 +147,16 @@ class Scenario:
         return out
 
 
+def parse_stage_plan(text: str) -> ParallelPlan:
+    """`ParallelPlan.parse`, where a plan that names no dp degree (and no other -1) takes all
+    the stage's GPUs: `tp8` on 16,384 GPUs is tp8-dp2048."""
+    plan = ParallelPlan.parse(text)
+    named = {p[:2] for p in text.lower().split("-")}
+    if "dp" not in named and -1 not in (plan.tp, plan.pp, plan.cp):
+        plan = dataclasses.replace(plan, dp=-1)
+    return plan
+
+
 # dotted key -> (Scenario attribute or WorkloadSpec field, type)
 KEYS: dict[str, tuple[str, type]] = {
     "scenario.name": ("name", str), "scenario.seed": ("seed", int),
@@ -152,6 +170,7 @@ KEYS: dict[str, tuple[str, type]] = {
     "policy.selector": ("selector", str), "policy.dispatcher": ("dispatcher", str),
     "policy.compare": ("compare", tuple),
     "engine.max_num_seqs": ("max_num_seqs", int), "engine.fine": ("fine", bool),
+    "engine.exact": ("exact", bool), "engine.exact_up_to": ("exact_up_to", int),
     "experience.logprob_passes": ("logprob_passes", int),
     "failure.oom_restart_s": ("oom_restart_s", float),
     "workload.preset": ("preset", str),
@@ -252,6 +271,9 @@ def build_scenario(flat: dict, where: str = "scenario") -> Scenario:
         attr, kind = KEYS[key]
         v = _convert(key, value, kind, where)
         (work_kw if key.startswith("workload.") else scen_kw)[attr] = v
+    if work_kw.get("episodes_per_gpu") and "episodes_per_step" in work_kw:
+        raise ValueError(f"workload.episodes_per_step and workload.episodes_per_gpu both set in "
+                         f"{where}: give one (episodes_per_gpu scales the batch with the cluster)")
     base = preset(work_kw.pop("preset")) if "preset" in work_kw else WorkloadSpec()
     try:
         workload = dataclasses.replace(base, **work_kw)
@@ -268,6 +290,11 @@ def load_scenario(name_or_path: str | Path | None = None, sets: dict | None = No
         if key not in KEYS:
             raise unknown_key_error(key, "--set")
     merged = {**flat, **(sets or {})}
+    # the batch is either per step or per GPU: the one given on the command line wins
+    for given, other in (("workload.episodes_per_step", "workload.episodes_per_gpu"),
+                         ("workload.episodes_per_gpu", "workload.episodes_per_step")):
+        if given in (sets or {}) and other not in (sets or {}) and other in flat:
+            del merged[other]
     if "workload.preset" in (sets or {}) and "workload.preset" in flat:
         # a new preset replaces the file's workload wholesale, keeping only explicit --set keys
         merged = {k: v for k, v in merged.items()
@@ -276,4 +303,4 @@ def load_scenario(name_or_path: str | Path | None = None, sets: dict | None = No
 
 
 __all__ = ["Scenario", "KEYS", "PRESETS", "load_scenario", "build_scenario", "builtin_scenarios",
-           "read_scenario_file"]
+           "read_scenario_file", "parse_stage_plan"]
