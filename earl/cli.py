@@ -235,10 +235,17 @@ def simulate(
     out: Optional[str] = typer.Option(None, "--out", help="output folder (default runs/sim-<time>)"),
     compare: bool = typer.Option(False, "--compare", help="run every policy of policy.compare"),
     fine: bool = typer.Option(False, "--fine", help="one event per decode iteration (slow)"),
+    exact: bool = typer.Option(False, "--exact", help="simulate every rollout replica and transfer "
+                               "(no replica classes; slow at thousands of GPUs)"),
+    jobs: Optional[str] = typer.Option(None, "--jobs", help="processes for --compare's policies: "
+                                       "N, 'ray', default the core count"),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="write PNG plots"),
 ) -> None:
     """Discrete-event simulation of agentic RL training on a GPU cluster."""
     import datetime
+    import time
+
+    started = time.perf_counter()
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -246,14 +253,21 @@ def simulate(
     from earl.sim.run import check_out_dir, write_outputs
     from earl.sim.run import simulate as run_simulation
     from earl.sim.scenario import load_scenario
+    from earl.sim.sweep import parse_jobs, require_ray
 
     sets = parse_sets(set_)
     if steps is not None:
         sets["scenario.steps"] = str(steps)
     if fine:
         sets["engine.fine"] = "true"
+    if exact:
+        sets["engine.exact"] = "true"
+    n_jobs = parse_jobs(jobs)
+    if n_jobs == "ray":
+        require_ray()
     sc = load_scenario(scenario, sets)
     pairs = sc.policies(compare)
+    n_jobs = 1 if len(pairs) == 1 else n_jobs
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = check_out_dir(out or f"runs/sim-{stamp}")
     console.print(f"[bold]{sc.name}[/]: {sc.model} on {sc.cluster_spec().num_gpus} x {sc.hardware} "
@@ -266,7 +280,11 @@ def simulate(
         def progress(label: str, step: int) -> None:
             bar.update(task, advance=1, description=f"{label} step {step + 1}/{sc.steps}")
 
-        results = run_simulation(sc, compare=compare, progress=progress)
+        def done(res) -> None:
+            if n_jobs != 1:
+                bar.update(task, advance=sc.steps, description=f"{res.label} done")
+
+        results = run_simulation(sc, compare=compare, progress=progress, jobs=n_jobs, done=done)
     table = Table(title=f"{sc.name}: {sc.steps} steps, same seeded workload")
     for col in ("policy", "tokens/s/GPU", "step time s", "OOM events", "truncated", "dispatch s",
                 "re-shard s", "sync s", "final plans (rollout | experience | train)"):
@@ -283,8 +301,10 @@ def simulate(
     path = write_outputs(sc, results, out_dir, plots=plots)
     events = sum(r.events for r in results)
     wall = sum(r.wall_s for r in results)
+    how = f" over {n_jobs} {'processes' if n_jobs != 'ray' else 'Ray tasks'}" if n_jobs != 1 else ""
     console.print(f"wrote {path}/ (metrics.csv, summary.json, decisions.jsonl, trace.json"
-                  f"{', plots' if plots else ''}); {events:,} events in {wall:.1f} s")
+                  f"{', plots' if plots else ''}); {events:,} events in {wall:.1f} s of simulation"
+                  f"{how}, {time.perf_counter() - started:.1f} s wall")
 # </simulate>
 
 # ============================================================================================
@@ -525,6 +545,17 @@ def resolve_study(name: str, scripts: dict) -> list:
     raise ValueError(f"unknown study {name!r}; valid: {', '.join(scripts)} (or s<N>, <N>, all)")
 
 
+def _run_study(job: tuple) -> tuple[int, str]:
+    """Run one study script: (exit code, its output when `capture`, else "")."""
+    import subprocess
+
+    cmd, capture = job
+    if not capture:
+        return subprocess.run(cmd, check=False).returncode, ""
+    proc = subprocess.run(cmd, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc.returncode, proc.stdout
+
+
 @app.command("study")
 @user_errors
 def study_cmd(
@@ -532,11 +563,18 @@ def study_cmd(
     out: Optional[str] = typer.Option(None, help="output folder (default: docs/figures of the checkout)"),
     quick: bool = typer.Option(False, help="few points, seconds instead of minutes"),
     list_: bool = typer.Option(False, "--list", help="list the studies and exit"),
+    jobs: Optional[str] = typer.Option(None, "--jobs", help="processes: several studies run side by "
+                                       "side, one study runs its variants in parallel; N, 'ray', "
+                                       "default the core count"),
 ):
     """Run an evaluation study: writes its CSV and PNG and prints its key table."""
     import ast
-    import subprocess
 
+    from earl.sim.sweep import parse_jobs, require_ray, run_jobs
+
+    n_jobs = parse_jobs(jobs)
+    if n_jobs == "ray":
+        require_ray()
     scripts = _study_scripts()
     if list_ or name is None:
         for stem, path in scripts.items():
@@ -545,12 +583,26 @@ def study_cmd(
             console.print(f"[bold]{stem}[/]  {summary[:100] + ('...' if len(summary) > 100 else '')}",
                           highlight=False)
         return
+    paths = resolve_study(name, scripts)
+    # several studies: they run side by side, each serially; one study: its variants in parallel
+    inner = n_jobs if len(paths) == 1 else 1
+    cmds = [[sys.executable, str(path)] + (["--out", out] if out else []) + (["--quick"] if quick else [])
+            + ["--jobs", str(inner)] for path in paths]
     failed = []
-    for path in resolve_study(name, scripts):
-        cmd = [sys.executable, str(path)] + (["--out", out] if out else []) + (["--quick"] if quick else [])
-        console.print(f"[dim]$ {' '.join(cmd)}[/]", highlight=False)
-        if subprocess.run(cmd, check=False).returncode != 0:
-            failed.append(path.stem)
+    if n_jobs == 1 or len(paths) == 1:
+        for path, cmd in zip(paths, cmds, strict=True):
+            console.print(f"[dim]$ {' '.join(cmd)}[/]", highlight=False)
+            if _run_study((cmd, False))[0] != 0:
+                failed.append(path.stem)
+    else:
+        def done(i: int, result: tuple) -> None:
+            console.print(f"[dim]$ {' '.join(cmds[i])}[/]", highlight=False)
+            sys.stdout.write(result[1])
+            sys.stdout.flush()
+            if result[0] != 0:
+                failed.append(paths[i].stem)
+
+        run_jobs(_run_study, [(cmd, True) for cmd in cmds], n_jobs, done=done)
     if failed:
         err_console.print(f"[bold red]failed:[/] {', '.join(failed)}")
         raise typer.Exit(code=1)

@@ -27,9 +27,9 @@ import numpy as np
 
 from .workload import Draw
 
-STRAGGLERS = 4  # replicas with the longest critical paths, simulated exactly
-LOADED = 2  # most loaded replicas (generated tokens), simulated exactly
-REPRESENTATIVES = 4  # evenly spaced replicas: the sample the scheduling counters scale from
+STRAGGLERS = 3  # replicas with the longest critical paths, simulated exactly
+LOADED = 1  # most loaded replica (generated tokens), simulated exactly
+REPRESENTATIVES = 2  # evenly spaced replicas: the sample the scheduling counters scale from
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +73,8 @@ def kv_drops(drawn: Draw, capacity_tokens: int) -> tuple[np.ndarray, np.ndarray]
     """What every engine decides from the episode alone: (dropped, generated tokens). A turn
     whose context with it exceeds the replica's KV capacity can never be admitted, so the
     episode is dropped there (an OOM event) after generating its earlier turns."""
+    if len(drawn.ids) == 0 or drawn.context.max() <= capacity_tokens:
+        return np.zeros(len(drawn.ids), bool), drawn.generated
     through = np.cumsum(drawn.obs + drawn.gen, axis=1)  # context after each turn
     live = np.arange(drawn.obs.shape[1])[None, :] < drawn.turns[:, None]
     fits = np.cumprod(~(live & (through > capacity_tokens)), axis=1).astype(bool)

@@ -148,11 +148,10 @@ class Scenario:
 
 
 def parse_stage_plan(text: str) -> ParallelPlan:
-    """`ParallelPlan.parse`, where a plan that names no dp degree (and no other -1) takes all
-    the stage's GPUs: `tp8` on 16,384 GPUs is tp8-dp2048."""
+    """`ParallelPlan.parse`, where a plan that names no dp degree takes all the stage's GPUs:
+    `tp8` on 16,384 GPUs is tp8-dp2048."""
     plan = ParallelPlan.parse(text)
-    named = {p[:2] for p in text.lower().split("-")}
-    if "dp" not in named and -1 not in (plan.tp, plan.pp, plan.cp):
+    if not any(p.startswith("dp") for p in text.lower().split("-")):
         plan = dataclasses.replace(plan, dp=-1)
     return plan
 
