@@ -39,6 +39,7 @@ from earl.policies.balance import assignment_of, balance_tokens, imbalance_ratio
 from earl.specs import ParallelPlan, Stage, WorkloadStats
 from earl.trace import Span
 
+from .async_rl import choose_split, run_async
 from .cluster import Cluster
 from .engine import DecodeClock, Replica, TurnSyncReplica
 from .replicas import ReplicaChoice, choose_replicas, deal, kv_drops, scaled
@@ -82,13 +83,21 @@ class Simulation:
         self.cm = cost_model
         self.cluster = Cluster(self.env, cost_model.cluster, cost_model)
         self.gpus = self.cluster.num_gpus
-        self.initial = scenario.stage_plan()
+        self.workload = Workload(scenario.workload_spec(), seed=scenario.seed)
+        self.split = None  # async with schedule.rollout_gpus = 0: the cost model's PoolSplit
+        if scenario.mode == "async" and not scenario.rollout_gpus:
+            self.split = choose_split(scenario, cost_model, self.workload)
+        pools = scenario.pool_gpus(self.split.rollout_gpus if self.split else None)
+        self.stage_gpus = {s: pools[s.value] for s in Stage}  # GPUs each stage runs on
+        self.initial = scenario.stage_plan(pools["rollout"])
         self.selector_name, self.dispatcher_name = selector, dispatcher
         self.label = f"{selector}/{dispatcher}"
-        self.selector = make_selector(selector, cost_model=cost_model, initial=self.initial,
-                                      stage_gpus=self.gpus, logprob_passes=scenario.logprob_passes)
+        # async: the rollout plan stays (engines stream); the selector plans the training pool
+        planned = self.initial if scenario.mode == "sync" else \
+            dataclasses.replace(self.initial, rollout=scenario.open_plans().rollout)
+        self.selector = make_selector(selector, cost_model=cost_model, initial=planned,
+                                      stage_gpus=pools["train"], logprob_passes=scenario.logprob_passes)
         self.dispatcher = make_dispatcher(dispatcher)
-        self.workload = Workload(scenario.workload_spec(), seed=scenario.seed)
         self.fine = scenario.fine if fine is None else fine
         self.log = log
         self.progress = progress
@@ -118,7 +127,7 @@ class Simulation:
         # rollout engine fills its KV cache by design, so rollout reports none
         stats = dataclasses.replace(stats, memory_headroom_frac=self._headroom.get(stage))
         dec = self.selector.select(stage, stats, self.plans[stage])
-        plan = dec.plan.resolve(self.gpus)
+        plan = dec.plan.resolve(self.stage_gpus[stage])
         now = self.env.now
         self.decisions.append({"policy": self.label, "step": step, "stage": stage.value,
                                "plan": plan.describe(), "switched": dec.switched, "reason": dec.reason})
@@ -193,18 +202,22 @@ class Simulation:
 
     # ---- the iteration ----------------------------------------------------------------------
     def run(self) -> Simulation:
-        self.env.process(self._loop())
+        self.env.process(run_async(self) if self.sc.mode == "async" else self._loop())
         self.env.run()
         return self
 
     def _loop(self):
         for step in range(self.sc.steps):
             yield from self._step(step)
-            if self.progress is not None:
-                self.progress(self, step)
+            self.step_done(step)
+
+    def step_done(self, step: int) -> None:
+        if self.progress is not None:
+            self.progress(self, step)
 
     def _step(self, step: int):
-        env, cm, sc = self.env, self.cm, self.sc
+        """One synchronous step: every stage in turn on the whole cluster."""
+        env = self.env
         t_step = env.now
         self._placements = {}
         drawn = self.workload.draw(step)
@@ -212,72 +225,80 @@ class Simulation:
         n = len(drawn.ids)
         aggregated = self.aggregated(n)
         stats_before = self._stats or self._prompt_stats(drawn, step)
-        row: dict = {"policy": self.label, "selector": self.selector_name,
-                     "dispatcher": self.dispatcher_name, "step": step, "episodes": n,
-                     "truncated_episodes": int(drawn.truncated.sum())}
+        row: dict = {"episodes": n, "truncated_episodes": int(drawn.truncated.sum())}
 
         # 1. rollout plan, weight sync from the training layout
         ro = self._select(Stage.ROLLOUT, stats_before, step)
-        sync_s = yield from self._reshard("weight sync", "sync", self.train_layout, ro, step)
+        row["sync_s"] = yield from self._reshard("weight sync", "sync", self.train_layout, ro, step)
 
         # 2. rollout
         t0 = env.now
         rollout = yield from self._rollout(ro, drawn, aggregated, step)
-        rollout_s = env.now - t0
-        done = ~rollout["dropped"]
-        row.update({k: v for k, v in rollout.items() if k != "dropped"})
-        ro_mem = cm.memory("decode", ro, ro.dp, max(row["peak_kv_tokens"], 1))
+        row["rollout_s"] = env.now - t0
+        done = ~rollout.pop("dropped")
+        row.update(rollout)
+        ro_mem = self.cm.memory("decode", ro, ro.dp, max(row["peak_kv_tokens"], 1))
         row["headroom_rollout"] = ro_mem.headroom_frac
         self.cluster.hold_all("rollout", ro_mem.total)
 
-        # 3. experience preparation
-        ex_oom = tr_oom = 0
-        experience_s = dispatch_s = train_s = reshard_s = 0.0
-        ex = self.plans[Stage.EXPERIENCE]
-        tr = self.plans[Stage.TRAIN]
-        trained_tokens = trained_n = 0
-        if done.any():
-            ids, ctx = drawn.ids[done], drawn.context[done]
-            stats = stats_of(ctx, drawn.turns[done], drawn.generated[done], step=step,
-                             max_context=sc.workload.max_context)
-            ex = self._select(Stage.EXPERIENCE, stats, step)
-            reshard_s += yield from self._reshard("re-shard train->experience", "reshard",
-                                                  self.train_layout, ex, step)
-            keep = ctx <= self.max_fit_context("logprob", ex)
-            ex_oom = int((~keep).sum())
-            ids, ctx = ids[keep], ctx[keep]
-            if len(ids):
-                cost = self.stage_cost("logprob", ex, ids, ctx)
-                t0 = env.now
-                yield env.timeout(cost.time_s)
-                self.events += 1
-                experience_s = cost.time_s
-                self._group_spans("log-probs", "experience", ex, cost, t0, step, aggregated)
-                row["headroom_experience"] = self._headroom[Stage.EXPERIENCE] = cost.headroom_frac
-                self.cluster.hold_all("experience", cost.memory_bytes)
+        # 3.-4. experience preparation, dispatch, training
+        yield from self._learn(drawn.ids[done], drawn.context[done], drawn.turns[done],
+                               drawn.generated[done], step, row, aggregated)
+        yield from self._finish_row(row, ro, drawn.context, t_step, step)
 
-                # 4. training plan, optimizer re-shard, dispatch, optimizer step
-                tr = self._select(Stage.TRAIN, stats, step)
-                reshard_s += yield from self._reshard("re-shard optimizer", "reshard",
-                                                      self.train_layout, tr, step,
-                                                      include_optimizer=True)
-                self.train_layout = tr
-                fits = ctx <= self.max_fit_context("train", tr)
-                tr_oom = int((~fits).sum())
-                dispatch_s = yield from self._dispatch(ex, tr, ids, ctx, fits, step, aggregated)
-                if fits.any():
-                    cost = self.stage_cost("train", tr, ids[fits], ctx[fits])
-                    t0 = env.now
-                    yield env.timeout(cost.time_s)
-                    self.events += 1
-                    train_s = cost.time_s
-                    self._group_spans("train step", "train", tr, cost, t0, step, aggregated)
-                    row["headroom_train"] = self._headroom[Stage.TRAIN] = cost.headroom_frac
-                    self.cluster.hold_all("train", cost.memory_bytes)
-                    trained_tokens, trained_n = int(ctx[fits].sum()), int(fits.sum())
-            self._stats = stats
+    def _learn(self, ids: np.ndarray, ctx: np.ndarray, turns: np.ndarray, generated: np.ndarray,
+               step: int, row: dict, aggregated: bool):
+        """SimPy process: log-probs, dispatch and the optimizer step on the rolled-out episodes
+        (`ctx[i]` context tokens of episode `ids[i]`); fills the row's stage columns."""
+        sc = self.sc
+        row.update(experience_oom=0, train_oom=0, experience_s=0.0, dispatch_s=0.0, train_s=0.0,
+                   reshard_s=0.0, trained_tokens=0, trained_episodes=0,
+                   plan_experience=self.plans[Stage.EXPERIENCE].describe(),
+                   plan_train=self.plans[Stage.TRAIN].describe())
+        if not len(ids):
+            return
+        stats = stats_of(ctx, turns, generated, step=step, max_context=sc.workload.max_context)
+        ex = self._select(Stage.EXPERIENCE, stats, step)
+        row["plan_experience"] = ex.describe()
+        row["reshard_s"] += yield from self._reshard("re-shard train->experience", "reshard",
+                                                     self.train_layout, ex, step)
+        keep = ctx <= self.max_fit_context("logprob", ex)
+        row["experience_oom"] = int((~keep).sum())
+        ids, ctx = ids[keep], ctx[keep]
+        self._stats = stats
+        if not len(ids):
+            return
+        yield from self._run_stage(Stage.EXPERIENCE, ex, ids, ctx, step, row, aggregated)
 
-        oom_events = row["rollout_oom"] + ex_oom + tr_oom
+        tr = self._select(Stage.TRAIN, stats, step)
+        row["plan_train"] = tr.describe()
+        row["reshard_s"] += yield from self._reshard("re-shard optimizer", "reshard", self.train_layout,
+                                                     tr, step, include_optimizer=True)
+        self.train_layout = tr
+        fits = ctx <= self.max_fit_context("train", tr)
+        row["train_oom"] = int((~fits).sum())
+        row["dispatch_s"] = yield from self._dispatch(ex, tr, ids, ctx, fits, step, aggregated)
+        if fits.any():
+            yield from self._run_stage(Stage.TRAIN, tr, ids[fits], ctx[fits], step, row, aggregated)
+            row.update(trained_tokens=int(ctx[fits].sum()), trained_episodes=int(fits.sum()))
+
+    def _run_stage(self, stage: Stage, plan: ParallelPlan, ids: np.ndarray, ctx: np.ndarray, step: int,
+                   row: dict, aggregated: bool):
+        """SimPy process: log-probs (EXPERIENCE) or the optimizer step (TRAIN) on `plan`."""
+        kind, span = ("logprob", "log-probs") if stage is Stage.EXPERIENCE else ("train", "train step")
+        cost = self.stage_cost(kind, plan, ids, ctx)
+        t0 = self.env.now
+        yield self.env.timeout(cost.time_s)
+        self.events += 1
+        row[f"{stage.value}_s"] = cost.time_s
+        self._group_spans(span, stage.value, plan, cost, t0, step, aggregated)
+        row[f"headroom_{stage.value}"] = self._headroom[stage] = cost.headroom_frac
+        self.cluster.hold_all(stage.value, cost.memory_bytes)
+
+    def _finish_row(self, row: dict, ro: ParallelPlan, context: np.ndarray, t_step: float, step: int):
+        """SimPy process: an OOM restart if the step had OOM events, then the step's row."""
+        env, sc = self.env, self.sc
+        oom_events = row["rollout_oom"] + row["experience_oom"] + row["train_oom"]
         restart_s = 0.0
         if oom_events and sc.oom_restart_s > 0:
             # an OOM kills the job: it restarts from the last checkpoint before going on
@@ -286,20 +307,19 @@ class Simulation:
             restart_s = sc.oom_restart_s
             self._span("restart after OOM", "other", 0, t0, env.now, step, args={"oom_events": oom_events})
         step_s = env.now - t_step
-        ctx = drawn.context if n else np.zeros(1, np.int64)
+        ctx = context if len(context) else np.zeros(1, np.int64)
         heads = [row.get(k) for k in ("headroom_rollout", "headroom_experience", "headroom_train")]
         row.update(
-            step_time_s=step_s, rollout_s=rollout_s, experience_s=experience_s,
-            dispatch_s=dispatch_s, train_s=train_s, reshard_s=reshard_s, sync_s=sync_s,
-            experience_oom=ex_oom, train_oom=tr_oom, oom_events=oom_events, restart_s=restart_s,
-            trained_episodes=trained_n, trained_tokens=trained_tokens,
-            throughput_tokens_per_gpu_s=trained_tokens / step_s / self.gpus if step_s > 0 else 0.0,
+            policy=self.label, selector=self.selector_name, dispatcher=self.dispatcher_name, step=step,
+            step_time_s=step_s, oom_events=oom_events, restart_s=restart_s,
+            throughput_tokens_per_gpu_s=row["trained_tokens"] / step_s / self.gpus if step_s > 0 else 0.0,
             generated_tokens_per_gpu_s=row["generated_tokens"] / step_s / self.gpus if step_s else 0.0,
             context_mean=float(ctx.mean()), context_p95=float(np.percentile(ctx, 95)),
             context_max=int(ctx.max()),
             headroom_min=min(h for h in heads if h is not None),
-            plan_rollout=ro.describe(), plan_experience=ex.describe(), plan_train=tr.describe(),
-            sim_time_s=env.now)
+            plan_rollout=ro.describe(), sim_time_s=env.now, rollout_gpus=self.stage_gpus[Stage.ROLLOUT])
+        row.setdefault("staleness_mean", 0.0)
+        row.setdefault("staleness_max", 0)
         row.setdefault("headroom_experience", None)
         row.setdefault("headroom_train", None)
         self.rows.append(row)

@@ -36,6 +36,7 @@ METRIC_COLUMNS = (
     "recompute_tokens", "preemptions", "evictions", "context_mean", "context_p95", "context_max",
     "kv_capacity_tokens", "peak_kv_tokens", "headroom_rollout", "headroom_experience",
     "headroom_train", "headroom_min", "plan_rollout", "plan_experience", "plan_train", "sim_time_s",
+    "replicas_simulated", "rollout_gpus", "staleness_mean", "staleness_max",
 )
 
 
@@ -72,6 +73,9 @@ def summarize(res: PolicyResult) -> dict:
         "trained_tokens": trained,
         "generated_tokens": sum(r["generated_tokens"] for r in rows),
         "headroom_min": min((r["headroom_min"] for r in rows), default=None),
+        "staleness_mean": (sum(r["staleness_mean"] * r["trained_episodes"] for r in rows)
+                           / max(1, sum(r["trained_episodes"] for r in rows))),
+        "staleness_max": max((r["staleness_max"] for r in rows), default=0),
         "final_plans": {k: rows[-1][f"plan_{k}"] for k in ("rollout", "experience", "train")}
         if rows else {},
         "events": res.events, "wall_s": res.wall_s, "cpu_s": res.cpu_s,

@@ -29,6 +29,7 @@ from earl.specs import (
 from .workload import PRESETS, WorkloadSpec, preset
 
 SCENARIOS_DIR = Path(__file__).parent / "scenarios"
+SCHEDULE_MODES = ("sync", "async")
 DEFAULT_SCENARIO = "default"
 
 
@@ -60,6 +61,10 @@ class Scenario:
     exact_up_to: int = 1024  # episodes per step up to which every replica is simulated anyway;
     #                          above it, replica classes (earl/sim/replicas.py)
     oom_restart_s: float = 0.0  # s charged to a step with an OOM event (job restart from checkpoint)
+    mode: str = "sync"  # schedule: "sync" (stages in turn on all GPUs) | "async" (rollout pool + training pool)
+    max_staleness: int = 1  # async: policy versions a trained sample may lag the trained policy
+    partial_rollout: bool = False  # async: a weight update interrupts episodes (resumed on new weights)
+    rollout_gpus: int = 0  # async: GPUs of the rollout pool, whole nodes (0: the cost model splits)
 
     def __post_init__(self):
         for n in ("steps", "nodes", "max_num_seqs", "logprob_passes", "exact_up_to"):
@@ -71,6 +76,12 @@ class Scenario:
         if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 0:
             raise ValueError(f"cluster.gpus_per_node must be >= 1 (0: the hardware's own), got "
                              f"{self.gpus_per_node!r}")
+        if self.mode not in SCHEDULE_MODES:
+            raise ValueError(f"schedule.mode {self.mode!r}; valid: {', '.join(SCHEDULE_MODES)}")
+        for n in ("max_staleness", "rollout_gpus"):
+            v = getattr(self, n)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{_KEY_OF[n]} must be an integer >= 0, got {v!r}")
         for entry in self.compare:
             if entry.count("/") != 1:
                 raise ValueError(f"policy.compare entry {entry!r} must be 'selector/dispatcher', "
@@ -92,18 +103,40 @@ class Scenario:
         """The workload on this cluster (`workload.episodes_per_gpu` resolved)."""
         return self.workload.for_cluster(self.cluster_spec().num_gpus)
 
-    def stage_plan(self) -> StagePlan:
-        """The initial plans, resolved against the cluster's GPU count and checked on the model.
-        A plan without a dp factor (`tp8`, `tp4-pp2`) fills the stage's GPUs with data parallelism."""
-        model, gpus = self.model_spec(), self.cluster_spec().num_gpus
+    def open_plans(self) -> StagePlan:
+        """The plans as written; a stage without a dp degree has dp = -1 (fills its GPUs)."""
+        return StagePlan(rollout=parse_stage_plan(self.rollout_plan),
+                         experience=parse_stage_plan(self.experience_plan),
+                         train=parse_stage_plan(self.train_plan))
+
+    def pool_gpus(self, rollout_gpus: int | None = None) -> dict[str, int]:
+        """GPUs each stage runs on: all of them (sync), or the rollout pool (the first ranks) and
+        the training pool (async; `rollout_gpus` overrides schedule.rollout_gpus; 0 there: half,
+        for checking)."""
+        gpus = self.cluster_spec().num_gpus
+        if self.mode == "sync":
+            return {"rollout": gpus, "experience": gpus, "train": gpus}
+        ro = rollout_gpus or self.rollout_gpus or gpus // 2
+        if not 0 < ro < gpus:
+            raise ValueError(f"schedule.rollout_gpus = {ro}: the rollout pool must leave GPUs to "
+                             f"train (cluster: {gpus} GPUs; 0: the cost model splits)")
+        return {"rollout": ro, "experience": gpus - ro, "train": gpus - ro}
+
+    def stage_plan(self, rollout_gpus: int | None = None) -> StagePlan:
+        """The initial plans, resolved against their stage's GPUs (`pool_gpus`) and checked on
+        the model. A plan without a dp factor (`tp8`, `tp4-pp2`) fills the stage's GPUs with
+        data parallelism."""
+        model, pools = self.model_spec(), self.pool_gpus(rollout_gpus)
         plans = {}
         for stage, text in (("rollout", self.rollout_plan), ("experience", self.experience_plan),
                             ("train", self.train_plan)):
+            gpus = pools[stage]
             try:
                 plans[stage] = parse_stage_plan(text).validate(model, world=gpus)
             except ValueError as e:
-                raise ValueError(f"plan.{stage} = {text!r} does not match the cluster "
-                                 f"({self.nodes} x {self.cluster_spec().gpus_per_node} = {gpus} "
+                where = "the cluster" if self.mode == "sync" else f"its {self.mode} pool"
+                raise ValueError(f"plan.{stage} = {text!r} does not match {where} "
+                                 f"({gpus} of {self.nodes} x {self.cluster_spec().gpus_per_node} "
                                  f"GPUs, {model.name}): {e}") from None
         ro = plans["rollout"]
         if ro.pp != 1 or ro.cp != 1:
@@ -172,6 +205,8 @@ KEYS: dict[str, tuple[str, type]] = {
     "engine.exact": ("exact", bool), "engine.exact_up_to": ("exact_up_to", int),
     "experience.logprob_passes": ("logprob_passes", int),
     "failure.oom_restart_s": ("oom_restart_s", float),
+    "schedule.mode": ("mode", str), "schedule.max_staleness": ("max_staleness", int),
+    "schedule.partial_rollout": ("partial_rollout", bool), "schedule.rollout_gpus": ("rollout_gpus", int),
     "workload.preset": ("preset", str),
 }
 for _f in dataclasses.fields(WorkloadSpec):
