@@ -3,8 +3,9 @@
 In asynchronous RL (AReaL, verl's fully-async mode, slime) rollout engines generate on their
 own GPUs while the trainer trains on the others; the slower pool sets the pace. This chooser
 prices the given stage plans on every split (whole nodes) through the cost model's plan scorer
-(the one the cost-model selector uses) and keeps the split whose slower pool is fastest, among
-those whose plans fit in memory.
+(the one the cost-model selector uses) at one or several points of the workload and keeps the
+split whose slower pool is fastest in total, among those whose plans fit in memory at the most
+points.
 
     python -c "from earl.policies.pools import choose_pool_split; help(choose_pool_split)"
 """
@@ -12,6 +13,7 @@ those whose plans fit in memory.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from earl.cost_model import CostModel
@@ -26,21 +28,21 @@ class PoolSplit:
 
     rollout_gpus: int  # GPUs running the rollout engines
     train_gpus: int  # GPUs running log-probs and training
-    rollout_s: float  # predicted rollout time of one batch on the rollout pool, s
-    train_s: float  # predicted log-probs + training time of one batch on the training pool, s
+    rollout_s: float  # predicted rollout time of the batches priced on the rollout pool, s
+    train_s: float  # predicted log-probs + training time of those batches on the training pool, s
+    period_s: float  # predicted seconds once the pipeline runs: the slower pool's, summed, s
     table: tuple[dict, ...] = ()  # every split priced: rollout_gpus, rollout_s, train_s, period_s
 
-    @property
-    def period_s(self) -> float:
-        """Predicted seconds per step once the pipeline runs: the slower pool's time."""
-        return max(self.rollout_s, self.train_s)
 
-
-def choose_pool_split(cm: CostModel, plans: StagePlan, stats: WorkloadStats, gpus: int, *,
-                      granularity: int, logprob_passes: int = 2, margin: float = 0.10) -> PoolSplit:
+def choose_pool_split(cm: CostModel, plans: StagePlan, stats: WorkloadStats | Sequence[WorkloadStats],
+                      gpus: int, *, granularity: int, logprob_passes: int = 2,
+                      margin: float = 0.10) -> PoolSplit:
     """The split of `gpus` (in steps of `granularity` GPUs, e.g. a node) minimising the slower
-    pool's predicted time per batch of `stats.num_responses` episodes. `plans` may leave dp
-    open (-1): it fills each pool. Raises ValueError when no split fits."""
+    pool's predicted time per batch, summed over `stats` (one workload, or several points of a
+    run whose context grows: the split is fixed for the run). `plans` may leave dp open (-1): it
+    fills each pool. Splits whose plans fit in memory at more points come first; ValueError when
+    no split fits at any point."""
+    points = [stats] if isinstance(stats, WorkloadStats) else list(stats)
     if granularity < 1 or gpus < 2 * granularity:
         raise ValueError(f"cannot split {gpus} GPUs into two pools of whole {granularity}-GPU steps")
     rows, best = [], None
@@ -51,19 +53,28 @@ def choose_pool_split(cm: CostModel, plans: StagePlan, stats: WorkloadStats, gpu
             ex, tr = plans.experience.resolve(t), plans.train.resolve(t)
         except ValueError:
             continue
-        ctx = dict(ctx_tput=stats.context_mean, ctx_mem=stats.context_max, margin=margin)
-        s_ro = PlanScorer(cm, r, logprob_passes=logprob_passes).score(Stage.ROLLOUT, ro, stats, **ctx)
+        ro_scorer = PlanScorer(cm, r, logprob_passes=logprob_passes)
         train_scorer = PlanScorer(cm, t, logprob_passes=logprob_passes)
-        s_ex = train_scorer.score(Stage.EXPERIENCE, ex, stats, **ctx)
-        s_tr = train_scorer.score(Stage.TRAIN, tr, stats, **ctx)
-        rollout_s, train_s = s_ro.stage_time_s, s_ex.stage_time_s + s_tr.stage_time_s
-        period = max(rollout_s, train_s)
-        rows.append({"rollout_gpus": r, "rollout_s": rollout_s, "train_s": train_s, "period_s": period})
-        if math.isfinite(period) and (best is None or period < best.period_s):
-            best = PoolSplit(rollout_gpus=r, train_gpus=t, rollout_s=rollout_s, train_s=train_s)
+        rollout_s = train_s = period = 0.0
+        misfits = 0  # points where a plan does not fit: they count first, then time where all fit
+        for st in points:
+            ctx = dict(ctx_tput=st.context_mean, ctx_mem=st.context_max, margin=margin)
+            a = ro_scorer.score(Stage.ROLLOUT, ro, st, **ctx).stage_time_s
+            b = (train_scorer.score(Stage.EXPERIENCE, ex, st, **ctx).stage_time_s
+                 + train_scorer.score(Stage.TRAIN, tr, st, **ctx).stage_time_s)
+            if not math.isfinite(a + b):
+                misfits += 1
+                continue
+            rollout_s, train_s, period = rollout_s + a, train_s + b, period + max(a, b)
+        rows.append({"rollout_gpus": r, "rollout_s": rollout_s, "train_s": train_s, "period_s": period,
+                     "points_not_fitting": misfits})
+        if misfits < len(points) and (best is None or (misfits, period) < best[0]):
+            best = ((misfits, period), r, rollout_s, train_s)
     if best is None:
         raise ValueError(f"no rollout/training split of {gpus} GPUs fits plans rollout "
                          f"{plans.rollout.short()}, experience {plans.experience.short()}, train "
-                         f"{plans.train.describe()} in memory at {stats.context_max:,.0f} tokens")
-    return PoolSplit(rollout_gpus=best.rollout_gpus, train_gpus=best.train_gpus, rollout_s=best.rollout_s,
-                     train_s=best.train_s, table=tuple(rows))
+                         f"{plans.train.describe()} in memory at "
+                         f"{max(st.context_max for st in points):,.0f} tokens")
+    _, r, rollout_s, train_s = best
+    return PoolSplit(rollout_gpus=r, train_gpus=gpus - r, rollout_s=rollout_s, train_s=train_s,
+                     period_s=best[0][1], table=tuple(rows))

@@ -17,7 +17,8 @@ rollout plan's engines without pause and a training pool that prepares experienc
 
 K = 0 is synchronous training on separate pools. The rollout plan stays fixed (engines stream);
 the selector plans log-probs and training on the training pool; `schedule.rollout_gpus = 0`
-lets the cost model choose the split (`earl.policies.pools.choose_pool_split`). Feeds and weight
+lets the cost model choose the split (`earl.policies.pools.choose_pool_split`, priced on a few
+steps of the run's workload). Feeds and weight
 updates reach an engine at once (a decode segment in flight stops after its current iteration).
 Above `ASYNC_REPLICAS` rollout replicas, evenly spaced replicas stand for the rest (replica
 classes): the batch is their finished episodes, repeated to size.
@@ -135,14 +136,21 @@ def weight_push_s(cm, rollout: ParallelPlan, rollout_gpus: int, train_gpus: int)
     return cm.transfer_time_s(max(into_node, out_of_node), rollout_gpus, 0)
 
 
+SPLIT_POINTS = 4  # steps of the run (evenly spaced) the cost model prices a pool split on
+
+
 def choose_split(scenario, cm, workload: Workload) -> PoolSplit:
-    """The cost model's rollout / training split, priced on the first step's episodes (what a
-    warm-up step would observe)."""
-    first = workload.draw(0)
-    first = first.rows(first.turns > 0)
-    stats = first.stats(step=0, max_context=scenario.workload.max_context)
+    """The cost model's rollout / training split, priced on the episodes of `SPLIT_POINTS`
+    evenly spaced steps of the run (the split is fixed while the context grows; a real system
+    would price a forecast of its workload)."""
+    steps = sorted({round(i * (scenario.steps - 1) / max(1, SPLIT_POINTS - 1)) for i in range(SPLIT_POINTS)})
+    points = []
+    for step in steps:
+        d = workload.draw(step)
+        d = d.rows(d.turns > 0)
+        points.append(d.stats(step=step, max_context=scenario.workload.max_context))
     granularity = cm.cluster.gpus_per_node if cm.cluster.nodes > 1 else 1  # whole nodes where there are several
-    return choose_pool_split(cm, scenario.open_plans(), stats, cm.cluster.num_gpus,
+    return choose_pool_split(cm, scenario.open_plans(), points, cm.cluster.num_gpus,
                              granularity=granularity, logprob_passes=scenario.logprob_passes)
 
 

@@ -112,6 +112,14 @@ class Simulation:
         self._stats: WorkloadStats | None = None
         self._headroom: dict[Stage, float] = {}  # stage -> free memory fraction when it last ran
         self._placements: dict = {}  # this step's balance_tokens results
+        if self.split is not None:
+            sp = self.split
+            self.decisions.append({
+                "policy": self.label, "step": 0, "stage": "pools", "switched": False,
+                "plan": f"rollout {sp.rollout_gpus} GPUs / train {sp.train_gpus} GPUs",
+                "reason": f"cost model: slower pool {sp.period_s:.1f} s over the batches priced (rollout "
+                          f"{sp.rollout_s:.1f} s, log-probs + train {sp.train_s:.1f} s), fastest of "
+                          f"{len(sp.table)} splits"})
 
     # ---- helpers ----------------------------------------------------------------------------
     def clock(self, tp: int) -> DecodeClock:

@@ -98,7 +98,8 @@ def simulate_policy(scenario: Scenario, selector: str, dispatcher: str, *, fine:
     return res
 
 
-def _simulate_job(job: tuple) -> PolicyResult:
+def simulate_job(job: tuple) -> PolicyResult:
+    """`simulate_policy(*job)` for `run_jobs`: job = (scenario, selector, dispatcher, fine)."""
     scenario, selector, dispatcher, fine = job
     return simulate_policy(scenario, selector, dispatcher, fine=fine)
 
@@ -117,7 +118,7 @@ def simulate(scenario: Scenario, *, compare: bool = False, fine: bool | None = N
             if done is not None:
                 done(out[-1])
         return out
-    return run_jobs(_simulate_job, [(scenario, sel, disp, fine) for sel, disp in pairs], jobs,
+    return run_jobs(simulate_job, [(scenario, sel, disp, fine) for sel, disp in pairs], jobs,
                     done=None if done is None else (lambda i, res: done(res)))
 
 
