@@ -33,6 +33,9 @@ STALENESS = (0, 1, 4)
 QUICK = {"scenario.steps": "6", "workload.episodes_per_step": "64", "workload.growth_steps": "6"}
 QUICK_SPLITS, QUICK_STALENESS = (64,), (0, 1)
 WINDOW = 10  # steps per point of the throughput-over-training panel
+STEP_COLUMNS = ("step", "step_time_s", "throughput_tokens_per_gpu_s", "trained_tokens", "context_mean", "rollout_s",
+                "experience_s", "train_s", "sync_s", "restart_s", "oom_events", "staleness_mean", "staleness_max",
+                "recompute_tokens", "headroom_train", "rollout_gpus")
 
 
 def variants(quick: bool) -> list[tuple[str, dict]]:
@@ -98,6 +101,9 @@ def run(out: Path, quick: bool = False, jobs: int | str = 1) -> pd.DataFrame:
     df = pd.DataFrame([summarize(label, sc, res) for (label, _), sc, res in zip(labelled, scs, results, strict=True)])
     df["vs sync"] = df["throughput tok/s/GPU"] / df["throughput tok/s/GPU"].iloc[0]
     write_csv(df, out, NAME)
+    steps = pd.concat([pd.DataFrame(res.rows).assign(variant=label) for (label, _), res in zip(labelled, results,
+                                                                                                strict=True)])
+    write_csv(steps[["variant"] + [c for c in STEP_COLUMNS if c in steps]], out, f"{NAME}_steps")
     print_table(df, f"Study 9: synchronous colocated vs asynchronous disaggregated ({scs[0].model}, "
                     f"{scs[0].cluster_spec().num_gpus} GPUs, {scs[0].steps} steps)",
                 ["variant", "rollout GPUs", "throughput tok/s/GPU", "vs sync", "throughput without restarts",
