@@ -1,24 +1,38 @@
-"""Simulator speed and fast-vs-fine agreement, measured side by side in one run.
+"""Simulator speed at cluster scale, parallel sweeps, and fast-vs-fine agreement, measured side by
+side in one run.
 
-1. The default scenario (Qwen2.5-72B, 16 x 8 H100, Connect-Four workload growing to 32K,
-   512 episodes per step) for 100 steps, pinned to one CPU core: wall and CPU seconds, events
-   per second, simulated (generated) tokens per wall second. Target: under 20 s.
-2. The same scenario, reduced (64 episodes, 3 steps), in the fast mode (events at batch
-   changes, decode integrated in closed form) and the fine mode (one event per decode
-   iteration): step-time agreement (must be within 5%) and the speed ratio.
+1. Scale table: the default scenario (Qwen2.5-72B, tp8 plans filling the cluster, 4 Connect-Four
+   episodes per GPU per step, context growing to 32K) at 128, 1,024, 4,096 and 16,384 GPUs, each
+   run in a fresh process pinned to one CPU core: wall seconds, seconds per step, events and
+   peak resident memory, with replica classes (the default) and with `--exact` (every replica
+   and transfer) where that is affordable (fewer steps at 1,024 and 4,096 GPUs; none at 16,384).
+   Targets: 16,384 GPUs x 100 steps under 60 s and 2 GiB.
+2. `earl simulate --compare` (4 policies, default scenario) serially vs in parallel processes
+   (`--jobs`): wall seconds and the ratio; results must be identical.
+3. Fast vs fine mode (events at batch changes vs one per decode iteration) on a reduced default
+   scenario: step-time agreement (within 5%) and the speed ratio.
 
-    python benchmarks/bench_sim.py            # both parts
-    python benchmarks/bench_sim.py --steps 20 # a shorter first part
+    python benchmarks/bench_sim.py                 # all three parts
+    python benchmarks/bench_sim.py --part scale    # or compare / fine
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
+import subprocess
+import sys
 import time
 
 from earl.sim.iteration import Simulation
+from earl.sim.run import metrics_csv, simulate
 from earl.sim.scenario import load_scenario
+from earl.sim.sweep import default_jobs
+
+# (GPUs, steps with replica classes, steps with --exact; 0: not affordable)
+SCALES = ((128, 100, 100), (1024, 100, 10), (4096, 100, 2), (16384, 100, 0))
 
 
 def timed(sc, selector: str, dispatcher: str, fine: bool = False):
@@ -27,33 +41,74 @@ def timed(sc, selector: str, dispatcher: str, fine: bool = False):
     return sim, time.perf_counter() - w0, time.process_time() - c0
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--policies", default="static/centralized,cost-model/layout-aware")
-    args = ap.parse_args()
+def one(gpus: int, steps: int, exact: bool) -> dict:
+    """One scale point in this (fresh, pinned) process."""
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
-    print(f"pinned to {cores} CPU core(s)")
+    sc = load_scenario(None, {"cluster.nodes": str(gpus // 8), "scenario.steps": str(steps),
+                              "engine.exact": str(exact).lower()})
+    sim, wall, cpu = timed(sc, "static", "centralized")
+    return {"gpus": gpus, "mode": "exact" if exact else "classes", "steps": steps, "wall_s": wall,
+            "cpu_s": cpu, "events": sim.events, "episodes_per_step": sim.rows[0]["episodes"],
+            "replicas": sim.plans[next(iter(sim.plans))].dp,
+            "replicas_simulated": max(r["replicas_simulated"] for r in sim.rows),
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "step_time_mean_s": sum(r["step_time_s"] for r in sim.rows) / len(sim.rows),
+            "throughput": sum(r["trained_tokens"] for r in sim.rows) / sum(r["step_time_s"] for r in sim.rows) / gpus}
 
-    sc = load_scenario(None, {"scenario.steps": str(args.steps)})
-    print(f"\n[1] default scenario: {sc.model}, {sc.cluster_spec().num_gpus} GPUs, "
-          f"{sc.workload.episodes_per_step} episodes/step, {args.steps} steps")
-    print(f"{'policy':26s} {'wall s':>7s} {'cpu s':>7s} {'events':>10s} {'events/s':>10s} "
-          f"{'sim tokens/wall s':>18s} {'simulated h':>11s} {'OOM':>5s}")
-    for pair in args.policies.split(","):
-        sel, disp = pair.split("/")
-        sim, wall, cpu = timed(sc, sel, disp)
-        tokens = sum(r["generated_tokens"] for r in sim.rows)
-        oom = sum(r["oom_events"] for r in sim.rows)
-        print(f"{pair:26s} {wall:7.2f} {cpu:7.2f} {sim.events:10,d} {sim.events / wall:10,.0f} "
-              f"{tokens / wall:18,.0f} {sim.env.now / 3600:11.1f} {oom:5d}"
-              f"   {'OK' if wall < 20 else 'SLOW'} (target < 20 s)")
 
+def scale_table() -> list[dict]:
+    print("\n[1] scale: default scenario, static/centralized, one pinned core per run, fresh process each")
+    print(f"{'GPUs':>6s} {'mode':>8s} {'steps':>5s} {'wall s':>8s} {'s/step':>7s} {'events':>10s} "
+          f"{'episodes/step':>13s} {'replicas sim/all':>16s} {'peak MiB':>9s} {'sim step s':>10s}")
+    out = []
+    for gpus, steps, exact_steps in SCALES:
+        for exact, n in ((False, steps), (True, exact_steps)):
+            if not n:
+                print(f"{gpus:6,d} {'exact':>8s}  (not run: too slow for a benchmark)")
+                continue
+            proc = subprocess.run([sys.executable, __file__, "--one", json.dumps([gpus, n, exact])],
+                                  capture_output=True, text=True, check=True)
+            r = json.loads(proc.stdout.strip().splitlines()[-1])
+            out.append(r)
+            print(f"{gpus:6,d} {r['mode']:>8s} {n:5d} {r['wall_s']:8.1f} {r['wall_s'] / n:7.2f} {r['events']:10,d} "
+                  f"{r['episodes_per_step']:13,d} {r['replicas_simulated']:>7d}/{r['replicas']:<8d} "
+                  f"{r['peak_rss_mib']:9.0f} {r['step_time_mean_s']:10.1f}")
+    big = [r for r in out if r["gpus"] == 16384 and r["mode"] == "classes"]
+    if big:
+        r = big[0]
+        ok = r["wall_s"] < 60 and r["peak_rss_mib"] < 2048
+        print(f"16,384 GPUs x {r['steps']} steps: {r['wall_s']:.1f} s, {r['peak_rss_mib']:.0f} MiB "
+              f"({'OK' if ok else 'MISSED'}: < 60 s and < 2 GiB)")
+    for gpus in sorted({r["gpus"] for r in out}):
+        pair = {r["mode"]: r for r in out if r["gpus"] == gpus}
+        if len(pair) == 2:
+            a, e = pair["classes"], pair["exact"]
+            print(f"{gpus:6,d} GPUs: exact / classes = {e['wall_s'] / e['steps'] / (a['wall_s'] / a['steps']):.1f}x "
+                  "per step (exact's steps are the first ones, at the shortest context)")
+    return out
+
+
+def compare_ratio(steps: int) -> None:
+    jobs = max(2, default_jobs())
+    sc = load_scenario(None, {"scenario.steps": str(steps)})
+    print(f"\n[2] earl simulate --compare: 4 policies x {steps} steps, default scenario, serial vs --jobs {jobs}")
+    w0 = time.perf_counter()
+    serial = simulate(sc, compare=True, jobs=1)
+    w1 = time.perf_counter()
+    parallel = simulate(sc, compare=True, jobs=jobs)
+    w2 = time.perf_counter()
+    same = metrics_csv(serial) == metrics_csv(parallel)
+    cpu = [sum(r.cpu_s for r in res) for res in (serial, parallel)]
+    print(f"serial {w1 - w0:.1f} s wall ({cpu[0]:.1f} s CPU), parallel ({jobs} processes) {w2 - w1:.1f} s wall "
+          f"({cpu[1]:.1f} s CPU): {(w1 - w0) / (w2 - w1):.2f}x faster; metrics identical: {same}; "
+          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (other users' processes share them)")
+
+
+def fine_vs_fast() -> None:
     small = load_scenario(None, {"scenario.steps": "3", "workload.episodes_per_step": "64",
                                  "workload.growth_steps": "3"})
-    print("\n[2] fast vs fine mode (default scenario, 64 episodes, 3 steps, context growing)")
+    print("\n[3] fast vs fine mode (default scenario, 64 episodes, 3 steps, context growing)")
     fast, wf, _ = timed(small, "static", "centralized", fine=False)
     fine, wn, _ = timed(small, "static", "centralized", fine=True)
     print(f"{'step':>4s} {'fast step s':>12s} {'fine step s':>12s} {'rel diff':>10s}")
@@ -66,6 +121,23 @@ def main() -> None:
           f"events fast {fast.events:,} vs fine {fine.events:,} "
           f"({fine.events / fast.events:.0f}x); wall fast {wf:.2f} s vs fine {wn:.2f} s "
           f"({wn / wf:.0f}x)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=("all", "scale", "compare", "fine"), default="all")
+    ap.add_argument("--compare-steps", type=int, default=20)
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: one scale point, JSON out
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(one(*json.loads(args.one))))
+        return
+    if args.part in ("all", "scale"):
+        scale_table()
+    if args.part in ("all", "compare"):
+        compare_ratio(args.compare_steps)
+    if args.part in ("all", "fine"):
+        fine_vs_fast()
 
 
 if __name__ == "__main__":

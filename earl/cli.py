@@ -173,25 +173,43 @@ def simulate(
     out: Optional[str] = typer.Option(None, "--out", help="output folder (default runs/sim-<time>)"),
     compare: bool = typer.Option(False, "--compare", help="run every policy of policy.compare"),
     fine: bool = typer.Option(False, "--fine", help="one event per decode iteration (slow)"),
+    exact: bool = typer.Option(False, "--exact", help="simulate every rollout replica and transfer "
+                               "(no replica classes; slow at thousands of GPUs)"),
+    jobs: Optional[str] = typer.Option(None, "--jobs", help="processes for --compare's policies: "
+                                       "N, 'ray', default the core count"),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="write PNG plots"),
 ) -> None:
     """Discrete-event simulation of agentic RL training on a GPU cluster."""
+    import time
+
+    started = time.perf_counter()
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from earl.sim import report
     from earl.sim.run import check_out_dir, write_outputs
     from earl.sim.run import simulate as run_simulation
+    from earl.sim.sweep import parse_jobs, require_ray
 
-    sc, pairs = report.prepare(scenario, parse_sets(set_), steps=steps, fine=fine, compare=compare)
+    n_jobs = parse_jobs(jobs)
+    if n_jobs == "ray":
+        require_ray()
+    sc, pairs = report.prepare(scenario, parse_sets(set_), steps=steps, fine=fine, exact=exact, compare=compare)
+    n_jobs = 1 if len(pairs) == 1 else n_jobs
     out_dir = check_out_dir(out or report.default_out_dir())
     console.print(report.headline(sc, pairs))
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=True) as bar:
         task = bar.add_task("simulating", total=sc.steps * len(pairs))
-        results = run_simulation(sc, compare=compare, progress=lambda label, step: bar.update(
+
+        def done(res) -> None:  # parallel variants report once, when they finish
+            if n_jobs != 1:
+                bar.update(task, advance=sc.steps, description=f"{res.label} done")
+
+        results = run_simulation(sc, compare=compare, jobs=n_jobs, done=done, progress=lambda label, step: bar.update(
             task, advance=1, description=f"{label} step {step + 1}/{sc.steps}"))
     console.print(report.results_table(sc, results))
-    console.print(report.outputs_line(write_outputs(sc, results, out_dir, plots=plots), results, plots))
+    console.print(report.outputs_line(write_outputs(sc, results, out_dir, plots=plots), results, plots,
+                                      jobs=n_jobs, wall_s=time.perf_counter() - started))
 # </simulate>
 
 # ============================================================================================
@@ -375,6 +393,9 @@ def study_cmd(
     out: Optional[str] = typer.Option(None, help="output folder (default: docs/figures of the checkout)"),
     quick: bool = typer.Option(False, help="few points, seconds instead of minutes"),
     list_: bool = typer.Option(False, "--list", help="list the studies and exit"),
+    jobs: Optional[str] = typer.Option(None, "--jobs", help="processes: several studies run side by "
+                                       "side, one study runs its variants in parallel; N, 'ray', "
+                                       "default the core count"),
 ):
     """Run an evaluation study: writes its CSV and PNG and prints its key table."""
     from earl.studies import run_studies, study_summaries
@@ -383,8 +404,8 @@ def study_cmd(
         for stem, summary in study_summaries():
             console.print(f"[bold]{stem}[/]  {summary}", highlight=False)
         return
-    failed = run_studies(name, out=out, quick=quick, echo=lambda line: console.print(f"[dim]{line}[/]",
-                                                                                   highlight=False))
+    failed = run_studies(name, out=out, quick=quick, jobs=jobs,
+                         echo=lambda line: console.print(f"[dim]{line}[/]", highlight=False))
     if failed:
         err_console.print(f"[bold red]failed:[/] {', '.join(failed)}")
         raise typer.Exit(code=1)

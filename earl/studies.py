@@ -49,13 +49,43 @@ def study_summaries(width: int = 100) -> list[tuple[str, str]]:
     return out
 
 
-def run_studies(name: str, *, out: str | None = None, quick: bool = False,
+def _run_study(job: tuple) -> tuple[int, str]:
+    """Run one study script: (exit code, its output when `capture`, else "")."""
+    cmd, capture = job
+    if not capture:
+        return subprocess.run(cmd, check=False).returncode, ""
+    proc = subprocess.run(cmd, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc.returncode, proc.stdout
+
+
+def run_studies(name: str, *, out: str | None = None, quick: bool = False, jobs: str | None = None,
                 echo: Callable[[str], None] = print) -> list[str]:
-    """Run the study (or `all`), each in its own process; the stems of those that failed."""
-    failed = []
-    for path in resolve_study(name, study_scripts()):
-        cmd = [sys.executable, str(path)] + (["--out", out] if out else []) + (["--quick"] if quick else [])
-        echo(f"$ {' '.join(cmd)}")
-        if subprocess.run(cmd, check=False).returncode != 0:
-            failed.append(path.stem)
+    """Run the study (or `all`), each in its own process; the stems of those that failed.
+    `jobs` (N, "ray", default the core count): several studies run side by side, each serially;
+    one study runs its own variants in parallel."""
+    from earl.sim.sweep import parse_jobs, require_ray, run_jobs
+
+    n_jobs = parse_jobs(jobs)
+    if n_jobs == "ray":
+        require_ray()
+    paths = resolve_study(name, study_scripts())
+    inner = n_jobs if len(paths) == 1 else 1
+    cmds = [[sys.executable, str(path)] + (["--out", out] if out else []) + (["--quick"] if quick else [])
+            + ["--jobs", str(inner)] for path in paths]
+    failed: list[str] = []
+    if n_jobs == 1 or len(paths) == 1:
+        for path, cmd in zip(paths, cmds, strict=True):
+            echo(f"$ {' '.join(cmd)}")
+            if _run_study((cmd, False))[0] != 0:
+                failed.append(path.stem)
+        return failed
+
+    def done(i: int, result: tuple) -> None:
+        echo(f"$ {' '.join(cmds[i])}")
+        sys.stdout.write(result[1])
+        sys.stdout.flush()
+        if result[0] != 0:
+            failed.append(paths[i].stem)
+
+    run_jobs(_run_study, [(cmd, True) for cmd in cmds], n_jobs, done=done)
     return failed

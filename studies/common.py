@@ -12,6 +12,7 @@ leaves half a CSV or PNG behind.
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 import os
 import sys
@@ -31,6 +32,7 @@ from rich.table import Table  # noqa: E402
 
 from earl.cost_model import CostModel  # noqa: E402
 from earl.cost_model.profile import with_controller_path  # noqa: E402
+from earl.sim.sweep import parse_jobs, require_ray  # noqa: E402
 from earl.trace import atomic_write_text  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,14 +54,27 @@ def parse_args(doc: str | None, argv: list[str] | None = None) -> argparse.Names
     ap = argparse.ArgumentParser(description=first)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     ap.add_argument("--quick", action="store_true", help="few points, for tests (seconds)")
+    ap.add_argument("--jobs", default="auto", help="processes for the study's simulated variants: N, "
+                    "'ray', or 'auto' (the core count); results equal the serial run's")
     return ap.parse_args(argv)
 
 
 def main(run, doc: str | None, argv: list[str] | None = None) -> None:
-    """Parse `--out/--quick`, run the study, report where its files went."""
+    """Parse `--out/--quick/--jobs`, run the study, report where its files went. A study whose
+    `run` takes `jobs` runs its variants in parallel (earl/sim/sweep.py)."""
     args = parse_args(doc, argv)
+    try:
+        jobs = parse_jobs(args.jobs)
+        if jobs == "ray":
+            require_ray()
+    except ValueError as e:
+        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise SystemExit(2) from None
     t0 = time.perf_counter()
-    run(args.out, quick=args.quick)
+    if "jobs" in inspect.signature(run).parameters:
+        run(args.out, quick=args.quick, jobs=jobs)
+    else:
+        run(args.out, quick=args.quick)
     console.print(f"[dim]done in {time.perf_counter() - t0:.1f} s; outputs in {args.out}[/]")
 
 

@@ -38,7 +38,7 @@ def scenario(quick: bool):
 
 
 def assumptions(sc) -> str:
-    w = sc.workload
+    w, plans = sc.workload_spec(), sc.stage_plan()
     return (
         f"Simulator default scenario ({sc.name}): {sc.model} on {sc.nodes} x {sc.gpus_per_node or 8} {sc.hardware}, "
         f"{sc.network}; workload preset {w.name}: {w.episodes_per_step} episodes/step, {w.turns_min}-{w.turns_max} "
@@ -47,16 +47,17 @@ def assumptions(sc) -> str:
         f"({w.growth}) over {w.growth_steps} steps, cap {w.max_context:,} tokens (episodes reaching it are "
         f"truncated; the truncation panel also shows 8K and 16K caps on the same episodes). "
         f"Turn context = tokens the model sees when it starts a turn. Static plans: rollout "
-        f"{sc.rollout_plan}, experience {sc.experience_plan}, train {sc.train_plan}; {sc.steps} steps, seed {sc.seed}. "
+        f"{plans.rollout.short()}, experience {plans.experience.short()}, train {plans.train.describe()}; "
+        f"{sc.steps} steps, seed {sc.seed}. "
         f"An OOM event drops that sequence from the stage and charges the step {sc.oom_restart_s:g} s (job restart "
         "from a checkpoint)."
     )
 
 
 def workload_rows(sc) -> list[dict]:
-    capped = Workload(sc.workload, seed=sc.seed)
-    uncapped = Workload(with_overrides(sc.workload, max_context=0), seed=sc.seed)
-    tighter = {c: Workload(with_overrides(sc.workload, max_context=c), seed=sc.seed) for c in OTHER_CAPS}
+    capped = Workload(sc.workload_spec(), seed=sc.seed)
+    uncapped = Workload(with_overrides(sc.workload_spec(), max_context=0), seed=sc.seed)
+    tighter = {c: Workload(with_overrides(sc.workload_spec(), max_context=c), seed=sc.seed) for c in OTHER_CAPS}
     rows = []
     for step in range(sc.steps):
         eps = capped.episodes(step)
@@ -90,7 +91,7 @@ def run(out: Path, quick: bool = False) -> pd.DataFrame:
     cols = ["oom_events", "rollout_oom", "experience_oom", "train_oom", "headroom_rollout", "headroom_experience",
             "headroom_train", "headroom_min", "step_time_s", "throughput_tokens_per_gpu_s", "truncated_episodes"]
     df = df.merge(sim[["step"] + cols], on="step")
-    assert (df["truncated_episodes"] == (df["truncated %"] / 100 * sc.workload.episodes_per_step).round()).all()
+    assert (df["truncated_episodes"] == (df["truncated %"] / 100 * sc.workload_spec().episodes_per_step).round()).all()
     write_csv(df, out, NAME)
     step_idx = sorted(set(np.linspace(0, len(df) - 1, min(len(df), 11)).round().astype(int)))
     print_table(df.iloc[step_idx], f"Study 1: context growth, {sc.workload.name}, cap {sc.workload.max_context:,} "
@@ -142,7 +143,7 @@ def plot(df: pd.DataFrame, sc, fail: int | None, out: Path) -> Path:
     ax3.axhline(0, color="0.3", lw=0.8)
     ax3.set_xlabel("training step")
     ax3.set_ylabel("free device memory at the step's peak (%)")
-    ax3.set_title(f"Static plan ({sc.train_plan} training)")
+    ax3.set_title(f"Static plan ({sc.stage_plan().train.describe()} training)")
     ax3.grid(True, alpha=0.3)
     ax3b = ax3.twinx()
     ax3b.bar(s, df["oom_events"], color="tab:red", alpha=0.5, label="OOM events (sequences)")

@@ -40,13 +40,14 @@ def scenarios(quick: bool) -> dict:
 
 
 def assumptions(sc) -> str:
-    w = sc.workload
+    w, plans = sc.workload_spec(), sc.stage_plan()
     return (
         f"Simulator default scenario: {sc.model} on {sc.nodes} x {sc.gpus_per_node or 8} {sc.hardware}, {sc.network}; "
         f"{w.name} workload, {w.episodes_per_step} episodes/step, {w.turns_min}-{w.turns_max} turns, generated tokens "
         f"per turn growing x{w.growth_factor:g} ({w.growth}) over {w.growth_steps} steps, cap {w.max_context:,}; "
-        f"{sc.steps} steps, seed {sc.seed}, same episodes for every policy. Initial plans: rollout {sc.rollout_plan} "
-        f"(or tp4-dp32), experience {sc.experience_plan}, train {sc.train_plan}; colocated stages (weights re-shard "
+        f"{sc.steps} steps, seed {sc.seed}, same episodes for every policy. Initial plans: rollout "
+        f"{plans.rollout.short()} (or tp4-dp32), experience {plans.experience.short()}, train "
+        f"{plans.train.describe()}; colocated stages (weights re-shard "
         "train -> experience and sync train -> rollout whenever layouts differ). Throughput = trained tokens / "
         f"simulated wall time / GPUs. An OOM event drops that sequence from the stage and charges the step "
         f"{sc.oom_restart_s:g} s (the job restarts from a checkpoint; an assumption: the CSV also gives every ratio "
@@ -55,11 +56,11 @@ def assumptions(sc) -> str:
     )
 
 
-def run(out: Path, quick: bool = False) -> pd.DataFrame:
+def run(out: Path, quick: bool = False, jobs: int | str = 1) -> pd.DataFrame:
     summaries, per_step = [], []
     scs = scenarios(quick)
     for start, sc in scs.items():
-        for res in simulate(sc, compare=True):
+        for res in simulate(sc, compare=True, jobs=jobs):
             rows = pd.DataFrame(res.rows)
             s = res.summary
             sel, disp = res.label.split("/")

@@ -15,6 +15,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
+import numpy as np
+
 from earl.policies.types import Sample
 
 Assignment = tuple[tuple[int, ...], ...]
@@ -47,21 +49,70 @@ def group_tokens(assignment: Assignment, samples: Sequence[Sample]) -> list[int]
     return [sum(tokens[i] for i in ids) for ids in assignment]
 
 
+def balance_tokens(tokens, dp: int, ids=None):
+    """The LPT placement of `balance_samples` on arrays: `tokens[i]` of sample `ids[i]` (default
+    0..n-1) -> (group of each sample as an int array, tokens per group as an int array).
+
+    Vectorised in waves: with the groups sorted lightest first (by tokens, then samples, then
+    index: the heap order), the next samples largest first go to the next groups in that order
+    for as long as each such group is strictly lighter than every group already served this wave
+    plus what it just got; a tie or a reversal ends the wave and the groups are sorted again. It
+    assigns exactly what the one-at-a-time heap does; waves that stay short (heavy ties) finish
+    on the heap."""
+    tok = np.asarray(tokens, dtype=np.int64)
+    n = len(tok)
+    ident = np.arange(n) if ids is None else np.asarray(ids, dtype=np.int64)
+    order = np.lexsort((ident, -tok))
+    s = tok[order]
+    load = np.zeros(dp, np.int64)
+    count = np.zeros(dp, np.int64)
+    index = np.arange(dp)
+    owner = np.empty(n, np.int64)
+    i = 0
+    while i < n:
+        pos = np.lexsort((index, count, load))
+        m = min(dp, n - i)
+        lo = load[pos[:m]]
+        served = np.minimum.accumulate(lo + s[i:i + m])  # lightest served group after its sample
+        ok = lo[1:] < served[:-1]
+        k = m if ok.all() else 1 + int(np.argmin(ok))
+        g = pos[:k]
+        load[g] += s[i:i + k]
+        count[g] += 1
+        owner[order[i:i + k]] = g
+        i += k
+        if k < 16 and n - i > 4 * dp:  # short waves: the heap is faster from here
+            heap = [(int(load[d]), int(count[d]), d) for d in range(dp)]
+            heapq.heapify(heap)
+            for j in range(i, n):
+                ld, c, d = heap[0]
+                owner[order[j]] = d
+                load[d] = ld + s[j]
+                heapq.heapreplace(heap, (int(load[d]), c + 1, d))
+            break
+    return owner, load
+
+
 def balance_samples(samples: Sequence[Sample], dp: int) -> tuple[Assignment, float]:
     """Place samples on `dp` groups so tokens are balanced (largest first onto the lightest
     group; ties go to the group with fewer samples, then the lower index).
-    Returns (assignment, imbalance) with assignment[d] the sample ids of group d."""
+    Returns (assignment, imbalance) with assignment[d] the sample ids of group d, each group's
+    ids in placement order."""
     _check(samples, dp)
-    order = sorted(samples, key=lambda s: (-s.tokens, s.id))
-    groups: list[list[int]] = [[] for _ in range(dp)]
-    heap = [(0, 0, d) for d in range(dp)]  # (tokens, samples, group), already a heap
-    loads = [0] * dp
-    for s in order:
-        load, count, d = heap[0]
-        groups[d].append(s.id)
-        loads[d] = load + s.tokens
-        heapq.heapreplace(heap, (loads[d], count + 1, d))
-    return tuple(tuple(g) for g in groups), imbalance_ratio(loads)
+    ids = np.fromiter((s.id for s in samples), np.int64, len(samples))
+    tok = np.fromiter((s.tokens for s in samples), np.int64, len(samples))
+    owner, loads = balance_tokens(tok, dp, ids)
+    return assignment_of(owner, tok, dp, ids), imbalance_ratio(loads.tolist())
+
+
+def assignment_of(owner, tokens, dp: int, ids) -> Assignment:
+    """`balance_tokens`' groups as an assignment: group d's sample ids in placement order
+    (largest first, then by id)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    order = np.lexsort((ids, -np.asarray(tokens, dtype=np.int64)))
+    placed = order[np.argsort(owner[order], kind="stable")]
+    cuts = np.cumsum(np.bincount(owner, minlength=dp))[:-1]
+    return tuple(tuple(g.tolist()) for g in np.split(ids[placed], cuts))
 
 
 def round_robin_samples(samples: Sequence[Sample], dp: int) -> tuple[Assignment, float]:

@@ -24,20 +24,22 @@ from earl.specs import ClusterSpec
 
 @dataclass
 class Gpu:
-    """One accelerator: its place in the cluster and the memory the current stage holds."""
+    """One accelerator: its place in the cluster."""
 
     rank: int
     node: int
     hbm_bytes: float  # device memory, bytes
+
+
+@dataclass
+class HeldMemory:
+    """What each GPU holds: every stage runs on the whole cluster with one per-GPU footprint (the
+    cost model's MemoryBreakdown.total), so one record stands for all GPUs."""
+
+    hbm_bytes: float  # device memory, bytes
     used_bytes: float = 0.0  # held by the running stage, bytes
     peak_bytes: float = 0.0  # most ever held, bytes
     peak_by_stage: dict = field(default_factory=dict)  # stage -> most held in it, bytes
-
-    def hold(self, stage: str, nbytes: float) -> None:
-        """Account the running stage's footprint (the cost model's MemoryBreakdown.total)."""
-        self.used_bytes = nbytes
-        self.peak_bytes = max(self.peak_bytes, nbytes)
-        self.peak_by_stage[stage] = max(self.peak_by_stage.get(stage, 0.0), nbytes)
 
     @property
     def headroom_frac(self) -> float:
@@ -82,10 +84,18 @@ class Cluster:
         self.nic_out = [Port(env, f"nic-out{n}", nics) for n in range(spec.nodes)]
         self.nic_in = [Port(env, f"nic-in{n}", nics) for n in range(spec.nodes)]
         self.records: list[TransferRecord] = []
+        self.memory = HeldMemory(hbm_bytes=spec.hardware.hbm_bytes)
 
     @property
     def num_gpus(self) -> int:
         return len(self.gpus)
+
+    def hold_all(self, stage: str, nbytes: float) -> None:
+        """Every GPU holds the running stage's per-GPU footprint (stages use the whole cluster)."""
+        m = self.memory
+        m.used_bytes = nbytes
+        m.peak_bytes = max(m.peak_bytes, nbytes)
+        m.peak_by_stage[stage] = max(m.peak_by_stage.get(stage, 0.0), nbytes)
 
     def node_of(self, rank: int) -> int:
         return self.gpus[rank].node

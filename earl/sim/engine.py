@@ -223,6 +223,7 @@ class Replica:
         self.iters = 0  # decode iterations so far
         self._order = 0
         self._tie = 0
+        self.wake: simpy.Event | None = None  # a streaming engine's doorbell (earl/sim/async_rl.py)
         self.process = env.process(self._run())
 
     # ---- bookkeeping ----------------------------------------------------------------------------
@@ -334,6 +335,7 @@ class Replica:
                 self.stats.finished[s.ep.id] = now + latency
                 self.stats.t_end = max(self.stats.t_end, now + latency)
                 self._note("done", s, context=s.ctx, finish=now + latency)
+                self._done(s, now + latency)
 
     def _collect_arrivals(self) -> None:
         now = self.env.now
@@ -344,10 +346,28 @@ class Replica:
             if self.log is not None:
                 self._note("arrive", s, tokens=s.pending)
 
+    # ---- hooks of a streaming engine (earl/sim/async_rl.py); no-ops here ---------------------
+    def _done(self, s: Seq, t_finish: float) -> None:
+        """Episode `s` ends at `t_finish` (after its last environment latency)."""
+
+    def _on_loop(self) -> None:
+        """Start of each scheduling round: take in new episodes and weight updates."""
+
+    def _idle(self):
+        """SimPy process step when nothing is left to do: True to go on, False to stop."""
+        return False
+        yield  # a generator
+
+    def _wait(self, delay: float):
+        """A timeout that the doorbell (if any) cuts short."""
+        timeout = self.env.timeout(delay)
+        return timeout if self.wake is None else self.env.any_of([timeout, self.wake])
+
     # ---- the process ----------------------------------------------------------------------------
     def _run(self):
         env, st, clock = self.env, self.stats, self.clock
         while True:
+            self._on_loop()
             self._collect_arrivals()
             batch = self._admit()
             pre = 0.0  # prefill seconds to run before the next decode segment
@@ -386,8 +406,14 @@ class Replica:
                     self._note("decode", None, at=env.now + pre, seqs=n, iterations=k,
                                context=self.context, time_s=dt)
                 # one event for the prefill (if any) and the decode segment after it: nothing
-                # can change the batch in between
-                yield env.timeout(pre + dt)
+                # can change the batch in between, unless a streaming engine's doorbell rings:
+                # then the segment stops after the iteration in flight
+                t_seg = env.now
+                yield self._wait(pre + dt)
+                if env.now < t_seg + pre + dt:
+                    elapsed = env.now - t_seg - pre
+                    k, dt = (0, 0.0) if elapsed <= 0 else clock.run(n, self.context, kmax, elapsed)
+                    yield env.timeout(t_seg + pre + dt - env.now)
                 st.events += 1
                 st.busy_s += dt
                 self.iters += k
@@ -398,11 +424,12 @@ class Replica:
                 st.peak_kv_tokens = max(st.peak_kv_tokens, self.used)
                 self._finish_turns()
             elif self.arrivals:
-                yield env.timeout(self.arrivals[0][0] - env.now)
+                yield self._wait(self.arrivals[0][0] - env.now)
                 st.events += 1
             else:
                 assert not self.waiting, "a waiting sequence fits nowhere but was not dropped"
-                break
+                if not (yield from self._idle()):
+                    break
         st.t_end = max(st.t_end, env.now)
 
 

@@ -35,16 +35,21 @@ import simpy
 from earl.cost_model import CostModel
 from earl.cost_model.dispatch import price_transfer_plan
 from earl.cost_model.profile import load_profile
-from earl.policies import Layout, Sample, balance_aligned, balance_samples, make_dispatcher, make_selector
+from earl.policies import Layout, Sample, balance_aligned, make_dispatcher, make_selector
+from earl.policies.balance import assignment_of, balance_tokens, imbalance_ratio
+from earl.policies.dispatch_cost import estimate_dispatch
 from earl.specs import ParallelPlan, Stage, WorkloadStats
 from earl.trace import Span
 
+from .async_rl import choose_split, run_async
 from .cluster import Cluster
 from .engine import DecodeClock, Replica, TurnSyncReplica
+from .replicas import ReplicaChoice, choose_replicas, deal, kv_drops, scaled
 from .scenario import Scenario
-from .workload import Episode, Workload
+from .workload import Draw, Workload, stats_of
 
 MAX_BUCKETS = 8  # length buckets a mixed batch is priced in
+DISPATCH_CONTEXT_QUANTUM = 1024  # tokens: aggregated mode prices a what-if plan at the mean context rounded up to this
 ENGINES = ("continuous", "turn-sync")  # rollout engine models: vLLM-like, or the PyTorch runtime's
 
 
@@ -81,13 +86,21 @@ class Simulation:
         self.cm = cost_model
         self.cluster = Cluster(self.env, cost_model.cluster, cost_model)
         self.gpus = self.cluster.num_gpus
-        self.initial = scenario.stage_plan()
+        self.workload = Workload(scenario.workload_spec(), seed=scenario.seed)
+        self.split = None  # async with schedule.rollout_gpus = 0: the cost model's PoolSplit
+        if scenario.mode == "async" and not scenario.rollout_gpus:
+            self.split = choose_split(scenario, cost_model, self.workload)
+        pools = scenario.pool_gpus(self.split.rollout_gpus if self.split else None)
+        self.stage_gpus = {s: pools[s.value] for s in Stage}  # GPUs each stage runs on
+        self.initial = scenario.stage_plan(pools["rollout"])
         self.selector_name, self.dispatcher_name = selector, dispatcher
         self.label = f"{selector}/{dispatcher}"
-        self.selector = make_selector(selector, cost_model=cost_model, initial=self.initial,
-                                      stage_gpus=self.gpus, logprob_passes=scenario.logprob_passes)
+        # async: the rollout plan stays (engines stream); the selector plans the training pool
+        planned = self.initial if scenario.mode == "sync" else \
+            dataclasses.replace(self.initial, rollout=scenario.open_plans().rollout)
+        self.selector = make_selector(selector, cost_model=cost_model, initial=planned,
+                                      stage_gpus=pools["train"], logprob_passes=scenario.logprob_passes)
         self.dispatcher = make_dispatcher(dispatcher)
-        self.workload = Workload(scenario.workload, seed=scenario.seed)
         self.fine = scenario.fine if fine is None else fine
         self.log = log
         self.progress = progress
@@ -101,6 +114,15 @@ class Simulation:
         self._fit_cache: dict[tuple, int] = {}
         self._stats: WorkloadStats | None = None
         self._headroom: dict[Stage, float] = {}  # stage -> free memory fraction when it last ran
+        self._placements: dict = {}  # this step's balance_tokens results
+        if self.split is not None:
+            sp = self.split
+            self.decisions.append({
+                "policy": self.label, "step": 0, "stage": "pools", "switched": False,
+                "plan": f"rollout {sp.rollout_gpus} GPUs / train {sp.train_gpus} GPUs",
+                "reason": f"cost model: slower pool {sp.period_s:.1f} s over the batches priced (rollout "
+                          f"{sp.rollout_s:.1f} s, log-probs + train {sp.train_s:.1f} s), fastest of "
+                          f"{len(sp.table)} splits"})
 
     # ---- helpers ----------------------------------------------------------------------------
     def clock(self, tp: int) -> DecodeClock:
@@ -116,7 +138,7 @@ class Simulation:
         # rollout engine fills its KV cache by design, so rollout reports none
         stats = dataclasses.replace(stats, memory_headroom_frac=self._headroom.get(stage))
         dec = self.selector.select(stage, stats, self.plans[stage])
-        plan = dec.plan.resolve(self.gpus)
+        plan = dec.plan.resolve(self.stage_gpus[stage])
         now = self.env.now
         self.decisions.append({"policy": self.label, "step": step, "stage": stage.value,
                                "plan": plan.describe(), "switched": dec.switched, "reason": dec.reason})
@@ -155,132 +177,139 @@ class Simulation:
             self._fit_cache[key] = lo
         return self._fit_cache[key]
 
-    def stage_cost(self, stage: str, plan: ParallelPlan, episodes: list[Episode]) -> StageCost:
-        """Price log-probs ('logprob') or one optimizer step ('train') of a mixed-length batch."""
-        ctx = sorted(e.context_tokens for e in episodes)
-        samples = [Sample(e.id, e.context_tokens) for e in episodes]
-        assignment, imbalance = balance_samples(samples, plan.dp)
-        tok = {s.id: s.tokens for s in samples}
-        group_tokens = tuple(sum(tok[i] for i in g) for g in assignment)
+    def _balance(self, dp: int, ids: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Token-balanced placement (`balance_tokens`) of samples on `dp` groups: (group of each
+        sample, tokens per group); memoised for the step (log-probs, training and dispatch often
+        place the same samples on the same dp)."""
+        key = (dp, ids.tobytes())
+        if key not in self._placements:
+            self._placements[key] = balance_tokens(tokens, dp, ids)
+        return self._placements[key]
+
+    def stage_cost(self, stage: str, plan: ParallelPlan, ids: np.ndarray, tokens: np.ndarray) -> StageCost:
+        """Price log-probs ('logprob') or one optimizer step ('train') of a mixed-length batch
+        (`tokens[i]`: context tokens of sample `ids[i]`)."""
+        _, loads = self._balance(plan.dp, ids, tokens)
+        imbalance = imbalance_ratio(loads.tolist())
         passes = self.sc.logprob_passes if stage == "logprob" else 1
-        est = self.cm.mixed_batch(stage, plan, ctx, buckets=MAX_BUCKETS, passes=passes, imbalance=imbalance,
-                                  padded=self.padded, token_budget=self.token_budget)
-        assert est.feasible, f"{stage} {plan.describe()} infeasible at {ctx[-1]} tokens after OOM filter"
-        mem = self.cm.memory(stage, plan, plan.dp, ctx[-1])
+        est = self.cm.mixed_batch(stage, plan, np.sort(tokens).tolist(), buckets=MAX_BUCKETS, passes=passes,
+                                  imbalance=imbalance, padded=self.padded, token_budget=self.token_budget)
+        longest = int(tokens.max())
+        assert est.feasible, f"{stage} {plan.describe()} infeasible at {longest} tokens after OOM filter"
+        mem = self.cm.memory(stage, plan, plan.dp, longest)
         return StageCost(time_s=est.time_s, memory_bytes=mem.total,
                          headroom_frac=mem.headroom_frac, imbalance=imbalance,
-                         group_tokens=group_tokens)
+                         group_tokens=tuple(loads.tolist()))
 
-    def _prompt_stats(self, episodes: list[Episode], step: int) -> WorkloadStats:
+    def _prompt_stats(self, drawn: Draw, step: int) -> WorkloadStats:
         """What is known before the first rollout: the prompts."""
-        prompts = [Episode(id=e.id, turns=(e.turns[0][:1] + (0, 0.0),)) for e in episodes if e.turns]
-        return Workload.stats(prompts, step=step, max_context=self.sc.workload.max_context)
+        n = len(drawn.ids)
+        return stats_of(drawn.obs[:, 0], np.ones(n, np.int64), np.zeros(n, np.int64), step=step,
+                        max_context=self.sc.workload.max_context)
+
+    def aggregated(self, episodes: int) -> bool:
+        """Replica classes for a step of `episodes` episodes (see earl/sim/replicas.py)."""
+        return not self.sc.exact and episodes > self.sc.exact_up_to
 
     # ---- the iteration ----------------------------------------------------------------------
     def run(self) -> Simulation:
-        self.env.process(self._loop())
+        self.env.process(run_async(self) if self.sc.mode == "async" else self._loop())
         self.env.run()
         return self
 
     def _loop(self):
         for step in range(self.sc.steps):
             yield from self._step(step)
-            if self.progress is not None:
-                self.progress(self, step)
+            self.step_done(step)
+
+    def step_done(self, step: int) -> None:
+        if self.progress is not None:
+            self.progress(self, step)
 
     def _step(self, step: int):
-        env, cm, sc = self.env, self.cm, self.sc
+        """One synchronous step: every stage in turn on the whole cluster."""
+        env = self.env
         t_step = env.now
-        drawn = [e for e in self.workload.episodes(step) if e.turns]
+        self._placements = {}
+        drawn = self.workload.draw(step)
+        drawn = drawn.rows(drawn.turns > 0)
+        n = len(drawn.ids)
+        aggregated = self.aggregated(n)
         stats_before = self._stats or self._prompt_stats(drawn, step)
-        row: dict = {"policy": self.label, "selector": self.selector_name,
-                     "dispatcher": self.dispatcher_name, "step": step, "episodes": len(drawn),
-                     "truncated_episodes": sum(e.truncated for e in drawn)}
+        row: dict = {"episodes": n, "truncated_episodes": int(drawn.truncated.sum())}
 
         # 1. rollout plan, weight sync from the training layout
         ro = self._select(Stage.ROLLOUT, stats_before, step)
-        sync_s = yield from self._reshard("weight sync", "sync", self.train_layout, ro, step)
+        row["sync_s"] = yield from self._reshard("weight sync", "sync", self.train_layout, ro, step)
 
         # 2. rollout
         t0 = env.now
-        clock = self.clock(ro.tp)
-        reps = [self.replica_cls(env, cost_model=cm, tp=ro.tp, episodes=drawn[i::ro.dp], clock=clock,
-                        max_num_seqs=sc.max_num_seqs, fine=self.fine, log=self.log,
-                        name=f"replica{i}") for i in range(ro.dp)]
-        yield env.all_of([r.process for r in reps])
-        t_end = max(r.stats.t_end for r in reps)
-        if t_end > env.now:
-            yield env.timeout(t_end - env.now)
-        rollout_s = env.now - t0
-        oom_ids = {i for r in reps for i in r.stats.oom_episodes}
-        done = [e for e in drawn if e.id not in oom_ids]
-        for i, r in enumerate(reps):
-            st = r.stats
-            self.events += st.events
-            self._span("rollout", "rollout", i * ro.tp, t0, max(st.t_end, t0), step,
-                       tokens=st.generated_tokens,
-                       args={"plan": ro.describe(), "preemptions": st.preemptions,
-                             "evictions": st.evictions, "oom": len(st.oom_episodes),
-                             "peak_kv_tokens": st.peak_kv_tokens, "busy_s": st.busy_s})
-        peak_kv = max(r.stats.peak_kv_tokens for r in reps)
-        ro_mem = cm.memory("decode", ro, ro.dp, max(peak_kv, 1))
-        row.update(rollout_oom=len(oom_ids), preemptions=sum(r.stats.preemptions for r in reps),
-                   evictions=sum(r.stats.evictions for r in reps),
-                   generated_tokens=sum(r.stats.generated_tokens for r in reps),
-                   recompute_tokens=sum(r.stats.recompute_tokens for r in reps),
-                   kv_capacity_tokens=reps[0].cap, peak_kv_tokens=peak_kv,
-                   headroom_rollout=ro_mem.headroom_frac)
-        for g in self.cluster.gpus:
-            g.hold("rollout", ro_mem.total)
+        rollout = yield from self._rollout(ro, drawn, aggregated, step)
+        row["rollout_s"] = env.now - t0
+        done = ~rollout.pop("dropped")
+        row.update(rollout)
+        ro_mem = self.cm.memory("decode", ro, ro.dp, max(row["peak_kv_tokens"], 1))
+        row["headroom_rollout"] = ro_mem.headroom_frac
+        self.cluster.hold_all("rollout", ro_mem.total)
 
-        # 3. experience preparation
-        ex_oom = tr_oom = 0
-        experience_s = dispatch_s = train_s = reshard_s = 0.0
-        ex = self.plans[Stage.EXPERIENCE]
-        tr = self.plans[Stage.TRAIN]
-        trained: list[Episode] = []
-        if done:
-            stats = Workload.stats(done, step=step, max_context=sc.workload.max_context)
-            ex = self._select(Stage.EXPERIENCE, stats, step)
-            reshard_s += yield from self._reshard("re-shard train->experience", "reshard",
-                                                  self.train_layout, ex, step)
-            fit = self.max_fit_context("logprob", ex)
-            kept = [e for e in done if e.context_tokens <= fit]
-            ex_oom = len(done) - len(kept)
-            if kept:
-                cost = self.stage_cost("logprob", ex, kept)
-                t0 = env.now
-                yield env.timeout(cost.time_s)
-                self.events += 1
-                experience_s = cost.time_s
-                self._group_spans("log-probs", "experience", ex, cost, t0, step)
-                row["headroom_experience"] = self._headroom[Stage.EXPERIENCE] = cost.headroom_frac
-                for g in self.cluster.gpus:
-                    g.hold("experience", cost.memory_bytes)
+        # 3.-4. experience preparation, dispatch, training
+        yield from self._learn(drawn.ids[done], drawn.context[done], drawn.turns[done],
+                               drawn.generated[done], step, row, aggregated)
+        yield from self._finish_row(row, ro, drawn.context, t_step, step)
 
-                # 4. training plan, optimizer re-shard, dispatch, optimizer step
-                tr = self._select(Stage.TRAIN, stats, step)
-                reshard_s += yield from self._reshard("re-shard optimizer", "reshard",
-                                                      self.train_layout, tr, step,
-                                                      include_optimizer=True)
-                self.train_layout = tr
-                fit = self.max_fit_context("train", tr)
-                trained = [e for e in kept if e.context_tokens <= fit]
-                tr_oom = len(kept) - len(trained)
-                dispatch_s = yield from self._dispatch(ex, tr, kept, trained, step)
-                if trained:
-                    cost = self.stage_cost("train", tr, trained)
-                    t0 = env.now
-                    yield env.timeout(cost.time_s)
-                    self.events += 1
-                    train_s = cost.time_s
-                    self._group_spans("train step", "train", tr, cost, t0, step)
-                    row["headroom_train"] = self._headroom[Stage.TRAIN] = cost.headroom_frac
-                    for g in self.cluster.gpus:
-                        g.hold("train", cost.memory_bytes)
-            self._stats = stats
+    def _learn(self, ids: np.ndarray, ctx: np.ndarray, turns: np.ndarray, generated: np.ndarray,
+               step: int, row: dict, aggregated: bool):
+        """SimPy process: log-probs, dispatch and the optimizer step on the rolled-out episodes
+        (`ctx[i]` context tokens of episode `ids[i]`); fills the row's stage columns."""
+        sc = self.sc
+        row.update(experience_oom=0, train_oom=0, experience_s=0.0, dispatch_s=0.0, train_s=0.0,
+                   reshard_s=0.0, trained_tokens=0, trained_episodes=0,
+                   plan_experience=self.plans[Stage.EXPERIENCE].describe(),
+                   plan_train=self.plans[Stage.TRAIN].describe())
+        if not len(ids):
+            return
+        stats = stats_of(ctx, turns, generated, step=step, max_context=sc.workload.max_context)
+        ex = self._select(Stage.EXPERIENCE, stats, step)
+        row["plan_experience"] = ex.describe()
+        row["reshard_s"] += yield from self._reshard("re-shard train->experience", "reshard",
+                                                     self.train_layout, ex, step)
+        keep = ctx <= self.max_fit_context("logprob", ex)
+        row["experience_oom"] = int((~keep).sum())
+        ids, ctx = ids[keep], ctx[keep]
+        self._stats = stats
+        if not len(ids):
+            return
+        yield from self._run_stage(Stage.EXPERIENCE, ex, ids, ctx, step, row, aggregated)
 
-        oom_events = len(oom_ids) + ex_oom + tr_oom
+        tr = self._select(Stage.TRAIN, stats, step)
+        row["plan_train"] = tr.describe()
+        row["reshard_s"] += yield from self._reshard("re-shard optimizer", "reshard", self.train_layout,
+                                                     tr, step, include_optimizer=True)
+        self.train_layout = tr
+        fits = ctx <= self.max_fit_context("train", tr)
+        row["train_oom"] = int((~fits).sum())
+        row["dispatch_s"] = yield from self._dispatch(ex, tr, ids, ctx, fits, step, aggregated)
+        if fits.any():
+            yield from self._run_stage(Stage.TRAIN, tr, ids[fits], ctx[fits], step, row, aggregated)
+            row.update(trained_tokens=int(ctx[fits].sum()), trained_episodes=int(fits.sum()))
+
+    def _run_stage(self, stage: Stage, plan: ParallelPlan, ids: np.ndarray, ctx: np.ndarray, step: int,
+                   row: dict, aggregated: bool):
+        """SimPy process: log-probs (EXPERIENCE) or the optimizer step (TRAIN) on `plan`."""
+        kind, span = ("logprob", "log-probs") if stage is Stage.EXPERIENCE else ("train", "train step")
+        cost = self.stage_cost(kind, plan, ids, ctx)
+        t0 = self.env.now
+        yield self.env.timeout(cost.time_s)
+        self.events += 1
+        row[f"{stage.value}_s"] = cost.time_s
+        self._group_spans(span, stage.value, plan, cost, t0, step, aggregated)
+        row[f"headroom_{stage.value}"] = self._headroom[stage] = cost.headroom_frac
+        self.cluster.hold_all(stage.value, cost.memory_bytes)
+
+    def _finish_row(self, row: dict, ro: ParallelPlan, context: np.ndarray, t_step: float, step: int):
+        """SimPy process: an OOM restart if the step had OOM events, then the step's row."""
+        env, sc = self.env, self.sc
+        oom_events = row["rollout_oom"] + row["experience_oom"] + row["train_oom"]
         restart_s = 0.0
         if oom_events and sc.oom_restart_s > 0:
             # an OOM kills the job: it restarts from the last checkpoint before going on
@@ -289,50 +318,111 @@ class Simulation:
             restart_s = sc.oom_restart_s
             self._span("restart after OOM", "other", 0, t0, env.now, step, args={"oom_events": oom_events})
         step_s = env.now - t_step
-        trained_tokens = sum(e.context_tokens for e in trained)
-        ctx = np.array([e.context_tokens for e in drawn] or [0])
+        ctx = context if len(context) else np.zeros(1, np.int64)
         heads = [row.get(k) for k in ("headroom_rollout", "headroom_experience", "headroom_train")]
         row.update(
-            step_time_s=step_s, rollout_s=rollout_s, experience_s=experience_s,
-            dispatch_s=dispatch_s, train_s=train_s, reshard_s=reshard_s, sync_s=sync_s,
-            experience_oom=ex_oom, train_oom=tr_oom, oom_events=oom_events, restart_s=restart_s,
-            trained_episodes=len(trained), trained_tokens=trained_tokens,
-            throughput_tokens_per_gpu_s=trained_tokens / step_s / self.gpus if step_s > 0 else 0.0,
+            policy=self.label, selector=self.selector_name, dispatcher=self.dispatcher_name, step=step,
+            step_time_s=step_s, oom_events=oom_events, restart_s=restart_s,
+            throughput_tokens_per_gpu_s=row["trained_tokens"] / step_s / self.gpus if step_s > 0 else 0.0,
             generated_tokens_per_gpu_s=row["generated_tokens"] / step_s / self.gpus if step_s else 0.0,
             context_mean=float(ctx.mean()), context_p95=float(np.percentile(ctx, 95)),
             context_max=int(ctx.max()),
             headroom_min=min(h for h in heads if h is not None),
-            plan_rollout=ro.describe(), plan_experience=ex.describe(), plan_train=tr.describe(),
-            sim_time_s=env.now)
+            plan_rollout=ro.describe(), sim_time_s=env.now, rollout_gpus=self.stage_gpus[Stage.ROLLOUT])
+        row.setdefault("staleness_mean", 0.0)
+        row.setdefault("staleness_max", 0)
         row.setdefault("headroom_experience", None)
         row.setdefault("headroom_train", None)
         self.rows.append(row)
 
+    def _rollout(self, ro: ParallelPlan, drawn: Draw, aggregated: bool, step: int):
+        """SimPy process: the rollout on `ro.dp` replicas (every one, or the classes of
+        earl/sim/replicas.py); returns the row's rollout columns plus `dropped` (per episode)."""
+        env, cm, sc = self.env, self.cm, self.sc
+        t0 = env.now
+        clock = self.clock(ro.tp)
+        per_replica = min(-(-len(drawn.ids) // ro.dp), sc.max_num_seqs)
+        mean_ctx = float(drawn.context.mean()) if len(drawn.ids) else 0.0
+        if aggregated:
+            choice = choose_replicas(drawn, ro.dp, clock.step(per_replica, per_replica * mean_ctx / 2))
+        else:
+            every = tuple(range(ro.dp))
+            choice = ReplicaChoice(simulated=every, representatives=every, replicas=ro.dp)
+        reps = {i: self.replica_cls(env, cost_model=cm, tp=ro.tp, episodes=deal(drawn, ro.dp, i).episodes(),
+                                    clock=clock, max_num_seqs=sc.max_num_seqs, fine=self.fine,
+                                    log=self.log, name=f"replica{i}") for i in choice.simulated}
+        yield env.all_of([r.process for r in reps.values()])
+        t_end = max(r.stats.t_end for r in reps.values())
+        if t_end > env.now:
+            yield env.timeout(t_end - env.now)
+        for i, r in reps.items():
+            st = r.stats
+            self.events += st.events
+            self._span("rollout", "rollout", i * ro.tp, t0, max(st.t_end, t0), step,
+                       tokens=st.generated_tokens,
+                       args={"plan": ro.describe(), "preemptions": st.preemptions,
+                             "evictions": st.evictions, "oom": len(st.oom_episodes),
+                             "peak_kv_tokens": st.peak_kv_tokens, "busy_s": st.busy_s,
+                             "class": "every replica" if choice.all else
+                             ("representative" if i in choice.representatives else "straggler")})
+        cap = next(iter(reps.values())).cap
+        if choice.all:
+            oom_ids = [e for r in reps.values() for e in r.stats.oom_episodes]
+            dropped = np.isin(drawn.ids, oom_ids)
+            generated = sum(r.stats.generated_tokens for r in reps.values())
+        else:
+            dropped, gen = kv_drops(drawn, cap)
+            generated = int(gen.sum())
+        sample = [reps[i].stats for i in choice.representatives]
+        return {"dropped": dropped, "rollout_oom": int(dropped.sum()),
+                "preemptions": scaled(sum(st.preemptions for st in sample), choice),
+                "evictions": scaled(sum(st.evictions for st in sample), choice),
+                "recompute_tokens": scaled(sum(st.recompute_tokens for st in sample), choice),
+                "generated_tokens": generated, "kv_capacity_tokens": cap,
+                "peak_kv_tokens": max(r.stats.peak_kv_tokens for r in reps.values()),
+                "replicas_simulated": len(reps)}
+
     def _group_spans(self, name: str, stage: str, plan: ParallelPlan, cost: StageCost, t0: float,
-                     step: int) -> None:
-        """One span per dp group, as long as its share of the tokens makes it."""
+                     step: int, aggregated: bool = False) -> None:
+        """One span per dp group, as long as its share of the tokens makes it (aggregated: the
+        slowest group's only)."""
         top = max(cost.group_tokens) or 1
-        for d, tokens in enumerate(cost.group_tokens):
+        groups = [cost.group_tokens.index(top)] if aggregated else range(len(cost.group_tokens))
+        for d in groups:
+            tokens = cost.group_tokens[d]
             self._span(name, stage, d * plan.model_parallel, t0, t0 + cost.time_s * tokens / top,
                        step, tokens=tokens, args={"plan": plan.describe()})
 
-    def _dispatch(self, ex: ParallelPlan, tr: ParallelPlan, kept: list[Episode],
-                  trained: list[Episode], step: int):
+    def _dispatch(self, ex: ParallelPlan, tr: ParallelPlan, ids: np.ndarray, tokens: np.ndarray,
+                  fits: np.ndarray, step: int, aggregated: bool = False):
         """SimPy process: price the dispatcher's TransferPlan (the cost model's one dispatch
-        price) and hold the step for it; returns seconds."""
-        if not trained:
+        price: links, host paths, advantages, metadata and planning, on the plan the runtime
+        would execute) and hold the step for it; returns seconds. `ids` / `tokens`: the
+        experience batch; `fits`: those the training plan can hold. Aggregated (replica
+        classes): the plan of a what-if batch of the same size at the mean context rounded up to
+        DISPATCH_CONTEXT_QUANTUM tokens (cached across steps), not the batch's own plan."""
+        if not fits.any():
             return 0.0
-        keep = {e.id for e in trained}
-        samples = [Sample(e.id, e.context_tokens) for e in kept if e.id in keep]
-        src_assign, _ = balance_samples(samples, ex.dp)
+        t0 = self.env.now
+        n = int(fits.sum())
+        if aggregated:
+            ctx = -(-int(tokens[fits].sum()) // n)
+            ctx = -(-ctx // DISPATCH_CONTEXT_QUANTUM) * DISPATCH_CONTEXT_QUANTUM
+            est = estimate_dispatch(self.cm, self.dispatcher_name, ex, tr, n, ctx)
+            self.events += 1
+            yield self.env.timeout(est.time_s)
+            self._span(f"dispatch ({self.dispatcher_name}, what-if plan)", "dispatch", 0, t0, self.env.now, step,
+                       bytes=int(est.extras.get("moved_bytes", 0)), args={"breakdown_s": est.breakdown})
+            return self.env.now - t0
+        kept_ids, kept_tok = ids[fits], tokens[fits]
+        samples = [Sample(i, t) for i, t in zip(kept_ids.tolist(), kept_tok.tolist(), strict=True)]
+        owner, _ = self._balance(ex.dp, kept_ids, kept_tok)
+        src_assign = assignment_of(owner, kept_tok, ex.dp, kept_ids)
         # training groups keep producers' samples where balance allows (fewer, local transfers)
         dst_assign, _ = balance_aligned(samples, tr.dp, src_assign)
-        src = Layout(ex, tuple(tuple(g) for g in src_assign))
+        src = Layout(ex, src_assign)
         dst = Layout(tr, tuple(tuple(g) for g in dst_assign))
         tplan = self.dispatcher.plan(src, dst, samples)
-        t0 = self.env.now
-        # the one dispatch price (earl.cost_model.dispatch): links, host paths, advantages,
-        # metadata and planning, on the same plan the runtime would execute
         est = price_transfer_plan(self.cm, tplan, samples=len(samples), producers=ex.dp,
                                   world=max(ex.world_size, tr.world_size), plan=tr)
         self.events += 1
@@ -343,3 +433,4 @@ class Simulation:
                          "metadata_bytes": tplan.metadata_bytes, "reduce_bytes": tplan.reduce_bytes,
                          "breakdown_s": est.breakdown})
         return self.env.now - t0
+

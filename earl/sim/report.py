@@ -15,14 +15,16 @@ from .scenario import Scenario, load_scenario
 
 
 def prepare(scenario: str | None, sets: dict[str, str], *, steps: int | None = None,
-            fine: bool = False, compare: bool = False) -> tuple[Scenario, list[tuple[str, str]]]:
-    """The checked scenario (file or built-in name, `--set`s, then `--steps` / `--fine`) and the
-    (selector, dispatcher) pairs to simulate."""
+            fine: bool = False, exact: bool = False, compare: bool = False) -> tuple[Scenario, list[tuple[str, str]]]:
+    """The checked scenario (file or built-in name, `--set`s, then `--steps` / `--fine` /
+    `--exact`) and the (selector, dispatcher) pairs to simulate."""
     sets = dict(sets)
     if steps is not None:
         sets["scenario.steps"] = str(steps)
     if fine:
         sets["engine.fine"] = "true"
+    if exact:
+        sets["engine.exact"] = "true"
     sc = load_scenario(scenario, sets)
     return sc, sc.policies(compare)
 
@@ -53,8 +55,10 @@ def results_table(sc: Scenario, results: list[PolicyResult]) -> Table:
     return table
 
 
-def outputs_line(path, results: list[PolicyResult], plots: bool) -> str:
+def outputs_line(path, results: list[PolicyResult], plots: bool, *, jobs=1, wall_s: float | None = None) -> str:
     events = sum(r.events for r in results)
-    wall = sum(r.wall_s for r in results)
+    sim_s = sum(r.wall_s for r in results)
+    how = f" over {jobs} {'processes' if jobs != 'ray' else 'Ray tasks'}" if jobs != 1 else ""
+    total = f", {wall_s:.1f} s wall" if wall_s is not None else ""
     return (f"wrote {path}/ (metrics.csv, summary.json, decisions.jsonl, trace.json"
-            f"{', plots' if plots else ''}); {events:,} events in {wall:.1f} s")
+            f"{', plots' if plots else ''}); {events:,} events in {sim_s:.1f} s of simulation{how}{total}")

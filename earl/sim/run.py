@@ -5,7 +5,9 @@ writes metrics.csv (one row per step and policy), summary.json, decisions.jsonl,
 per policy (trace.json for the first; the runtime writes the same span format) and PNG plots,
 all into a temporary folder that is renamed into place only when everything is written.
 
-    earl simulate --steps 10 --compare --out /tmp/sim
+Policies of `--compare` run in parallel processes with `--jobs N` (earl/sim/sweep.py).
+
+    earl simulate --steps 10 --compare --jobs 4 --out /tmp/sim
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from earl.trace import Span, to_chrome_trace
 
 from .iteration import Simulation
 from .scenario import Scenario
+from .sweep import run_jobs
 
 METRIC_COLUMNS = (
     "policy", "selector", "dispatcher", "step", "step_time_s", "throughput_tokens_per_gpu_s",
@@ -33,6 +36,7 @@ METRIC_COLUMNS = (
     "recompute_tokens", "preemptions", "evictions", "context_mean", "context_p95", "context_max",
     "kv_capacity_tokens", "peak_kv_tokens", "headroom_rollout", "headroom_experience",
     "headroom_train", "headroom_min", "plan_rollout", "plan_experience", "plan_train", "sim_time_s",
+    "replicas_simulated", "rollout_gpus", "staleness_mean", "staleness_max",
 )
 
 
@@ -69,6 +73,9 @@ def summarize(res: PolicyResult) -> dict:
         "trained_tokens": trained,
         "generated_tokens": sum(r["generated_tokens"] for r in rows),
         "headroom_min": min((r["headroom_min"] for r in rows), default=None),
+        "staleness_mean": (sum(r["staleness_mean"] * r["trained_episodes"] for r in rows)
+                           / max(1, sum(r["trained_episodes"] for r in rows))),
+        "staleness_max": max((r["staleness_max"] for r in rows), default=0),
         "final_plans": {k: rows[-1][f"plan_{k}"] for k in ("rollout", "experience", "train")}
         if rows else {},
         "events": res.events, "wall_s": res.wall_s, "cpu_s": res.cpu_s,
@@ -78,21 +85,41 @@ def summarize(res: PolicyResult) -> dict:
     }
 
 
+def simulate_policy(scenario: Scenario, selector: str, dispatcher: str, *, fine: bool | None = None,
+                    progress=None) -> PolicyResult:
+    """One (selector, dispatcher) pair on the scenario, timed."""
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    cb = None if progress is None else (lambda sim, step: progress(sim.label, step))
+    sim = Simulation(scenario, selector, dispatcher, fine=fine, progress=cb).run()
+    res = PolicyResult(label=sim.label, rows=sim.rows, spans=sim.spans, decisions=sim.decisions,
+                       events=sim.events, wall_s=time.perf_counter() - wall0,
+                       cpu_s=time.process_time() - cpu0, gpus=sim.gpus)
+    res.summary = summarize(res)
+    return res
+
+
+def simulate_job(job: tuple) -> PolicyResult:
+    """`simulate_policy(*job)` for `run_jobs`: job = (scenario, selector, dispatcher, fine)."""
+    scenario, selector, dispatcher, fine = job
+    return simulate_policy(scenario, selector, dispatcher, fine=fine)
+
+
 def simulate(scenario: Scenario, *, compare: bool = False, fine: bool | None = None,
-             progress=None) -> list[PolicyResult]:
-    """Simulate the scenario's policy (or every policy of `policy.compare`). `progress(label,
-    step)` is called after each step."""
-    out = []
-    for sel, disp in scenario.policies(compare):
-        wall0, cpu0 = time.perf_counter(), time.process_time()
-        cb = None if progress is None else (lambda sim, step: progress(sim.label, step))
-        sim = Simulation(scenario, sel, disp, fine=fine, progress=cb).run()
-        res = PolicyResult(label=sim.label, rows=sim.rows, spans=sim.spans, decisions=sim.decisions,
-                           events=sim.events, wall_s=time.perf_counter() - wall0,
-                           cpu_s=time.process_time() - cpu0, gpus=sim.gpus)
-        res.summary = summarize(res)
-        out.append(res)
-    return out
+             progress=None, jobs: int | str = 1, done=None) -> list[PolicyResult]:
+    """Simulate the scenario's policy (or every policy of `policy.compare`). Serially
+    (`jobs=1`), `progress(label, step)` is called after each step; in parallel (`jobs` > 1
+    processes, or "ray": earl/sim/sweep.py) `done(result)` as each policy finishes. Results
+    come back in `policy.compare` order, equal to the serial run's."""
+    pairs = scenario.policies(compare)
+    if jobs == 1 or len(pairs) == 1:
+        out = []
+        for sel, disp in pairs:
+            out.append(simulate_policy(scenario, sel, disp, fine=fine, progress=progress))
+            if done is not None:
+                done(out[-1])
+        return out
+    return run_jobs(simulate_job, [(scenario, sel, disp, fine) for sel, disp in pairs], jobs,
+                    done=None if done is None else (lambda i, res: done(res)))
 
 
 def metrics_csv(results: list[PolicyResult]) -> str:

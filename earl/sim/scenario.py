@@ -12,6 +12,7 @@ valid keys. Files, keys and types are handled by earl.config. Built-in scenarios
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from earl.specs import (
 from .workload import PRESETS, WorkloadSpec, preset
 
 SCENARIOS_DIR = Path(__file__).parent / "scenarios"
+SCHEDULE_MODES = ("sync", "async")
 DEFAULT_SCENARIO = "default"
 
 
@@ -56,10 +58,17 @@ class Scenario:
     max_num_seqs: int = 256  # rollout engine: most sequences decoding at once per replica
     logprob_passes: int = 2  # experience: forward passes (reference + old policy log-probs)
     fine: bool = False  # one event per decode iteration (slow; for checking the fast mode)
+    exact: bool = False  # simulate every rollout replica and every transfer (`--exact`)
+    exact_up_to: int = 1024  # episodes per step up to which every replica is simulated anyway;
+    #                          above it, replica classes (earl/sim/replicas.py)
     oom_restart_s: float = 0.0  # s charged to a step with an OOM event (job restart from checkpoint)
+    mode: str = "sync"  # schedule: "sync" (stages in turn on all GPUs) | "async" (rollout pool + training pool)
+    max_staleness: int = 1  # async: policy versions a trained sample may lag the trained policy
+    partial_rollout: bool = False  # async: a weight update interrupts episodes (resumed on new weights)
+    rollout_gpus: int = 0  # async: GPUs of the rollout pool, whole nodes (0: the cost model splits)
 
     def __post_init__(self):
-        for n in ("steps", "nodes", "max_num_seqs", "logprob_passes"):
+        for n in ("steps", "nodes", "max_num_seqs", "logprob_passes", "exact_up_to"):
             v = getattr(self, n)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{_KEY_OF[n]} must be an integer >= 1, got {v!r}")
@@ -68,6 +77,12 @@ class Scenario:
         if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 0:
             raise ValueError(f"cluster.gpus_per_node must be >= 1 (0: the hardware's own), got "
                              f"{self.gpus_per_node!r}")
+        if self.mode not in SCHEDULE_MODES:
+            raise ValueError(f"schedule.mode {self.mode!r}; valid: {', '.join(SCHEDULE_MODES)}")
+        for n in ("max_staleness", "rollout_gpus"):
+            v = getattr(self, n)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{_KEY_OF[n]} must be an integer >= 0, got {v!r}")
         for entry in self.compare:
             if entry.count("/") != 1:
                 raise ValueError(f"policy.compare entry {entry!r} must be 'selector/dispatcher', "
@@ -85,17 +100,44 @@ class Scenario:
         return ClusterSpec(hardware=hw, nodes=self.nodes, gpus_per_node=self.gpus_per_node,
                            network=NetworkSpec.from_name(self.network))
 
-    def stage_plan(self) -> StagePlan:
-        """The initial plans, resolved against the cluster's GPU count and checked on the model."""
-        model, gpus = self.model_spec(), self.cluster_spec().num_gpus
+    def workload_spec(self) -> WorkloadSpec:
+        """The workload on this cluster (`workload.episodes_per_gpu` resolved)."""
+        return self.workload.for_cluster(self.cluster_spec().num_gpus)
+
+    def open_plans(self) -> StagePlan:
+        """The plans as written; a stage without a dp degree has dp = -1 (fills its GPUs)."""
+        return StagePlan(rollout=parse_stage_plan(self.rollout_plan),
+                         experience=parse_stage_plan(self.experience_plan),
+                         train=parse_stage_plan(self.train_plan))
+
+    def pool_gpus(self, rollout_gpus: int | None = None) -> dict[str, int]:
+        """GPUs each stage runs on: all of them (sync), or the rollout pool (the first ranks) and
+        the training pool (async; `rollout_gpus` overrides schedule.rollout_gpus; 0 there: half,
+        for checking)."""
+        gpus = self.cluster_spec().num_gpus
+        if self.mode == "sync":
+            return {"rollout": gpus, "experience": gpus, "train": gpus}
+        ro = rollout_gpus or self.rollout_gpus or gpus // 2
+        if not 0 < ro < gpus:
+            raise ValueError(f"schedule.rollout_gpus = {ro}: the rollout pool must leave GPUs to "
+                             f"train (cluster: {gpus} GPUs; 0: the cost model splits)")
+        return {"rollout": ro, "experience": gpus - ro, "train": gpus - ro}
+
+    def stage_plan(self, rollout_gpus: int | None = None) -> StagePlan:
+        """The initial plans, resolved against their stage's GPUs (`pool_gpus`) and checked on
+        the model. A plan without a dp factor (`tp8`, `tp4-pp2`) fills the stage's GPUs with
+        data parallelism."""
+        model, pools = self.model_spec(), self.pool_gpus(rollout_gpus)
         plans = {}
         for stage, text in (("rollout", self.rollout_plan), ("experience", self.experience_plan),
                             ("train", self.train_plan)):
+            gpus = pools[stage]
             try:
-                plans[stage] = validate_plan(ParallelPlan.parse(text), model, world=gpus)
+                plans[stage] = validate_plan(parse_stage_plan(text), model, world=gpus)
             except ValueError as e:
-                raise ValueError(f"plan.{stage} = {text!r} does not match the cluster "
-                                 f"({self.nodes} x {self.cluster_spec().gpus_per_node} = {gpus} "
+                where = "the cluster" if self.mode == "sync" else f"its {self.mode} pool"
+                raise ValueError(f"plan.{stage} = {text!r} does not match {where} "
+                                 f"({gpus} of {self.nodes} x {self.cluster_spec().gpus_per_node} "
                                  f"GPUs, {model.name}): {e}") from None
         ro = plans["rollout"]
         if ro.pp != 1 or ro.cp != 1:
@@ -131,6 +173,15 @@ class Scenario:
         return to_flat(self, KEYS)
 
 
+def parse_stage_plan(text: str) -> ParallelPlan:
+    """`ParallelPlan.parse`, where a plan that names no dp degree takes all the stage's GPUs:
+    `tp8` on 16,384 GPUs is tp8-dp2048."""
+    plan = ParallelPlan.parse(text)
+    if not any(p.startswith("dp") for p in text.lower().split("-")):
+        plan = dataclasses.replace(plan, dp=-1)
+    return plan
+
+
 # public dotted key of each Scenario attribute (workload fields keep their own: workload.gen_tokens)
 KEY_NAMES = {
     "name": "scenario.name", "seed": "scenario.seed", "steps": "scenario.steps",
@@ -141,7 +192,10 @@ KEY_NAMES = {
     "selector": "policy.selector", "dispatcher": "policy.dispatcher", "compare": "policy.compare",
     "max_num_seqs": "engine.max_num_seqs", "fine": "engine.fine",
     "logprob_passes": "experience.logprob_passes",
+    "exact": "engine.exact", "exact_up_to": "engine.exact_up_to",
     "oom_restart_s": "failure.oom_restart_s",
+    "mode": "schedule.mode", "max_staleness": "schedule.max_staleness",
+    "partial_rollout": "schedule.partial_rollout", "rollout_gpus": "schedule.rollout_gpus",
     "workload.name": "workload.preset",  # picks the base workload; other workload keys override it
 }
 KEYS = keys_of(Scenario, rename=KEY_NAMES, what="scenario")
@@ -172,6 +226,9 @@ def build_scenario(values: dict, where: str = "scenario") -> Scenario:
     """Typed dotted keys -> Scenario (workload.preset picks the base workload, other workload
     keys override it)."""
     values = dict(values)
+    if values.get("workload.episodes_per_gpu") and "workload.episodes_per_step" in values:
+        raise ValueError(f"workload.episodes_per_step and workload.episodes_per_gpu both set in "
+                         f"{where}: give one (episodes_per_gpu scales the batch with the cluster)")
     name = values.pop("workload.preset", None)
     custom = name is None or name == WorkloadSpec().name  # "custom": the defaults (as to_flat writes)
     base = Scenario() if custom else Scenario(workload=preset(name))
@@ -183,6 +240,11 @@ def load_scenario(name_or_path: str | Path | None = None, sets: dict | None = No
     path = resolve_scenario_path(name_or_path)
     from_file = resolve_values(read_scenario_file(path), KEYS, where=str(path), leaf=False)
     from_sets = resolve_values(sets or {}, KEYS, where="--set")
+    # the batch is either per step or per GPU: the one given on the command line wins
+    for given, other in (("workload.episodes_per_step", "workload.episodes_per_gpu"),
+                         ("workload.episodes_per_gpu", "workload.episodes_per_step")):
+        if given in from_sets and other not in from_sets:
+            from_file.pop(other, None)
     if "workload.preset" in from_sets:
         # a new preset replaces the file's workload wholesale, keeping only explicit --set keys
         from_file = {k: v for k, v in from_file.items() if not k.startswith("workload.")}
@@ -191,4 +253,4 @@ def load_scenario(name_or_path: str | Path | None = None, sets: dict | None = No
 
 
 __all__ = ["Scenario", "KEYS", "PRESETS", "load_scenario", "build_scenario", "builtin_scenarios",
-           "read_scenario_file"]
+           "read_scenario_file", "parse_stage_plan"]

@@ -35,6 +35,8 @@ class WorkloadSpec:
 
     name: str = "custom"  # preset this spec started from
     episodes_per_step: int = 64  # episodes (responses) rolled out per training step
+    episodes_per_gpu: float = 0.0  # > 0: episodes per step = this x the cluster's GPUs (replaces
+    #                                episodes_per_step, so the batch grows with the cluster)
     prompt_tokens: float = 256  # first observation (the prompt), tokens, mean
     prompt_tokens_cv: float = 0.1  # its coefficient of variation
     turns_min: int = 1  # fewest model turns per episode
@@ -56,6 +58,9 @@ class WorkloadSpec:
             v = getattr(self, n)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"workload.{n} must be an integer >= 1, got {v!r}")
+        if not isinstance(self.episodes_per_gpu, (int, float)) or self.episodes_per_gpu < 0:
+            raise ValueError(f"workload.episodes_per_gpu must be >= 0 (0: use episodes_per_step), "
+                             f"got {self.episodes_per_gpu!r}")
         if self.turns_max < self.turns_min:
             raise ValueError(f"workload.turns_max={self.turns_max} is below "
                              f"workload.turns_min={self.turns_min}")
@@ -74,6 +79,13 @@ class WorkloadSpec:
         if self.max_context < 0:
             raise ValueError(f"workload.max_context must be >= 0 tokens (0: no cap), got "
                              f"{self.max_context!r}")
+
+    def for_cluster(self, gpus: int) -> WorkloadSpec:
+        """This workload on `gpus` GPUs: `episodes_per_gpu` (when set) turned into episodes per step."""
+        if not self.episodes_per_gpu:
+            return self
+        return dataclasses.replace(self, episodes_per_step=max(1, round(self.episodes_per_gpu * gpus)),
+                                   episodes_per_gpu=0.0)
 
     def growth_multiplier(self, step: int) -> float:
         """Factor on the per-turn generated tokens at training step `step`."""
@@ -149,6 +161,104 @@ def truncate_turns(turns, max_context: int) -> tuple[tuple, bool]:
     return tuple(out), False
 
 
+def truncate_arrays(obs: np.ndarray, gen: np.ndarray, turns: np.ndarray, max_context: int
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`truncate_turns` on a batch: obs / gen (episodes x turns, ints >= 1), turns per episode
+    -> (obs, gen, kept turns, truncated), columns past an episode's kept turns zeroed."""
+    n, width = obs.shape
+    col = np.arange(width)
+    live = col[None, :] < turns[:, None]
+    obs, gen = obs * live, gen * live
+    if max_context <= 0 or n == 0 or width == 0:
+        return obs, gen, turns.copy(), np.zeros(n, bool)
+    through = np.cumsum(obs + gen, axis=1)  # context after each turn (non-decreasing)
+    first = (through <= max_context).sum(axis=1)  # the first turn that passes the cap
+    cut = first < turns
+    rows = np.nonzero(cut)[0]
+    c = first[rows]
+    room = max_context - (through[rows, c] - gen[rows, c])  # generated tokens that still fit
+    keeps = room > 0
+    kept = turns.copy()
+    kept[rows] = c + keeps
+    gen[rows[keeps], c[keeps]] = room[keeps]
+    alive = col[None, :] < kept[rows][:, None]
+    obs[rows] *= alive
+    gen[rows] *= alive
+    return obs, gen, kept, cut
+
+
+@dataclass(frozen=True, eq=False)
+class Draw:
+    """One step's episodes as arrays: turn j of episode i at [i, j] (zeros past its kept
+    turns). `episodes()` makes `Episode` objects of some rows; the simulator's aggregated mode
+    materialises only the replicas it simulates."""
+
+    ids: np.ndarray  # (n,) episode ids
+    obs: np.ndarray  # (n, turns) observation tokens per turn (the prompt first)
+    gen: np.ndarray  # (n, turns) generated tokens per turn
+    lat: np.ndarray  # (n, turns) environment latency per turn, seconds
+    turns: np.ndarray  # (n,) turns kept after truncation
+    truncated: np.ndarray  # (n,) bool: hit max_context
+
+    @functools.cached_property
+    def context(self) -> np.ndarray:
+        return (self.obs + self.gen).sum(axis=1)
+
+    @functools.cached_property
+    def generated(self) -> np.ndarray:
+        return self.gen.sum(axis=1)
+
+    def rows(self, which) -> Draw:
+        """The episodes at row indices (or a boolean mask) `which`."""
+        if isinstance(which, np.ndarray) and which.dtype == bool and which.all():
+            return self
+        return Draw(ids=self.ids[which], obs=self.obs[which], gen=self.gen[which],
+                    lat=self.lat[which], turns=self.turns[which], truncated=self.truncated[which])
+
+    def episodes(self) -> list[Episode]:
+        obs, gen, lat = self.obs.tolist(), self.gen.tolist(), self.lat.tolist()
+        out = []
+        for r, (i, k, cut) in enumerate(zip(self.ids.tolist(), self.turns.tolist(),
+                                            self.truncated.tolist(), strict=True)):
+            o, g, la = obs[r], gen[r], lat[r]
+            out.append(Episode(id=i, turns=tuple((o[t], g[t], la[t]) for t in range(k)),
+                               truncated=cut))
+        return out
+
+    def stats(self, *, step: int = 0, max_context: int = 0) -> WorkloadStats:
+        return stats_of(self.context, self.turns, self.generated, step=step, max_context=max_context)
+
+    @staticmethod
+    def of_turns(raw: list, max_context: int, ids=None) -> Draw:
+        """Arrays of per-episode turn lists [(obs, gen, latency_s), ...] (a replayed trace)."""
+        n, width = len(raw), max((len(t) for t in raw), default=0)
+        obs, gen = np.zeros((n, width), np.int64), np.zeros((n, width), np.int64)
+        lat = np.zeros((n, width))
+        for i, turns in enumerate(raw):
+            for j, (o, g, la) in enumerate(turns):
+                obs[i, j], gen[i, j], lat[i, j] = o, g, la
+        k = np.array([len(t) for t in raw], np.int64)
+        obs, gen, kept, cut = truncate_arrays(obs, gen, k, max_context)
+        return Draw(ids=np.arange(n) if ids is None else np.asarray(ids), obs=obs, gen=gen,
+                    lat=np.where(np.arange(width)[None, :] < kept[:, None], lat, 0.0), turns=kept,
+                    truncated=cut)
+
+
+def stats_of(context, turns, generated, *, step: int = 0, max_context: int = 0,
+             memory_headroom_frac: float | None = None) -> WorkloadStats:
+    """The observed workload a selector sees, from per-episode context tokens, turns and
+    generated tokens."""
+    if len(context) == 0:
+        raise ValueError("no episodes to summarise (every episode was dropped)")
+    ctx = np.asarray(context, dtype=float)
+    return WorkloadStats(
+        step=step, num_responses=len(ctx), context_mean=float(ctx.mean()),
+        context_p95=float(max(np.percentile(ctx, 95), ctx.mean())),
+        context_max=float(ctx.max()), turns_mean=float(np.mean(turns)),
+        response_tokens_mean=float(np.mean(generated)), max_context=max_context,
+        memory_headroom_frac=memory_headroom_frac)
+
+
 def _lognormal(rng: np.random.Generator, mean: float, cv: float, size) -> np.ndarray:
     if cv == 0:
         return np.full(size, float(mean))
@@ -165,17 +275,14 @@ class Workload:
         self._trace = load_trace(spec.trace) if spec.trace else None
 
     def episodes(self, step: int) -> list[Episode]:
+        return self.draw(step).episodes()
+
+    def draw(self, step: int) -> Draw:
+        """This step's episodes as arrays (episodes with no turn left after truncation kept)."""
         if self._trace is not None:
             raw = self._trace[step % len(self._trace)]  # a short trace repeats from its start
-            out = []
-            for i, turns in enumerate(raw):
-                t, cut = truncate_turns(turns, self.spec.max_context)
-                if t:
-                    out.append(Episode(id=i, turns=t, truncated=cut))
-            return out
-        return self._draw(step)
-
-    def _draw(self, step: int) -> list[Episode]:
+            d = Draw.of_turns(raw, self.spec.max_context)
+            return d.rows(d.turns > 0)
         s = self.spec
         rng = np.random.default_rng([self.seed, step])
         n, tmax = s.episodes_per_step, s.turns_max
@@ -186,31 +293,19 @@ class Workload:
         lat = _lognormal(rng, s.env_latency_s, s.env_latency_cv, (n, tmax)) if s.env_latency_s else \
             np.zeros((n, tmax))
         obs[:, 0] = prompt
-        obs_i = np.maximum(np.rint(obs), 1).astype(int).tolist()
-        gen_i = np.maximum(np.rint(gen), 1).astype(int).tolist()
-        lat_f = lat.tolist()
-        out = []
-        for e in range(n):
-            k = int(turns[e])
-            raw = [(obs_i[e][t], gen_i[e][t], lat_f[e][t]) for t in range(k)]
-            t, cut = truncate_turns(raw, s.max_context)
-            out.append(Episode(id=e, turns=t, truncated=cut))
-        return out
+        obs_i = np.maximum(np.rint(obs), 1).astype(np.int64)
+        gen_i = np.maximum(np.rint(gen), 1).astype(np.int64)
+        obs_i, gen_i, kept, cut = truncate_arrays(obs_i, gen_i, turns.astype(np.int64), s.max_context)
+        lat *= np.arange(tmax)[None, :] < kept[:, None]
+        return Draw(ids=np.arange(n), obs=obs_i, gen=gen_i, lat=lat, turns=kept, truncated=cut)
 
     @staticmethod
     def stats(episodes: list[Episode], *, step: int = 0, max_context: int = 0,
               memory_headroom_frac: float | None = None) -> WorkloadStats:
         """The observed workload a selector sees."""
-        if not episodes:
-            raise ValueError("no episodes to summarise (every episode was dropped)")
-        ctx = np.array([e.context_tokens for e in episodes], dtype=float)
-        return WorkloadStats(
-            step=step, num_responses=len(episodes), context_mean=float(ctx.mean()),
-            context_p95=float(max(np.percentile(ctx, 95), ctx.mean())),
-            context_max=float(ctx.max()),
-            turns_mean=float(np.mean([len(e.turns) for e in episodes])),
-            response_tokens_mean=float(np.mean([e.generated_tokens for e in episodes])),
-            max_context=max_context, memory_headroom_frac=memory_headroom_frac)
+        return stats_of([e.context_tokens for e in episodes], [len(e.turns) for e in episodes],
+                        [e.generated_tokens for e in episodes], step=step, max_context=max_context,
+                        memory_headroom_frac=memory_headroom_frac)
 
 
 def load_trace(path: str | Path) -> list[list[list[tuple[int, int, float]]]]:

@@ -39,7 +39,8 @@ def run_quick(name: str, out: Path) -> pd.DataFrame:
 
 def test_every_study_is_tested():
     assert NAMES == ["s1_context_growth", "s2_data_volume", "s3_decode_tp", "s4_dispatch_latency",
-                     "s5_end_to_end", "s6_train_plans", "s7_scale", "s8_sensitivity", "s10_fidelity"]
+                     "s5_end_to_end", "s6_train_plans", "s7_scale", "s8_sensitivity", "s9_async",
+                     "s10_fidelity"]
 
 
 def test_s1_context_growth(tmp_path):
@@ -152,3 +153,26 @@ def test_s10_fidelity(tmp_path):
     assert len(earl) == 1 and (earl["error"].abs() <= 0.30).all()  # the paper's Fig. 4 at 32K
     mega = df[df["reference"].str.startswith("Megatron")]
     assert (mega["predicted"].between(0.2, 0.8)).all() and (mega["published"] == 0.47).all()
+
+
+def test_s9_async(tmp_path):
+    df = run_quick("s9_async", tmp_path)
+    assert df["variant"].iloc[0] == "sync colocated" and df["vs sync"].iloc[0] == 1
+    a = df[df["mode"] == "async"]
+    assert (a["staleness max"] <= a["max staleness"]).all()
+    assert (a[a["max staleness"] == 0]["staleness mean"] == 0).all()
+    assert (a["rollout GPUs"] < 128).all() and (a["rollout GPUs"] > 0).all()
+    # the training pool is smaller than the cluster: less memory headroom than colocated
+    assert (a["min headroom train %"] < df["min headroom train %"].iloc[0]).all()
+
+
+def test_earl_study_jobs_runs_studies_side_by_side(tmp_path):
+    from typer.testing import CliRunner
+
+    from earl.cli import app
+
+    res = CliRunner().invoke(app, ["study", "s9", "--quick", "--jobs", "2", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "s9_async.csv").is_file()
+    bad = CliRunner().invoke(app, ["study", "s9", "--jobs", "nope"])
+    assert bad.exit_code == 2 and "positive integer" in bad.output

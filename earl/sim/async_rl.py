@@ -1,0 +1,269 @@
+"""Asynchronous RL: a rollout pool streams episodes while a training pool trains.
+
+`schedule.mode = "async"` splits the cluster into a rollout pool running the
+rollout plan's engines without pause and a training pool that prepares experience and trains
+(the disaggregated design of AReaL, verl's fully-async mode and slime). Policy versions:
+
+- the rollout pool starts with version 0; training step s produces version s + 1, pushed to the
+  rollout engines over the network (`weight_push_s`);
+- the batch drawn for step j enters the engines once version j - K is out
+  (K = `schedule.max_staleness`), so rollout runs at most K versions ahead;
+- training step s waits for as many finished episodes as a batch holds and for every episode
+  that entered at version s - K or earlier; it takes those, then the earliest finished others.
+  A sample's staleness is s minus the version its episode started on, at most K;
+- on a weight update an engine either interrupts its episodes (`schedule.partial_rollout`: they
+  resume on the new weights, recomputing their context) or stops admitting new episodes until
+  every episode in flight has ended on the old weights, then loads the new ones.
+
+K = 0 is synchronous training on separate pools. The rollout plan stays fixed (engines stream);
+the selector plans log-probs and training on the training pool; `schedule.rollout_gpus = 0`
+lets the cost model choose the split (`earl.policies.pools.choose_pool_split`, priced on a few
+steps of the run's workload). Feeds and weight
+updates reach an engine at once (a decode segment in flight stops after its current iteration).
+Above `ASYNC_REPLICAS` rollout replicas, evenly spaced replicas stand for the rest (replica
+classes): the batch is their finished episodes, repeated to size.
+
+    earl simulate --set schedule.mode=async --set schedule.max_staleness=2 --steps 20
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections import deque
+
+import numpy as np
+
+from earl.cost_model.memory import WEIGHT_BYTES
+from earl.policies.pools import PoolSplit, choose_pool_split
+from earl.specs import ParallelPlan, Stage
+
+from .engine import WAITING, Replica, Seq
+from .replicas import deal
+from .workload import Workload
+
+ASYNC_REPLICAS = 16  # rollout replicas simulated in async mode; more are replica classes
+ID_STRIDE = 1 << 32  # episode ids of batch j: j * ID_STRIDE + id within the batch
+
+
+class StreamReplica(Replica):
+    """A rollout engine that runs on: episodes are fed while it works, weight updates arrive,
+    and each finished (or dropped) episode is reported with the version it started on."""
+
+    def __init__(self, env, *, partial: bool, on_done, **kw):
+        super().__init__(env, episodes=[], **kw)
+        self.partial = partial  # interrupt episodes at a weight update (else drain first)
+        self.on_done = on_done  # on_done(episode id, finish time, start version, dropped)
+        self.fresh: deque[Seq] = deque()  # fed, not yet let in (held back while draining)
+        self.version = 0  # policy version of the weights loaded
+        self.pending: int | None = None  # version waiting to be loaded
+        self.draining = False
+        self.stopped = False
+        self.start_version: dict[int, int] = {}  # episode id -> version its first turn ran on
+        self.interruptions = 0  # sequences interrupted by weight updates (partial rollout)
+        self.wake = env.event()
+
+    def _ring(self) -> None:
+        if not self.wake.triggered:
+            self.wake.succeed()
+
+    def feed(self, episodes) -> None:
+        self.fresh.extend(Seq(e) for e in episodes if e.turns)
+        self._ring()
+
+    def update(self, version: int) -> None:
+        self.pending = version
+        self._ring()
+
+    def stop(self) -> None:
+        self.stopped = True
+        self._ring()
+
+    def _on_loop(self) -> None:
+        if self.wake.triggered:
+            self.wake = self.env.event()
+        if self.pending is not None:
+            if self.partial:
+                for s in reversed(list(self.running.values())):  # resume on the new weights
+                    self._stop_decoding(s)
+                    self._release(s)
+                    s.state = WAITING
+                    self.waiting.appendleft(s)
+                    self.interruptions += 1
+                self._evict(self.used)  # every cached context was computed by the old weights
+                self.version, self.pending = self.pending, None
+            else:
+                if not self.draining:  # episodes not started yet wait for the new weights
+                    unstarted = [s for s in self.waiting if s.ep.id not in self.start_version]
+                    for s in unstarted:
+                        self.waiting.remove(s)
+                    self.fresh.extendleft(reversed(unstarted))
+                    self.draining = True
+                if not (self.running or self.arrivals or self.waiting):
+                    self.version, self.pending, self.draining = self.pending, None, False
+        if not self.draining and self.fresh:
+            self.waiting.extend(self.fresh)
+            self.fresh.clear()
+
+    def _idle(self):
+        if self.pending is not None or (self.fresh and not self.draining):
+            return True
+        if self.stopped:
+            return False
+        yield self.wake
+        return True
+
+    def _start_decoding(self, s: Seq) -> None:
+        self.start_version.setdefault(s.ep.id, self.version)
+        super()._start_decoding(s)
+
+    def _done(self, s: Seq, t_finish: float) -> None:
+        self.on_done(s.ep.id, t_finish, self.start_version[s.ep.id], False)
+
+    def _oom(self, s: Seq) -> None:
+        super()._oom(s)
+        self.on_done(s.ep.id, self.env.now, self.start_version.get(s.ep.id, self.version), True)
+
+
+def weight_push_s(cm, rollout: ParallelPlan, rollout_gpus: int, train_gpus: int) -> float:
+    """Seconds to push new weights from the training pool to the rollout pool: every rollout
+    GPU receives its tp shard over its node's NICs, every training node sends its share; the
+    busier side of the network sets the time (the cost model's inter-node link)."""
+    per_node = cm.cluster.gpus_per_node
+    shard = cm.model.num_params * WEIGHT_BYTES / rollout.tp
+    into_node = shard * per_node
+    out_of_node = shard * rollout_gpus / max(1, train_gpus // per_node)
+    return cm.transfer_time_s(max(into_node, out_of_node), rollout_gpus, 0)
+
+
+SPLIT_POINTS = 4  # steps of the run (evenly spaced) the cost model prices a pool split on
+
+
+def choose_split(scenario, cm, workload: Workload) -> PoolSplit:
+    """The cost model's rollout / training split, priced on the episodes of `SPLIT_POINTS`
+    evenly spaced steps of the run (the split is fixed while the context grows; a real system
+    would price a forecast of its workload)."""
+    steps = sorted({round(i * (scenario.steps - 1) / max(1, SPLIT_POINTS - 1)) for i in range(SPLIT_POINTS)})
+    points = []
+    for step in steps:
+        d = workload.draw(step)
+        d = d.rows(d.turns > 0)
+        points.append(d.stats(step=step, max_context=scenario.workload.max_context))
+    granularity = cm.cluster.gpus_per_node if cm.cluster.nodes > 1 else 1  # whole nodes where there are several
+    return choose_pool_split(cm, scenario.open_plans(), points, cm.cluster.num_gpus,
+                             granularity=granularity, logprob_passes=scenario.logprob_passes)
+
+
+def run_async(sim):
+    """SimPy process: the training pool's steps against the streaming rollout pool of `sim`
+    (an `earl.sim.iteration.Simulation` in async mode)."""
+    env, sc, cm = sim.env, sim.sc, sim.cm
+    K = sc.max_staleness
+    ro = sim.plans[Stage.ROLLOUT]
+    replicas = ro.dp
+    if replicas <= ASYNC_REPLICAS:
+        chosen = list(range(replicas))
+    else:
+        chosen = sorted(set(np.linspace(0, replicas - 1, ASYNC_REPLICAS).round().astype(int).tolist()))
+    scale = replicas / len(chosen)
+    finished: list[tuple[float, int, int, bool]] = []  # heap: (time, id, start version, dropped)
+    bell = [env.event()]
+
+    def on_done(ep_id: int, t: float, version: int, dropped: bool) -> None:
+        heapq.heappush(finished, (t, ep_id, version, dropped))
+        if not bell[0].triggered:
+            bell[0].succeed()
+
+    engines = [StreamReplica(env, cost_model=cm, tp=ro.tp, clock=sim.clock(ro.tp),
+                             max_num_seqs=sc.max_num_seqs, fine=sim.fine, log=sim.log,
+                             name=f"replica{i}", partial=sc.partial_rollout, on_done=on_done)
+               for i in chosen]
+    info: dict[int, tuple] = {}  # episode id -> (context, turns, generated, truncated)
+    fed_at: dict[int, set] = {}  # feed version -> ids fed then, not yet trained on
+    batch_size: dict[int, int] = {}  # batch j -> episodes it holds on the simulated replicas
+
+    def feed(j: int, version: int) -> None:
+        if j >= sc.steps:
+            return
+        d = sim.workload.draw(j)
+        d = d.rows(d.turns > 0)
+        d = dataclasses.replace(d, ids=d.ids + j * ID_STRIDE)
+        parts = [deal(d, replicas, i) for i in chosen]
+        batch_size[j] = sum(len(p.ids) for p in parts)
+        ids = fed_at.setdefault(version, set())
+        for eng, part in zip(engines, parts, strict=True):
+            ids.update(part.ids.tolist())
+            for i, c, t, g, cut in zip(part.ids.tolist(), part.context.tolist(), part.turns.tolist(),
+                                       part.generated.tolist(), part.truncated.tolist(), strict=True):
+                info[i] = (c, t, g, cut)
+            eng.feed(part.episodes())
+
+    for j in range(K + 1):
+        feed(j, 0)
+    ready: dict[int, tuple[float, int, bool]] = {}  # finished by now: id -> (time, version, dropped)
+    train_gpus = sim.stage_gpus[Stage.TRAIN]
+    push_s = weight_push_s(cm, ro, sim.stage_gpus[Stage.ROLLOUT], train_gpus)
+    before = {"preemptions": 0, "evictions": 0, "recompute_tokens": 0}
+    t_prev = env.now
+    for step in range(sc.steps):
+        sim._placements = {}
+        need = batch_size.get(step, 0)
+        while True:
+            while finished and finished[0][0] <= env.now:
+                t, i, v, dropped = heapq.heappop(finished)
+                ready[i] = (t, v, dropped)
+            forced = [i for v, ids in fed_at.items() if v <= step - K for i in ids]
+            if len(ready) >= need and all(i in ready for i in forced):
+                break
+            bell[0] = env.event()
+            waits = [bell[0]] + ([env.timeout(finished[0][0] - env.now)] if finished else [])
+            yield env.any_of(waits)
+        t_batch = env.now
+        take = list(forced)
+        taken = set(take)
+        rest = sorted((i for i in ready if i not in taken), key=lambda i: (ready[i][0], i))
+        take += rest[:max(0, need - len(take))]
+        for i in take:
+            for ids in fed_at.values():
+                ids.discard(i)
+        kept = [i for i in take if not ready[i][2]]
+        stale = np.array([step - ready[i][1] for i in kept], dtype=float)
+        arr = np.array([info[i] for i in kept], dtype=np.int64).reshape(-1, 4)
+        for i in take:
+            del ready[i]
+        # replica classes: the simulated replicas' batch, repeated to the whole pool's size
+        n_all = round(len(kept) * scale)
+        arr = np.resize(arr, (n_all, 4)) if len(arr) else arr
+        dropped = len(take) - len(kept)
+        row: dict = {"episodes": round(len(take) * scale), "truncated_episodes": int(arr[:, 3].sum()),
+                     "rollout_s": t_batch - t_prev, "rollout_oom": round(dropped * scale),
+                     "generated_tokens": int(arr[:, 2].sum()), "replicas_simulated": len(engines),
+                     "kv_capacity_tokens": engines[0].cap,
+                     "peak_kv_tokens": max(e.stats.peak_kv_tokens for e in engines),
+                     "staleness_mean": float(stale.mean()) if len(stale) else 0.0,
+                     "staleness_max": int(stale.max()) if len(stale) else 0}
+        for k in before:
+            total = sum(getattr(e.stats, k) for e in engines)
+            row[k], before[k] = round((total - before[k]) * scale), total
+        ro_mem = cm.memory("decode", ro, ro.dp, max(row["peak_kv_tokens"], 1))
+        row["headroom_rollout"] = ro_mem.headroom_frac
+        sim._span("batch ready", "rollout", 0, t_prev, t_batch, step,
+                  args={"episodes": len(take), "staleness_mean": row["staleness_mean"]})
+        yield from sim._learn(np.arange(len(arr)), arr[:, 0], arr[:, 1], arr[:, 2], step, row,
+                              aggregated=scale > 1 or sim.aggregated(len(arr)))
+        t0 = env.now
+        yield env.timeout(push_s)
+        sim.events += 1
+        sim._span("weight push", "sync", sim.stage_gpus[Stage.ROLLOUT], t0, env.now, step,
+                  args={"version": step + 1})
+        row["sync_s"] = push_s
+        for eng in engines:
+            eng.update(step + 1)
+        feed(step + 1 + K, step + 1)
+        ctx = arr[:, 0] if len(arr) else np.zeros(0, np.int64)
+        yield from sim._finish_row(row, ro, ctx, t_prev, step)
+        t_prev = env.now
+        sim.step_done(step)
+    sim.events += sum(e.stats.events for e in engines)
+    for eng in engines:
+        eng.stop()

@@ -1,0 +1,127 @@
+"""The simulator at cluster scale: replica classes agree with the per-replica mode (within 2%
+on step time and throughput at 1,024 GPUs), the array workload equals the per-episode one,
+plans without a dp degree fill the cluster, and the batch can follow the cluster.
+
+    python -m pytest tests/sim/test_scale.py -q            # fast ones
+    python -m pytest tests/sim/test_scale.py -q -m slow    # the full 1,024-GPU agreement
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import simpy
+
+from earl.cost_model import CostModel
+from earl.sim.engine import Replica
+from earl.sim.iteration import Simulation
+from earl.sim.replicas import choose_replicas, deal, kv_drops
+from earl.sim.scenario import load_scenario, parse_stage_plan
+from earl.sim.workload import Draw, Workload, preset, truncate_turns
+from earl.specs import ClusterSpec, HardwareSpec, ModelSpec
+
+
+def agreement(sets: dict, policy=("static", "centralized")) -> tuple[Simulation, Simulation]:
+    agg = Simulation(load_scenario(None, {**sets, "engine.exact": "false"}), *policy).run()
+    exact = Simulation(load_scenario(None, {**sets, "engine.exact": "true"}), *policy).run()
+    return agg, exact
+
+
+def check_within_2_percent(agg: Simulation, exact: Simulation) -> None:
+    for a, b in zip(agg.rows, exact.rows, strict=True):
+        assert a["replicas_simulated"] < b["replicas_simulated"] == 128
+        assert a["step_time_s"] == pytest.approx(b["step_time_s"], rel=0.02)
+        assert a["throughput_tokens_per_gpu_s"] == pytest.approx(b["throughput_tokens_per_gpu_s"], rel=0.02)
+        # what follows from the episodes alone is exact on every replica
+        for k in ("generated_tokens", "trained_tokens", "rollout_oom", "oom_events", "episodes"):
+            assert a[k] == b[k], k
+    for k in ("step_time_s", "throughput_tokens_per_gpu_s"):
+        mean_a = np.mean([r[k] for r in agg.rows])
+        assert mean_a == pytest.approx(np.mean([r[k] for r in exact.rows]), rel=0.02)
+    assert agg.events < exact.events / 5
+
+
+def test_replica_classes_agree_with_every_replica_at_1024_gpus_fast():
+    """128 nodes x 8 (tp8: 128 replicas), 1 episode per GPU, context growing to the 32K cap."""
+    agg, exact = agreement({"cluster.nodes": "128", "workload.episodes_per_gpu": "1",
+                            "engine.exact_up_to": "512", "scenario.steps": "3",
+                            "workload.growth_steps": "2"})
+    check_within_2_percent(agg, exact)
+
+
+@pytest.mark.slow
+def test_replica_classes_agree_with_every_replica_at_1024_gpus():
+    """The default scenario on 1,024 GPUs (4,096 episodes per step), through the growth."""
+    agg, exact = agreement({"cluster.nodes": "128", "scenario.steps": "5", "workload.growth_steps": "4"})
+    check_within_2_percent(agg, exact)
+
+
+def test_small_clusters_stay_exact():
+    """Up to engine.exact_up_to episodes every replica is simulated: the two modes coincide."""
+    sets = {"workload.episodes_per_step": "64", "scenario.steps": "2"}
+    agg, exact = agreement(sets)
+    assert [r["step_time_s"] for r in agg.rows] == [r["step_time_s"] for r in exact.rows]
+
+
+def test_16k_gpu_default_scenario_steps_quickly():
+    sc = load_scenario(None, {"cluster.nodes": "2048", "scenario.steps": "1"})
+    sim = Simulation(sc, "static", "centralized").run()
+    row = sim.rows[0]
+    assert sim.gpus == 16384 and row["episodes"] == 65536
+    assert row["plan_rollout"] == "tp8-dp2048-mb1" and row["plan_train"] == "tp8-dp2048-mb1-rc-full-zero"
+    assert row["replicas_simulated"] <= 6
+    assert len(sim.spans) < 30  # one per simulated replica and stage, not one per GPU
+
+
+def test_plans_without_dp_fill_the_stage():
+    assert parse_stage_plan("tp8").resolve(16384).dp == 2048
+    assert parse_stage_plan("tp4-pp2").resolve(64).dp == 8
+    assert parse_stage_plan("tp4-dp2").dp == 2  # a dp degree given is kept
+    sc = load_scenario(None, {"cluster.nodes": "3"})
+    assert sc.stage_plan().rollout.dp == 3
+
+
+def test_episodes_per_gpu_follows_the_cluster_and_set_wins():
+    assert load_scenario(None, {"cluster.nodes": "32"}).workload_spec().episodes_per_step == 1024
+    sc = load_scenario(None, {"workload.episodes_per_step": "64"})  # the command line wins
+    assert sc.workload_spec().episodes_per_step == 64
+    with pytest.raises(ValueError, match="both set"):
+        load_scenario("tool-use", {"workload.episodes_per_gpu": "2", "workload.episodes_per_step": "8"})
+    with pytest.raises(ValueError, match="episodes_per_gpu must be >= 0"):
+        load_scenario(None, {"workload.episodes_per_gpu": "-1"})
+
+
+def test_array_truncation_equals_truncate_turns():
+    rng = random.Random(1)
+    for _ in range(200):
+        raw = [[(rng.randint(1, 400), rng.randint(1, 900), rng.random()) for _ in range(rng.randint(1, 6))]
+               for _ in range(rng.randint(1, 12))]
+        cap = rng.choice([0, 300, 1000, 2500])
+        d = Draw.of_turns(raw, cap)
+        for e, turns in zip(d.episodes(), raw, strict=True):
+            assert (e.turns, e.truncated) == truncate_turns(turns, cap)
+
+
+def test_kv_drops_equal_the_engine():
+    cm = CostModel(ModelSpec.from_name("qwen2.5-7b"),
+                   ClusterSpec(hardware=HardwareSpec.from_name("h100-sxm-80gb"), nodes=1, gpus_per_node=1))
+    cm.kv_capacity_tokens = lambda tp, pp=1: 3000  # a small cache, so some episodes cannot fit
+    draw = Workload(preset("connect-four")).draw(60).rows(slice(0, 40))
+    dropped, generated = kv_drops(draw, 3000)
+    env = simpy.Environment()
+    rep = Replica(env, cost_model=cm, tp=1, episodes=draw.episodes(), max_num_seqs=8)
+    env.run()
+    assert 0 < dropped.sum() < len(dropped)
+    assert sorted(rep.stats.oom_episodes) == draw.ids[dropped].tolist()
+    assert rep.stats.generated_tokens == generated.sum()
+
+
+def test_choice_holds_the_longest_episode_and_deals_round_robin():
+    draw = Workload(preset("connect-four")).draw(30)
+    choice = choose_replicas(draw, 64, 0.02)
+    longest = int(np.argmax(draw.generated * 0.02 + draw.lat.sum(axis=1)))
+    assert longest % 64 in choice.simulated
+    assert set(choice.representatives) <= set(choice.simulated) and len(choice.simulated) <= 6
+    assert deal(draw, 64, 5).ids.tolist() == list(range(5, 512, 64))
