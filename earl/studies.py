@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -52,8 +53,18 @@ def study_summaries(width: int = 100) -> list[tuple[str, str]]:
 def run_studies(name: str, *, out: str | None = None, quick: bool = False,
                 echo: Callable[[str], None] = print) -> list[str]:
     """Run the study (or `all`), each in its own process; the stems of those that failed."""
+    scripts = resolve_study(name, study_scripts())
+    figures = (scripts[0].parent.parent / "docs" / "figures").resolve()
+    if out is None:  # the committed figures change only when asked for by name
+        out = str(Path("runs") / time.strftime("study-%Y%m%d-%H%M%S"))
+    elif quick and Path(out).resolve() == figures:
+        raise ValueError(f"--quick writes reduced figures and never replaces the full ones in {out}; "
+                         "choose another --out")
+    from earl.outputs import probe_writable
+
+    probe_writable(out)
     failed = []
-    for path in resolve_study(name, study_scripts()):
+    for path in scripts:
         cmd = [sys.executable, str(path)] + (["--out", out] if out else []) + (["--quick"] if quick else [])
         echo(f"$ {' '.join(cmd)}")
         if subprocess.run(cmd, check=False).returncode != 0:

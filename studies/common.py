@@ -57,6 +57,10 @@ def parse_args(doc: str | None, argv: list[str] | None = None) -> argparse.Names
 def main(run, doc: str | None, argv: list[str] | None = None) -> None:
     """Parse `--out/--quick`, run the study, report where its files went."""
     args = parse_args(doc, argv)
+    if args.quick and args.out.resolve() == DEFAULT_OUT.resolve():
+        print(f"error: --quick writes reduced figures and never replaces the full ones in {DEFAULT_OUT}; "
+              "pass --out another folder", file=sys.stderr)
+        raise SystemExit(2)
     t0 = time.perf_counter()
     run(args.out, quick=args.quick)
     console.print(f"[dim]done in {time.perf_counter() - t0:.1f} s; outputs in {args.out}[/]")

@@ -45,12 +45,14 @@ from earl.runtime.dist import comm_device, shutdown
 from earl.runtime.envs import ENVS, env_options, make_env
 from earl.runtime.hf_model import check_dtype, check_model_path
 from earl.runtime.metrics import RunRecorder, plot_run
+from earl.runtime.resources import check_resources
 from earl.runtime.step import StepContext, run_step
 from earl.runtime.worker import MemoryBudgetExceeded, Worker, sampling_params
 from earl.specs import MODEL_CATALOG, ModelSpec, ParallelPlan, Stage, StagePlan, WorkloadStats, unknown_name_error
 from earl.trace import atomic_write_text
 
 LAUNCH_CONFIG = "launch-config.json"  # the resolved config a multi-process run's ranks read
+LAUNCH_LOG = "launch.log"  # torchrun's and the ranks' stderr of a multi-process run
 HF_EXPORT = "hf"  # the run folder's HF export of the final policy
 STAGE_NAMES = tuple(s.value for s in Stage)
 
@@ -73,7 +75,14 @@ def resolve_config(config_file: str | Path | None = None, *, resume: str | Path 
     if resume is not None:
         if config_file is not None:
             raise ValueError("give either a CONFIG file or --resume (the run's config is in its checkpoint)")
-        cfg = _fit_world(from_dict(read_meta(find_checkpoint(resume))["config"]), overrides or {})
+        saved = from_dict(read_meta(find_checkpoint(resume))["config"])
+        cfg = apply_overrides(_fit_world(saved, overrides or {}), overrides or {})
+        for key, was, now in (("env.name", saved.env.name, cfg.env.name),
+                              ("model.path", saved.model.path, cfg.model.path)):
+            if was != now:
+                raise ValueError(f"--resume {resume} continues a run with {key}={was!r}; it cannot switch to "
+                                 f"{now!r} (start a new run with another --out)")
+        return cfg
     elif config_file is not None:
         cfg = load_config_file(config_file)
     else:
@@ -104,6 +113,20 @@ def default_out_dir(resume: str | Path | None) -> Path:
     if resume is not None:
         return find_checkpoint(resume).parent.parent
     return Path("runs") / time.strftime("run-%Y%m%d-%H%M%S")
+
+
+def check_out(out: str | Path, resume: str | Path | None = None) -> Path:
+    """The run folder: the resumed run's own, or a new or empty writable folder (the launcher's
+    config file allowed); a one-line ValueError before any work otherwise."""
+    from earl.outputs import check_out_dir, probe_writable
+
+    out = Path(out)
+    if resume is not None and find_checkpoint(resume).parent.parent.resolve() == out.resolve():
+        probe_writable(out)
+        return out
+    hint = (f"it holds a run: continue it with --resume {out}, or choose another --out"
+            if (out / "checkpoints").is_dir() else "choose another --out")
+    return check_out_dir(out, may_hold=(LAUNCH_CONFIG, LAUNCH_LOG), hint=hint)
 
 
 def parse_schedule(items: tuple[str, ...]) -> tuple[tuple[int, str, str], ...]:
@@ -140,6 +163,7 @@ def check_config(cfg: RunConfig, world: int | None = None) -> None:
     check_dtype(cfg.model.dtype)
     sampling_params(cfg)
     spec = model_spec(cfg.model.path)
+    check_resources(cfg, spec, world)
     plans = initial_plans(cfg, world)
     for stage in Stage:
         plan = plans.for_stage(stage)
@@ -152,7 +176,12 @@ def check_config(cfg: RunConfig, world: int | None = None) -> None:
     if cfg.engine != "pytorch" and world > 1:
         raise ValueError(f"engine {cfg.engine!r} runs on one process; the multi-process runtime runs the "
                          "pytorch engine")
-    resolve_hardware(cfg)
+    hw, _ = resolve_hardware(cfg)
+    try:
+        make_cost_model(spec, hw, world)  # the selector's, built by every rank
+    except ValueError as e:
+        raise ValueError(f"--nproc {world} with hardware profile {hw}: {e}; pass a process count that fits "
+                         "its nodes or another --hardware") from None
 
 
 def resolve_hardware(cfg: RunConfig) -> tuple[str, str]:
@@ -285,8 +314,7 @@ def _train(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume
     check_config(cfg, world)
     out = Path(out_dir)
     ckpt = find_checkpoint(resume) if resume is not None else None
-    if ckpt is None and (out / "checkpoints").is_dir():
-        raise ValueError(f"{out} already holds a run; pass --resume {out} or another --out")
+    check_out(out, resume)
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     worker = Worker(cfg, _resume_plans(cfg, ckpt, world), rank=rank, world=world,

@@ -110,11 +110,11 @@ def _slug(label: str) -> str:
 
 
 def check_out_dir(out: str | Path) -> Path:
-    """Refuse an --out folder that already holds files (nothing is ever overwritten)."""
-    p = Path(out)
-    if p.exists() and (not p.is_dir() or any(p.iterdir())):
-        raise ValueError(f"--out {p} already exists and is not an empty folder")
-    return p
+    """Refuse an --out folder that already holds files (nothing is ever overwritten) or cannot
+    be written, before the simulation runs."""
+    from earl.outputs import check_out_dir as check
+
+    return check(out)
 
 
 def write_outputs(scenario: Scenario, results: list[PolicyResult], out: str | Path,
