@@ -55,6 +55,7 @@ def launch(cfg: RunConfig, out: str | Path, *, resume: str | Path | None = None,
     cmd = torchrun_command(cfg.nproc, config_file, out, Path(resume) if resume is not None else None, progress)
     run_env = {**os.environ, **(env or {})}
     run_env.setdefault("OMP_NUM_THREADS", "1")
+    run_env["EARL_LAUNCHER"] = "1"  # the ranks leave the resume hint to this process
     log_path = out / LAUNCH_LOG
     with open(log_path, "a") as log:
         proc = subprocess.Popen(cmd, env=run_env, stderr=log)

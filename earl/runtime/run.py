@@ -314,7 +314,8 @@ def _train(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume
     check_config(cfg, world)
     out = Path(out_dir)
     ckpt = find_checkpoint(resume) if resume is not None else None
-    check_out(out, resume)
+    if rank == 0:  # the one writer; later ranks would see its first files
+        check_out(out, resume)
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     worker = Worker(cfg, _resume_plans(cfg, ckpt, world), rank=rank, world=world,
@@ -457,9 +458,8 @@ def worker_main(argv: list[str] | None = None) -> None:
         result = train(cfg, a.out, resume=a.resume, progress=a.progress, echo=lambda m: print(m, flush=True))
         if result.metrics:  # rank 0
             print(summarize(result), flush=True)
-    except ValueError as e:
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(f"error: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
+    except ValueError as e:  # every rank says it (one may fail alone); the launcher shows each text once
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
         code = 2
     except (RuntimeError, ConnectionError) as e:
         if isinstance(e, MemoryBudgetExceeded):
@@ -467,9 +467,10 @@ def worker_main(argv: list[str] | None = None) -> None:
             code = 4
         else:
             last = _last_checkpoint(Path(a.out))
+            hint = "" if os.environ.get("EARL_LAUNCHER") else (  # `earl run --nproc` reports it once
+                f" Last complete checkpoint: {last or 'none'}" + (f"; continue with --resume {a.out}" if last else ""))
             print(f"earl run: rank {os.environ.get('RANK', '?')} lost contact with a peer during {stage} "
-                  f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); stopping. "
-                  f"Last complete checkpoint: {last or 'none'}" + (f"; continue with --resume {a.out}" if last else ""),
+                  f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); stopping.{hint}",
                   file=sys.stderr, flush=True)
             code = 3
     shutdown(code)

@@ -28,7 +28,7 @@ from .scenario import Scenario
 METRIC_COLUMNS = (
     "policy", "selector", "dispatcher", "step", "step_time_s", "throughput_tokens_per_gpu_s",
     "generated_tokens_per_gpu_s", "rollout_s", "experience_s", "dispatch_s", "train_s",
-    "reshard_s", "sync_s", "oom_events", "rollout_oom", "experience_oom", "train_oom",
+    "reshard_s", "sync_s", "restart_s", "oom_events", "rollout_oom", "experience_oom", "train_oom",
     "truncated_episodes", "episodes", "trained_episodes", "trained_tokens", "generated_tokens",
     "recompute_tokens", "preemptions", "evictions", "context_mean", "context_p95", "context_max",
     "kv_capacity_tokens", "peak_kv_tokens", "headroom_rollout", "headroom_experience",
