@@ -171,6 +171,21 @@ CASES = [
     ("validate-out-proc", {}, ["validate", "--out", "/proc/earl-x", "--steps", "2"], "cannot be written"),
     ("validate-out-under-file", {"f": "mine"}, ["validate", "--out", "f/o", "--steps", "2"], "file where"),
     ("study-quick-figures", {}, ["study", "s2", "--quick", "--out", str(REPO / "docs" / "figures")], "--quick"),
+    # ---- more: --set values, odd files ----------------------------------------------------------
+    ("model-head-dim-0", model(head_dim=0), EST + ["--model", "m"], "head_dim = 0"),
+    ("profile-reserve-negative", profile("mem_reserve_frac", -0.1), EST + ["--hardware", "p.json"],
+     "mem_reserve_frac"),
+    ("profile-is-folder", {"x.json/a": "1"}, EST + ["--hardware", "x.json"], "x.json"),
+    ("set-lr-nan", {}, ["run", "--set", "trainer.lr=nan", "--out", "o"], "trainer.lr = 'nan'"),
+    ("set-steps-1e400", {}, ["run", "--set", "steps=1e400", "--out", "o"], "steps = '1e400'"),
+    ("set-nodes-inf", {}, ["simulate", "--set", "cluster.nodes=inf", "--out", "o"], "cluster.nodes"),
+    ("sim-steps-negative", {}, ["simulate", "--steps", "-1", "--out", "o"], "steps"),
+    ("run-yaml-inf", {"c.yaml": "trainer:\n  lr: .inf\n"}, ["run", "c.yaml", "--out", "o"], "trainer.lr = inf"),
+    ("meta-step-string", {"ck/meta.json": json.dumps({**META, "step": "abc"})}, ["run", "--resume", "ck"],
+     "corrupted"),
+    ("trace-missing-episodes", {"s.toml": TRACE_SC, "t.jsonl": '{"step": 0}\n'}, SIM[:1] + ["s.toml"] + SIM[1:],
+     "t.jsonl:1"),
+    ("trace-missing-file", {"s.toml": TRACE_SC}, SIM[:1] + ["s.toml"] + SIM[1:], "t.jsonl"),
     # ---- resources (before anything is built) ---------------------------------------------------
     ("validate-72b", {}, ["validate", "--model", "qwen2.5-72b", "--out", "o", "--steps", "2"], "GiB"),
 ]
@@ -281,3 +296,27 @@ def test_random_run_config_shapes_raise_only_value_error(data):
         from_dict(data, where="c.toml")
     except ValueError as e:
         assert "\n" not in str(e)
+
+
+SCENARIO_KEYS = {"scenario": ["steps", "seed", "name"], "model": ["name"], "cluster": ["nodes", "gpus_per_node",
+                 "network", "hardware"], "workload": ["episodes_per_step", "max_context", "preset"],
+                 "plan": ["train", "rollout"], "failure": ["oom_restart_s"]}
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.dictionaries(st.sampled_from(sorted(SCENARIO_KEYS)), st.one_of(
+    JSON_VALUES, st.dictionaries(st.sampled_from(sorted({k for ks in SCENARIO_KEYS.values() for k in ks})),
+                                 JSON_VALUES, max_size=2)), max_size=2))
+def test_random_scenario_files_are_one_line_exit_2_or_run(data, tmp_path_factory):
+    """Random shapes and values in a scenario file (JSON, which the same reader takes as TOML's
+    tables): `earl simulate` runs it or says what is wrong in one line, before writing anything."""
+    root = tmp_path_factory.mktemp("s")
+    path = root / "s.json"
+    path.write_text(json.dumps({"scenario": {"steps": 1}, "model": {"name": "qwen2.5-7b"},
+                                "cluster": {"nodes": 1}, "workload": {"episodes_per_step": 16}, **data}))
+    r = CliRunner().invoke(app, ["simulate", str(path), "--steps", "1", "--no-plots", "--out", str(root / "o")])
+    assert r.exit_code in (0, 2), (data, r.output, r.exception)
+    assert "Traceback" not in r.output
+    if r.exit_code == 2:
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert not (root / "o").exists()
