@@ -16,6 +16,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from earl import __version__
 from earl.config import parse_sets
@@ -37,7 +38,7 @@ def user_errors(fn):
             return fn(*args, **kwargs)
         except (ValueError, TypeError) as e:
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            err_console.print(f"[bold red]error:[/] {msg}", markup=True, highlight=False)
+            err_console.print(f"[bold red]error:[/] {escape(msg)}", markup=True, highlight=False)
             raise typer.Exit(code=2) from None
 
     return wrapper
@@ -309,6 +310,7 @@ def calibrate_cmd(
     base: Optional[str] = typer.Option(None, help="profile (name or path) supplying what is not measured"),
     measurements: Optional[str] = typer.Option(None, help="also write the raw points to this JSON file"),
     seed: int = typer.Option(0, help="seed of the benchmark inputs"),
+    force: bool = typer.Option(False, "--force", help="replace an existing --out / --measurements file"),
 ):
     """Measure this device (GEMMs, attention, copies, collectives), fit the cost model's
     efficiency curves and links, and write a version-stamped hardware profile."""
@@ -317,7 +319,7 @@ def calibrate_cmd(
 
     res, out_path = calibrate_to_file(device=device, budget_s=budget_s, out=out, phases=phases, dtype=dtype,
                                       threads=threads, base=base, seed=seed, measurements=measurements,
-                                      console=err_console)
+                                      console=err_console, force=force)
     console.print(quality_table(res))
     console.print(f"wrote {out_path} (load with --hardware {out_path})")
 
@@ -390,7 +392,8 @@ def show_cmd(
 @user_errors
 def study_cmd(
     name: Optional[str] = typer.Argument(None, help="study to run: s1..s8, its full name, or all"),
-    out: Optional[str] = typer.Option(None, help="output folder (default: docs/figures of the checkout)"),
+    out: Optional[str] = typer.Option(None, help="output folder (default: runs/study-<time>; the committed "
+                                      "figures change only with --out docs/figures)"),
     quick: bool = typer.Option(False, help="few points, seconds instead of minutes"),
     list_: bool = typer.Option(False, "--list", help="list the studies and exit"),
     jobs: Optional[str] = typer.Option(None, "--jobs", help="processes: several studies run side by "

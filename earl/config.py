@@ -203,6 +203,8 @@ def type_name(typ: Any) -> str:
     inner = _optional_inner(typ)
     if inner is not None:
         return f"{type_name(inner)} or none"
+    if typ is float:
+        return "float (finite)"
     return getattr(typ, "__name__", str(typ))
 
 
@@ -233,10 +235,14 @@ def _coerce(value: Any, typ: Any) -> Any:
         raise ValueError
     if typ is float:
         if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            return float(value.strip())
-        raise ValueError
+            out = float(value)
+        elif isinstance(value, str):
+            out = float(value.strip())
+        else:
+            raise ValueError
+        if not math.isfinite(out):  # nan and inf pass every range check (nan <= 0 is False)
+            raise ValueError
+        return out
     if typ is str:
         if isinstance(value, (str, int, float)):
             return str(value)
@@ -317,8 +323,40 @@ def from_mapping(cls: type, data: Any, *, where: str, keys: Keys | None = None, 
     for k, v in data.items():
         if k in keys.sections and not isinstance(v, dict):
             raise ValueError(f"section [{k}] in {where} must be a table of keys, got {v!r}")
+        if isinstance(v, dict) and not v and k not in keys.sections:  # flatten drops an empty section
+            resolve_key(str(k), keys, where=where, leaf=False)
     values = resolve_values(flat, keys, where=where, leaf=False)
     return replace_keys(base if base is not None else cls(), values, keys, where=where)
+
+
+def build(cls: type, data: Any, *, where: str, section: str = "") -> Any:
+    """A flat dataclass (fields of the types above, some without defaults) from a mapping read
+    from a file, e.g. one section of a hardware profile: every key known, every required key
+    present, each value coerced to its field's type, and a `__post_init__` error (a range or a
+    cross-field rule) prefixed with `where` and the section."""
+    label = f"[{section}]" if section else "the file"
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: {label} must be a mapping of keys to values, got {_short(data)}")
+    keys = keys_of(cls, what=section or cls.__name__)
+    values = {}
+    for raw, value in data.items():
+        key = resolve_key(str(raw), keys, where=where, leaf=False)
+        values[key] = convert(f"{section}.{key}" if section else key, value, keys[key].type, where=where)
+    missing = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in values
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ValueError(f"{where}: {label} is missing {', '.join(missing)}")
+    try:
+        return cls(**{keys[k].path[0]: v for k, v in values.items()})
+    except (ValueError, TypeError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"{where}: {label} {msg}") from None
+
+
+def _short(value: Any) -> str:
+    """`value` for an error message: its repr, cut to 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def load(cls: type, path: str | Path, *, what: str = "config file", keys: Keys | None = None) -> Any:
@@ -338,5 +376,5 @@ def to_flat(cfg: Any, keys: Keys | None = None) -> dict[str, Any]:
     return out
 
 
-__all__ = ["Key", "Keys", "apply_overrides", "convert", "flatten", "from_mapping", "keys_of", "load",
+__all__ = ["Key", "Keys", "apply_overrides", "build", "convert", "flatten", "from_mapping", "keys_of", "load",
            "parse_sets", "read_mapping", "replace_keys", "resolve_key", "resolve_values", "to_flat"]

@@ -50,11 +50,15 @@ def unknown_name_error(kind: str, name: str, known) -> ValueError:
     return ValueError(f"unknown {kind} {name!r}{hint}; known: {', '.join(known)}")
 
 
-def _check_positive(obj, *names: str) -> None:
+def _check_positive(obj, *names: str, integer: tuple[str, ...] = ()) -> None:
+    """Each field a finite number > 0 (nan and inf included in the refusal); those named in
+    `integer` whole numbers too."""
     for n in names:
         v = getattr(obj, n)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
             raise ValueError(f"{type(obj).__name__}.{n} must be a positive number, got {v!r}")
+        if n in integer and not isinstance(v, int):
+            raise ValueError(f"{type(obj).__name__}.{n} must be a whole number, got {v!r}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -78,8 +82,8 @@ class ModelSpec:
     dtype: str = "bf16"  # parameter / activation dtype
 
     def __post_init__(self):
-        _check_positive(self, "num_layers", "hidden_size", "num_heads", "num_kv_heads",
-                        "head_dim", "ffn_hidden", "vocab_size")
+        ints = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "ffn_hidden", "vocab_size")
+        _check_positive(self, *ints, integer=ints)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"ModelSpec {self.name!r}: num_heads={self.num_heads} is not a "
                              f"multiple of num_kv_heads={self.num_kv_heads}")
@@ -148,36 +152,62 @@ class ModelSpec:
             raise ValueError(f"no config.json at {cfg_path}")
         try:
             cfg = json.loads(cfg_path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{cfg_path}: not valid JSON ({e})") from None
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+            raise ValueError(f"{cfg_path}: not valid JSON ({str(e).splitlines()[0]})") from None
+        except OSError as e:
+            raise ValueError(f"{cfg_path} cannot be read ({e})") from None
         return ModelSpec.from_hf_dict(cfg, name=name or p.name, source=str(cfg_path))
 
     @staticmethod
     def from_hf_dict(cfg: dict, *, name: str, source: str = "<dict>") -> ModelSpec:
-        def need(key: str):
-            if key not in cfg:
-                raise ValueError(f"{source}: missing key {key!r}")
-            return cfg[key]
+        """The shapes of an HF config dict; every value type- and range-checked, each error
+        naming `source`, the key, the value and what is allowed."""
+        from earl.config import convert
 
-        heads = int(need("num_attention_heads"))
-        hidden = int(need("hidden_size"))
+        if not isinstance(cfg, dict):
+            raise ValueError(f"{source}: a model config must be a JSON object of keys to values, got "
+                             f"{type(cfg).__name__} {str(cfg)[:40]!r}")
+
+        def get(key: str, typ: type = int, default=None, required: bool = True):
+            if key not in cfg or cfg[key] is None:
+                if required and default is None:
+                    raise ValueError(f"{source}: missing key {key!r}")
+                return default
+            v = convert(key, cfg[key], typ, where=source)
+            if typ is int and v <= 0:
+                raise ValueError(f"{key} = {cfg[key]!r} in {source}: expected a positive integer")
+            return v
+
+        heads, hidden = get("num_attention_heads"), get("hidden_size")
         model_type = str(cfg.get("model_type", "llama"))  # optional: only picks defaults
-        dtype = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(
-            str(cfg.get("torch_dtype", "bfloat16")), "bf16")
-        return ModelSpec(
-            name=name,
-            num_layers=int(need("num_hidden_layers")),
-            hidden_size=hidden,
-            num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads", heads)),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
-            ffn_hidden=int(need("intermediate_size")),
-            vocab_size=int(need("vocab_size")),
-            gated_mlp=True,
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
-            dtype=dtype,
-        )
+        dtype_key = "dtype" if cfg.get("dtype") is not None else "torch_dtype"  # transformers 5 writes dtype
+        dtype_name = cfg.get(dtype_key) or "bfloat16"
+        if not isinstance(dtype_name, str) or dtype_name not in HF_DTYPES:
+            raise ValueError(f"{dtype_key} = {dtype_name!r} in {source}: expected one of {', '.join(HF_DTYPES)}")
+        head_dim = get("head_dim", required=False)
+        if head_dim is None:
+            if hidden % heads:
+                raise ValueError(f"{source}: hidden_size={hidden} is not a multiple of num_attention_heads="
+                                 f"{heads} and there is no head_dim")
+            head_dim = hidden // heads
+        try:
+            return ModelSpec(
+                name=name,
+                num_layers=get("num_hidden_layers"),
+                hidden_size=hidden,
+                num_heads=heads,
+                num_kv_heads=get("num_key_value_heads", default=heads),
+                head_dim=head_dim,
+                ffn_hidden=get("intermediate_size"),
+                vocab_size=get("vocab_size"),
+                gated_mlp=True,
+                tied_embeddings=get("tie_word_embeddings", bool, default=False),
+                qkv_bias=get("attention_bias", bool, default=model_type == "qwen2"),
+                dtype=HF_DTYPES[dtype_name],
+            )
+        except ValueError as e:
+            msg = str(e).splitlines()[0]
+            raise ValueError(msg if source in msg else f"{source}: {msg}") from None
 
     def to_hf_dict(self) -> dict:
         """An HF config dict (Qwen2 when it has qkv bias, else Llama) of these shapes."""
@@ -199,6 +229,9 @@ class ModelSpec:
             "max_position_embeddings": 32768,
             "rope_theta": 1000000.0,
         }
+
+
+HF_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}  # HF config dtype -> ModelSpec.dtype
 
 
 def _qwen(name, layers, hidden, heads, kv, ffn, vocab, tied):
@@ -248,7 +281,7 @@ class HardwareSpec:
 
     def __post_init__(self):
         _check_positive(self, "peak_flops", "hbm_bytes", "hbm_bw_bytes_s", "gpus_per_node",
-                        "intra_bw_bytes_s", "intra_latency_s")
+                        "intra_bw_bytes_s", "intra_latency_s", integer=("gpus_per_node",))
 
     @staticmethod
     def from_name(name: str) -> HardwareSpec:
@@ -297,7 +330,8 @@ class NetworkSpec:
     incast_efficiency: float = 1.0
 
     def __post_init__(self):
-        _check_positive(self, "nic_bw_bytes_s", "nics_per_node", "efficiency", "latency_s", "incast_efficiency")
+        _check_positive(self, "nic_bw_bytes_s", "nics_per_node", "efficiency", "latency_s", "incast_efficiency",
+                        integer=("nics_per_node",))
         if self.efficiency > 1:
             raise ValueError(f"NetworkSpec.efficiency must be in (0, 1], got {self.efficiency}")
         if self.incast_efficiency > 1:

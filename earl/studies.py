@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -61,17 +62,27 @@ def _run_study(job: tuple) -> tuple[int, str]:
 def run_studies(name: str, *, out: str | None = None, quick: bool = False, jobs: str | None = None,
                 echo: Callable[[str], None] = print) -> list[str]:
     """Run the study (or `all`), each in its own process; the stems of those that failed.
-    `jobs` (N, "ray", default the core count): several studies run side by side, each serially;
-    one study runs its own variants in parallel."""
+    Without `out` a study writes to runs/study-<time>: the committed figures change only when
+    `--out docs/figures` asks for them, and never with `--quick`. `jobs` (N, "ray", default the
+    core count): several studies run side by side, each serially; one study runs its own
+    variants in parallel."""
+    from earl.outputs import probe_writable
     from earl.sim.sweep import parse_jobs, require_ray, run_jobs
 
     n_jobs = parse_jobs(jobs)
     if n_jobs == "ray":
         require_ray()
     paths = resolve_study(name, study_scripts())
+    figures = (paths[0].parent.parent / "docs" / "figures").resolve()
+    if out is None:
+        out = str(Path("runs") / time.strftime("study-%Y%m%d-%H%M%S"))
+    elif quick and Path(out).resolve() == figures:
+        raise ValueError(f"--quick writes reduced figures and never replaces the full ones in {out}; "
+                         "choose another --out")
+    probe_writable(out)
     inner = n_jobs if len(paths) == 1 else 1
-    cmds = [[sys.executable, str(path)] + (["--out", out] if out else []) + (["--quick"] if quick else [])
-            + ["--jobs", str(inner)] for path in paths]
+    cmds = [[sys.executable, str(path), "--out", out] + (["--quick"] if quick else []) + ["--jobs", str(inner)]
+            for path in paths]
     failed: list[str] = []
     if n_jobs == 1 or len(paths) == 1:
         for path, cmd in zip(paths, cmds, strict=True):

@@ -70,6 +70,10 @@ def main(run, doc: str | None, argv: list[str] | None = None) -> None:
     except ValueError as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False)
         raise SystemExit(2) from None
+    if args.quick and args.out.resolve() == DEFAULT_OUT.resolve():
+        print(f"error: --quick writes reduced figures and never replaces the full ones in {DEFAULT_OUT}; "
+              "pass --out another folder", file=sys.stderr)
+        raise SystemExit(2)
     t0 = time.perf_counter()
     if "jobs" in inspect.signature(run).parameters:
         run(args.out, quick=args.quick, jobs=jobs)

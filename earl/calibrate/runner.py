@@ -383,7 +383,8 @@ class RichProgress(Progress):
 
 def calibrate_to_file(*, device: str = "cpu", budget_s: float = 90.0, out: str | None = None,
                       phases: str = "all", dtype: str = "auto", threads: int = 0, base: str | None = None,
-                      seed: int = 0, measurements: str | None = None, console=None) -> tuple[CalibrationResult, str]:
+                      seed: int = 0, measurements: str | None = None, console=None,
+                      force: bool = False) -> tuple[CalibrationResult, str]:
     """`earl calibrate`: measure, fit, save the profile to `out` (default ./earl-profile-<device>.json)
     and the raw points to `measurements` if given; progress bars on the rich `console`."""
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
@@ -395,6 +396,11 @@ def calibrate_to_file(*, device: str = "cpu", budget_s: float = 90.0, out: str |
     out_path = out or default_out(device)
     if not out_path.endswith(".json"):
         raise ValueError(f"--out {out_path!r} must name a .json file")
+    from earl.outputs import check_out_file
+
+    check_out_file(out_path, force=force)  # before measuring: nothing replaced unless --force
+    if measurements:
+        check_out_file(measurements, flag="--measurements", force=force)
     columns = (TextColumn("{task.description:12s}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("{task.fields[label]}"))
     with RichBars(*columns, console=console, transient=False) as rp:

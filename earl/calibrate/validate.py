@@ -257,13 +257,16 @@ def run_validation(*, config, profile: str, steps: int = 4, warmup_steps: int = 
     if steps < warmup_steps + 1:
         raise ValueError(f"--steps {steps} leaves nothing to score after {warmup_steps} warm-up "
                          f"step(s); use --steps >= {warmup_steps + 1}")
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        raise ValueError(f"--out {out} already exists and is not an empty folder")
+    from earl.outputs import check_out_dir
+
+    out = check_out_dir(out_dir)
     prof = load_profile(profile)
     for _, ov in variants or []:
         apply_overrides(config, ov, where="--variants")  # a typo in a variant fails before anything runs
     if model and model.lower() in MODEL_CATALOG and model.lower() not in BUILTIN_MODELS:
+        from earl.runtime.resources import check_resources
+
+        check_resources(config, MODEL_CATALOG[model.lower()], 1)  # before writing a random checkpoint
         model = str(random_checkpoint(model.lower(), out / "model", config.model.dtype,
                                       str(config.model.device)))
     if model:

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import math
 
-from earl.cost_model.profile import HardwareProfile, LinkParams
+from earl.cost_model.profile import COLLECTIVES, HardwareProfile, LinkParams
 from earl.specs import ClusterSpec
-
-COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "p2p")
 
 
 def inter_node_link(cluster: ClusterSpec, ranks_per_node_sharing: int) -> LinkParams:

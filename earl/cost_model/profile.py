@@ -36,7 +36,7 @@ class EfficiencyCurve:
     def __post_init__(self):
         if not (0 < self.peak_frac <= 1.5):
             raise ValueError(f"EfficiencyCurve.peak_frac must be in (0, 1.5], got {self.peak_frac}")
-        if self.half_size < 0:
+        if not self.half_size >= 0:  # nan fails too
             raise ValueError(f"EfficiencyCurve.half_size must be >= 0, got {self.half_size}")
 
     def __call__(self, size: float) -> float:
@@ -51,7 +51,7 @@ class LinkParams:
     bw_bytes_s: float  # achieved bandwidth, bytes/s
 
     def __post_init__(self):
-        if self.alpha_s < 0 or self.bw_bytes_s <= 0:
+        if not (0 <= self.alpha_s < math.inf and self.bw_bytes_s > 0):  # nan fails too; inf bw: free link
             raise ValueError(f"LinkParams needs alpha_s >= 0 and bw_bytes_s > 0, got "
                              f"{self.alpha_s}, {self.bw_bytes_s}")
 
@@ -174,8 +174,18 @@ class HardwareProfile:
     def __post_init__(self):
         if not 0 <= self.tp_comm_overlap <= 1:
             raise ValueError(f"HardwareProfile.tp_comm_overlap must be in [0, 1], got {self.tp_comm_overlap}")
-        if self.grad_bucket_bytes <= 0:
+        if not 0 < self.grad_bucket_bytes < math.inf:
             raise ValueError(f"HardwareProfile.grad_bucket_bytes must be > 0, got {self.grad_bucket_bytes}")
+        for n in ("op_overhead_s", "mem_reserve_bytes", "step_overhead_s", *HOST_COST_FIELDS):
+            v = getattr(self, n)
+            if not (0 <= v < math.inf):
+                raise ValueError(f"HardwareProfile.{n} must be a finite number >= 0, got {v!r}")
+        if not (0 <= self.mem_reserve_frac < 1):
+            raise ValueError(f"HardwareProfile.mem_reserve_frac must be in [0, 1), got {self.mem_reserve_frac!r}")
+        unknown = set(self.collective_links) - set(COLLECTIVES)
+        if unknown:
+            raise ValueError(f"HardwareProfile.collective_links: unknown collective {sorted(unknown)[0]!r}; "
+                             f"valid: {', '.join(COLLECTIVES)}")
 
     @property
     def name(self) -> str:
@@ -203,47 +213,89 @@ class HardwareProfile:
 
     @staticmethod
     def from_dict(d: dict, source: str = "<dict>") -> HardwareProfile:
+        """A profile from its JSON form; every section, key, type and range checked, each error
+        one line naming `source`, the key, the bad value and what is allowed."""
+        from earl.config import build, convert
+
+        if not isinstance(d, dict):
+            raise ValueError(f"{source}: a hardware profile must be a JSON object of keys to values, got "
+                             f"{type(d).__name__} {str(d)[:40]!r}")
         if d.get("version") != PROFILE_VERSION:
             raise ValueError(f"{source}: profile version {d.get('version')!r} is not supported "
                              f"(expected {PROFILE_VERSION})")
+        known = {f.name for f in dataclasses.fields(HardwareProfile)} | {"version"}
+        for k in d:
+            if k not in known:
+                raise unknown_name_error(f"key in {source}: profile key", str(k), known)
+
+        def section(name: str, cls: type, optional: bool = False):
+            if d.get(name) is None:
+                if optional:
+                    return None
+                raise ValueError(f"{source}: profile is missing field {name!r}")
+            return build(cls, d[name], where=source, section=name)
+
+        def scalar(name: str, required: bool = False, default: float = 0.0) -> float:
+            if name not in d:
+                if required:
+                    raise ValueError(f"{source}: profile is missing field {name!r}")
+                return default
+            return convert(name, d[name], float, where=source)
+
+        def mapping(name: str) -> dict:
+            v = d.get(name, {})
+            if not isinstance(v, dict):
+                raise ValueError(f"{source}: {name} must be a mapping, got {str(v)[:40]!r}")
+            return v
+
+        links = mapping("collective_links")
         try:
             return HardwareProfile(
-                hardware=HardwareSpec(**d["hardware"]),
-                matmul=EfficiencyCurve(**d["matmul"]),
-                attention=EfficiencyCurve(**d["attention"]),
-                memory=EfficiencyCurve(**d["memory"]),
-                intra=LinkParams(**d["intra"]),
-                op_overhead_s=float(d["op_overhead_s"]),
-                mem_reserve_frac=float(d["mem_reserve_frac"]),
-                mem_reserve_bytes=float(d["mem_reserve_bytes"]),
-                stamp=dict(d.get("stamp", {})),
-                fit_quality=dict(d.get("fit_quality", {})),
-                collective_links={k: LinkParams(**v) for k, v in d.get("collective_links", {}).items()},
-                attention_decode=(EfficiencyCurve(**d["attention_decode"])
-                                  if d.get("attention_decode") else None),
-                step_overhead_s=float(d.get("step_overhead_s", 0.0)),
-                elementwise=EfficiencyCurve(**d["elementwise"]) if d.get("elementwise") else None,
-                dispatch_path=_dispatch_path(d.get("dispatch_path")),
-                tp_comm_overlap=float(d.get("tp_comm_overlap", 0.0)),
+                hardware=section("hardware", HardwareSpec),
+                matmul=section("matmul", EfficiencyCurve),
+                attention=section("attention", EfficiencyCurve),
+                memory=section("memory", EfficiencyCurve),
+                intra=section("intra", LinkParams),
+                op_overhead_s=scalar("op_overhead_s", required=True),
+                mem_reserve_frac=scalar("mem_reserve_frac", required=True),
+                mem_reserve_bytes=scalar("mem_reserve_bytes", required=True),
+                stamp=dict(mapping("stamp")),
+                fit_quality=dict(mapping("fit_quality")),
+                collective_links={str(k): build(LinkParams, v, where=source, section=f"collective_links.{k}")
+                                  for k, v in links.items()},
+                attention_decode=section("attention_decode", EfficiencyCurve, optional=True),
+                step_overhead_s=scalar("step_overhead_s"),
+                elementwise=section("elementwise", EfficiencyCurve, optional=True),
+                dispatch_path=_dispatch_path(mapping("dispatch_path") or None, source),
+                tp_comm_overlap=scalar("tp_comm_overlap", default=0.0),
                 dp_grad_overlap=bool(d.get("dp_grad_overlap", True)),
-                grad_bucket_bytes=float(d.get("grad_bucket_bytes", 80e6)),
-                **{k: float(d.get(k, 0.0)) for k in HOST_COST_FIELDS},
+                grad_bucket_bytes=scalar("grad_bucket_bytes", default=80e6),
+                **{k: scalar(k) for k in HOST_COST_FIELDS},
             )
-        except KeyError as e:
-            raise ValueError(f"{source}: profile is missing field {e.args[0]!r}") from None
-        except TypeError as e:
-            raise ValueError(f"{source}: malformed profile ({e})") from None
+        except ValueError as e:
+            msg = str(e).splitlines()[0]
+            raise ValueError(msg if source in msg else f"{source}: {msg}") from None
 
 
-def _dispatch_path(d: dict | None) -> DispatchPath:
-    """A profile's dispatch path; defaults for profiles written before it existed."""
+def _dispatch_path(d: dict | None, source: str = "<dict>") -> DispatchPath:
+    """A profile's dispatch path, checked like every other section (a missing or null
+    controller_bw_bytes_s is "no extra controller cost"); defaults for profiles written before
+    it existed."""
+    from earl.config import build, convert
+
     if not d:
         return DispatchPath()
     d = dict(d)
-    if d.get("controller_bw_bytes_s") is None:
-        d["controller_bw_bytes_s"] = float("inf")
-    return DispatchPath(**d)
+    bw = d.pop("controller_bw_bytes_s", None)
+    path = build(DispatchPath, d, where=source, section="dispatch_path")
+    if bw is None:
+        return path
+    return dataclasses.replace(path, controller_bw_bytes_s=convert("dispatch_path.controller_bw_bytes_s", bw, float,
+                                                                   where=source))
 
+
+# collectives priced by earl.cost_model.comm; the keys a profile's collective_links may have
+COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "p2p")
 
 # optional float fields read with a default of 0 (profiles written before they existed)
 HOST_COST_FIELDS = ("step_seq_overhead_s", "step_kv_token_s", "turn_overhead_s", "turn_seq_overhead_s",

@@ -257,7 +257,7 @@ def read_meta(path: str | Path) -> dict:
         int(doc["step"])
         int(doc["format_version"])
         dict(doc["layout"]["tensors"])
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError) as e:
         raise ValueError(f"checkpoint {ckpt} is corrupted: {META} unreadable ({e})") from None
     if doc["format_version"] > FORMAT_VERSION:
         raise ValueError(f"checkpoint {ckpt} has format {doc['format_version']}; this earl reads up to "

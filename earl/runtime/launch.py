@@ -16,12 +16,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+from earl.runtime.checkpoint import find_checkpoint
 from earl.runtime.config import RunConfig, to_dict
-from earl.runtime.run import LAUNCH_CONFIG, check_config
+from earl.runtime.run import LAUNCH_CONFIG, LAUNCH_LOG, check_config, check_out
 from earl.trace import atomic_write_text
 
 
@@ -35,25 +37,62 @@ def torchrun_command(nproc: int, config_file: Path, out: Path, resume: Path | No
             *(["--resume", str(resume)] if resume is not None else []), *(["--progress"] if progress else [])]
 
 
+RANK_MESSAGE = re.compile(r"^(error: |earl run: |rank \d+: )")  # the ranks' one-line messages
+
+
 def launch(cfg: RunConfig, out: str | Path, *, resume: str | Path | None = None, progress: bool = False,
            env: dict | None = None) -> int:
-    """Check `cfg` here (ValueError: a one-line user error, nothing started), write it into the
-    run folder, run torchrun locally and wait; returns its exit code (0 ok, 2 bad input, 3 a
-    lost peer, 4 over the memory budget). When a rank dies, torchrun stops the others; the
-    survivors print which peer was lost and where the last complete checkpoint is."""
+    """Check `cfg` and `out` here (ValueError: a one-line user error, nothing started), write the
+    config into the run folder, run torchrun locally and wait; returns its exit code (0 ok, 2 bad
+    input, 3 a lost peer, 4 over the memory budget, 130 interrupted). torchrun's and the ranks'
+    stderr (tracebacks, warnings) go to <out>/launch.log; the terminal gets the ranks' one-line
+    messages once each, then the last complete checkpoint and a resume command when one exists."""
     check_config(cfg, cfg.nproc)
-    out = Path(out)
-    if resume is None and (out / "checkpoints").is_dir():
-        raise ValueError(f"{out} already holds a run; pass --resume {out} or another --out")
+    out = check_out(out, resume)
     out.mkdir(parents=True, exist_ok=True)
     config_file = out / LAUNCH_CONFIG
     atomic_write_text(config_file, json.dumps(to_dict(dataclasses.replace(cfg)), indent=2))
     cmd = torchrun_command(cfg.nproc, config_file, out, Path(resume) if resume is not None else None, progress)
     run_env = {**os.environ, **(env or {})}
     run_env.setdefault("OMP_NUM_THREADS", "1")
-    proc = subprocess.run(cmd, env=run_env, check=False)
-    if proc.returncode not in (0, 2):
-        print(f"earl run: the {cfg.nproc}-process run failed (torchrun exit code {proc.returncode}); "
-              f"see the messages above. Continue from the last complete checkpoint with --resume {out}.",
-              file=sys.stderr, flush=True)
-    return proc.returncode
+    run_env["EARL_LAUNCHER"] = "1"  # the ranks leave the resume hint to this process
+    log_path = out / LAUNCH_LOG
+    with open(log_path, "a") as log:
+        proc = subprocess.Popen(cmd, env=run_env, stderr=log)
+        try:
+            code = proc.wait()
+        except KeyboardInterrupt:  # the terminal sent SIGINT to torchrun and the ranks as well
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            _report(out, [], f"interrupted; the ranks' output is in {log_path}")
+            return 130
+    text = log_path.read_text(errors="replace")
+    messages = list(dict.fromkeys(line.rstrip() for line in text.splitlines() if RANK_MESSAGE.match(line)))
+    if code == 0:
+        return 0
+    if re.search(r"SignalException: Process \d+ got signal: (2|15)\b", text):  # Ctrl-C reached torchrun only
+        _report(out, [], f"interrupted; the ranks' output is in {log_path}")
+        return 130
+    if any(m.startswith("error: ") for m in messages):
+        code = 2
+    elif any("lost contact" in m for m in messages):
+        code = 3
+    elif any("memory budget" in m for m in messages):
+        code = 4
+    _report(out, messages, f"the {cfg.nproc}-process run failed (exit code {code}; details in {log_path})")
+    return code
+
+
+def _report(out: Path, messages: list[str], what: str) -> None:
+    """The ranks' messages, then one line with what happened and how to continue."""
+    for m in messages:
+        print(m, file=sys.stderr, flush=True)
+    try:
+        last = find_checkpoint(out)
+        hint = f"last complete checkpoint: {last}; continue with earl run --resume {out}"
+    except ValueError:
+        hint = "no checkpoint was written; start again with another --out"
+    print(f"earl run: {what}; {hint}", file=sys.stderr, flush=True)

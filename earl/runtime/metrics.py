@@ -207,7 +207,8 @@ def plot_run(out_dir: str | Path) -> list[Path]:
         if key == "outcome_rates":
             for k in ("win_rate", "draw_rate", "loss_rate", "invalid_rate", "correct_rate"):
                 if any(r.get(k) is not None for r in rows):
-                    ax.plot(steps, series(k), label=k.removesuffix("_rate"))
+                    label = "ended by invalid move" if k == "invalid_rate" else k.removesuffix("_rate")
+                    ax.plot(steps, series(k), label=label)
             ax.set_ylim(-0.02, 1.02)
         elif key == "loss":
             for k in ("loss", "kl", "entropy"):

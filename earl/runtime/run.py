@@ -46,12 +46,14 @@ from earl.runtime.dist import comm_device, shutdown
 from earl.runtime.envs import env_options, make_env
 from earl.runtime.hf_model import check_dtype, check_model_path
 from earl.runtime.metrics import RunRecorder, plot_run
+from earl.runtime.resources import check_resources
 from earl.runtime.step import StepContext, run_step
 from earl.runtime.worker import MemoryBudgetExceeded, Worker, sampling_params
 from earl.specs import MODEL_CATALOG, ModelSpec, ParallelPlan, Stage, StagePlan, WorkloadStats
 from earl.trace import atomic_write_text
 
 LAUNCH_CONFIG = "launch-config.json"  # the resolved config a multi-process run's ranks read
+LAUNCH_LOG = "launch.log"  # torchrun's and the ranks' stderr of a multi-process run
 HF_EXPORT = "hf"  # the run folder's HF export of the final policy
 STAGE_NAMES = tuple(s.value for s in Stage)
 
@@ -74,7 +76,14 @@ def resolve_config(config_file: str | Path | None = None, *, resume: str | Path 
     if resume is not None:
         if config_file is not None:
             raise ValueError("give either a CONFIG file or --resume (the run's config is in its checkpoint)")
-        cfg = _fit_world(from_dict(read_meta(find_checkpoint(resume))["config"]), overrides or {})
+        saved = from_dict(read_meta(find_checkpoint(resume))["config"])
+        cfg = apply_overrides(_fit_world(saved, overrides or {}), overrides or {})
+        for key, was, now in (("env.name", saved.env.name, cfg.env.name),
+                              ("model.path", saved.model.path, cfg.model.path)):
+            if was != now:
+                raise ValueError(f"--resume {resume} continues a run with {key}={was!r}; it cannot switch to "
+                                 f"{now!r} (start a new run with another --out)")
+        return cfg
     elif config_file is not None:
         cfg = load_config_file(config_file)
     else:
@@ -105,6 +114,20 @@ def default_out_dir(resume: str | Path | None) -> Path:
     if resume is not None:
         return find_checkpoint(resume).parent.parent
     return Path("runs") / time.strftime("run-%Y%m%d-%H%M%S")
+
+
+def check_out(out: str | Path, resume: str | Path | None = None) -> Path:
+    """The run folder: the resumed run's own, or a new or empty writable folder (the launcher's
+    config file allowed); a one-line ValueError before any work otherwise."""
+    from earl.outputs import check_out_dir, probe_writable
+
+    out = Path(out)
+    if resume is not None and find_checkpoint(resume).parent.parent.resolve() == out.resolve():
+        probe_writable(out)
+        return out
+    hint = (f"it holds a run: continue it with --resume {out}, or choose another --out"
+            if (out / "checkpoints").is_dir() else "choose another --out")
+    return check_out_dir(out, may_hold=(LAUNCH_CONFIG, LAUNCH_LOG), hint=hint)
 
 
 def parse_schedule(items: tuple[str, ...]) -> tuple[tuple[int, str, str], ...]:
@@ -141,6 +164,7 @@ def check_config(cfg: RunConfig, world: int | None = None) -> None:
     check_dtype(cfg.model.dtype)
     sampling_params(cfg)
     spec = model_spec(cfg.model.path)
+    check_resources(cfg, spec, world)
     plans = initial_plans(cfg, world)
     for stage in Stage:
         plan = plans.for_stage(stage)
@@ -153,7 +177,12 @@ def check_config(cfg: RunConfig, world: int | None = None) -> None:
     if cfg.engine != "pytorch" and world > 1:
         raise ValueError(f"engine {cfg.engine!r} runs on one process; the multi-process runtime runs the "
                          "pytorch engine")
-    resolve_hardware(cfg)
+    hw, _ = resolve_hardware(cfg)
+    try:
+        make_cost_model(spec, hw, world)  # the selector's, built by every rank
+    except ValueError as e:
+        raise ValueError(f"--nproc {world} with hardware profile {hw}: {e}; pass a process count that fits "
+                         "its nodes or another --hardware") from None
 
 
 def resolve_hardware(cfg: RunConfig) -> tuple[str, str]:
@@ -286,8 +315,8 @@ def _train(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume
     check_config(cfg, world)
     out = Path(out_dir)
     ckpt = find_checkpoint(resume) if resume is not None else None
-    if ckpt is None and (out / "checkpoints").is_dir():
-        raise ValueError(f"{out} already holds a run; pass --resume {out} or another --out")
+    if rank == 0:  # the one writer; later ranks would see its first files
+        check_out(out, resume)
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     worker = Worker(cfg, _resume_plans(cfg, ckpt, world), rank=rank, world=world,
@@ -433,9 +462,8 @@ def worker_main(argv: list[str] | None = None) -> None:
         result = train(cfg, a.out, resume=a.resume, progress=a.progress, echo=lambda m: print(m, flush=True))
         if result.metrics:  # rank 0
             print(summarize(result), flush=True)
-    except ValueError as e:
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(f"error: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
+    except ValueError as e:  # every rank says it (one may fail alone); the launcher shows each text once
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
         code = 2
     except (RuntimeError, ConnectionError) as e:
         if isinstance(e, MemoryBudgetExceeded):
@@ -443,9 +471,10 @@ def worker_main(argv: list[str] | None = None) -> None:
             code = 4
         else:
             last = _last_checkpoint(Path(a.out))
+            hint = "" if os.environ.get("EARL_LAUNCHER") else (  # `earl run --nproc` reports it once
+                f" Last complete checkpoint: {last or 'none'}" + (f"; continue with --resume {a.out}" if last else ""))
             print(f"earl run: rank {os.environ.get('RANK', '?')} lost contact with a peer during {stage} "
-                  f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); stopping. "
-                  f"Last complete checkpoint: {last or 'none'}" + (f"; continue with --resume {a.out}" if last else ""),
+                  f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); stopping.{hint}",
                   file=sys.stderr, flush=True)
             code = 3
     shutdown(code)

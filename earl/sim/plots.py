@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 LINESTYLES = ("-", "--", "-.", ":")  # policies that coincide stay visible
-STAGE_COLUMNS = ("rollout_s", "experience_s", "dispatch_s", "train_s", "reshard_s", "sync_s")
+STAGE_COLUMNS = ("rollout_s", "experience_s", "dispatch_s", "train_s", "reshard_s", "sync_s", "restart_s")
 
 
 def _plt():
@@ -63,11 +63,11 @@ def plot_stages(rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(labels)), 4.5))
     bottom = [0.0] * len(labels)
     for col in STAGE_COLUMNS:
-        vals = [sum(r[col] for r in groups[lb]) / len(groups[lb]) for lb in labels]
+        vals = [sum(r.get(col) or 0.0 for r in groups[lb]) / len(groups[lb]) for lb in labels]
         ax.bar(labels, vals, bottom=bottom, label=col.removesuffix("_s"))
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     ax.set_ylabel("seconds per step (mean)")
-    ax.set_title("Stage-time breakdown")
+    ax.set_title("Stage-time breakdown (restart: OOM restarts)")
     ax.legend(fontsize=8)
     plt.setp(ax.get_xticklabels(), rotation=15, ha="right", fontsize=8)
     fig.tight_layout()
@@ -82,10 +82,14 @@ def plot_memory(rows: list[dict], path: Path) -> None:
     for i, (label, rs) in enumerate(_by_policy(rows).items()):
         ax.plot([r["step"] for r in rs], [r["headroom_min"] for r in rs], label=label,
                 ls=LINESTYLES[i % len(LINESTYLES)])
+        ooms = [r for r in rs if r["oom_events"]]
+        if ooms:
+            ax.scatter([r["step"] for r in ooms], [r["headroom_min"] for r in ooms], marker="x", color="red",
+                       zorder=3)
     ax.axhline(0.0, color="red", lw=0.8)
     ax.set_ylabel("memory headroom (fraction free)")
     ax.set_xlabel("training step")
-    ax.set_title("Memory headroom (minimum over stages)")
+    ax.set_title("Memory headroom (minimum over stages; x: steps with OOM events)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -35,14 +35,21 @@ def default_out_dir() -> str:
 
 def headline(sc: Scenario, pairs: list) -> str:
     return (f"[bold]{sc.name}[/]: {sc.model} on {sc.cluster_spec().num_gpus} x {sc.hardware} "
-            f"({sc.network}), workload {sc.workload.name}, {sc.steps} steps, "
+            f"({sc.network}), workload {workload_label(sc)}, {sc.steps} steps, "
             f"{len(pairs)} polic{'y' if len(pairs) == 1 else 'ies'}")
 
 
+def workload_label(sc: Scenario) -> str:
+    """The workload as shown: a replayed trace by its file, never by the preset it overrides."""
+    return f"trace {sc.workload.trace}" if sc.workload.trace else sc.workload.name
+
+
 def results_table(sc: Scenario, results: list[PolicyResult]) -> Table:
-    table = Table(title=f"{sc.name}: {sc.steps} steps, same seeded workload")
-    for col in ("policy", "tokens/s/GPU", "step time s", "OOM events", "truncated", "dispatch s",
-                "re-shard s", "sync s", "final plans (rollout | experience | train)"):
+    same = "same replayed trace" if sc.workload.trace else "same seeded workload"
+    table = Table(title=f"{sc.name}: {sc.steps} steps, {same} (s/step: mean per step; total: over the run)")
+    for col in ("policy", "tokens/s/GPU", "s/step", "OOM events", "truncated", "dispatch s total",
+                "re-shard s total", "sync s total",
+                "final plans (rollout | experience | train)"):
         table.add_column(col, justify="left" if col.startswith(("policy", "final")) else "right")
     for r in results:
         s = r.summary

@@ -31,7 +31,7 @@ from .sweep import run_jobs
 METRIC_COLUMNS = (
     "policy", "selector", "dispatcher", "step", "step_time_s", "throughput_tokens_per_gpu_s",
     "generated_tokens_per_gpu_s", "rollout_s", "experience_s", "dispatch_s", "train_s",
-    "reshard_s", "sync_s", "oom_events", "rollout_oom", "experience_oom", "train_oom",
+    "reshard_s", "sync_s", "restart_s", "oom_events", "rollout_oom", "experience_oom", "train_oom",
     "truncated_episodes", "episodes", "trained_episodes", "trained_tokens", "generated_tokens",
     "recompute_tokens", "preemptions", "evictions", "context_mean", "context_p95", "context_max",
     "kv_capacity_tokens", "peak_kv_tokens", "headroom_rollout", "headroom_experience",
@@ -137,11 +137,11 @@ def _slug(label: str) -> str:
 
 
 def check_out_dir(out: str | Path) -> Path:
-    """Refuse an --out folder that already holds files (nothing is ever overwritten)."""
-    p = Path(out)
-    if p.exists() and (not p.is_dir() or any(p.iterdir())):
-        raise ValueError(f"--out {p} already exists and is not an empty folder")
-    return p
+    """Refuse an --out folder that already holds files (nothing is ever overwritten) or cannot
+    be written, before the simulation runs."""
+    from earl.outputs import check_out_dir as check
+
+    return check(out)
 
 
 def write_outputs(scenario: Scenario, results: list[PolicyResult], out: str | Path,

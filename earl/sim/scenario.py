@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from earl.config import flatten, keys_of, read_mapping, replace_keys, resolve_values, to_flat
+from earl.cost_model.resolve import resolve_network
 from earl.parallel import validate_plan
 from earl.specs import (
     ClusterSpec,
     HardwareSpec,
     ModelSpec,
-    NetworkSpec,
     ParallelPlan,
     StagePlan,
 )
@@ -45,7 +45,7 @@ class Scenario:
     hardware: str = "h100-sxm-80gb"  # hardware catalog name
     nodes: int = 1  # nodes in the cluster
     gpus_per_node: int = 0  # GPUs per node (0: the hardware's own count)
-    network: str = "rdma-200g"  # inter-node network catalog name
+    network: str = "rdma-200g"  # inter-node network: catalog name or tcp-<Gbps>g[x<NICs>] / rdma-...
     profile: str = ""  # hardware profile name or JSON path ("": datasheet defaults)
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     rollout_plan: str = "tp1-dp8"  # initial rollout plan
@@ -98,7 +98,7 @@ class Scenario:
     def cluster_spec(self) -> ClusterSpec:
         hw = HardwareSpec.from_name(self.hardware)
         return ClusterSpec(hardware=hw, nodes=self.nodes, gpus_per_node=self.gpus_per_node,
-                           network=NetworkSpec.from_name(self.network))
+                           network=resolve_network(self.network))  # the names `earl estimate` takes
 
     def workload_spec(self) -> WorkloadSpec:
         """The workload on this cluster (`workload.episodes_per_gpu` resolved)."""

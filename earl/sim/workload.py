@@ -323,14 +323,15 @@ def load_trace(path: str | Path) -> list[list[list[tuple[int, int, float]]]]:
             rec = json.loads(line)
             eps = rec["episodes"]
             step = [[(int(o), int(g), float(lat)) for o, g, lat in ep["turns"]] for ep in eps]
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError) as e:
             raise ValueError(f"{where}: not a workload trace line ({type(e).__name__}: {e}); "
                              'expected {"step": 0, "episodes": [{"id": 0, "turns": '
                              "[[obs, gen, latency_s], ...]}]}") from None
         for ep in step:
             for o, g, lat in ep:
-                if o < 0 or g < 0 or lat < 0:
-                    raise ValueError(f"{where}: negative token count or latency in a turn")
+                if o < 0 or g < 0 or not (0 <= lat < math.inf):
+                    raise ValueError(f"{where}: turn {[o, g, lat]}: token counts must be >= 0 (not negative) and the "
+                                     "latency a finite number of seconds >= 0")
         steps.append(step)
     if not steps:
         raise ValueError(f"workload trace {p} holds no steps")

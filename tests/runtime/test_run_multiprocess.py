@@ -178,6 +178,9 @@ def test_killed_rank_stops_cleanly_and_resume_on_another_plan(tmp_path):
     r = earl_run(args, {"EARL_FAULT_RANK_STEP": "1:4"})
     assert r.returncode != 0
     assert "injected fault at step 4" in r.stderr
+    # reported once by the launcher, torchrun's traceback kept in the run folder's launch.log
+    assert "Traceback" not in r.stderr and r.stderr.count("--resume") == 1, r.stderr
+    assert f"continue with earl run --resume {out}" in r.stderr and (out / "launch.log").is_file()
     assert (out / "checkpoints" / "step-000002").is_dir()
     assert not (out / "checkpoints" / "step-000004").exists()
     r = earl_run(["--resume", str(out), "--nproc", "2", "--train-plan", "tp2-dp1", "--rollout-plan", "tp2-dp1",

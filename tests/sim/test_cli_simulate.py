@@ -74,7 +74,7 @@ def test_existing_out_is_never_overwritten(runner, tmp_path):
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     res = runner.invoke(app, ["simulate", *FAST, "--out", str(out)])
-    assert res.exit_code == 2 and "already exists" in res.output
+    assert res.exit_code == 2 and "is not empty" in res.output
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
 
 
