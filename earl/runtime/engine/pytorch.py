@@ -91,7 +91,7 @@ class TorchEpisodeBatch:
         if seeds is not None and len(seeds) != n:
             raise ValueError(f"{n} episodes need {n} seeds, got {len(seeds)}")
         self.engine = engine
-        dev = engine.device
+        self.device = dev = engine.device  # fixed for the batch's life (its cache lives there)
         self.seeds_t = torch.tensor([int(s) for s in (seeds if seeds is not None else range(n))],
                                     dtype=torch.long, device=dev)
         self.rows = [_Row() for _ in range(n)]
@@ -114,12 +114,12 @@ class TorchEpisodeBatch:
         shape = (len(self.rows) + 1, cap, eng.kv_heads, eng.head_dim)
         ks, vs = [], []
         for li in range(eng.num_layers):
-            k = torch.zeros(shape, dtype=eng.dtype, device=eng.device)
-            v = torch.zeros(shape, dtype=eng.dtype, device=eng.device)
+            k = torch.zeros(shape, dtype=eng.dtype, device=self.device)
+            v = torch.zeros(shape, dtype=eng.dtype, device=self.device)
             if self.capacity:
                 k[:, :self.capacity] = self.k[li]
                 v[:, :self.capacity] = self.v[li]
-            if eng.compile and eng.device.type == "cuda":
+            if eng.compile and self.device.type == "cuda":
                 torch._dynamo.mark_static_address(k)
                 torch._dynamo.mark_static_address(v)
             ks.append(k)
@@ -211,7 +211,7 @@ class TorchEpisodeBatch:
 
     # -- sampling ------------------------------------------------------------------------------
     def _sample(self, rows: list[int], logits_RV: torch.Tensor) -> dict[int, Generation]:
-        eng, dev = self.engine, self.engine.device
+        eng, dev = self.engine, self.device
         groups: dict[SamplingParams, list[int]] = {}
         for j, r in enumerate(rows):
             groups.setdefault(self.rows[r].params, []).append(j)
@@ -251,7 +251,7 @@ class TorchEpisodeBatch:
         """Logits [len(decode) + len(admitted), V]: the next token of each decode row and of the
         last new token of each admitted row. All new tokens go through the linear layers packed
         as one sequence; attention runs batched for decode rows and per admitted segment."""
-        eng, dev = self.engine, self.engine.device
+        eng, dev = self.engine, self.device
         ids, slots, pos, segs, last = [], [], [], [], []
         for r in decode:
             row = self.rows[r]
@@ -276,7 +276,7 @@ class TorchEpisodeBatch:
     def _forward_decode(self, decode: list[int]) -> torch.Tensor:
         """A pure decode step at static shapes through the compiled function: the width padded
         to a power of two with scratch-slot rows, attention over the whole capacity."""
-        eng, dev = self.engine, self.engine.device
+        eng, dev = self.engine, self.device
         width = 1 << (len(decode) - 1).bit_length()
         pad = width - len(decode)
         ids = [self.rows[r].pending for r in decode] + [0] * pad
