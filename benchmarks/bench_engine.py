@@ -80,10 +80,10 @@ def continuous_vs_static(pol: Policy, episodes: int, repeats: int) -> None:
     play(cont, 4, 99)
     play(static, 4, 99)  # warm-up
     rates = {"cont": [], "static": []}
-    for rep in range(repeats):  # alternate, so load on the host hits both
+    for _ in range(repeats):  # the same workload each time; alternate, so load on the host hits both
         for key, eng in (("cont", cont), ("static", static)):
             f0 = eng.stats.forwards
-            n, s, trajs = play(eng, episodes, rep)
+            n, s, trajs = play(eng, episodes, 0)
             rates[key].append((n / s, eng.stats.forwards - f0, trajs))
     (rc, fc, tc), (rs, fs, ts) = max(rates["cont"], key=lambda x: x[0]), max(rates["static"], key=lambda x: x[0])
     same = all(a.token_ids == b.token_ids for a, b in zip(tc, ts, strict=True))
@@ -114,8 +114,8 @@ def compiled_vs_eager(pol: Policy, batch: int, new: int, repeats: int) -> None:
 def kv_vs_reprefill(pol: Policy, episodes: int, repeats: int) -> None:
     kv = make_engine("pytorch", pol.model, pol.tokenizer, reuse_kv=True)
     re = make_engine("pytorch", pol.model, pol.tokenizer, reuse_kv=False)
-    r1 = max(n / s for n, s, _ in (play(kv, episodes, rep) for rep in range(repeats)))
-    r2 = max(n / s for n, s, _ in (play(re, episodes, rep) for rep in range(repeats)))
+    r1 = max(n / s for n, s, _ in (play(kv, episodes, 0) for _ in range(repeats)))
+    r2 = max(n / s for n, s, _ in (play(re, episodes, 0) for _ in range(repeats)))
     print(f"{pol.source:>9} {r1:15.0f} {r2:17.0f} {r1 / r2:6.2f}x")
 
 

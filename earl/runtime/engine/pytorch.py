@@ -190,10 +190,10 @@ class TorchEpisodeBatch:
         decode = list(self.running)
         rows = decode + admitted
         self._grow(max(self.rows[r].length + (1 if r in decode else len(self.rows[r].unfed)) for r in rows))
-        if admitted or not eng.compile:
-            logits = self._forward_mixed(decode, admitted)
+        if eng.compile and not admitted:
+            sampled = self._decode_compiled(decode)
         else:
-            logits = self._forward_decode(decode)
+            sampled = self._sample(rows, self._forward_mixed(decode, admitted))
         for r in decode:
             self.rows[r].length += 1
         for r in admitted:
@@ -202,7 +202,7 @@ class TorchEpisodeBatch:
             row.unfed = []
         eng.stats.forwards += 1
         eng.stats.decode_tokens += len(decode)
-        finished = self._sample(rows, logits)
+        finished = self._accept(rows, *sampled)
         if admitted:
             eng.stats.prefill_s += time.perf_counter() - t0
         else:
@@ -210,8 +210,10 @@ class TorchEpisodeBatch:
         return finished
 
     # -- sampling ------------------------------------------------------------------------------
-    def _sample(self, rows: list[int], logits_RV: torch.Tensor) -> dict[int, Generation]:
-        eng, dev = self.engine, self.device
+    def _sample(self, rows: list[int], logits_RV: torch.Tensor) -> tuple[list[int], list[float]]:
+        """Each row's next token and its log-probability, sampled on the device (rows grouped by
+        their SamplingParams); the one host sync of a step."""
+        dev = self.device
         groups: dict[SamplingParams, list[int]] = {}
         for j, r in enumerate(rows):
             groups.setdefault(self.rows[r].params, []).append(j)
@@ -222,8 +224,13 @@ class TorchEpisodeBatch:
             slots = torch.tensor(rs, dtype=torch.long, device=dev)
             positions = torch.tensor([len(self.rows[r].history) for r in rs], dtype=torch.long, device=dev)
             toks, lps = sample_tokens(logits_RV[sel], params, self.seeds_t[slots], positions)
-            for j, t, lp in zip(idx, toks.tolist(), lps.tolist(), strict=True):  # the one host sync
+            for j, t, lp in zip(idx, toks.tolist(), lps.tolist(), strict=True):
                 toks_l[j], lps_l[j] = t, lp
+        return toks_l, lps_l
+
+    def _accept(self, rows: list[int], toks_l: list[int], lps_l: list[float]) -> dict[int, Generation]:
+        """Append the sampled tokens; rows whose turn ends leave the decode batch."""
+        eng = self.engine
         eng.stats.generated_tokens += len(rows)
         finished: dict[int, Generation] = {}
         running = []
@@ -273,18 +280,19 @@ class TorchEpisodeBatch:
         t = lambda x: torch.tensor(x, dtype=torch.long, device=dev)  # noqa: E731
         return eng.forward(self.k, self.v, t(ids), t(slots), t(pos), n_dec, kv_len, segs, t(last))
 
-    def _forward_decode(self, decode: list[int]) -> torch.Tensor:
-        """A pure decode step at static shapes through the compiled function: the width padded
-        to a power of two with scratch-slot rows, attention over the whole capacity."""
-        eng, dev = self.engine, self.device
+    def _decode_compiled(self, decode: list[int]) -> tuple[list[int], list[float]]:
+        """A pure decode step at static shapes through the compiled forward (the width padded
+        to a power of two with scratch-slot rows, attention over the whole capacity), then
+        sampling. (Sampling inside the compiled graph crashed inductor's CPU code here.)"""
+        dev = self.device
         width = 1 << (len(decode) - 1).bit_length()
         pad = width - len(decode)
         ids = [self.rows[r].pending for r in decode] + [0] * pad
         slots = decode + [len(self.rows)] * pad
         pos = [self.rows[r].length for r in decode] + [0] * pad
         t = lambda x: torch.tensor(x, dtype=torch.long, device=dev)  # noqa: E731
-        logits = eng.decode_compiled(self.k, self.v, t(ids), t(slots), t(pos))
-        return logits[:len(decode)]
+        logits = self.engine.decode_compiled(self.k, self.v, t(ids), t(slots), t(pos))
+        return self._sample(decode, logits[:len(decode)])
 
 
 class TorchEngine:
@@ -383,6 +391,7 @@ class TorchEngine:
                             torch.arange(B, device=ids_B.device))
 
     def decode_compiled(self, k_cache, v_cache, ids_B, slot_B, pos_B) -> torch.Tensor:
+        """Logits of one decode step through `torch.compile` (one CUDA graph per width on a GPU)."""
         if self._compiled is None:
             mode = "reduce-overhead" if self.device.type == "cuda" else None
             self._compiled = torch.compile(self._decode_step, dynamic=False, mode=mode)
