@@ -283,7 +283,7 @@ class TorchEpisodeBatch:
     def _decode_compiled(self, decode: list[int]) -> tuple[list[int], list[float]]:
         """A pure decode step at static shapes through the compiled forward (the width padded
         to a power of two with scratch-slot rows, attention over the whole capacity), then
-        sampling. (Sampling inside the compiled graph crashed inductor's CPU code here.)"""
+        sampling, eager (a try with sampling inside the graph segfaulted on CPU; not investigated)."""
         dev = self.device
         width = 1 << (len(decode) - 1).bit_length()
         pad = width - len(decode)
