@@ -7,6 +7,7 @@ engine's decode time, and prints achieved tokens/s next to the roofline's. The b
 measured device-to-device copy rate of this run (bytes read + written), not a datasheet peak.
 
     python benchmarks/bench_decode_roofline.py --model qwen2.5-0.5b --device cuda
+    python benchmarks/bench_decode_roofline.py --model qwen2.5-0.5b --device cuda --compile  # CUDA graphs
     python benchmarks/bench_decode_roofline.py --model tiny --device cpu --new 16   # smoke run
 """
 
@@ -35,7 +36,7 @@ def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30) -> float:
 
 
 def main() -> None:
-    from earl.runtime.engine import SamplingParams, TorchEngine
+    from earl.runtime.engine import EngineStats, SamplingParams, TorchEngine
     from earl.runtime.hf_model import TORCH_DTYPES, build_builtin
     from earl.specs import MODEL_CATALOG
 
@@ -46,6 +47,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--compile", action="store_true", help="compiled decode steps (CUDA graphs on a GPU)")
     a = ap.parse_args()
     dev = torch.device(a.device)
     spec = MODEL_CATALOG[a.model]
@@ -71,10 +73,13 @@ def main() -> None:
     params = SamplingParams(temperature=0, max_new_tokens=a.new, stop_at_eos=False)
     print(f"{'batch':>5} {'tok/s':>10} {'roofline tok/s':>15} {'fraction':>9}")
     for b in (int(x) for x in a.batches.split(",")):
-        eng = TorchEngine(model, tok)
+        # one prefill step for all rows (the whole prompt batch within the token budget), then
+        # pure decode steps: decode_s times exactly those
+        kw = dict(max_batch=b, step_tokens=b * a.prompt, compile=a.compile)
         prompts = {r: [3 + (r + i) % 50 for i in range(a.prompt)] for r in range(b)}
-        eng.open(b).generate(prompts, SamplingParams(temperature=0, max_new_tokens=4, stop_at_eos=False))  # warm
-        eng = TorchEngine(model, tok)
+        eng = TorchEngine(model, tok, **kw)
+        eng.open(b).generate(prompts, params)  # warm-up at the measured shapes (compiles)
+        eng.stats = EngineStats()
         eng.open(b).generate(prompts, params)
         steps = a.new - 1  # the first token comes from the prefill
         ctx_mean = a.prompt + a.new / 2

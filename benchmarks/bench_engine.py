@@ -1,79 +1,148 @@
-"""Engine benchmark: multi-turn episodes with the cross-turn KV cache vs. re-prefilling the
-whole context every turn, and batched vs. one-episode-at-a-time generation, side by side.
+"""Engine benchmark, side by side in one run:
 
-Episodes are synthetic (random observation tokens of a fixed length each turn, a fixed number of
-generated tokens per turn, no stop strings) so both modes do exactly the same work apart from
-what the cache saves.
+1. continuous batching (`engine="pytorch"`) vs the static turn-synchronous engine
+   (`engine="pytorch-static"`, the first built-in engine) on a mixed-length multi-turn workload,
+   both driven by the real rollout loop (`earl.runtime.rollout.rollout`): episodes of 1-6 turns,
+   observations of 8-64 tokens, turns that end on a stop character or at 32 tokens. Both sample
+   the very same tokens (counter-based sampling), so tokens/s compare equal work;
+2. compiled (`torch.compile`) vs eager decode steps of the continuous engine;
+3. the cross-turn KV cache vs re-prefilling the whole context every turn.
 
-    python benchmarks/bench_engine.py [--model tiny-wide] [--episodes 16] [--obs 48] [--gen 8]
+`--models` takes built-in names and `cpu-wide` (4 layers, hidden 512, random weights), a wider
+model where the forward's arithmetic, not Python, dominates.
+
+    python benchmarks/bench_engine.py [--models tiny,tiny-wide,cpu-wide] [--episodes 32]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import random
 import time
 
 import torch
 
-from earl.runtime.engine import SamplingParams, TorchEngine
-from earl.runtime.hf_model import load_policy
+from earl.runtime.engine import SamplingParams, TorchEngine, make_engine
+from earl.runtime.envs.base import StepResult
+from earl.runtime.hf_model import Policy, build_builtin, hf_config_from_spec
+from earl.runtime.rollout import rollout
+from earl.specs import MODEL_CATALOG
+
+ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789 "
+STOP = ("\n", "!", "?", "#")  # turns end on one of these (about one token in 16) or at max_new_tokens
 
 
-def run_episodes(engine: TorchEngine, *, episodes: int, turns: int, obs: int, gen: int,
-                 batch: int, seed: int = 0) -> tuple[int, float]:
-    """(generated tokens, seconds) for `episodes` episodes of `turns` turns, `batch` at a time."""
-    params = SamplingParams(temperature=1.0, max_new_tokens=gen, stop_at_eos=False)
-    g = torch.Generator().manual_seed(seed)
-    vocab = engine.tokenizer.vocab_size
-    produced = 0
+class MixedEnv:
+    """1-6 turns, observations of 8-64 random characters; a pure function of the seed."""
+
+    def reset(self, seed: int) -> str:
+        self.rng = random.Random(seed)
+        self.turns, self.t = self.rng.randint(1, 6), 0
+        return self._obs()
+
+    def _obs(self) -> str:
+        return "".join(self.rng.choice(ALPHABET) for _ in range(self.rng.randint(8, 64)))
+
+    def step(self, action: str) -> StepResult:
+        self.t += 1
+        done = self.t >= self.turns
+        return StepResult(observation="" if done else self._obs(), reward=0.0, done=done,
+                          outcome="win" if done else "")
+
+
+def load(name: str) -> Policy:
+    if name != "cpu-wide":
+        return build_builtin(name, seed=0)
+    from transformers import AutoModelForCausalLM
+
+    spec = dataclasses.replace(MODEL_CATALOG["tiny-wide"], name="cpu-wide", num_layers=4, hidden_size=512,
+                               num_heads=8, num_kv_heads=2, head_dim=64, ffn_hidden=1408)
+    torch.manual_seed(0)
+    pol = build_builtin("tiny-wide", seed=0)
+    return Policy(model=AutoModelForCausalLM.from_config(hf_config_from_spec(spec, "fp32")).eval(),
+                  tokenizer=pol.tokenizer, spec=spec, source="cpu-wide")
+
+
+def play(engine, episodes: int, seed: int) -> tuple[int, float, list]:
+    """(generated tokens, seconds, trajectories) of one rollout of the mixed workload."""
+    params = SamplingParams(temperature=1.0, max_new_tokens=32, stop=STOP, stop_at_eos=False)
+    seeds = [seed * 1000 + i for i in range(episodes)]
     t0 = time.perf_counter()
-    for start in range(0, episodes, batch):
-        n = min(batch, episodes - start)
-        b = engine.open(n, seeds=[seed * 1_000_003 + start + r for r in range(n)])
-        for _ in range(turns):
-            inputs = {r: torch.randint(3, vocab, (obs,), generator=g).tolist() for r in range(n)}
-            outs = b.generate(inputs, params)
-            produced += sum(len(o.token_ids) for o in outs.values())
-        b.close(range(n))
-    return produced, time.perf_counter() - t0
+    trajs = rollout(engine, MixedEnv, seeds=seeds, group_ids=list(range(episodes)), params=params,
+                    max_context=4096)
+    return sum(t.generated_tokens for t in trajs), time.perf_counter() - t0, trajs
+
+
+def continuous_vs_static(pol: Policy, episodes: int, repeats: int) -> None:
+    cont = make_engine("pytorch", pol.model, pol.tokenizer)
+    static = make_engine("pytorch-static", pol.model, pol.tokenizer)
+    play(cont, 4, 99)
+    play(static, 4, 99)  # warm-up
+    rates = {"cont": [], "static": []}
+    for _ in range(repeats):  # the same workload each time; alternate, so load on the host hits both
+        for key, eng in (("cont", cont), ("static", static)):
+            f0 = eng.stats.forwards
+            n, s, trajs = play(eng, episodes, 0)
+            rates[key].append((n / s, eng.stats.forwards - f0, trajs))
+    (rc, fc, tc), (rs, fs, ts) = max(rates["cont"], key=lambda x: x[0]), max(rates["static"], key=lambda x: x[0])
+    same = all(a.token_ids == b.token_ids for a, b in zip(tc, ts, strict=True))
+    turns = [t.gen_tokens for tr in tc for t in tr.turns]
+    print(f"{pol.source:>9} {episodes:8d} {sum(turns) / len(turns):8.1f} {max(turns):5d} {rc:11.0f} {rs:10.0f} "
+          f"{rc / rs:6.2f}x {fs / fc:9.2f}x   {'yes' if same else 'NO'}")
+
+
+def compiled_vs_eager(pol: Policy, batch: int, new: int, repeats: int) -> None:
+    params = SamplingParams(temperature=0, max_new_tokens=new, stop_at_eos=False)
+    prompts = {r: [3 + (r * 5 + i) % 50 for i in range(32)] for r in range(batch)}
+    rates = {}
+    for compile_ in (False, True):
+        eng = TorchEngine(pol.model, pol.tokenizer, max_batch=batch, compile=compile_)
+        t0 = time.perf_counter()
+        eng.open(batch).generate(prompts, params)  # warm-up (compiles)
+        warm_s = time.perf_counter() - t0
+        best = 0.0
+        for _ in range(repeats):
+            d0, s0 = eng.stats.decode_tokens, eng.stats.decode_s
+            eng.open(batch).generate(prompts, params)
+            best = max(best, (eng.stats.decode_tokens - d0) / (eng.stats.decode_s - s0))
+        rates[compile_] = (best, warm_s)
+    (re, _), (rc, wc) = rates[False], rates[True]
+    print(f"{pol.source:>9} {batch:5d} {re:13.0f} {rc:16.0f} {rc / re:6.2f}x   (compile + first run {wc:.0f} s)")
+
+
+def kv_vs_reprefill(pol: Policy, episodes: int, repeats: int) -> None:
+    kv = make_engine("pytorch", pol.model, pol.tokenizer, reuse_kv=True)
+    re = make_engine("pytorch", pol.model, pol.tokenizer, reuse_kv=False)
+    r1 = max(n / s for n, s, _ in (play(kv, episodes, 0) for _ in range(repeats)))
+    r2 = max(n / s for n, s, _ in (play(re, episodes, 0) for _ in range(repeats)))
+    print(f"{pol.source:>9} {r1:15.0f} {r2:17.0f} {r1 / r2:6.2f}x")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="tiny-wide")
-    ap.add_argument("--episodes", type=int, default=16)
-    ap.add_argument("--obs", type=int, default=48, help="observation tokens per turn")
-    ap.add_argument("--gen", type=int, default=8, help="generated tokens per turn")
-    ap.add_argument("--turns", default="2,4,8,16")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--models", default="tiny,tiny-wide,cpu-wide")
+    ap.add_argument("--compile-models", default="tiny,cpu-wide", help="models for the compiled-vs-eager table")
+    ap.add_argument("--episodes", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3, help="best of N runs per cell (noisy hosts)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    pol = load_policy(args.model, seed=0)
-    kv = TorchEngine(pol.model, pol.tokenizer, reuse_kv=True)
-    re = TorchEngine(pol.model, pol.tokenizer, reuse_kv=False)
-    run_episodes(kv, episodes=2, turns=2, obs=8, gen=2, batch=2)  # warm-up
-    print(f"model {args.model}, {args.episodes} episodes, {args.obs} obs + {args.gen} generated "
-          f"tokens per turn, {args.threads} threads")
-    print(f"{'turns':>5} {'context':>7} {'kv-cache tok/s':>15} {'re-prefill tok/s':>17} {'ratio':>6}")
-    kw = dict(episodes=args.episodes, obs=args.obs, gen=args.gen, batch=args.episodes)
-
-    def best(engine, **k) -> float:
-        """Tokens/s, best of --repeats runs (the two modes alternate, so load hits both)."""
-        rates = []
-        for _ in range(args.repeats):
-            n, s = run_episodes(engine, **k)
-            rates.append(n / s)
-        return max(rates)
-
-    for turns in [int(t) for t in args.turns.split(",")]:
-        r1, r2 = best(kv, turns=turns, **kw), best(re, turns=turns, **kw)
-        ctx = turns * (args.obs + args.gen)
-        print(f"{turns:5d} {ctx:7d} {r1:15.0f} {r2:17.0f} {r1 / r2:5.2f}x")
-    turns = 8
-    r1, r2 = best(kv, turns=turns, **kw), best(kv, turns=turns, **dict(kw, batch=1))
-    print(f"batched ({args.episodes} episodes together) vs one at a time, {turns} turns, KV cache: "
-          f"{r1:.0f} vs {r2:.0f} tok/s = {r1 / r2:.2f}x")
+    models = {m: load(m) for m in dict.fromkeys(args.models.split(",") + args.compile_models.split(",")) if m}
+    print(f"{args.threads} threads, best of {args.repeats}")
+    print("\ncontinuous batching vs static engine, mixed-length multi-turn rollouts (temperature 1)")
+    print(f"{'model':>9} {'episodes':>8} {'gen/turn':>8} {'max':>5} {'cont tok/s':>11} {'static tok/s':>10} "
+          f"{'ratio':>7} {'forwards':>10}   same tokens")
+    for m in args.models.split(","):
+        continuous_vs_static(models[m], args.episodes, args.repeats)
+    print("\ncompiled vs eager decode steps (continuous engine, greedy, 32-token prompts, 64 new tokens)")
+    print(f"{'model':>9} {'batch':>5} {'eager tok/s':>13} {'compiled tok/s':>16} {'ratio':>7}")
+    for m in filter(None, args.compile_models.split(",")):
+        compiled_vs_eager(models[m], 16, 64, args.repeats)
+    print("\ncross-turn KV cache vs re-prefilling every turn (continuous engine, mixed workload)")
+    print(f"{'model':>9} {'kv-cache tok/s':>15} {'re-prefill tok/s':>17} {'ratio':>7}")
+    for m in args.models.split(","):
+        kv_vs_reprefill(models[m], args.episodes, args.repeats)
 
 
 if __name__ == "__main__":

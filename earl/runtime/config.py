@@ -112,7 +112,7 @@ class RunConfig:
     groups: int = 128  # prompt groups per step (distinct env seeds)
     group_size: int = 1  # episodes per group sharing a seed (GRPO's G; grpo needs >= 2)
     seed: int = 0  # seeds the model init, sampling and the environments
-    engine: str = "pytorch"  # pytorch | vllm
+    engine: str = "pytorch"  # pytorch | pytorch-static | vllm
     reuse_kv: bool = True  # keep each episode's KV cache across turns
     engine_batch: int = 0  # episodes per engine batch; 0 = all of the step's episodes at once
     nproc: int = 1  # processes of a local run (`earl run --nproc N` starts them under torchrun)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from earl.runtime.engine import Engine, SamplingParams
+from earl.runtime.engine import Engine, SamplingParams, as_stepper
 from earl.runtime.envs import Env
 from earl.runtime.tokenizer import Conversation
 
@@ -62,45 +62,53 @@ def _encode_obs(conv: Conversation, text: str, role: str = "user") -> list[int]:
 def play_episodes(engine: Engine, envs: list[Env], seeds: list[int], params: SamplingParams, *,
                   sample_seeds: list[int], max_context: int, group_ids: list[int],
                   episode_ids: list[int]) -> list[Trajectory]:
-    """Play one episode per env together, batching generation at turn boundaries. `seeds` seed
-    the environments; `sample_seeds` the engine's per-episode sampling streams."""
+    """Play one episode per env together. `seeds` seed the environments; `sample_seeds` the
+    engine's per-episode sampling streams.
+
+    The engine batch is driven step by step (`as_stepper`): as soon as an episode's turn ends,
+    its environment steps and its next observation is submitted, to join the running batch while
+    other episodes still decode (a turn-synchronous engine simply generates all submitted turns
+    together in each step). Each episode is a `Conversation`: with a chat template its messages
+    are rendered by it, and the ids fed are exactly the ids trained on."""
     assert len(envs) == len(seeds) == len(group_ids) == len(episode_ids) == len(sample_seeds)
     trajs = [Trajectory(episode_id=e, group_id=g) for e, g in zip(episode_ids, group_ids, strict=True)]
-    pending: dict[int, list[int]] = {}
+    fed: dict[int, int] = {}  # tokens of the observation that started each episode's current turn
+    first: dict[int, list[int]] = {}
     convs = []
     for i, (env, seed) in enumerate(zip(envs, seeds, strict=True)):
         prompt = env.reset(seed)
         convs.append(Conversation(engine.tokenizer, tools=getattr(env, "tool_schemas", None),
                                   context=getattr(env, "context", None)))
         trajs[i].messages = convs[i].messages
-        pending[i] = _encode_obs(convs[i], prompt)
-        trajs[i]._append(pending[i], generated=False)
-    batch = engine.open(len(envs), sample_seeds)
-    while pending:
-        outs = batch.generate(pending, params)
-        nxt: dict[int, list[int]] = {}
-        for i, gen in outs.items():
+        first[i] = _encode_obs(convs[i], prompt)
+        trajs[i]._append(first[i], generated=False)
+        fed[i] = len(first[i])
+    batch = as_stepper(engine.open(len(envs), sample_seeds))
+    batch.submit(first, params)
+    while batch.busy:
+        for i, gen in batch.step().items():
             tr = trajs[i]
             tr._append(gen.token_ids, generated=True, logprobs=gen.logprobs)
             convs[i].reply(gen.token_ids, gen.text)
             t0 = time.perf_counter()
             res = envs[i].step(gen.text)
-            tr.turns.append(Turn(len(pending[i]), len(gen.token_ids), time.perf_counter() - t0))
+            tr.turns.append(Turn(fed[i], len(gen.token_ids), time.perf_counter() - t0))
             tr.reward += res.reward
             tr.step_rewards.append((len(tr.token_ids) - 1, res.reward))
             tr.actions += 1
             tr.invalid_actions += int(res.invalid)
             if res.done:
                 tr.outcome = res.outcome
+                batch.close([i])
                 continue
             obs = _encode_obs(convs[i], res.observation, res.role)
             if len(tr.token_ids) + len(obs) + params.max_new_tokens > max_context:
                 tr.outcome = "truncated"
+                batch.close([i])
                 continue
             tr._append(obs, generated=False)
-            nxt[i] = obs
-        batch.close([i for i in outs if i not in nxt])
-        pending = nxt
+            fed[i] = len(obs)
+            batch.submit({i: obs}, params)
     return trajs
 
 

@@ -43,6 +43,7 @@ from earl.runtime.checkpoint import (
 )
 from earl.runtime.config import RunConfig, apply_overrides, from_dict, load_config_file, to_dict
 from earl.runtime.dist import comm_device, shutdown
+from earl.runtime.engine.base import ENGINES, LOCAL_ENGINES
 from earl.runtime.envs import env_options, make_env
 from earl.runtime.hf_model import check_dtype, check_model_path
 from earl.runtime.metrics import RunRecorder, plot_run
@@ -174,7 +175,9 @@ def check_config(cfg: RunConfig, world: int | None = None) -> None:
         check_tp_dp(validate_plan(plan, spec, world=world), world, f"{stage.value} plan")
     for _, stage, plan in parse_schedule(cfg.plan.schedule):
         check_tp_dp(validate_plan(ParallelPlan.parse(plan), spec, world=world), world, f"scheduled {stage} plan")
-    if cfg.engine != "pytorch" and world > 1:
+    if cfg.engine not in ENGINES:
+        raise ValueError(f"engine {cfg.engine!r} unknown; valid: {', '.join(ENGINES)}")
+    if cfg.engine not in LOCAL_ENGINES and world > 1:
         raise ValueError(f"engine {cfg.engine!r} runs on one process; the multi-process runtime runs the "
                          "pytorch engine")
     hw, _ = resolve_hardware(cfg)

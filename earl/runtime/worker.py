@@ -27,7 +27,8 @@ from earl.parallel import build_plan_groups
 from earl.policies.reshard import plan_reshard
 from earl.runtime.config import RunConfig
 from earl.runtime.dist import comm_device, print0
-from earl.runtime.engine import SamplingParams, TorchEngine, make_engine
+from earl.runtime.engine import SamplingParams, make_engine
+from earl.runtime.engine.base import LOCAL_ENGINES
 from earl.runtime.envs import env_options, make_env
 from earl.runtime.hf_model import empty_like_policy, load_policy
 from earl.runtime.optim import STATES, ShardedAdamW
@@ -153,14 +154,14 @@ class Worker:
     def _build_rollout(self, plan: ParallelPlan) -> None:
         self.plans = self.plans.with_stage(Stage.ROLLOUT, plan)
         self.roll_groups = build_plan_groups(plan)
-        if self.cfg.engine != "pytorch":  # an external engine keeps its own weights: built once
+        if self.cfg.engine not in LOCAL_ENGINES:  # an external engine keeps its own weights: built once
             self.roll_model = None
             if getattr(self, "engine", None) is None:
                 self.engine = make_engine(self.cfg.engine, self.train_model, self.policy.tokenizer,
                                           reuse_kv=self.cfg.reuse_kv, model_path=self.cfg.model.path)
             return
         self.roll_model = None if self._shares_train(plan) else self._sharded_copy(plan)
-        self.engine = TorchEngine(self.roll_model or self.train_model, self.policy.tokenizer,
+        self.engine = make_engine(self.cfg.engine, self.roll_model or self.train_model, self.policy.tokenizer,
                                   reuse_kv=self.cfg.reuse_kv)
 
     def logprob_model(self) -> torch.nn.Module:

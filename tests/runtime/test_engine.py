@@ -1,10 +1,17 @@
-"""Engine: log-probs equal a plain forward pass; cross-turn KV cache equals re-prefill; an
-episode's sampled tokens depend on its own seed only, never on the batch it is played in."""
+"""Engine (both built-in backends): log-probs equal a plain forward pass; cross-turn KV cache
+equals re-prefill; an episode's sampled tokens depend on its own seed only, never on the batch
+it is played in. tests/runtime/test_engine_continuous.py pins continuous batching to the static
+engine token for token."""
 
 import pytest
 import torch
 
-from earl.runtime.engine import SamplingParams, TorchEngine, counter_uniform, sample_tokens
+from earl.runtime.engine import SamplingParams, StaticTorchEngine, TorchEngine, counter_uniform, sample_tokens
+
+
+@pytest.fixture(params=[TorchEngine, StaticTorchEngine], ids=["pytorch", "pytorch-static"])
+def engine_cls(request):
+    return request.param
 
 
 def plain_logprobs(model, ids, temperature=1.0):
@@ -35,8 +42,8 @@ def play(engine, tok, params, seed=0, turns=3):
 
 @pytest.mark.parametrize("reuse_kv", [True, False])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_engine_logprobs_match_forward(tiny, reuse_kv, temperature):
-    eng = TorchEngine(tiny.model, tiny.tokenizer, reuse_kv=reuse_kv)
+def test_engine_logprobs_match_forward(tiny, reuse_kv, temperature, engine_cls):
+    eng = engine_cls(tiny.model, tiny.tokenizer, reuse_kv=reuse_kv)
     params = SamplingParams(temperature=temperature, max_new_tokens=6, stop=("\n",))
     seqs, lps = play(eng, tiny.tokenizer, params)
     for r in range(3):
@@ -47,23 +54,23 @@ def test_engine_logprobs_match_forward(tiny, reuse_kv, temperature):
             assert abs(ref[t - 1].item() - lp) < 1e-4, (r, t)
 
 
-def test_kv_reuse_equals_reprefill_greedy(tiny):
+def test_kv_reuse_equals_reprefill_greedy(tiny, engine_cls):
     params = SamplingParams(temperature=0, max_new_tokens=5)
-    a = play(TorchEngine(tiny.model, tiny.tokenizer, reuse_kv=True), tiny.tokenizer, params)
-    b_eng = TorchEngine(tiny.model, tiny.tokenizer, reuse_kv=False)
+    a = play(engine_cls(tiny.model, tiny.tokenizer, reuse_kv=True), tiny.tokenizer, params)
+    b_eng = engine_cls(tiny.model, tiny.tokenizer, reuse_kv=False)
     b = play(b_eng, tiny.tokenizer, params)
     assert a[0] == b[0]
     # re-prefilling runs strictly more prompt tokens through the model
-    c_eng = TorchEngine(tiny.model, tiny.tokenizer, reuse_kv=True)
+    c_eng = engine_cls(tiny.model, tiny.tokenizer, reuse_kv=True)
     play(c_eng, tiny.tokenizer, params)
     assert b_eng.stats.prefill_tokens > c_eng.stats.prefill_tokens
 
 
-def test_batched_equals_one_at_a_time_greedy(tiny):
+def test_batched_equals_one_at_a_time_greedy(tiny, engine_cls):
     tok = tiny.tokenizer
     params = SamplingParams(temperature=0, max_new_tokens=4)
     prompts = [tok.encode("tic"), tok.encode("a much longer prompt"), tok.encode("12+3=")]
-    eng = TorchEngine(tiny.model, tok)
+    eng = engine_cls(tiny.model, tok)
     together = eng.open(3).generate(dict(enumerate(prompts)), params)
     for i, p in enumerate(prompts):
         alone = eng.open(1).generate({0: p}, params)[0]
@@ -91,13 +98,13 @@ def _episodes(engine, tok, params, episodes, turns):
 
 
 @pytest.mark.parametrize("reuse_kv", [True, False])
-def test_sampled_tokens_do_not_depend_on_the_batch(tiny, reuse_kv):
+def test_sampled_tokens_do_not_depend_on_the_batch(tiny, reuse_kv, engine_cls):
     """Temperature 1, several turns: an episode samples the very same tokens alone or among
     others (rows of other lengths, a row closing early, another order); group members (same
     prompt and observations) with different seeds sample different tokens, with equal seeds
     the same ones."""
     tok = tiny.tokenizer
-    eng = TorchEngine(tiny.model, tok, reuse_kv=reuse_kv)
+    eng = engine_cls(tiny.model, tok, reuse_kv=reuse_kv)
     params = SamplingParams(temperature=1.0, max_new_tokens=6, stop_at_eos=False)
     turns = 4
     episodes = [("g0", "tic tac", 101, turns), ("g1", "tic tac", 202, turns),
@@ -117,9 +124,9 @@ def test_sampled_tokens_do_not_depend_on_the_batch(tiny, reuse_kv):
     assert sum(a != b for a, b in zip(together["g0"], together["g1"], strict=True)) >= 2
 
 
-def test_stop_strings_and_length(tiny):
+def test_stop_strings_and_length(tiny, engine_cls):
     tok = tiny.tokenizer
-    eng = TorchEngine(tiny.model, tok)
+    eng = engine_cls(tiny.model, tok)
     out = eng.open(1).generate({0: tok.encode("go")}, SamplingParams(temperature=0, max_new_tokens=7))[0]
     assert out.finish in ("length", "eos") and len(out.token_ids) <= 7
     # stop on the character greedy decoding produces first: generation ends right there
@@ -154,25 +161,25 @@ def test_counter_noise_is_a_function_of_seed_and_position_only():
     assert abs(big.mean().item() - 0.5) < 0.01 and big[0].std() > 0.1
 
 
-def test_bad_requests(tiny):
-    eng = TorchEngine(tiny.model, tiny.tokenizer)
+def test_bad_requests(tiny, engine_cls):
+    eng = engine_cls(tiny.model, tiny.tokenizer)
     b = eng.open(2)
     with pytest.raises(ValueError, match="first turn"):
-        b.generate({0: [5]}, SamplingParams())
+        b.generate({0: [], 1: [5]}, SamplingParams())
     with pytest.raises(ValueError, match="not open"):
         b.generate({7: [5]}, SamplingParams())
     with pytest.raises(ValueError):
         SamplingParams(top_p=0)
 
 
-def test_update_weights_pushes_trainer_weights(tiny):
+def test_update_weights_pushes_trainer_weights(tiny, engine_cls):
     import copy
 
     trained = copy.deepcopy(tiny.model)
     with torch.no_grad():
         for p in trained.parameters():
             p.add_(0.01)
-    eng = TorchEngine(copy.deepcopy(tiny.model), tiny.tokenizer)
+    eng = engine_cls(copy.deepcopy(tiny.model), tiny.tokenizer)
     eng.update_weights(trained.named_parameters())
     ids = torch.tensor([tiny.tokenizer.encode("123|456|789\n")])
     with torch.no_grad():

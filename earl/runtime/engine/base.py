@@ -1,8 +1,15 @@
 """The engine interface every backend implements, and the sampling they share.
 
 An engine takes token ids in and gives token ids and log-probs out, keeping each episode's KV
-cache across turns. Backends: `earl.runtime.engine.pytorch` (built in) and
-`earl.runtime.engine.vllm` (optional, imported only when configured). `make_engine` picks one.
+cache across turns. Backends: `earl.runtime.engine.pytorch` (built in: slot
+KV cache, continuous batching), `earl.runtime.engine.static` (the first built-in engine, turn
+synchronous) and `earl.runtime.engine.vllm` (optional, imported only when configured).
+`make_engine` picks one.
+
+An episode batch either generates whole turns (`generate`: every requested row's turn, together)
+or is driven step by step (`submit` rows, then `step` until they finish, in any order): the
+rollout loop uses the second, so an episode whose turn ends steps its environment and rejoins
+while others still decode. `as_stepper` gives a turn-synchronous batch that second face.
 
 Sampling (`sample_tokens`) is Gumbel-max with counter-based noise (`counter_uniform`): a
 token's noise depends only on its episode's seed and position, so an episode samples the same
@@ -72,6 +79,52 @@ class EpisodeBatch(Protocol):
     def close(self, rows: Iterable[int]) -> None: ...
 
 
+class SteppedBatch(Protocol):
+    """An episode batch driven step by step: `submit` queues rows' new tokens (each starts a
+    turn), `step` runs the engine a little and returns the rows whose turn finished in it."""
+
+    def submit(self, inputs: dict[int, list[int]], params: SamplingParams) -> None: ...
+
+    def step(self) -> dict[int, Generation]: ...
+
+    @property
+    def busy(self) -> bool: ...
+
+    def close(self, rows: Iterable[int]) -> None: ...
+
+
+class TurnSync:
+    """A turn-synchronous batch seen as a `SteppedBatch`: one step generates the turn of every
+    row submitted since the last step, together (what `generate` does)."""
+
+    def __init__(self, batch: EpisodeBatch):
+        self.batch = batch
+        self.pending: dict[int, list[int]] = {}
+        self.params: SamplingParams | None = None
+
+    def submit(self, inputs: dict[int, list[int]], params: SamplingParams) -> None:
+        if self.params is not None and self.pending and params != self.params:
+            raise ValueError("a turn-synchronous batch generates one turn with one SamplingParams")
+        self.pending.update(inputs)
+        self.params = params
+
+    def step(self) -> dict[int, Generation]:
+        inputs, self.pending = self.pending, {}
+        return self.batch.generate(inputs, self.params) if inputs else {}
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.pending)
+
+    def close(self, rows: Iterable[int]) -> None:
+        self.batch.close(rows)
+
+
+def as_stepper(batch: EpisodeBatch | SteppedBatch) -> SteppedBatch:
+    """`batch` itself when it is driven step by step, else a `TurnSync` over it."""
+    return batch if hasattr(batch, "submit") else TurnSync(batch)
+
+
 class Engine(Protocol):
     """A generation backend. `open(n, seeds)` starts n episodes (rows 0..n-1) sharing a batch;
     row i samples from its own random stream `seeds[i]` (default: i)."""
@@ -82,6 +135,28 @@ class Engine(Protocol):
     def open(self, n: int, seeds: Sequence[int] | None = None) -> EpisodeBatch: ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+
+
+def finish_reason(tokenizer: Tokenizer, g: Generation, params: SamplingParams) -> str:
+    """Why the turn `g` ends after its last token ("eos" | "stop" | "length"), or "" if it goes on."""
+    if params.stop_at_eos and tokenizer.eos_id is not None and g.token_ids[-1] == tokenizer.eos_id:
+        return "eos"
+    if params.stop and any(s in tokenizer.decode(g.token_ids) for s in params.stop):
+        return "stop"
+    if len(g.token_ids) >= params.max_new_tokens:
+        return "length"
+    return ""
+
+
+@torch.no_grad()
+def copy_weights(model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """`update_weights` of an engine that runs `model` itself (tensors it already holds are skipped)."""
+    params = dict(model.named_parameters())
+    for name, t in named_tensors:
+        if name not in params:
+            raise ValueError(f"update_weights: unknown parameter {name!r}")
+        if params[name].data_ptr() != t.data_ptr():
+            params[name].copy_(t)
 
 
 _MASK64 = (1 << 64) - 1
@@ -150,7 +225,8 @@ def sample_tokens(logits_AV: torch.Tensor, params: SamplingParams, seeds_A: torc
     return tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-ENGINES = ("pytorch", "vllm")
+ENGINES = ("pytorch", "pytorch-static", "vllm")
+LOCAL_ENGINES = ("pytorch", "pytorch-static")  # run the module they are given (no weight copy)
 
 
 def make_engine(name: str, model: torch.nn.Module, tokenizer: Tokenizer, *, reuse_kv: bool = True,
@@ -159,6 +235,10 @@ def make_engine(name: str, model: torch.nn.Module, tokenizer: Tokenizer, *, reus
         from earl.runtime.engine.pytorch import TorchEngine
 
         return TorchEngine(model, tokenizer, reuse_kv=reuse_kv)
+    if name == "pytorch-static":
+        from earl.runtime.engine.static import StaticTorchEngine
+
+        return StaticTorchEngine(model, tokenizer, reuse_kv=reuse_kv)
     if name == "vllm":
         from earl.runtime.engine.vllm import VLLMEngine
 

@@ -1,11 +1,30 @@
-"""The built-in PyTorch engine: episodes sharing one batched KV cache, kept across turns.
+"""The built-in PyTorch engine: a preallocated slot KV cache, continuous batching, sampling on
+the device, and an optional compiled decode step.
 
-Each `generate` call is one turn: it prefills only the tokens that are new since the episode's
-last turn (the last sampled token plus the new observation), then decodes every requested
-episode together until each hits a stop string, EOS or `max_new_tokens`. Rows of different
-lengths share one cache: padding slots are masked out and positions are tracked per row, so
-every episode sees exactly its own tokens. With `reuse_kv=False` each turn re-prefills the whole
-context instead (the baseline `benchmarks/bench_engine.py` compares against).
+Each episode owns one slot of a preallocated cache (`[slots, capacity, kv heads, head dim]` per
+layer; the capacity doubles when an episode outgrows it), so its KV stays put across turns and
+a turn prefills only the tokens new since the last one. Episodes are driven step by step
+(`submit`, `step`): every step runs one forward over the running episodes' next tokens and the
+new tokens of waiting episodes admitted under the token budget (`step_tokens`) and the decode
+width (`max_batch`). An episode whose turn ends leaves the decode batch at once, and a waiting
+one (another episode, or the same one with its next observation) joins in the next step, so the
+batch never idles on the longest turn. `generate` (one whole turn) is `submit` + `step` until
+done.
+
+Why our own attention over the HF weights, not an HF `Cache` subclass: HF's caches take one
+`cache_position` for the whole batch, while here every row sits at its own position in its own
+slot, and one forward mixes decode rows with prefill segments of any length (packed: no padding
+through the linear layers). The forward reuses the model's own modules (embedding, rotary
+tables, norms, projections, MLP, LM head) and only replaces the attention call, so tensor
+parallel projections (`earl.runtime.tp`) and any weights the trainer updates in place run as
+they are. It serves the Qwen2 / Llama decoder families (the ones `hf_model` loads); others run on
+`engine="pytorch-static"`, which drives any HF causal LM.
+
+Sampling is `sample_tokens` on the device with counter-based noise, so an episode samples the
+same tokens whatever else shares its step: continuous batching equals the static engine token
+for token. `compile=True` runs pure decode steps through `torch.compile` at static shapes (the
+decode width padded to a power of two, attention over the whole slot capacity) with CUDA graphs
+on a GPU (`mode="reduce-overhead"`, the cache marked as a static address).
 
     python benchmarks/bench_engine.py
 """
@@ -13,26 +32,58 @@ context instead (the baseline `benchmarks/bench_engine.py` compares against).
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Iterable, Sequence
 
 import torch
+import torch.nn.functional as F
 
-from earl.runtime.engine.base import EngineStats, Generation, SamplingParams, sample_tokens
-from earl.runtime.hf_model import cache_kwarg
+from earl.runtime.engine.base import (
+    EngineStats,
+    Generation,
+    SamplingParams,
+    copy_weights,
+    finish_reason,
+    sample_tokens,
+)
 from earl.runtime.tokenizer import Tokenizer
 
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
 
-def new_cache(model):
-    from transformers import DynamicCache
 
-    try:
-        return DynamicCache(config=model.config)
-    except TypeError:  # older transformers
-        return DynamicCache()
+def check_supported(model: torch.nn.Module) -> None:
+    """ValueError unless `model` is a decoder this engine's forward reproduces exactly."""
+    cfg = model.config
+    kind = getattr(cfg, "model_type", type(model).__name__)
+    if kind not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"engine 'pytorch' runs model types {', '.join(SUPPORTED_MODEL_TYPES)}, not {kind!r}; "
+                         "use engine='pytorch-static' for other HF causal LMs")
+    if getattr(cfg, "use_sliding_window", False):
+        raise ValueError("engine 'pytorch' has no sliding-window attention; use engine='pytorch-static'")
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+class _Row:
+    """One episode's host-side state."""
+
+    __slots__ = ("history", "unfed", "length", "gen", "params", "pending")
+
+    def __init__(self):
+        self.history: list[int] = []  # every token of the episode
+        self.unfed: list[int] = []  # in history, not yet in the cache
+        self.length = 0  # tokens in the cache (slot positions 0..length-1)
+        self.gen: Generation | None = None  # the turn in progress
+        self.params: SamplingParams | None = None
+        self.pending = -1  # running: the last sampled token, fed by the next step
 
 
 class TorchEpisodeBatch:
-    """Episodes sharing one batched KV cache (see the module docstring)."""
+    """Episodes with one cache slot each (see the module docstring). Slot `n` is scratch: padded
+    rows of a compiled decode step write there."""
 
     def __init__(self, engine: TorchEngine, n: int, seeds: Sequence[int] | None = None):
         if n < 1:
@@ -40,155 +91,309 @@ class TorchEpisodeBatch:
         if seeds is not None and len(seeds) != n:
             raise ValueError(f"{n} episodes need {n} seeds, got {len(seeds)}")
         self.engine = engine
-        self.seeds = [int(s) for s in seeds] if seeds is not None else list(range(n))
-        self.rows = list(range(n))  # open rows in cache order
-        self.history: dict[int, list[int]] = {r: [] for r in self.rows}
-        self.unfed: dict[int, list[int]] = {r: [] for r in self.rows}  # in history, not in cache
+        self.device = dev = engine.device  # fixed for the batch's life (its cache lives there)
+        self.seeds_t = torch.tensor([int(s) for s in (seeds if seeds is not None else range(n))],
+                                    dtype=torch.long, device=dev)
+        self.rows = [_Row() for _ in range(n)]
         self.closed: set[int] = set()
-        self._reset_cache()
+        self.waiting: deque[int] = deque()
+        self.running: list[int] = []
+        self.capacity = 0
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self._grow(engine.initial_capacity)
 
-    def _reset_cache(self) -> None:
-        dev = self.engine.device
-        self.cache = new_cache(self.engine.model)
-        self.mask = torch.zeros(len(self.rows), 0, dtype=torch.bool, device=dev)
-        self.next_pos = torch.zeros(len(self.rows), dtype=torch.long, device=dev)
-        for r in self.rows:
-            self.unfed[r] = list(self.history[r])
+    # -- cache ---------------------------------------------------------------------------------
+    def _grow(self, need: int) -> None:
+        """Make every slot hold at least `need` positions (doubling; existing KV copied)."""
+        if need <= self.capacity:
+            return
+        eng = self.engine
+        cap = max(need, 2 * self.capacity, 16)
+        cap = -(-cap // 16) * 16
+        shape = (len(self.rows) + 1, cap, eng.kv_heads, eng.head_dim)
+        ks, vs = [], []
+        for li in range(eng.num_layers):
+            k = torch.zeros(shape, dtype=eng.dtype, device=self.device)
+            v = torch.zeros(shape, dtype=eng.dtype, device=self.device)
+            if self.capacity:
+                k[:, :self.capacity] = self.k[li]
+                v[:, :self.capacity] = self.v[li]
+            if eng.compile and self.device.type == "cuda":
+                torch._dynamo.mark_static_address(k)
+                torch._dynamo.mark_static_address(v)
+            ks.append(k)
+            vs.append(v)
+        self.k, self.v, self.capacity = ks, vs, cap
+        eng.stats.extra["kv_cache_bytes"] = 2 * sum(t.numel() * t.element_size() for t in ks)
+
+    # -- the stepped interface -----------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running)
 
     def close(self, rows: Iterable[int]) -> None:
+        rows = set(rows)
         self.closed.update(rows)
+        self.waiting = deque(r for r in self.waiting if r not in rows)
+        self.running = [r for r in self.running if r not in rows]
 
-    def _compact(self) -> None:
-        keep = [i for i, r in enumerate(self.rows) if r not in self.closed]
-        if len(keep) == len(self.rows):
-            return
-        idx = torch.tensor(keep, dtype=torch.long, device=self.engine.device)
-        if self.mask.shape[1]:
-            self.cache.batch_select_indices(idx)
-        self.mask, self.next_pos = self.mask[idx], self.next_pos[idx]
-        self.rows = [self.rows[i] for i in keep]
-
-    def _forward(self, ids_BS: torch.Tensor, new_mask_BS: torch.Tensor) -> torch.Tensor:
-        eng = self.engine
-        pos = self.next_pos[:, None] + (new_mask_BS.long().cumsum(1) - 1).clamp(min=0)
-        self.mask = torch.cat([self.mask, new_mask_BS], dim=1)
-        out = eng.model(input_ids=ids_BS, attention_mask=self.mask.long(), position_ids=pos,
-                        use_cache=True, **{eng.cache_kw: self.cache})
-        self.next_pos += new_mask_BS.sum(1)
-        eng.stats.forwards += 1
-        return out.logits
+    def submit(self, inputs: dict[int, list[int]], params: SamplingParams) -> None:
+        """Queue a turn for each row of `inputs` (its new tokens: the observation)."""
+        n = len(self.rows)
+        bad = sorted(r for r in inputs if not 0 <= r < n or r in self.closed)
+        if bad:
+            raise ValueError(f"rows {bad} are not open in this episode batch")
+        busy = sorted(r for r in inputs if self.rows[r].gen is not None)
+        if busy:
+            raise ValueError(f"rows {busy} are still generating their turn")
+        empty = sorted(r for r, toks in inputs.items() if not self.rows[r].history and not toks)
+        if empty:
+            raise ValueError(f"an episode's first turn needs at least one prompt token (rows {empty})")
+        for r, toks in inputs.items():
+            row = self.rows[r]
+            row.history.extend(toks)
+            row.unfed.extend(toks)
+            if not self.engine.reuse_kv:  # re-prefill the whole context (the baseline mode)
+                row.length, row.unfed = 0, list(row.history)
+            row.gen, row.params = Generation([], [], "", "length"), params
+            self.waiting.append(r)
 
     @torch.no_grad()
     def generate(self, inputs: dict[int, list[int]], params: SamplingParams) -> dict[int, Generation]:
-        eng, dev = self.engine, self.engine.device
-        bad = sorted(set(inputs) - set(self.rows) | (set(inputs) & self.closed))
-        if bad:
-            raise ValueError(f"rows {bad} are not open in this episode batch")
-        self._compact()
-        for r, toks in inputs.items():
-            self.history[r].extend(toks)
-            self.unfed[r].extend(toks)
-        if not eng.reuse_kv:
-            self._reset_cache()
-        fresh = self.mask.shape[1] == 0
-        if fresh and any(r not in inputs for r in self.rows):
-            raise ValueError("every open row must take part in an episode batch's first turn "
-                             "(and in every turn when reuse_kv=False)")
-        req = [i for i, r in enumerate(self.rows) if r in inputs]
-        segs = [self.unfed[r] if r in inputs else [] for r in self.rows]
-        if any(not segs[i] for i in req):
-            raise ValueError("an episode's first turn needs at least one prompt token")
-
-        # prefill: only the tokens not yet in the cache, right-padded within this segment
-        t0 = time.perf_counter()
-        width = max(len(s) for s in segs)
-        ids = torch.full((len(self.rows), width), eng.tokenizer.pad_id, dtype=torch.long)
-        new_mask = torch.zeros(len(self.rows), width, dtype=torch.bool)
-        for i, s in enumerate(segs):
-            ids[i, :len(s)] = torch.tensor(s, dtype=torch.long)
-            new_mask[i, :len(s)] = True
-        logits = self._forward(ids.to(dev), new_mask.to(dev))
-        last = torch.tensor([len(segs[i]) - 1 for i in req], device=dev)
-        req_t = torch.tensor(req, device=dev)
-        next_logits = logits[req_t, last]
-        for i in req:
-            self.unfed[self.rows[i]] = []
-        eng.stats.prefill_tokens += sum(len(s) for s in segs)
-        eng.stats.prefill_s += time.perf_counter() - t0
-
-        # decode all requested rows together
-        t0 = time.perf_counter()
-        out = {self.rows[i]: Generation([], [], "", "length") for i in req}
-        active = list(req)
-        while True:
-            rows = [self.rows[i] for i in active]
-            toks, lps = sample_tokens(next_logits, params, torch.tensor([self.seeds[r] for r in rows]),
-                                      torch.tensor([len(self.history[r]) for r in rows]),
-                                      vocab_size=eng.tokenizer.vocab_size)
-            toks_l, lps_l = toks.tolist(), lps.tolist()
-            still = []
-            for j, i in enumerate(active):
-                r, g = self.rows[i], out[self.rows[i]]
-                g.token_ids.append(toks_l[j])
-                g.logprobs.append(lps_l[j])
-                self.history[r].append(toks_l[j])
-                finish = self._finish(g, params)
-                if finish:
-                    g.finish = finish
-                    self.unfed[r] = [toks_l[j]]  # enters the cache with the next turn
-                else:
-                    still.append((i, toks_l[j]))
-            eng.stats.generated_tokens += len(active)
-            if not still:
-                break
-            ids = torch.full((len(self.rows), 1), eng.tokenizer.pad_id, dtype=torch.long)
-            new_mask = torch.zeros(len(self.rows), 1, dtype=torch.bool)
-            for i, t in still:
-                ids[i, 0] = t
-                new_mask[i, 0] = True
-            logits = self._forward(ids.to(dev), new_mask.to(dev))
-            active = [i for i, _ in still]
-            next_logits = logits[torch.tensor(active, device=dev), -1]
-            eng.stats.decode_tokens += len(active)
-        for g in out.values():
-            g.text = eng.tokenizer.decode(g.token_ids)
-        eng.stats.decode_s += time.perf_counter() - t0
+        """One turn for every row of `inputs`, returned when all are done."""
+        if self.busy:
+            raise ValueError("generate() while submitted turns are still running; drive them with step()")
+        self.submit(inputs, params)
+        out: dict[int, Generation] = {}
+        while self.busy:
+            out.update(self.step())
         return out
 
-    def _finish(self, g: Generation, params: SamplingParams) -> str:
-        tok = self.engine.tokenizer
-        if params.stop_at_eos and tok.eos_id is not None and g.token_ids[-1] == tok.eos_id:
-            return "eos"
-        if params.stop and any(s in tok.decode(g.token_ids) for s in params.stop):
-            return "stop"
-        if len(g.token_ids) >= params.max_new_tokens:
-            return "length"
-        return ""
+    @torch.no_grad()
+    def step(self) -> dict[int, Generation]:
+        """One forward over the running rows and the newly admitted ones; returns the rows
+        whose turn finished."""
+        eng = self.engine
+        t0 = time.perf_counter()
+        # admit waiting rows (first come, first served) under the decode width and token budget
+        budget = eng.step_tokens - len(self.running)
+        admitted: list[int] = []
+        while self.waiting and len(self.running) + len(admitted) < eng.max_batch:
+            need = len(self.rows[self.waiting[0]].unfed)
+            if need > budget and (self.running or admitted):
+                break
+            budget -= need
+            admitted.append(self.waiting.popleft())
+        if not self.running and not admitted:
+            return {}
+        decode = list(self.running)
+        rows = decode + admitted
+        self._grow(max(self.rows[r].length + (1 if r in decode else len(self.rows[r].unfed)) for r in rows))
+        if eng.compile and not admitted:
+            sampled = self._decode_compiled(decode)
+        else:
+            sampled = self._sample(rows, self._forward_mixed(decode, admitted))
+        for r in decode:
+            self.rows[r].length += 1
+        for r in admitted:
+            row = self.rows[r]
+            row.length += len(row.unfed)
+            row.unfed = []
+        eng.stats.forwards += 1
+        eng.stats.decode_tokens += len(decode)
+        finished = self._accept(rows, *sampled)
+        if admitted:
+            eng.stats.prefill_s += time.perf_counter() - t0
+        else:
+            eng.stats.decode_s += time.perf_counter() - t0
+        return finished
+
+    # -- sampling ------------------------------------------------------------------------------
+    def _sample(self, rows: list[int], logits_RV: torch.Tensor) -> tuple[list[int], list[float]]:
+        """Each row's next token and its log-probability, sampled on the device (rows grouped by
+        their SamplingParams); the one host sync of a step."""
+        dev = self.device
+        groups: dict[SamplingParams, list[int]] = {}
+        for j, r in enumerate(rows):
+            groups.setdefault(self.rows[r].params, []).append(j)
+        toks_l, lps_l = [0] * len(rows), [0.0] * len(rows)
+        for params, idx in groups.items():
+            sel = torch.tensor(idx, dtype=torch.long, device=dev) if len(groups) > 1 else slice(None)
+            rs = [rows[j] for j in idx]
+            slots = torch.tensor(rs, dtype=torch.long, device=dev)
+            positions = torch.tensor([len(self.rows[r].history) for r in rs], dtype=torch.long, device=dev)
+            toks, lps = sample_tokens(logits_RV[sel], params, self.seeds_t[slots], positions,
+                                      vocab_size=self.engine.tokenizer.vocab_size)
+            for j, t, lp in zip(idx, toks.tolist(), lps.tolist(), strict=True):
+                toks_l[j], lps_l[j] = t, lp
+        return toks_l, lps_l
+
+    def _accept(self, rows: list[int], toks_l: list[int], lps_l: list[float]) -> dict[int, Generation]:
+        """Append the sampled tokens; rows whose turn ends leave the decode batch."""
+        eng = self.engine
+        eng.stats.generated_tokens += len(rows)
+        finished: dict[int, Generation] = {}
+        running = []
+        for r, t, lp in zip(rows, toks_l, lps_l, strict=True):
+            row = self.rows[r]
+            g = row.gen
+            g.token_ids.append(t)
+            g.logprobs.append(lp)
+            row.history.append(t)
+            finish = finish_reason(eng.tokenizer, g, row.params)
+            if finish:
+                g.finish = finish
+                g.text = eng.tokenizer.decode(g.token_ids)
+                row.unfed = [t]  # enters the cache with the next turn
+                row.gen = None
+                finished[r] = g
+            else:
+                row.pending = t
+                running.append(r)
+        self.running = running
+        return finished
+
+    # -- forwards ------------------------------------------------------------------------------
+    def _forward_mixed(self, decode: list[int], admitted: list[int]) -> torch.Tensor:
+        """Logits [len(decode) + len(admitted), V]: the next token of each decode row and of the
+        last new token of each admitted row. All new tokens go through the linear layers packed
+        as one sequence; attention runs batched for decode rows and per admitted segment."""
+        eng, dev = self.engine, self.device
+        ids, slots, pos, segs, last = [], [], [], [], []
+        for r in decode:
+            row = self.rows[r]
+            ids.append(row.pending)
+            slots.append(r)
+            pos.append(row.length)
+            last.append(len(last))
+        for r in admitted:
+            row = self.rows[r]
+            start = len(ids)
+            ids += row.unfed
+            slots += [r] * len(row.unfed)
+            pos += range(row.length, row.length + len(row.unfed))
+            segs.append((start, len(ids), r, row.length + len(row.unfed)))
+            last.append(len(ids) - 1)
+            eng.stats.prefill_tokens += len(row.unfed)
+        n_dec = len(decode)
+        kv_len = min(self.capacity, -(-(max(pos[:n_dec], default=0) + 1) // 64) * 64)
+        t = lambda x: torch.tensor(x, dtype=torch.long, device=dev)  # noqa: E731
+        return eng.forward(self.k, self.v, t(ids), t(slots), t(pos), n_dec, kv_len, segs, t(last))
+
+    def _decode_compiled(self, decode: list[int]) -> tuple[list[int], list[float]]:
+        """A pure decode step at static shapes through the compiled forward (the width padded
+        to a power of two with scratch-slot rows, attention over the whole capacity), then
+        sampling, eager (a try with sampling inside the graph segfaulted on CPU; not investigated)."""
+        dev = self.device
+        width = 1 << (len(decode) - 1).bit_length()
+        pad = width - len(decode)
+        ids = [self.rows[r].pending for r in decode] + [0] * pad
+        slots = decode + [len(self.rows)] * pad
+        pos = [self.rows[r].length for r in decode] + [0] * pad
+        t = lambda x: torch.tensor(x, dtype=torch.long, device=dev)  # noqa: E731
+        logits = self.engine.decode_compiled(self.k, self.v, t(ids), t(slots), t(pos))
+        return self._sample(decode, logits[:len(decode)])
 
 
 class TorchEngine:
     """The built-in PyTorch backend. It runs the module it is given (on one process, the very
-    module the trainer updates, so weight sync is free)."""
+    module the trainer updates, so weight sync is free).
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, *, reuse_kv: bool = True):
+    `max_batch`: rows decoded together at most; `step_tokens`: tokens one forward takes at most
+    (a waiting row's whole new segment joins only if it fits, unless nothing else runs);
+    `compile`: pure decode steps through `torch.compile` (CUDA graphs on a GPU)."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, *, reuse_kv: bool = True,
+                 max_batch: int = 64, step_tokens: int = 2048, compile: bool = False,
+                 initial_capacity: int = 256):
+        check_supported(model)
+        if max_batch < 1 or step_tokens < 1:
+            raise ValueError(f"max_batch and step_tokens must be >= 1, got {max_batch} and {step_tokens}")
         self.model = model
         self.tokenizer = tokenizer
         self.reuse_kv = reuse_kv
-        self.cache_kw = cache_kwarg(model)
+        self.max_batch, self.step_tokens, self.compile = max_batch, step_tokens, compile
+        self.initial_capacity = initial_capacity
         self.stats = EngineStats()
+        cfg = model.config
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.layers = list(model.model.layers)
+        self.num_layers = len(self.layers)
+        # local heads: under tensor parallelism the projections hold this rank's heads only
+        self.kv_heads = self.layers[0].self_attn.k_proj.weight.shape[0] // self.head_dim
+        self._compiled = None
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.model.embed_tokens.weight.dtype
+
     def open(self, n: int, seeds: Sequence[int] | None = None) -> TorchEpisodeBatch:
         return TorchEpisodeBatch(self, n, seeds)
 
-    @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.model.named_parameters())
-        for name, t in named_tensors:
-            if name not in params:
-                raise ValueError(f"update_weights: unknown parameter {name!r}")
-            if params[name].data_ptr() != t.data_ptr():
-                params[name].copy_(t)
+        copy_weights(self.model, named_tensors)
+
+    # -- the model forward over the slot cache ---------------------------------------------------
+    def forward(self, k_cache: list[torch.Tensor], v_cache: list[torch.Tensor], ids_N: torch.Tensor,
+                slot_N: torch.Tensor, pos_N: torch.Tensor, n_dec: int, kv_len: int,
+                segs: list[tuple[int, int, int, int]], out_N: torch.Tensor) -> torch.Tensor:
+        """Run the packed tokens `ids_N` (token i of slot `slot_N[i]` at position `pos_N[i]`),
+        writing their KV into the slots; return logits [len(out_N), V] at the positions `out_N`.
+        Tokens 0..n_dec-1 are one per decode row (attention over `kv_len` positions of their
+        slot); `segs` are (start, end, slot, length after) prefill segments."""
+        m = self.model.model
+        D = self.head_dim
+        h = m.embed_tokens(ids_N)[None]  # [1, N, hidden]
+        cos, sin = m.rotary_emb(h, pos_N[None])
+        cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [N, 1, D]
+        if n_dec:
+            ar = torch.arange(kv_len, device=ids_N.device)
+            mask_dec = (ar[None, :] <= pos_N[:n_dec, None])[:, None, None, :]  # [B, 1, 1, kv]
+            slot_dec = slot_N[:n_dec]
+        for li, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = attn.q_proj(x)[0].view(len(ids_N), -1, D)
+            k = attn.k_proj(x)[0].view(len(ids_N), -1, D)
+            v = attn.v_proj(x)[0].view(len(ids_N), -1, D)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            kc, vc = k_cache[li], v_cache[li]
+            kc.index_put_((slot_N, pos_N), k)
+            vc.index_put_((slot_N, pos_N), v)
+            outs = []
+            if n_dec:
+                kd = kc[slot_dec, :kv_len].transpose(1, 2)  # [B, Hkv, kv, D]
+                vd = vc[slot_dec, :kv_len].transpose(1, 2)
+                o = F.scaled_dot_product_attention(q[:n_dec, :, None, :], kd, vd, attn_mask=mask_dec,
+                                                   scale=attn.scaling, enable_gqa=True)
+                outs.append(o[:, :, 0, :])
+            for start, end, slot, length in segs:
+                ks = kc[slot, :length].transpose(0, 1)[None]  # [1, Hkv, L, D]
+                vs = vc[slot, :length].transpose(0, 1)[None]
+                ar = torch.arange(length, device=ids_N.device)
+                mask = (ar[None, :] <= pos_N[start:end, None])[None, None]  # [1, 1, S, L]
+                o = F.scaled_dot_product_attention(q[start:end].transpose(0, 1)[None], ks, vs, attn_mask=mask,
+                                                   scale=attn.scaling, enable_gqa=True)
+                outs.append(o[0].transpose(0, 1))
+            a = torch.cat(outs) if len(outs) > 1 else outs[0]
+            h = h + attn.o_proj(a.reshape(1, len(ids_N), -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.model.lm_head(m.norm(h[0, out_N]))
+
+    def _decode_step(self, k_cache, v_cache, ids_B, slot_B, pos_B):
+        B = ids_B.shape[0]
+        return self.forward(k_cache, v_cache, ids_B, slot_B, pos_B, B, k_cache[0].shape[1], [],
+                            torch.arange(B, device=ids_B.device))
+
+    def decode_compiled(self, k_cache, v_cache, ids_B, slot_B, pos_B) -> torch.Tensor:
+        """Logits of one decode step through `torch.compile` (one CUDA graph per width on a GPU)."""
+        if self._compiled is None:
+            mode = "reduce-overhead" if self.device.type == "cuda" else None
+            self._compiled = torch.compile(self._decode_step, dynamic=False, mode=mode)
+        return self._compiled(k_cache, v_cache, ids_B, slot_B, pos_B)

@@ -1,0 +1,209 @@
+"""The continuous-batching engine (earl.runtime.engine.pytorch): greedy tokens and log-probs equal
+a plain HF forward of the final token ids; driven step by step across turns of unequal lengths
+with early closes, under a narrow decode width and token budget, it samples the very tokens the
+static engine samples (temperature 0 and 1); rollouts equal the static engine's; the compiled
+decode step equals the eager one."""
+
+import pytest
+import torch
+
+from earl.runtime.engine import SamplingParams, StaticTorchEngine, TorchEngine, make_engine
+from earl.runtime.envs.base import StepResult
+from earl.runtime.rollout import rollout
+
+PROMPTS = ["hi", "a much longer prompt, this one is", "12+3=", "x", "tic tac toe", "7 8 9"]
+
+
+def obs_for(r: int, turn: int) -> str:
+    return f"obs {turn}|" * (1 + (r * 7 + turn) % 4)
+
+
+def drive(batch, tok, params, turns_of):
+    """Episodes r = 0..len(PROMPTS)-1 driven step by step: a finished turn submits the next
+    observation at once (re-joining while others decode); episode r lasts `turns_of(r)` turns,
+    its turn t samples with `params(r, t)`. Returns {r: [(ids, logprobs) per turn]}
+    and the full token sequence per episode."""
+    out = {r: [] for r in range(len(PROMPTS))}
+    seqs = {r: tok.encode(p) for r, p in enumerate(PROMPTS)}
+    for r in range(len(PROMPTS)):
+        batch.submit({r: list(seqs[r])}, params(r, 0))
+    while batch.busy:
+        for r, g in batch.step().items():
+            out[r].append((g.token_ids, g.logprobs))
+            seqs[r] += g.token_ids
+            t = len(out[r])
+            if t >= turns_of(r):
+                batch.close([r])
+                continue
+            obs = tok.encode(obs_for(r, t))
+            seqs[r] += obs
+            batch.submit({r: obs}, params(r, t))
+    return out, seqs
+
+
+def turn_sync(batch, tok, params, turns_of):
+    """The same episodes through whole-turn generate() calls (the static engine's way)."""
+    out = {r: [] for r in range(len(PROMPTS))}
+    inputs = {r: tok.encode(p) for r, p in enumerate(PROMPTS)}
+    for t in range(max(turns_of(r) for r in range(len(PROMPTS)))):
+        gens = batch.generate(inputs, params(0, t))
+        for r, g in gens.items():
+            out[r].append((g.token_ids, g.logprobs))
+        done = [r for r in gens if len(out[r]) >= turns_of(r)]
+        batch.close(done)
+        inputs = {r: tok.encode(obs_for(r, t + 1)) for r in gens if r not in done}
+    return out
+
+
+def turns_of(r):
+    return 1 + r % 3
+
+
+@pytest.mark.parametrize("reuse_kv", [True, False])
+def test_greedy_tokens_and_logprobs_equal_hf_forward(tiny, reuse_kv):
+    tok = tiny.tokenizer
+    eng = TorchEngine(tiny.model, tok, reuse_kv=reuse_kv, max_batch=3, step_tokens=24)
+    params = SamplingParams(temperature=0, max_new_tokens=5, stop_at_eos=False)
+    out, seqs = drive(eng.open(len(PROMPTS)), tok, lambda r, t: params, turns_of)
+    for r, seq in seqs.items():
+        with torch.no_grad():
+            logits = tiny.model(input_ids=torch.tensor([seq])).logits[0].float()
+        logp = torch.log_softmax(logits, -1)
+        gen_at = []  # positions of generated tokens in seq
+        pos = len(tok.encode(PROMPTS[r]))
+        for t, (ids, _) in enumerate(out[r]):
+            gen_at += range(pos, pos + len(ids))
+            pos += len(ids) + (len(tok.encode(obs_for(r, t + 1))) if t + 1 < len(out[r]) else 0)
+        lps = [lp for _, lp_list in out[r] for lp in lp_list]
+        assert len(gen_at) == len(lps) == 5 * turns_of(r)
+        for p, lp in zip(gen_at, lps, strict=True):
+            assert seq[p] == int(logp[p - 1].argmax()), (r, p)  # greedy: the forward's argmax
+            assert abs(logp[p - 1, seq[p]].item() - lp) < 1e-4, (r, p)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_continuous_equals_static_token_for_token(tiny, temperature):
+    """Unequal turn lengths (per-episode max_new_tokens and a stop string), episodes of 1-3
+    turns closing early, a decode width of 2 and a 16-token budget: rows join as others leave,
+    yet every episode samples what the static engine samples turn by turn."""
+    tok = tiny.tokenizer
+
+    def params(r, t):
+        return SamplingParams(temperature=temperature, max_new_tokens=2 + (r + 3 * t) % 6, stop_at_eos=False,
+                              stop=("|",))
+
+    seeds = [100 + 7 * r for r in range(len(PROMPTS))]
+    cont = TorchEngine(tiny.model, tok, max_batch=2, step_tokens=16)
+    got, _ = drive(cont.open(len(PROMPTS), seeds), tok, params, turns_of)
+    # the static engine plays each episode alone (its params differ per episode and turn)
+    for r in range(len(PROMPTS)):
+        static = StaticTorchEngine(tiny.model, tok)
+        b = static.open(1, [seeds[r]])
+        inputs = tok.encode(PROMPTS[r])
+        for t in range(turns_of(r)):
+            g = b.generate({0: inputs}, params(r, t))[0]
+            ids, lps = got[r][t]
+            assert g.token_ids == ids, (r, t)
+            assert g.logprobs == pytest.approx(lps, abs=1e-4)
+            inputs = tok.encode(obs_for(r, t + 1))
+    assert cont.stats.extra["kv_cache_bytes"] > 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_turn_sync_generate_equals_static_engine(tiny, temperature):
+    tok = tiny.tokenizer
+    params = SamplingParams(temperature=temperature, max_new_tokens=6, stop=("|",), stop_at_eos=False)
+    seeds = list(range(40, 40 + len(PROMPTS)))
+    a = turn_sync(TorchEngine(tiny.model, tok, max_batch=4, step_tokens=20).open(len(PROMPTS), seeds), tok,
+                  lambda r, t: params, turns_of)
+    b = turn_sync(StaticTorchEngine(tiny.model, tok).open(len(PROMPTS), seeds), tok, lambda r, t: params, turns_of)
+    for r in a:
+        assert [ids for ids, _ in a[r]] == [ids for ids, _ in b[r]]
+        for (_, la), (_, lb) in zip(a[r], b[r], strict=True):
+            assert la == pytest.approx(lb, abs=1e-4)
+
+
+class CountEnv:
+    """Ends after 1 + seed % 4 turns; rewards the number of characters of each action."""
+
+    def reset(self, seed):
+        self.seed, self.t = seed, 0
+        return f"go {seed}\n"
+
+    def step(self, action):
+        self.t += 1
+        done = self.t >= 1 + self.seed % 4
+        return StepResult(observation=f"t{self.t}:" * (1 + self.seed % 3), reward=float(len(action)), done=done,
+                          outcome="win" if done else "")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_rollout_equals_static_engine(tiny, temperature):
+    """play_episodes steps each env as soon as its turn ends (the continuous engine) and gives the
+    trajectories the turn-synchronous static engine gives."""
+    params = SamplingParams(temperature=temperature, max_new_tokens=6, stop=(":",))
+    kw = dict(seeds=list(range(8)), group_ids=[g // 2 for g in range(8)], params=params, max_context=256)
+    a = rollout(TorchEngine(tiny.model, tiny.tokenizer, max_batch=3, step_tokens=12), CountEnv, **kw)
+    b = rollout(make_engine("pytorch-static", tiny.model, tiny.tokenizer), CountEnv, **kw)
+    for x, y in zip(a, b, strict=True):
+        assert x.token_ids == y.token_ids and x.loss_mask == y.loss_mask
+        assert x.reward == y.reward and x.outcome == y.outcome and len(x.turns) == len(y.turns)
+        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_compiled_decode_equals_eager(tiny):
+    tok = tiny.tokenizer
+    params = SamplingParams(temperature=1.0, max_new_tokens=4, stop_at_eos=False)
+    seeds = list(range(len(PROMPTS)))
+    eager, _ = drive(TorchEngine(tiny.model, tok, max_batch=4).open(len(PROMPTS), seeds), tok,
+                     lambda r, t: params, turns_of)
+    comp_eng = TorchEngine(tiny.model, tok, max_batch=4, compile=True)
+    comp, _ = drive(comp_eng.open(len(PROMPTS), seeds), tok, lambda r, t: params, turns_of)
+    assert comp_eng._compiled is not None
+    for r in eager:
+        assert [ids for ids, _ in comp[r]] == [ids for ids, _ in eager[r]]
+        for (_, la), (_, lb) in zip(comp[r], eager[r], strict=True):
+            assert la == pytest.approx(lb, abs=1e-4)
+
+
+def test_engine_mistakes(tiny):
+    eng = TorchEngine(tiny.model, tiny.tokenizer)
+    b = eng.open(2)
+    b.submit({0: [5]}, SamplingParams(max_new_tokens=3))
+    with pytest.raises(ValueError, match="still generating"):
+        b.submit({0: [6]}, SamplingParams())
+    with pytest.raises(ValueError, match="step"):
+        b.generate({1: [6]}, SamplingParams())
+    with pytest.raises(ValueError, match="max_batch"):
+        TorchEngine(tiny.model, tiny.tokenizer, max_batch=0)
+    with pytest.raises(ValueError, match="pytorch-static"):
+        TorchEngine(_Fake(), tiny.tokenizer)
+    with pytest.raises(ValueError, match="pytorch-static"):
+        make_engine("nope", tiny.model, tiny.tokenizer)
+
+
+class _Fake(torch.nn.Module):
+    class config:  # noqa: N801 - mimics an HF config attribute
+        model_type = "gpt2"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_engine_on_cuda_equals_hf_forward(tiny):
+    import copy
+
+    model = copy.deepcopy(tiny.model).cuda()
+    tok = tiny.tokenizer
+    params = SamplingParams(temperature=0, max_new_tokens=5, stop_at_eos=False)
+    for compile_ in (False, True):
+        eng = TorchEngine(model, tok, max_batch=4, step_tokens=32, compile=compile_)
+        out, seqs = drive(eng.open(len(PROMPTS)), tok, lambda r, t: params, turns_of)
+        for r, seq in seqs.items():
+            with torch.no_grad():
+                logp = torch.log_softmax(model(input_ids=torch.tensor([seq], device="cuda")).logits[0].float(), -1)
+            n_prompt = len(tok.encode(PROMPTS[r]))
+            ids, lps = out[r][0]
+            for j, (t, lp) in enumerate(zip(ids, lps, strict=True)):
+                assert t == int(logp[n_prompt + j - 1].argmax())
+                assert abs(logp[n_prompt + j - 1, t].item() - lp) < 1e-3
