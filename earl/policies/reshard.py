@@ -45,11 +45,13 @@ def _plan_tensor(name: str, p: ParamShape, src: dict[int, tuple[int, int]],
 
 def plan_reshard(param_shapes: dict[str, ParamShape], src_plan: ParallelPlan,
                  dst_plan: ParallelPlan, world: int, *,
-                 optimizer_states: tuple[str, ...] = ()) -> ReshardPlan:
+                 optimizer_states: tuple[str, ...] = (), optimizer_itemsize: int | None = None) -> ReshardPlan:
     """The slices each rank sends to go from `src_plan`'s layout to `dst_plan`'s.
 
     `optimizer_states` (e.g. ("exp_avg", "exp_avg_sq")) adds one tensor per state and param,
-    named "<param>/<state>", laid out by the optimizer rule of each plan."""
+    named "<param>/<state>", laid out by the optimizer rule of each plan, with
+    `optimizer_itemsize` bytes per element (default: the parameter's; fp32 state of a bf16
+    model is 4)."""
     check_tp_dp(src_plan, world, "source plan")
     check_tp_dp(dst_plan, world, "destination plan")
     load = {r: 0 for r in range(world)}
@@ -58,10 +60,12 @@ def plan_reshard(param_shapes: dict[str, ParamShape], src_plan: ParallelPlan,
         p = param_shapes[name]
         transfers += _plan_tensor(name, p, holdings(p, src_plan, optimizer=False),
                                   holdings(p, dst_plan, optimizer=False), load)
+        q = p if optimizer_itemsize is None else ParamShape(shape=p.shape, tp_dim=p.tp_dim,
+                                                            itemsize=optimizer_itemsize)
         for state in optimizer_states:
-            transfers += _plan_tensor(f"{name}{OPT_SEP}{state}", p,
-                                      holdings(p, src_plan, optimizer=True),
-                                      holdings(p, dst_plan, optimizer=True), load)
+            transfers += _plan_tensor(f"{name}{OPT_SEP}{state}", q,
+                                      holdings(q, src_plan, optimizer=True),
+                                      holdings(q, dst_plan, optimizer=True), load)
     return ReshardPlan(src_plan=src_plan, dst_plan=dst_plan, transfers=transfers)
 
 

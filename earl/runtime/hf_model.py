@@ -122,16 +122,17 @@ def save_hf(policy: Policy, directory: str | Path) -> None:
         policy.tokenizer.tok.save_pretrained(str(d))
 
 
-def empty_like_policy(policy: Policy) -> torch.nn.Module:
-    """A model of the policy's architecture and dtype with uninitialised weights (no file read,
-    no init kernels): a re-shard or a checkpoint fills it. Buffers (rotary tables) are real."""
+def empty_like_policy(policy: Policy, dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """A model of the policy's architecture and dtype (or `dtype`) with uninitialised weights (no
+    file read, no init kernels): a re-shard or a checkpoint fills it. Buffers (rotary tables)
+    are real."""
     from transformers import AutoModelForCausalLM
 
     try:
         from transformers.modeling_utils import no_init_weights
     except ImportError:  # pragma: no cover - older transformers
         no_init_weights = contextlib.nullcontext
-    dtype = next(policy.model.parameters()).dtype
+    dtype = dtype or next(policy.model.parameters()).dtype
     with no_init_weights():
         model = AutoModelForCausalLM.from_config(policy.model.config)
     return model.to(dtype)

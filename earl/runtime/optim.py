@@ -1,6 +1,12 @@
-"""The optimizer strategy of the training step: `ShardedAdamW` over this rank's share of a
-tp x dp plan, and `train_step`, which runs the loss (earl.runtime.trainer) and the optimizer
-for one training step on any world size (one process: tp1-dp1, where it is plain AdamW).
+"""The optimizer strategies of the training step and `train_step`, which runs the loss
+(earl.runtime.trainer) and the optimizer for one training step on any world size.
+
+Two strategies behind one interface (step, zero_grad, dp_sum, weights, state_tensors,
+load_state_tensors, step_count, state_names): `FSDPAdamW` for plans with a sharded optimizer
+and dp > 1 (the model is FSDP2-sharded by earl.runtime.parallelize; see the class), and
+`ShardedAdamW` for the rest (one process: tp1-dp1, where it is plain AdamW; tp-only plans; dp
+replicas without `zero`). `ShardedAdamW`'s own ZeRO-1 mode (below) is kept for comparison
+(benchmarks/bench_train_fsdp.py) and for callers that build it directly.
 
 `ShardedAdamW` (ZeRO-1 when the plan has `sharded_optimizer`): gradients, already divided by
 the global loss-token count, are summed over the dp group (so the update is the one a single
@@ -10,6 +16,12 @@ on its own slice of every tensor (earl.parallel.local_bounds's optimizer layout)
 updated slices to its dp peers. Without `sharded_optimizer` every rank keeps the full optimizer
 state of its tp shard. Optimizer state is exported / imported per tensor ("<param>/exp_avg",
 "<param>/exp_avg_sq") so the re-sharder and the checkpoints can move it to another plan.
+
+Precision: the optimizer always works in fp32. Gradients are reduced over dp in fp32, AdamW's
+state is fp32, and a model held in bf16/fp16 gets fp32 master weights (the optimizer's slices,
+exported as "<param>/master" alongside the moments): an update of lr 1e-6 changes the master
+even when it is far below the bf16 spacing of the weight, and reaches the bf16 model once the
+accumulated change rounds to a new value.
 
     OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_dist_train.py
 """
@@ -21,12 +33,18 @@ import math
 import torch
 import torch.distributed as dist
 
-from earl.parallel import ParamShape, PlanGroups, local_bounds
+from earl.parallel import ParamShape, PlanGroups, local_bounds, shard_bounds
 from earl.runtime.config import TrainerConfig
 from earl.runtime.dist import comm_device
 from earl.runtime.trainer import ExperienceBatch, Trainer
 
 STATES = ("exp_avg", "exp_avg_sq")
+MASTER = "master"  # fp32 master weights of a low-precision model, laid out like the moments
+
+
+def state_names(model_dtype: torch.dtype) -> tuple[str, ...]:
+    """The per-parameter optimizer tensors kept for a model held in `model_dtype`."""
+    return STATES if model_dtype == torch.float32 else (*STATES, MASTER)
 
 
 class ShardedAdamW:
@@ -43,8 +61,12 @@ class ShardedAdamW:
             w_lo = local_bounds(p, plan, rank, optimizer=False)[0]
             o_lo, o_hi = local_bounds(p, plan, rank, optimizer=True)
             self.slices[name] = (p.shard_dim, o_lo - w_lo, o_hi - o_lo)
-        self.owned = {n: torch.nn.Parameter(self._slice(n, self.params[n].detach()).clone())
+        self.model_dtype = next(iter(self.params.values())).dtype
+        self.state_names = state_names(self.model_dtype)
+        # fp32 slices the optimizer updates (master weights when the model is not fp32)
+        self.owned = {n: torch.nn.Parameter(self._slice(n, self.params[n].detach()).to(torch.float32, copy=True))
                       for n in self.shapes}
+        self.grads: dict[str, torch.Tensor] = {}  # fp32, dp-summed gradients of the last step
         self.inner = torch.optim.AdamW(list(self.owned.values()), lr=cfg.lr, betas=cfg.betas,
                                        weight_decay=cfg.weight_decay)
 
@@ -64,25 +86,22 @@ class ShardedAdamW:
 
     # ---- the step ---------------------------------------------------------------------------
     def _sync_grads(self) -> None:
-        grads = []
-        for p in self.params.values():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            grads.append(p.grad)
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        """self.grads: every parameter's gradient in fp32, summed over dp (one flat all_reduce)."""
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
+                          for p in self.params.values()])
         if self.groups.plan.dp > 1:
             dist.all_reduce(flat, group=self.groups.dp_group)
-        off = 0
-        for g in grads:
-            g.copy_(flat[off:off + g.numel()].view_as(g))
-            off += g.numel()
+        off, self.grads = 0, {}
+        for name, p in self.params.items():
+            self.grads[name] = flat[off:off + p.numel()].view(p.shape)
+            off += p.numel()
 
     def grad_norm(self) -> float:
         dev = next(iter(self.params.values())).device
         sharded = torch.zeros((), dtype=torch.float64, device=dev)
         replicated = torch.zeros((), dtype=torch.float64, device=dev)
-        for name, p in self.params.items():
-            sq = p.grad.double().pow(2).sum()
+        for name, g in self.grads.items():
+            sq = g.double().pow(2).sum()
             if self.shapes[name].tp_dim is None:
                 replicated += sq
             else:
@@ -120,40 +139,58 @@ class ShardedAdamW:
         if self.cfg.grad_clip and math.isfinite(norm):
             coef = min(1.0, self.cfg.grad_clip / (norm + 1e-6))
         for name, q in self.owned.items():
-            q.grad = self._slice(name, self.params[name].grad).clone() * coef
+            q.grad = self._slice(name, self.grads[name]) * coef
         self.inner.step()
         with torch.no_grad():
             for name, q in self.owned.items():
-                self._slice(name, self.params[name].data).copy_(q.data)
+                self._slice(name, self.params[name].data).copy_(q.data)  # rounds to the model dtype
         if self.groups.plan.sharded_optimizer and self.groups.plan.dp > 1:
             self._broadcast_slices()
+        self.grads = {}
         self.last_norm = norm
         return norm
 
     # ---- state for checkpoints and re-sharding ------------------------------------------------
+    def weights(self) -> dict[str, torch.Tensor]:
+        """name -> this rank's weights (its tp shard, in the model dtype)."""
+        return {n: p.detach() for n, p in self.params.items()}
+
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        """"<param>/<state>" -> this rank's slice (zeros before the first step)."""
+        """"<param>/<state>" -> this rank's fp32 slice (moments: zeros before the first step;
+        "master": the fp32 master weights of a low-precision model)."""
         out = {}
         for name, q in self.owned.items():
             st = self.inner.state.get(q, {})
             for s in STATES:
                 out[f"{name}/{s}"] = st[s] if s in st else torch.zeros_like(q)
+            if MASTER in self.state_names:
+                out[f"{name}/{MASTER}"] = q.detach()
         return out
 
     @property
     def step_count(self) -> int:
-        for q in self.owned.values():
-            st = self.inner.state.get(q)
-            if st and "step" in st:
-                return int(st["step"])
-        return 0
+        return _step_count(self.inner)
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor], step_count: int) -> None:
+        """The inverse of `state_tensors`; saved master weights replace the slices taken from the
+        (rounded) model weights. Moments before the first step are not loaded."""
+        with torch.no_grad():
+            for name, q in self.owned.items():
+                if f"{name}/{MASTER}" in tensors:
+                    q.copy_(tensors[f"{name}/{MASTER}"])
         if step_count == 0:
             return
         for name, q in self.owned.items():
             self.inner.state[q] = {"step": torch.tensor(float(step_count)),
                                    **{s: tensors[f"{name}/{s}"].to(q.device, q.dtype, copy=True) for s in STATES}}
+
+
+def _step_count(opt: torch.optim.Optimizer) -> int:
+    """Optimizer steps taken (0 before the first)."""
+    for st in opt.state.values():
+        if "step" in st:
+            return int(st["step"])
+    return 0
 
 
 def train_step(trainer: Trainer, optim: ShardedAdamW, local: ExperienceBatch, *, progress: float = 0.0,
@@ -179,7 +216,10 @@ def train_step(trainer: Trainer, optim: ShardedAdamW, local: ExperienceBatch, *,
         n_global = optim.dp_sum([n_local])[0]
         if n_global == 0:
             continue
-        sums = trainer.backward(sub, n_global) if sub is not None and n_local else dict.fromkeys(keys, 0.0)
+        if (sub is not None and n_local) or trainer.lockstep is not None:
+            sums = trainer.backward(sub if n_local else None, n_global)
+        else:
+            sums = dict.fromkeys(keys, 0.0)
         norms.append(optim.step())
         reduced = optim.dp_sum([sums[key] for key in keys])
         for key, v in zip(keys, reduced, strict=True):
@@ -191,3 +231,125 @@ def train_step(trainer: Trainer, optim: ShardedAdamW, local: ExperienceBatch, *,
     out["train_tokens"] = tokens
     out["lr"] = lr
     return out
+
+
+class FSDPAdamW:
+    """The optimizer strategy of an FSDP2 training model (earl.runtime.parallelize; plans with
+    `sharded_optimizer` and dp > 1): torch's AdamW on the fp32 sharded parameters (they are the
+    master weights; FSDP2 already reduce-scattered the gradients in fp32), global-norm clipping,
+    and the same state export as `ShardedAdamW`. Every local shard is the ZeRO slice
+    `local_bounds(..., optimizer=True)`, so the re-sharder and the checkpoints move it as is;
+    the model-dtype weights under the plan's weight layout are gathered over dp on demand."""
+
+    def __init__(self, model: torch.nn.Module, shapes: dict[str, ParamShape], groups: PlanGroups,
+                 cfg: TrainerConfig, model_dtype: torch.dtype):
+        self.model, self.shapes, self.groups, self.cfg = model, shapes, groups, cfg
+        self.model_dtype = model_dtype
+        self.state_names = state_names(model_dtype)
+        self.params = dict(model.named_parameters())  # DTensors: fp32 local shards
+        self.last_norm = float("nan")
+        self.inner = torch.optim.AdamW(list(self.params.values()), lr=cfg.lr, betas=cfg.betas,
+                                       weight_decay=cfg.weight_decay)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.model.zero_grad(set_to_none=set_to_none)
+
+    dp_sum = ShardedAdamW.dp_sum
+
+    def grad_norm(self) -> float:
+        """sqrt of the sum of squares over every rank's distinct shard: dp shards are disjoint;
+        tp-replicated tensors count once per tp group."""
+        dev = comm_device()
+        sharded = torch.zeros((), dtype=torch.float64, device=dev)
+        replicated = torch.zeros((), dtype=torch.float64, device=dev)
+        for name, p in self.params.items():
+            if p.grad is None:
+                continue
+            sq = p.grad.to_local().double().pow(2).sum().to(dev)
+            if self.shapes[name].tp_dim is None:
+                replicated += sq
+            else:
+                sharded += sq
+        both = torch.stack([sharded, replicated])
+        dist.all_reduce(both, group=self.groups.dp_group)
+        if self.groups.plan.tp > 1:
+            dist.all_reduce(both[:1], group=self.groups.tp_group)
+        return float(both.sum().sqrt())
+
+    def step(self) -> float:
+        """Undo FSDP2's mean over dp (the loss is already a global token mean), clip, update;
+        returns the global grad norm before clipping."""
+        dp = self.groups.plan.dp
+        for p in self.params.values():
+            if p.grad is not None:
+                p.grad.to_local().mul_(dp)
+        norm = self.grad_norm()
+        if self.cfg.grad_clip and math.isfinite(norm):
+            coef = min(1.0, self.cfg.grad_clip / (norm + 1e-6))
+            if coef < 1.0:
+                for p in self.params.values():
+                    if p.grad is not None:
+                        p.grad.to_local().mul_(coef)
+        self.inner.step()
+        self.last_norm = norm
+        return norm
+
+    # ---- state for checkpoints and re-sharding ------------------------------------------------
+    def weights(self) -> dict[str, torch.Tensor]:
+        """name -> this rank's weights in the model dtype under the plan's weight layout (its tp
+        shard, whole over dp): the fp32 shards gathered over dp. Collective."""
+        out = {}
+        plan = self.groups.plan
+        for name, p in self.params.items():
+            local = p.to_local().detach()
+            s = self.shapes[name]
+            lo, hi = local_bounds(s, plan, self.groups.rank, optimizer=False)
+            sizes = [b - a for a, b in (shard_bounds(hi - lo, plan.dp, d) for d in range(plan.dp))]
+            parts = [local.new_empty(_with(local.shape, s.shard_dim, n)) for n in sizes]
+            dist.all_gather(parts, local.contiguous(), group=self.groups.dp_group)
+            out[name] = torch.cat(parts, dim=s.shard_dim).to(self.model_dtype)
+        return out
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, p in self.params.items():
+            st = self.inner.state.get(p, {})
+            for s in STATES:
+                out[f"{name}/{s}"] = st[s].to_local() if s in st else torch.zeros_like(p.to_local())
+            if MASTER in self.state_names:
+                out[f"{name}/{MASTER}"] = p.to_local().detach()
+        return out
+
+    @property
+    def step_count(self) -> int:
+        return _step_count(self.inner)
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor], step_count: int) -> None:
+        """Weights (the plan's weight layout, or the fp32 "master" slices when saved) and
+        moments (optimizer layout) into the sharded parameters and AdamW's state."""
+        from torch.distributed.tensor import DTensor
+
+        plan = self.groups.plan
+        with torch.no_grad():
+            for name, p in self.params.items():
+                s = self.shapes[name]
+                if f"{name}/{MASTER}" in tensors:
+                    p.to_local().copy_(tensors[f"{name}/{MASTER}"])
+                elif name in tensors:
+                    w_lo = local_bounds(s, plan, self.groups.rank, optimizer=False)[0]
+                    o_lo, o_hi = local_bounds(s, plan, self.groups.rank, optimizer=True)
+                    p.to_local().copy_(tensors[name].narrow(s.shard_dim, o_lo - w_lo, o_hi - o_lo))
+        if step_count == 0:
+            return
+        for name, p in self.params.items():
+            moments = {s: tensors[f"{name}/{s}"].to(p.device, torch.float32, copy=True) for s in STATES}
+            self.inner.state[p] = {"step": torch.tensor(float(step_count)),
+                                   **{s: DTensor.from_local(t, p.device_mesh, p.placements, run_check=False,
+                                                            shape=p.shape, stride=p.stride())
+                                      for s, t in moments.items()}}
+
+
+def _with(shape, dim: int, n: int) -> tuple[int, ...]:
+    out = list(shape)
+    out[dim] = n
+    return tuple(out)

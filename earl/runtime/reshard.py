@@ -59,9 +59,12 @@ def local_shape(shapes: dict[str, ParamShape], plan: ParallelPlan, rank: int,
 
 
 def allocate_local(shapes: dict[str, ParamShape], plan: ParallelPlan, rank: int, names,
-                   dtype: torch.dtype = torch.float32, device: str = "cpu") -> dict[str, torch.Tensor]:
-    """Zero tensors of this rank's local shapes under `plan` (destination buffers)."""
-    return {n: torch.zeros(local_shape(shapes, plan, rank, n), dtype=dtype, device=device) for n in names}
+                   dtype: torch.dtype | dict[str, torch.dtype] = torch.float32,
+                   device: str = "cpu") -> dict[str, torch.Tensor]:
+    """Zero tensors of this rank's local shapes under `plan` (destination buffers), in `dtype`
+    or per name `dtype[name]` (a re-shard moves bytes: the two ends must agree on the dtype)."""
+    return {n: torch.zeros(local_shape(shapes, plan, rank, n), device=device,
+                           dtype=dtype[n] if isinstance(dtype, dict) else dtype) for n in names}
 
 
 def _view(t: torch.Tensor, tr: SliceTransfer, lo: int) -> torch.Tensor:

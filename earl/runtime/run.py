@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from earl import config
 from earl.cost_model.resolve import make_cost_model
 from earl.parallel import check_tp_dp, validate_plan
 from earl.policies import make_dispatcher, make_selector
@@ -42,6 +43,7 @@ from earl.runtime.checkpoint import (
     save_checkpoint,
 )
 from earl.runtime.config import RunConfig, apply_overrides, from_dict, load_config_file, to_dict
+from earl.runtime.defaults import describe_defaults, model_defaults
 from earl.runtime.dist import comm_device, shutdown
 from earl.runtime.engine.base import ENGINES, LOCAL_ENGINES
 from earl.runtime.envs import env_options, make_env
@@ -73,7 +75,8 @@ class RunResult:
 # --------------------------------------------------------------------------------------------
 def resolve_config(config_file: str | Path | None = None, *, resume: str | Path | None = None,
                    overrides: dict | None = None) -> RunConfig:
-    """Default, or the checkpoint's config when resuming, or a file; then `overrides`."""
+    """Default, or the checkpoint's config when resuming, or a file; then `overrides`; then the
+    defaults for the model's size (earl.runtime.defaults) on the keys not given."""
     if resume is not None:
         if config_file is not None:
             raise ValueError("give either a CONFIG file or --resume (the run's config is in its checkpoint)")
@@ -85,11 +88,30 @@ def resolve_config(config_file: str | Path | None = None, *, resume: str | Path 
                 raise ValueError(f"--resume {resume} continues a run with {key}={was!r}; it cannot switch to "
                                  f"{now!r} (start a new run with another --out)")
         return cfg
-    elif config_file is not None:
-        cfg = load_config_file(config_file)
-    else:
-        cfg = RunConfig()
-    return apply_overrides(cfg, overrides or {})
+    base = load_config_file(config_file) if config_file is not None else RunConfig()
+    return with_model_defaults(apply_overrides(base, overrides or {}), given=given_keys(base, overrides or {}))
+
+
+def given_keys(base: RunConfig, overrides: dict) -> set[str]:
+    """Dotted keys the user chose: every override, and config-file values that differ from
+    the built-in defaults."""
+    keys = config.keys_of(RunConfig)
+    given = set(config.resolve_values(overrides, keys, where="--set"))
+    flat_base = config.flatten(to_dict(base), where="the config")
+    flat_default = config.flatten(to_dict(RunConfig()), where="the defaults")
+    return given | {k for k, v in flat_base.items() if flat_default.get(k) != v}
+
+
+def with_model_defaults(cfg: RunConfig, given: set[str]) -> RunConfig:
+    """`cfg` with earl.runtime.defaults' settings for its model on the keys not in `given`
+    (a model path that does not load is left to check_config's error)."""
+    try:
+        check_model_path(cfg.model.path)
+        spec = model_spec(cfg.model.path)
+    except (ValueError, OSError):
+        return cfg
+    chosen = {k: v for k, v in model_defaults(spec, cfg.model.device).items() if k not in given}
+    return apply_overrides(cfg, chosen, where=f"the defaults for {cfg.model.path}") if chosen else cfg
 
 
 def _fit_world(cfg: RunConfig, overrides: dict) -> RunConfig:
@@ -247,7 +269,7 @@ def save(w: Worker, out: Path, step: int, stats: WorkloadStats) -> Path:
             "world": w.world, "model_source": w.policy.source, "stats": dataclasses.asdict(stats),
             "rng": rng_state()}
     dev = comm_device()  # tensors where the process group's backend takes them (gloo: the CPU)
-    return save_checkpoint(out, step, params={n: p.detach().to(dev) for n, p in w.train_model.named_parameters()},
+    return save_checkpoint(out, step, params={n: t.to(dev) for n, t in w.train_weights().items()},
                            optimizer={k: v.to(dev) for k, v in w.optim.state_tensors().items()},
                            optimizer_step=w.optim.step_count, shapes=w.shapes,
                            plan=w.plans.train, meta=meta, keep=w.cfg.keep_checkpoints)
@@ -266,7 +288,7 @@ def load(w: Worker, ckpt: Path) -> tuple[int, WorkloadStats]:
 def export(w: Worker, folder: Path) -> Path | None:
     """The policy as an HF folder (config.json, safetensors in the model's dtype, tokenizer) on
     rank 0, written next to its final place and renamed in. Collective."""
-    full = gather_full_params({n: p.detach().to(comm_device()) for n, p in w.train_model.named_parameters()},
+    full = gather_full_params({n: t.to(comm_device()) for n, t in w.train_weights().items()},
                               w.shapes, w.plans.train)
     if full is None:
         return None
@@ -344,6 +366,7 @@ def _train(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume
     if rank == 0:
         echo(f"earl run: {cfg.model.path} on {cfg.env.name}, {world} process{'es' if world > 1 else ''}, "
              f"steps {start + 1}-{cfg.steps} x {cfg.episodes_per_step} episodes, {cfg.trainer.algo}, "
+             f"{describe_defaults(cfg)} ({worker.policy.spec.num_params / 1e6:.1f}M params), "
              f"plans {' / '.join(worker.plans.for_stage(s).describe() for s in Stage)}, "
              f"hardware profile {hw} ({how}) -> {out}")
         out.mkdir(parents=True, exist_ok=True)

@@ -8,8 +8,13 @@ replicated. The attention module reshapes with -1 heads, so it runs on its local
 its KV cache holds local heads only. Parameter names are unchanged, so state dicts, re-shard
 plans and checkpoints name the same tensors with and without TP.
 
-Explicit sharded linears instead of DTensor: plain tensors re-shard by slicing (bit-exact),
-work with any optimizer, and avoid torch 2.13's DTensor-over-gloo teardown aborts.
+Where these stay instead of DTensor (`earl.runtime.parallelize.apply_dtensor_tp` shards the
+FSDP2 training model): the rollout engine's and the log-prob copies, whose KV-cached decode runs
+hundreds of tiny forward passes per turn, where DTensor's per-op dispatch and placement checks
+cost more than the matmuls on small batches and the cache must hold plain local-head tensors;
+and training plans without a sharded optimizer, whose plain-tensor parameters the replicated
+`ShardedAdamW` strategy slices directly. Plain tensors re-shard by slicing (bit-exact), and the
+local shards equal DTensor's (`torch.chunk` bounds), so both meet in the same re-shard plans.
 
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 -m pytest -q tests/runtime/test_dist_tp.py
 """
@@ -144,11 +149,15 @@ def apply_tp(model: nn.Module, tp: int, tp_rank: int, group) -> nn.Module:
                     new = RowwiseLinear(_shard(lin.weight.detach(), 1, tp, tp_rank),
                                         bias.clone() if bias is not None else None, group)
                 setattr(parent, name, new)
-        attn = layer.self_attn
-        for attr in ("num_heads", "num_key_value_heads"):  # older HF versions keep head counts
-            if isinstance(getattr(attn, attr, None), int):
-                setattr(attn, attr, getattr(attn, attr) // tp)
+        local_heads(layer.self_attn, tp)
     return model
+
+
+def local_heads(attn: nn.Module, tp: int) -> None:
+    """Head counts an attention module keeps (older HF versions) become its local ones."""
+    for attr in ("num_heads", "num_key_value_heads"):
+        if isinstance(getattr(attn, attr, None), int):
+            setattr(attn, attr, getattr(attn, attr) // tp)
 
 
 def shard_state_dict(full: dict[str, torch.Tensor], dims: dict[str, int | None], tp: int,

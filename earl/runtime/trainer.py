@@ -1,10 +1,13 @@
 """The batch the experience and training stages exchange, log-probs, and the policy-gradient loss.
 
 `ExperienceBatch` holds padded tensors; `batch_logprobs` is the experience stage's forward-only
-pass; `Trainer.backward` runs the clipped policy loss (entropy bonus, GRPO's k3 KL term) with
-token-budget micro-batching. The loss is a token-mean over the whole global (mini)batch, so any
-split into micro-batches or data-parallel shards gives the same gradient. Advantages come from
-earl.runtime.advantages; the optimizer step from earl.runtime.optim.train_step.
+pass; `token_logprobs` computes log-probs and entropy from the decoder's hidden states and the
+LM head on the generated positions only, a chunk of positions at a time (full-vocabulary fp32
+logits never exist for a whole micro-batch); `Trainer.backward` runs the clipped policy loss
+(entropy bonus, GRPO's k3 KL term) with token-budget micro-batching. The loss is a token-mean
+over the whole global (mini)batch, so any split into micro-batches or data-parallel shards gives
+the same gradient. Advantages come from earl.runtime.advantages; the optimizer step from
+earl.runtime.optim.train_step.
 
     pytest tests/runtime/test_trainer.py
 """
@@ -16,8 +19,10 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.utils.checkpoint
 
 from earl.runtime.config import TrainerConfig
+from earl.runtime.dist import comm_device
 from earl.runtime.rollout import Trajectory
 
 
@@ -95,9 +100,86 @@ def collate(trajs: list[Trajectory], pad_id: int) -> ExperienceBatch:
         turn_ids=turn_ids)
 
 
-def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float, with_entropy: bool = False):
-    """[n, t] log p(token t | < t) at `temperature` (column 0 is 0), optionally the entropy."""
+LOGIT_CHUNK_TOKENS = 512  # positions whose full-vocabulary fp32 logits exist at once
+
+
+def _decoder_and_head(model):
+    """(decoder, lm_head) of an HF *ForCausalLM: hidden states, then the vocabulary projection."""
+    head = model.get_output_embeddings()
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    return decoder, head
+
+
+def _hidden_states(model, decoder, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The decoder's final hidden states [n, t, H], through the model's own forward (so FSDP2's
+    root hooks gather its weights, which stay gathered for the head afterwards) with no
+    position kept for logits."""
+    got = []
+    hook = decoder.register_forward_hook(lambda mod, args, out: got.append(out.last_hidden_state))
+    try:
+        model(input_ids=input_ids, attention_mask=attention_mask.long(), use_cache=False,
+              logits_to_keep=torch.empty(0, dtype=torch.long, device=input_ids.device))
+    finally:
+        hook.remove()
+    return got[-1]
+
+
+def _chunk_logprobs(head, h_KH: torch.Tensor, targets_K: torch.Tensor, temperature: float,
+                    with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(target) and the entropy at K positions from their hidden states; the fp32 logits
+    [K, V] live only inside this call."""
+    logits = head(h_KH).float() / temperature
+    lse = logits.logsumexp(-1)
+    lp = logits.gather(-1, targets_K[:, None]).squeeze(-1) - lse
+    if not with_entropy:
+        return lp, torch.zeros_like(lp)
+    ent = lse - (torch.softmax(logits, -1) * logits).sum(-1)
+    return lp, ent
+
+
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float,
+                   with_entropy: bool = False, need: torch.Tensor | None = None,
+                   chunk_tokens: int = LOGIT_CHUNK_TOKENS):
+    """[n, t] log p(token t | < t) at `temperature` (column 0 is 0), optionally the entropy.
+
+    Only positions where `need` [n, t] is True (default: every real token but the first) get
+    logits, computed from the decoder's hidden states `chunk_tokens` positions at a time, so the
+    full-vocabulary fp32 logits of a whole micro-batch never exist. Under autograd each chunk is
+    recomputed in the backward pass (activation checkpointing of the head), so only the hidden
+    states are kept. Other positions hold 0."""
+    n, t = input_ids.shape
+    if need is None:
+        need = attention_mask.bool()
+    sel = need[:, 1:].bool() & attention_mask[:, 1:].bool()  # [n, t-1]: predicts token t+1
+    decoder, head = _decoder_and_head(model)
+    h = _hidden_states(model, decoder, input_ids, attention_mask)
+    h_KH = h[:, :-1][sel]
+    targets = input_ids[:, 1:][sel]
+    grad = torch.is_grad_enabled()
+    lps, ents = [], []
+    for a in range(0, h_KH.shape[0], chunk_tokens):
+        args = (head, h_KH[a:a + chunk_tokens], targets[a:a + chunk_tokens], temperature, with_entropy)
+        if grad:
+            lp, ent = torch.utils.checkpoint.checkpoint(_chunk_logprobs, *args, use_reentrant=False)
+        else:
+            lp, ent = _chunk_logprobs(*args)
+        lps.append(lp)
+        ents.append(ent)
+    dev = input_ids.device
+
+    def place(parts: list[torch.Tensor]) -> torch.Tensor:
+        out = torch.zeros(n, t - 1, dtype=torch.float32, device=dev)
+        if parts:
+            out = out.masked_scatter(sel, torch.cat(parts))
+        return torch.nn.functional.pad(out, (1, 0))
+
+    return place(lps), (place(ents) if with_entropy else None)
+
+
+def full_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float,
+                        with_entropy: bool = False):
+    """The reference: fp32 logits of every position of the whole batch at once (what
+    `token_logprobs` computes in chunks). For tests and the memory benchmark only."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask.long()).logits[:, :-1].float()
     logp_all = torch.log_softmax(logits / temperature, dim=-1)
     lp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
@@ -127,14 +209,16 @@ def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
 
 @torch.no_grad()
 def batch_logprobs(model, batch: ExperienceBatch, temperature: float, token_budget: int) -> torch.Tensor:
-    """Forward-only log-probs of a whole batch, micro-batched."""
+    """Forward-only log-probs of a whole batch, micro-batched; only generated (loss-mask)
+    tokens get logits, the rest are 0 (every consumer multiplies by the loss mask)."""
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
     dev = next(model.parameters()).device
     for mb in micro_batches(batch.lengths.tolist(), token_budget):
         sub = batch.select(mb)
-        lp, _ = token_logprobs(model, sub.input_ids.to(dev), sub.attention_mask.to(dev), temperature)
+        lp, _ = token_logprobs(model, sub.input_ids.to(dev), sub.attention_mask.to(dev), temperature,
+                               need=sub.loss_mask.to(dev))
         out[mb, :lp.shape[1]] = lp.cpu()
-    return out * batch.attention_mask
+    return out * batch.loss_mask
 
 
 class Trainer:
@@ -142,8 +226,11 @@ class Trainer:
     `train_step` hands it one (the `earl.runtime.optim.ShardedAdamW` strategy, which is plain
     AdamW on one process)."""
 
-    def __init__(self, model: torch.nn.Module, cfg: TrainerConfig, *, temperature: float):
+    def __init__(self, model: torch.nn.Module, cfg: TrainerConfig, *, temperature: float, lockstep=None):
         self.model, self.cfg, self.temperature = model, cfg, temperature
+        # a process group whose ranks must run the same number of forward/backward passes
+        # (FSDP2 gathers weights inside each): short ranks add passes on a dummy row
+        self.lockstep = lockstep
 
     @property
     def device(self) -> torch.device:
@@ -160,18 +247,27 @@ class Trainer:
         return cfg.lr
 
     def backward(self, batch: ExperienceBatch, total_tokens: float) -> dict[str, float]:
-        """Forward + backward of the loss over `batch`, token-summed and divided by
-        `total_tokens` (the loss tokens of the whole global (mini)batch, so dp shards add up to
-        the single-process gradient). Returns token sums of the loss terms."""
+        """Forward + backward of the loss over `batch` (None: nothing local, lockstep passes
+        only), token-summed and divided by `total_tokens` (the loss tokens of the whole global
+        (mini)batch, so dp shards add up to the single-process gradient). Returns token sums of
+        the loss terms."""
         cfg, dev = self.cfg, self.device
         sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0}
         self.model.train()
-        for mb in micro_batches(batch.lengths.tolist(), cfg.token_budget):
+        mbs = micro_batches(batch.lengths.tolist(), cfg.token_budget) if batch is not None else []
+        if self.lockstep is not None:
+            most = torch.tensor([len(mbs)], device=comm_device())
+            torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX, group=self.lockstep)
+            for _ in range(int(most) - len(mbs)):  # same passes on every rank; adds 0 to the grads
+                ids = torch.zeros(1, 2, dtype=torch.long, device=dev)
+                lp, _ = token_logprobs(self.model, ids, torch.ones_like(ids), self.temperature)
+                (lp.sum() * 0.0).backward()
+        for mb in mbs:
             sub = batch.select(mb)
             t = {k: v.to(dev) for k, v in sub.tensors().items()}
             mask = t["loss_mask"].float()
             lp, ent = token_logprobs(self.model, t["input_ids"], t["attention_mask"],
-                                     self.temperature, with_entropy=True)
+                                     self.temperature, with_entropy=True, need=t["loss_mask"])
             ratio = torch.exp(lp - t["old_logprobs"])
             adv = t["advantages"]
             pg = -torch.minimum(ratio * adv, ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv)

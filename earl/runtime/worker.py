@@ -1,7 +1,8 @@
 """One rank's state in the runtime, for any world size (one process is a world of size 1).
 
-A `Worker` holds the policy under each RL stage's plan: the training copy (tp-sharded by the
-train plan, its `ShardedAdamW` optimizer strategy over the plan's dp), the rollout engine's
+A `Worker` holds the policy under each RL stage's plan: the training copy (a `zero` plan with
+dp > 1: DTensor TP + activation checkpointing + FSDP2 with fp32 masters and `FSDPAdamW`, see
+earl.runtime.parallelize; otherwise hand-written TP and `ShardedAdamW`), the rollout engine's
 copy, an optional experience (log-prob) copy and an optional frozen reference for the KL term
 (on the experience plan). A stage whose plan has the training plan's tp runs on the training
 module itself: on one process, and whenever the layouts agree, nothing is copied and weight
@@ -31,7 +32,8 @@ from earl.runtime.engine import SamplingParams, make_engine
 from earl.runtime.engine.base import LOCAL_ENGINES
 from earl.runtime.envs import env_options, make_env
 from earl.runtime.hf_model import empty_like_policy, load_policy
-from earl.runtime.optim import STATES, ShardedAdamW
+from earl.runtime.optim import FSDPAdamW, ShardedAdamW, state_names
+from earl.runtime.parallelize import apply_ac, parallelize, uses_fsdp
 from earl.runtime.reshard import allocate_local, execute_reshard
 from earl.runtime.tp import apply_tp, check_tp, param_shapes
 from earl.runtime.trainer import Trainer
@@ -83,6 +85,10 @@ class Worker:
         self.memory_budget_bytes = memory_budget_bytes
         policy = load_policy(cfg.model.path, seed=cfg.seed, dtype=cfg.model.dtype)  # read once
         self.policy = policy
+        self.model_dtype = next(policy.model.parameters()).dtype  # FSDP2 makes training's masters fp32
+        if self.model_dtype == torch.float16:
+            print0("earl run: fp16 trains without loss scaling (fp32 masters and moments, but small "
+                   "gradients underflow in fp16); bf16 has fp32's range")
         self.shapes = param_shapes(policy.model)
         self.params = sampling_params(cfg)
         for stage in Stage:
@@ -91,6 +97,7 @@ class Worker:
                 raise ValueError(f"{stage.value} plan {plans.for_stage(stage).describe()}: {why}")
         self.plans = plans
         self.events: list[dict] = []  # plan switches / re-plans of the current step
+        self._synced: tuple = (None, -1)  # (copy, optimizer steps) of the last weight sync
         self.spans: list[Span] = []
         self.played: list = []  # the trajectories this rank played in the last rollout
         self.origin = time.perf_counter()
@@ -118,7 +125,8 @@ class Worker:
         """An empty (uninitialised) copy of the policy, tp-sharded for `plan`; a re-shard from
         training fills it before first use."""
         g = build_plan_groups(plan)
-        return self._frozen(apply_tp(empty_like_policy(self.policy), plan.tp, g.tp_rank, g.tp_group))
+        return self._frozen(apply_tp(empty_like_policy(self.policy, self.model_dtype), plan.tp, g.tp_rank,
+                                     g.tp_group))
 
     def _build_train(self, plan: ParallelPlan, model: torch.nn.Module | None = None,
                      state: tuple[dict, int] | None = None) -> None:
@@ -126,29 +134,41 @@ class Worker:
         `model` (the full policy) or `state` (tensors already re-sharded to `plan`)."""
         g = build_plan_groups(plan)
         if model is None:
-            model = empty_like_policy(self.policy)
-        model = apply_tp(model, plan.tp, g.tp_rank, g.tp_group).to(self.device)
+            model = empty_like_policy(self.policy, self.model_dtype)
         for p in model.parameters():
             p.requires_grad_(True)
-        if state is not None:
-            tensors, step_count = state
-            with torch.no_grad():
-                for n, p in model.named_parameters():
-                    p.copy_(tensors[n])
-        self.optim = ShardedAdamW(model, self.shapes, g, self.cfg.trainer)
+        if uses_fsdp(plan):  # DTensor TP + activation checkpointing + FSDP2 over dp
+            model = parallelize(model.to(self.device), plan, self.shapes, device_type=self.device.type)
+            self.optim = FSDPAdamW(model, self.shapes, g, self.cfg.trainer, self.model_dtype)
+        else:  # hand-written TP (plain tensors), replicated over dp: ShardedAdamW (plain AdamW at world 1)
+            model = apply_ac(apply_tp(model, plan.tp, g.tp_rank, g.tp_group), plan.recompute).to(self.device)
+            if state is not None:
+                with torch.no_grad():
+                    for n, p in model.named_parameters():
+                        p.copy_(state[0][n])
+            self.optim = ShardedAdamW(model, self.shapes, g, self.cfg.trainer)
         if state is not None:
             self.optim.load_state_tensors(state[0], state[1])
-        self.trainer = Trainer(model, self.cfg.trainer, temperature=self.params.logprob_temperature)
+        self.trainer = Trainer(model, self.cfg.trainer, temperature=self.params.logprob_temperature,
+                               lockstep=g.dp_group if uses_fsdp(plan) else None)
         self.train_model, self.train_groups = model, g
         self.plans = self.plans.with_stage(Stage.TRAIN, plan)
 
     def _shares_train(self, plan: ParallelPlan) -> bool:
-        return plan.tp == self.plans.train.tp
+        """A stage runs on the training module itself when its tp matches, unless training is
+        on FSDP2 (its forward gathers weights collectively: rollout and log-prob passes, which
+        differ per rank, would have to run in lockstep)."""
+        return plan.tp == self.plans.train.tp and not uses_fsdp(self.plans.train)
 
     def _build_experience(self, plan: ParallelPlan) -> None:
         self.plans = self.plans.with_stage(Stage.EXPERIENCE, plan)
         same = self._shares_train(plan)
-        self.exp_model = None if same else self._sharded_copy(plan)
+        if same:
+            self.exp_model = None
+        elif uses_fsdp(self.plans.train) and self.roll_model is not None and plan.tp == self.plans.rollout.tp:
+            self.exp_model = self.roll_model  # FSDP2 training: log-probs on the rollout's copy
+        else:
+            self.exp_model = self._sharded_copy(plan)
         self.exp_groups = self.train_groups if same else build_plan_groups(plan)
 
     def _build_rollout(self, plan: ParallelPlan) -> None:
@@ -167,10 +187,14 @@ class Worker:
     def logprob_model(self) -> torch.nn.Module:
         return self.exp_model or self.train_model
 
+    def train_weights(self) -> dict[str, torch.Tensor]:
+        """This rank's training weights in the model dtype under the train plan's weight layout
+        (its tp shard; gathered over dp under FSDP2). Collective."""
+        return self.optim.weights()
+
     def train_tensors(self) -> dict[str, torch.Tensor]:
         """This rank's training weights and optimizer slices ("<param>/<state>")."""
-        return {**{n: p.detach() for n, p in self.train_model.named_parameters()},
-                **self.optim.state_tensors()}
+        return {**self.train_weights(), **self.optim.state_tensors()}
 
     def restore(self, tensors: dict[str, torch.Tensor], step_count: int) -> None:
         """Load weights + optimizer slices already laid out for the current train plan."""
@@ -182,10 +206,12 @@ class Worker:
         """Move weights + optimizer state to `plan` in flight."""
         t0 = time.perf_counter()
         old = self.plans.train
-        rplan = plan_reshard(self.shapes, old, plan, self.world, optimizer_states=STATES)
+        rplan = plan_reshard(self.shapes, old, plan, self.world, optimizer_states=self.optim.state_names,
+                             optimizer_itemsize=4)  # the optimizer's state is fp32
         src = self.train_tensors()
         step_count = self.optim.step_count
-        dst = allocate_local(self.shapes, plan, self.rank, list(src), device=comm_device())
+        dst = allocate_local(self.shapes, plan, self.rank, list(src), device=comm_device(),
+                             dtype={n: t.dtype for n, t in src.items()})
         stats = execute_reshard(rplan, self.shapes, src, dst)
         self._build_train(plan, state=(dst, step_count))
         # copies are re-derived: a stage may now share the training module, or stop sharing it
@@ -235,12 +261,13 @@ class Worker:
             self.span("weight_sync", "reshard", t0, step)
             return 0
         model = self.roll_model if stage is Stage.ROLLOUT else self.exp_model
-        if model is None:
-            return 0
+        if model is None or self._synced == (model, self.optim.step_count):
+            return 0  # already holds these weights (log-probs on the rollout's copy under FSDP2)
         rplan = plan_reshard(self.shapes, self.plans.train, self.plans.for_stage(stage), self.world)
-        src = {n: p.detach() for n, p in self.train_model.named_parameters()}
+        src = self.train_weights()
         dst = {n: p.data for n, p in model.named_parameters()}
         stats = execute_reshard(rplan, self.shapes, src, dst)
+        self._synced = (model, self.optim.step_count)
         self.span(f"train_to_{stage.value}", "reshard", t0, step, bytes=stats.bytes_sent)
         return stats.bytes_sent
 
@@ -260,8 +287,14 @@ class Worker:
                        for s in self.shapes.values())
 
         weights = shard_bytes(plan.tp)  # and as many for the gradients
-        opt = weights * 2 / (plan.dp if plan.sharded_optimizer else 1)  # AdamW: exp_avg, exp_avg_sq
+        # fp32 AdamW moments (+ fp32 master weights for a low-precision model)
+        states = len(state_names(torch.float32 if item == 4 else torch.bfloat16))
+        opt = weights / item * 4 * states / (plan.dp if plan.sharded_optimizer else 1)
         copies = [p for p in (self.plans.rollout, self.plans.experience) if p.tp != plan.tp]
+        if uses_fsdp(plan):  # fp32 masters, grads and moments all sharded over dp; stages run on copies
+            weights, opt = weights / item * 4 / plan.dp, weights / item * 4 * 2 / plan.dp
+            copies = [self.plans.rollout] + ([self.plans.experience]
+                                             if self.plans.experience.tp != self.plans.rollout.tp else [])
         if self.ref_model is not None:
             copies.append(self.ref_plan)
         others = sum(shard_bytes(c.tp) for c in copies)

@@ -241,3 +241,25 @@ def test_bad_multi_process_options_are_one_line_errors():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q", "-m", "slow"]))
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_bf16_runs_on_two_processes_through_plan_switches_checkpoints_and_resume(tmp_path):
+    """A bf16 model on 2 processes: ZeRO-1 -> tp2 in flight (weights bf16, fp32 moments and
+    master weights moved by the re-shard planner), checkpoints with fp32 optimizer state, and a
+    resume on one process."""
+    out = tmp_path / "run"
+    bf16 = ["--set", "model.dtype=bf16"]
+    r = earl_run(["--out", str(out), "--nproc", "2", "--rollout-plan", "tp2-dp1", "--train-plan", "tp1-dp2-zero",
+                  "--schedule", "2:train:tp2-dp1", "--steps", "3", *bf16, *SMALL])
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = rows_of(out)
+    assert [x["step"] for x in rows] == [1, 2, 3] and all(x["loss"] == x["loss"] for x in rows)
+    meta = json.loads((out / "checkpoints" / "step-000003" / "meta.json").read_text())
+    assert {v["dtype"] for v in meta["layout"]["tensors"].values()} == {"bfloat16"}
+    opt = meta["layout"]["optimizer"]
+    assert {v for v in opt.values()} == {"float32"} and any(k.endswith("/master") for k in opt)
+    r = earl_run(["--resume", str(out), "--steps", "4", "--quiet"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [x["step"] for x in rows_of(out)] == [1, 2, 3, 4]

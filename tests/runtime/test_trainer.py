@@ -232,3 +232,59 @@ def test_reinforce_pp_per_turn_baseline_has_no_position_bias():
     assert torch.all(adv == 0)
     biased = advantages(batch, AdvantageSpec(estimator="reinforce++"))
     assert biased[0, 5] > 0 > biased[0, 1]  # the single batch mean favours the last turn
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 4096])
+def test_chunked_logprobs_equal_full_vocabulary_logits(tiny, chunk):
+    """Log-probs and entropy from hidden states + lm_head on the selected positions, a chunk at a
+    time, equal the full-logits reference at those positions (values and gradients); others are 0."""
+    from earl.runtime.trainer import full_token_logprobs, token_logprobs
+
+    batch = collate(fake_trajs(), 0)
+    ids, attn, need = batch.input_ids, batch.attention_mask, batch.loss_mask
+    m1, m2 = copy.deepcopy(tiny.model), copy.deepcopy(tiny.model)
+    lp, ent = token_logprobs(m1, ids, attn, 0.7, with_entropy=True, need=need, chunk_tokens=chunk)
+    ref_lp, ref_ent = full_token_logprobs(m2, ids, attn, 0.7, with_entropy=True)
+    keep = need.clone()
+    keep[:, 0] = False
+    assert torch.allclose(lp[keep], ref_lp[keep], atol=1e-5)
+    assert torch.allclose(ent[keep], ref_ent[keep], atol=1e-5)
+    assert torch.all(lp[~keep] == 0) and torch.all(ent[~keep] == 0)
+    w = torch.randn(lp.shape, generator=torch.Generator().manual_seed(1))
+    ((lp - 0.1 * ent) * w * keep).sum().backward()
+    ((ref_lp - 0.1 * ref_ent) * w * keep).sum().backward()
+    for (n, a), b in zip(m1.named_parameters(), m2.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, atol=1e-5, rtol=1e-4), n
+    with torch.no_grad():  # forward-only: every real token by default
+        lp_all, _ = token_logprobs(m1, ids, attn, 1.0, chunk_tokens=chunk)
+        ref_all, _ = full_token_logprobs(m1, ids, attn, 1.0)
+    real = attn.clone()
+    real[:, 0] = False
+    assert torch.allclose(lp_all[real], ref_all[real], atol=1e-5)
+
+
+def test_bf16_model_keeps_fp32_master_weights_an_update_at_lr_1e_6_does_not_round_away(tiny):
+    """A bf16 model trains through fp32 master weights and fp32 AdamW state: at lr 1e-6 the
+    fraction of (master) weights an optimizer step changes matches fp32's, norms included, and
+    the moments and masters are exported as fp32 "<param>/<state>" tensors."""
+    from earl.runtime.optim import MASTER
+
+    trajs = fake_trajs()
+    cfg = TrainerConfig(algo="grpo", lr=1e-6)
+    changed = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = copy.deepcopy(tiny.model).to(dtype)
+        tr, optim = Trainer(model, cfg, temperature=1.0), one_process_optim(model, cfg)
+        batch = prepare(model, collate(trajs, 0), cfg)
+        before = {n: t.clone() for n, t in optim.state_tensors().items() if n.endswith(MASTER)} \
+            if dtype != torch.float32 else {f"{n}/{MASTER}": p.detach().clone() for n, p in model.named_parameters()}
+        train_step(tr, optim, batch)
+        after = {n: t for n, t in optim.state_tensors().items() if n.endswith(MASTER)} \
+            if dtype != torch.float32 else {f"{n}/{MASTER}": p.detach() for n, p in model.named_parameters()}
+        moved = sum(int((after[k] != before[k]).sum()) for k in before)
+        changed[dtype] = moved / sum(t.numel() for t in before.values())
+        norms = [k for k in before if "norm" in k]
+        assert all(bool((after[k] != before[k]).any()) for k in norms), dtype
+        assert all(t.dtype == torch.float32 for t in optim.state_tensors().values())
+    assert changed[torch.float32] > 0.9
+    assert changed[torch.bfloat16] > 0.95 * changed[torch.float32], changed

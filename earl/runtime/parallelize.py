@@ -1,0 +1,103 @@
+"""Parallelize the training model on a device mesh, torchtitan's way: build the module, then
+apply tensor parallelism (DTensor `parallelize_module`), then activation checkpointing, then
+FSDP2 (`fully_shard`) over the plan's dp dimension. The model code never knows.
+
+Layouts stay earl.parallel's, so the re-shard planner, the checkpoints and the optimizer-state
+export keep working unchanged:
+- TP (ColwiseParallel on q/k/v/gate/up, RowwiseParallel on o/down) shards along `tp_dim` with
+  `torch.chunk` semantics: a rank's local shard is `shard_bounds` chunk t, as in earl.runtime.tp.
+- FSDP2 shards every parameter along its `ParamShape.shard_dim` (`shard_placement_fn`; dim 0 for
+  tp-replicated tensors, `tp_dim` for tp-sharded ones, cut again inside the tp shard), so a
+  rank's local shard is exactly the ZeRO optimizer slice `local_bounds(..., optimizer=True)`
+  of a `sharded_optimizer` plan. The sharded parameters are the fp32 master weights; compute
+  runs in the model's dtype (`MixedPrecisionPolicy(param_dtype=<model dtype>,
+  reduce_dtype=fp32)`), gradients are reduce-scattered in fp32 (FSDP2 averages over dp; the
+  loss is already a mean over the global batch's tokens, so the optimizer strategy multiplies
+  by dp: gloo has no pre-multiplied sum to set a divide factor of 1 with).
+- Activation checkpointing wraps each decoder layer's forward ("full": every layer;
+  "selective": every second layer), parameter names unchanged.
+
+    OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_fsdp.py
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+from earl.parallel import ParamShape, build_mesh
+from earl.runtime.tp import COLWISE, ROWWISE, check_tp, local_heads
+from earl.specs import ParallelPlan
+
+AC_EVERY = {"none": 0, "selective": 2, "full": 1}  # checkpoint every k-th decoder layer
+
+
+def uses_fsdp(plan: ParallelPlan) -> bool:
+    """A training plan runs on FSDP2 when it shards optimizer state over dp > 1 (`zero`)."""
+    return plan.sharded_optimizer and plan.dp > 1
+
+
+def apply_dtensor_tp(model: nn.Module, tp_mesh) -> nn.Module:
+    """Megatron layout with DTensor styles; the attention reshapes with -1 heads, so it runs on
+    its local heads (outputs are local tensors)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    tp = tp_mesh.size()
+    check_tp(model.config, tp)
+    for layer in model.model.layers:
+        styles = {}
+        for parent in ("self_attn", "mlp"):
+            for name in COLWISE + ROWWISE:
+                if getattr(getattr(layer, parent), name, None) is not None:
+                    styles[f"{parent}.{name}"] = ColwiseParallel() if name in COLWISE else RowwiseParallel()
+        parallelize_module(layer, tp_mesh, styles)
+        local_heads(layer.self_attn, tp)
+    return model
+
+
+def _checkpointed(forward, *args, **kwargs):
+    if torch.is_grad_enabled():
+        return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    return forward(*args, **kwargs)
+
+
+def apply_ac(model: nn.Module, recompute: str) -> nn.Module:
+    """Activation checkpointing per decoder layer for the plan's `recompute` mode."""
+    if recompute not in AC_EVERY:
+        raise ValueError(f"recompute {recompute!r}; valid: {', '.join(AC_EVERY)}")
+    every = AC_EVERY[recompute]
+    if every:
+        for i, layer in enumerate(model.model.layers):
+            if i % every == 0:
+                layer.forward = functools.partial(_checkpointed, layer.forward)
+    return model
+
+
+def apply_fsdp(model: nn.Module, dp_mesh, shapes: dict[str, ParamShape], compute_dtype: torch.dtype) -> nn.Module:
+    """FSDP2 over `dp_mesh`: each decoder layer is a unit, the root holds the rest (embeddings,
+    final norm and the head, tied or not). Parameters must be fp32 (they become the masters)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import Shard
+
+    dim_of = {id(p): shapes[n].shard_dim for n, p in model.named_parameters()}
+    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    kw = {"mesh": dp_mesh, "mp_policy": mp, "shard_placement_fn": lambda p: Shard(dim_of[id(p)])}
+    for layer in model.model.layers:
+        fully_shard(layer, **kw)
+    fully_shard(model, **kw)
+    return model
+
+
+def parallelize(model: nn.Module, plan: ParallelPlan, shapes: dict[str, ParamShape], *,
+                device_type: str = "cpu") -> nn.Module:
+    """The training model of a `uses_fsdp` plan: TP (tp > 1), activation checkpointing, FSDP2
+    over dp; fp32 sharded masters, compute in the model's dtype. Collective."""
+    compute_dtype = next(model.parameters()).dtype
+    mesh = build_mesh(plan, device_type=device_type)
+    model = model.float()
+    if plan.tp > 1:
+        apply_dtensor_tp(model, mesh["tp"])
+    apply_ac(model, plan.recompute)
+    return apply_fsdp(model, mesh["dp"], shapes, compute_dtype)
