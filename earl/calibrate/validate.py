@@ -285,7 +285,8 @@ def run_validation(*, config, profile: str, steps: int = 4, warmup_steps: int = 
     sheet = datasheet_profile(HARDWARE_CATALOG[sheet_name])
     results = []
     for name, ov in variants or [("base", {})]:
-        cfg = apply_overrides(config, {**ov, "steps": steps, "plots": False, "checkpoint_every": 0})
+        # throwaway runs: no checkpoints (a 1.5B model's fp32 masters and Adam states are ~20 GB each)
+        cfg = apply_overrides(config, {**ov, "steps": steps, "plots": False, "checkpoints": False})
         results.append(run_variant(cfg, name, ov, out, prof, sheet, warmup_steps))
         if progress:
             progress(name)

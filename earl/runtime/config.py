@@ -116,6 +116,7 @@ class RunConfig:
     reuse_kv: bool = True  # keep each episode's KV cache across turns
     engine_batch: int = 0  # episodes per engine batch; 0 = all of the step's episodes at once
     nproc: int = 1  # processes of a local run (`earl run --nproc N` starts them under torchrun)
+    checkpoints: bool = True  # write checkpoints and the final HF export; false for throwaway runs (validate)
     checkpoint_every: int = 50  # steps between checkpoints; 0 = only at the end
     keep_checkpoints: int = 2  # newest checkpoints kept
     threads: int = 1  # torch CPU threads (the tiny model is overhead-bound; 1 avoids oversubscription)

@@ -396,7 +396,7 @@ def _train(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume
                 rec.log_step(row, episodes, decisions)
                 if cfg.transcript_every and (step % cfg.transcript_every == 0 or step == last):
                     rec.log_transcripts(step, worker.played, cfg.transcript_episodes)
-            due = cfg.checkpoint_every and step % cfg.checkpoint_every == 0 or step == last
+            due = cfg.checkpoints and (cfg.checkpoint_every and step % cfg.checkpoint_every == 0 or step == last)
             if rec is not None:
                 rec.flush(with_trace=due)
             if due:
@@ -412,7 +412,8 @@ def _train(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume
         if rec is not None:
             rec.flush()
             rec.close()
-    export(worker, out / HF_EXPORT)
+    if cfg.checkpoints:
+        export(worker, out / HF_EXPORT)
     if rec is not None and cfg.plots:
         plot_run(out)
     return RunResult(out_dir=out, first_step=start + 1, last_step=step,
