@@ -1,6 +1,6 @@
 """Re-shard time vs the bytes-over-bandwidth bound, on real gloo processes.
 
-For each plan change the executor (earl.runtime.reshard) moves the planner's slices
+For each plan change the executor (earl.runtime.move_weights) moves the planner's slices
 (earl.policies.reshard). Two bounds, both measured in the same run: the link bound is the busiest rank's
 bytes (sent or received, whichever is larger) over the point-to-point bandwidth between two
 ranks (one large message); the host bound is all bytes moved over the total rate all ranks
@@ -28,7 +28,7 @@ from earl.cost_model.profile import load_profile
 from earl.parallel import ParamShape
 from earl.policies.reshard import max_rank_bytes, plan_reshard, price_reshard
 from earl.runtime.dist import run_local
-from earl.runtime.reshard import allocate_local, execute_reshard, local_range
+from earl.runtime.move_weights import allocate_local, execute_reshard, local_range
 from earl.specs import HARDWARE_CATALOG, NETWORK_CATALOG, ClusterSpec, ModelSpec, ParallelPlan
 
 STATES = ("exp_avg", "exp_avg_sq")

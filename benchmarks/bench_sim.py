@@ -26,9 +26,9 @@ import subprocess
 import sys
 import time
 
-from earl.sim.iteration import Simulation
 from earl.sim.run import metrics_csv, simulate
 from earl.sim.scenario import load_scenario
+from earl.sim.simulation import Simulation
 from earl.sim.sweep import default_jobs
 
 # (GPUs, steps with replica classes, steps with --exact; 0: not affordable)

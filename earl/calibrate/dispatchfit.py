@@ -1,7 +1,7 @@
 """Fit the profile's dispatch path (`HardwareProfile.dispatch_path`) from gloo runs of the
 runtime's own dispatch executor, through the one dispatch price.
 
-Each point runs both dispatchers (earl.runtime.dispatch.execute_dispatch) on `procs` local gloo
+Each point runs both dispatchers (earl.runtime.move_samples.execute_dispatch) on `procs` local gloo
 processes: experience was data-parallel on every process (tp1-dpN, round-robin), training uses
 tp2-dp(N/2) with token-balanced placement; the time of one dispatch is the slowest rank's, the
 fastest of `repeats` after a warm-up (on a shared host the one least slowed by other tenants).
@@ -90,7 +90,7 @@ def worker(cases, repeats):
     import torch
     import torch.distributed as dist
 
-    from earl.runtime.dispatch import execute_dispatch
+    from earl.runtime.move_samples import execute_dispatch
 
     rank, world = dist.get_rank(), dist.get_world_size()
     out = {}
@@ -159,7 +159,7 @@ def measure_host(repeats: int = 15) -> dict[str, float]:
     import time
 
     from earl.runtime.advantages import AdvantageSpec, fill_advantages, local_stats
-    from earl.runtime.dispatch import _pack, _unpack
+    from earl.runtime.move_samples import _pack, _unpack
 
     def fastest(fn) -> float:
         best = math.inf

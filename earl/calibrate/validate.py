@@ -135,8 +135,8 @@ def random_checkpoint(name: str, directory: Path, dtype: str, device: str = "cpu
 
 
 def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: int) -> list[dict]:
-    from earl.sim.iteration import Simulation
     from earl.sim.scenario import Scenario
+    from earl.sim.simulation import Simulation
     from earl.sim.workload import WorkloadSpec, load_trace
 
     cm = CostModel(spec, ClusterSpec.for_gpus(prof.hardware, 1), prof)

@@ -1,7 +1,7 @@
 """Re-shard planner: who sends which slices of which tensors to whom when a plan changes.
 
 Pure Python (no torch): the runtime executes the plan with torch.distributed
-(`earl.runtime.reshard.execute_reshard`), the cost model and the simulator price it.
+(`earl.runtime.move_weights.execute_reshard`), the cost model and the simulator price it.
 
 Which rank holds which slice of a tensor under a plan (weights: tp chunks; ZeRO-1 optimizer
 state: dp sub-chunks of those; torch.chunk boundaries) is `earl.parallel.local_bounds`.

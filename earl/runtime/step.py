@@ -34,8 +34,8 @@ from earl.policies.balance import balance_aligned, balance_samples
 from earl.policies.types import Layout, Sample
 from earl.runtime.advantages import AdvantageSpec, Store
 from earl.runtime.control import ControlBytes, all_gather_objects, gather_objects, reduce_scalars
-from earl.runtime.dispatch import HANDOFF_TENSORS, execute_dispatch
 from earl.runtime.envs import OUTCOMES, env_options, make_env
+from earl.runtime.move_samples import HANDOFF_TENSORS, execute_dispatch
 from earl.runtime.optim import train_step
 from earl.runtime.rollout import Trajectory, rollout
 from earl.runtime.trainer import ExperienceBatch, batch_logprobs

@@ -7,7 +7,7 @@ copy, an optional experience (log-prob) copy and an optional frozen reference fo
 (on the experience plan). A stage whose plan has the training plan's tp runs on the training
 module itself: on one process, and whenever the layouts agree, nothing is copied and weight
 sync is free. Otherwise the copy is refreshed from training every step through the pure
-re-shard planner (earl.policies.reshard) and its executor (earl.runtime.reshard).
+re-shard planner (earl.policies.reshard) and its executor (earl.runtime.move_weights).
 
 Plan switches happen in flight: training moves weights and optimizer state to the new plan, no
 restart. The worker also keeps the per-rank memory account the CPU budget is enforced from.
@@ -32,9 +32,9 @@ from earl.runtime.engine import SamplingParams, make_engine
 from earl.runtime.engine.base import LOCAL_ENGINES
 from earl.runtime.envs import env_options, make_env
 from earl.runtime.hf_model import empty_like_policy, load_policy
+from earl.runtime.move_weights import allocate_local, execute_reshard
 from earl.runtime.optim import FSDPAdamW, ShardedAdamW, state_names
 from earl.runtime.parallelize import apply_ac, parallelize, uses_fsdp
-from earl.runtime.reshard import allocate_local, execute_reshard
 from earl.runtime.tp import apply_tp, check_tp, param_shapes
 from earl.runtime.trainer import Trainer
 from earl.specs import ParallelPlan, Stage, StagePlan

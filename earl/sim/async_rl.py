@@ -38,7 +38,7 @@ from earl.cost_model.memory import WEIGHT_BYTES
 from earl.policies.pools import PoolSplit, choose_pool_split
 from earl.specs import ParallelPlan, Stage
 
-from .engine import WAITING, Replica, Seq
+from .replica import WAITING, Replica, Seq
 from .replicas import deal
 from .workload import Workload
 
@@ -156,7 +156,7 @@ def choose_split(scenario, cm, workload: Workload) -> PoolSplit:
 
 def run_async(sim):
     """SimPy process: the training pool's steps against the streaming rollout pool of `sim`
-    (an `earl.sim.iteration.Simulation` in async mode)."""
+    (an `earl.sim.simulation.Simulation` in async mode)."""
     env, sc, cm = sim.env, sim.sc, sim.cm
     K = sc.max_staleness
     ro = sim.plans[Stage.ROLLOUT]

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from earl.trace import Span, to_chrome_trace
 
-from .iteration import Simulation
 from .scenario import Scenario
+from .simulation import Simulation
 from .sweep import run_jobs
 
 METRIC_COLUMNS = (

@@ -13,8 +13,8 @@ from earl.policies.balance import balance_samples, round_robin_samples
 from earl.policies.dispatch import CentralizedDispatcher, LayoutAwareDispatcher
 from earl.policies.types import Layout, Sample
 from earl.runtime.advantages import AdvantageSpec
-from earl.runtime.dispatch import check_delivery, execute_dispatch
 from earl.runtime.dist import run_local
+from earl.runtime.move_samples import check_delivery, execute_dispatch
 from earl.specs import ParallelPlan
 
 GROUP_SIZE = 3

@@ -75,7 +75,7 @@ def _roundtrip_worker(train: ParallelPlan, rollout: ParallelPlan):
     import torch.distributed as dist
 
     from earl.runtime.hf_model import build_builtin
-    from earl.runtime.reshard import allocate_local, execute_reshard, local_range
+    from earl.runtime.move_weights import allocate_local, execute_reshard, local_range
     from earl.runtime.tp import param_shapes
 
     rank = dist.get_rank()

@@ -13,8 +13,8 @@ import simpy
 from earl.cost_model import CostModel
 from earl.policies.pools import choose_pool_split
 from earl.sim.async_rl import StreamReplica, weight_push_s
-from earl.sim.iteration import Simulation
 from earl.sim.scenario import load_scenario
+from earl.sim.simulation import Simulation
 from earl.sim.workload import Episode
 from earl.specs import ClusterSpec, HardwareSpec, ModelSpec, ParallelPlan, StagePlan, WorkloadStats
 

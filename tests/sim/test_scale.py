@@ -15,10 +15,10 @@ import pytest
 import simpy
 
 from earl.cost_model import CostModel
-from earl.sim.engine import Replica
-from earl.sim.iteration import Simulation
+from earl.sim.replica import Replica
 from earl.sim.replicas import choose_replicas, deal, kv_drops
 from earl.sim.scenario import load_scenario, parse_stage_plan
+from earl.sim.simulation import Simulation
 from earl.sim.workload import Draw, Workload, preset, truncate_turns
 from earl.specs import ClusterSpec, HardwareSpec, ModelSpec
 

@@ -20,7 +20,7 @@ slowest dp group's token share (the token-balanced assignment's imbalance) stret
 stage. A sequence longer than the plan can hold (`cm.memory` at micro-batch size) is an OOM
 event for that stage and leaves the batch; a rollout OOM comes from the engine.
 
-    python -c "from earl.sim.iteration import Simulation; from earl.sim.scenario import load_scenario; \
+    python -c "from earl.sim.simulation import Simulation; from earl.sim.scenario import load_scenario; \
 s = Simulation(load_scenario(None, {'scenario.steps': '2'}), 'static', 'centralized'); s.run(); print(s.rows[-1])"
 """
 
@@ -43,7 +43,7 @@ from earl.trace import Span
 
 from .async_rl import choose_split, run_async
 from .cluster import Cluster
-from .engine import DecodeClock, Replica, TurnSyncReplica
+from .replica import DecodeClock, Replica, TurnSyncReplica
 from .replicas import ReplicaChoice, choose_replicas, deal, kv_drops, scaled
 from .scenario import Scenario
 from .workload import Draw, Workload, stats_of
@@ -70,7 +70,7 @@ class Simulation:
                  fine: bool | None = None, progress=None, engine: str = "continuous",
                  padded: bool = False, token_budget: int = 0):
         # `engine` "turn-sync", `padded` and `token_budget` model the single-process PyTorch
-        # runtime for `earl validate`: its engine plays turns in lockstep (sim.engine.
+        # runtime for `earl validate`: its engine plays turns in lockstep (sim.replica.
         # TurnSyncReplica); its log-prob / train micro-batches are right-padded to their longest
         # sequence and packed up to `token_budget` padded tokens (CostModel.mixed_batch)
         if engine not in ENGINES:

@@ -1,7 +1,7 @@
 """The simulated RL iteration: fine vs fast agreement, OOM under a static plan vs the
 cost-model selector, dispatch on the link model, re-shard charging, link contention.
 
-    python -m pytest tests/sim/test_iteration.py -q
+    python -m pytest tests/sim/test_simulation.py -q
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import simpy
 
 from earl.cost_model import CostModel
 from earl.sim.cluster import Cluster
-from earl.sim.iteration import Simulation
 from earl.sim.scenario import load_scenario
+from earl.sim.simulation import Simulation
 from earl.specs import NETWORK_CATALOG, ClusterSpec, HardwareSpec, ModelSpec
 
 SMALL = {"workload.episodes_per_step": "24", "scenario.steps": "3"}
@@ -96,7 +96,7 @@ def test_layout_aware_dispatch_beats_centralized_on_the_links():
 def test_dispatch_is_the_cost_models_price_of_the_dispatchers_plan(monkeypatch):
     """One dispatch model: the simulator holds each step for exactly what
     earl.cost_model.dispatch.price_transfer_plan charges for the plan the dispatcher made."""
-    import earl.sim.iteration as it
+    import earl.sim.simulation as it
 
     priced = []
     real = it.price_transfer_plan
