@@ -174,7 +174,11 @@ def save_checkpoint(out_dir: str | Path, step: int, *, params: dict[str, torch.T
     except BaseException as e:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        if not dist.is_initialized() or isinstance(e, KeyboardInterrupt):
+        if isinstance(e, KeyboardInterrupt) or "KeyboardInterrupt" in repr(e):
+            # Ctrl-C inside DCP arrives wrapped in its CheckpointException: stop as Ctrl-C (the
+            # previous checkpoint and `latest` are untouched), not as a failed save
+            raise KeyboardInterrupt from None
+        if not dist.is_initialized():
             raise
         failed = f"{type(e).__name__}: {e}"
     failed = _all_failures(failed)
