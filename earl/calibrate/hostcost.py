@@ -32,6 +32,7 @@ shares of its own spans.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import time
@@ -198,80 +199,78 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
     from earl.runtime.worker import ONE, Worker
     from earl.specs import StagePlan
 
-    pg = process_group()
-    pg.__enter__()
-    dtype_name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
-    tmp = tempfile.TemporaryDirectory(prefix="earl-hostcost-")
-    path = cases["model"]
-    if path not in ("tiny",):
-        from earl.calibrate.validate import random_checkpoint
+    with contextlib.ExitStack() as stack:  # the one-rank process group and the temp folder end here
+        stack.enter_context(process_group())
+        dtype_name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="earl-hostcost-"))
+        path = cases["model"]
+        if path not in ("tiny",):
+            from earl.calibrate.validate import random_checkpoint
 
-        path = str(random_checkpoint(cases["model"], Path(tmp.name) / "model", dtype_name, device.type))
-    run_cfg = RunConfig(model=ModelConfig(path=path, dtype=dtype_name, device=device.type),
-                        trainer=TrainerConfig(lr=1e-6, token_budget=budget), env=EnvConfig(name=ROLLOUT_ENV),
-                        policy=PolicyConfig(dispatcher="layout-aware"), steps=2, seed=0)
-    worker = Worker(run_cfg, StagePlan(rollout=ONE, experience=ONE, train=ONE), rank=0, world=1)
-    ctx = StepContext(selector=None, dispatcher=make_dispatcher("layout-aware"))
-    host = dataclasses.replace(prof, optimizer_step_s=opt_step_s, optimizer_tensor_s=opt_tensor_s,
-                               logprob_pass_s=0.0, logprob_token_s=0.0, train_pass_s=0.0, train_token_s=0.0)
-    cm = CostModel(spec, ClusterSpec.for_gpus(prof.hardware, 1), host)
-    ro_rows, ro_y = [], []
-    exp_rows, exp_y, lp_res, tr_res, disp_rows, disp_y, pass_rows = [], [], [], [], [], [], []
-    for n, length in cases["steps"]:
-        if time.perf_counter() > deadline and len(tr_res) >= 2:
+            path = str(random_checkpoint(cases["model"], Path(tmp) / "model", dtype_name, device.type))
+        run_cfg = RunConfig(model=ModelConfig(path=path, dtype=dtype_name, device=device.type),
+                            trainer=TrainerConfig(lr=1e-6, token_budget=budget), env=EnvConfig(name=ROLLOUT_ENV),
+                            policy=PolicyConfig(dispatcher="layout-aware"), steps=2, seed=0)
+        worker = Worker(run_cfg, StagePlan(rollout=ONE, experience=ONE, train=ONE), rank=0, world=1)
+        ctx = StepContext(selector=None, dispatcher=make_dispatcher("layout-aware"))
+        host = dataclasses.replace(prof, optimizer_step_s=opt_step_s, optimizer_tensor_s=opt_tensor_s,
+                                   logprob_pass_s=0.0, logprob_token_s=0.0, train_pass_s=0.0, train_token_s=0.0)
+        cm = CostModel(spec, ClusterSpec.for_gpus(prof.hardware, 1), host)
+        ro_rows, ro_y = [], []
+        exp_rows, exp_y, lp_res, tr_res, disp_rows, disp_y, pass_rows = [], [], [], [], [], [], []
+        for n, length in cases["steps"]:
+            if time.perf_counter() > deadline and len(tr_res) >= 2:
+                if on_case:
+                    on_case(None)
+                continue
+            trajs = synthetic_trajectories(n, length, vocab, gen)
+            meta = {t.episode_id: SampleMeta.of(t) for t in trajs}
+            samples = [Sample(id=t.episode_id, tokens=len(t.token_ids), group=t.group_id) for t in trajs]
+            width = max(len(t.token_ids) for t in trajs)
+            parts: dict[str, list[float]] = {}
+            for rep in range(REPS + 1):  # the first round warms up
+                chunk = n if rep % 2 == 0 else max(1, n // 4)  # all episodes in one engine batch, or in 4
+                worker.cfg = dataclasses.replace(run_cfg, groups=n, group_size=1, engine_batch=chunk)
+                (played, _), t_ro = _timed(lambda w=worker, r=rep: play(w, r + 1), device)
+                # experience = the hand-off and the log-prob pass; timed apart: the pass's forward is priced
+                (store, layout, _), t_exp = _timed(lambda w=worker, tr=trajs, sa=samples, me=meta: experience(
+                    w, ctx, 1, tr, sa, me), device)
+                spans = {sp.name: sp.duration_s for sp in worker.spans}
+                t_lp = t_exp * spans["logprob"] / max(spans["logprob"] + spans["handoff"], 1e-12)
+                _, t_train_all = _timed(lambda w=worker, st=store, lay=layout, sa=samples, me=meta: train_stage(
+                    w, ctx, 1, st, lay, sa, me), device)
+                spans = {sp.name: sp.duration_s for sp in worker.spans}
+                disp_share = spans["layout-aware"] / max(spans["layout-aware"] + spans["train_step"], 1e-12)
+                worker.spans = []
+                key = "rollout" if chunk == n else "rollout_chunked"
+                parts.setdefault(key + "_pred", []).append(_sim_rollout(cm, played, chunk))
+                for k, v in ((key, t_ro), ("experience", t_exp - t_lp), ("logprob", t_lp),
+                             ("dispatch", t_train_all * disp_share), ("train", t_train_all * (1 - disp_share))):
+                    parts.setdefault(k, []).append(v)
+            warm = ("rollout_chunked", "rollout_chunked_pred")  # first met after the warm-up round
+            med = {k: statistics.median(v if k in warm else v[1:]) for k, v in parts.items()}
+            for key, batches in (("rollout", 1), ("rollout_chunked", -(-n // max(1, n // 4)))):
+                ro_rows.append([1.0, batches, n])
+                ro_y.append(med[key] - med[key + "_pred"])
+                note("rollout", f"{ROLLOUT_ENV} n={n} engine batches={batches}", med[key], med[key + "_pred"])
+            tokens = sum(len(x.token_ids) for x in trajs)
+            exp_rows.append([n, tokens])
+            exp_y.append(med["experience"])
+            note("experience", f"n={n} tokens={tokens}", med["experience"])
+            # padded rows: the runtime passes a padding mask, attention runs over the full square
+            fwd = cm.logprob(ParallelPlan(micro_batch=n), n, width, masked=True).time_s
+            lp_res.append(med["logprob"] - fwd)
+            pass_rows.append([1.0, n * width])
+            note("logprob", f"{n}x{width}", med["logprob"], fwd)
+            explained = cm.train(ParallelPlan(micro_batch=n), n, width, masked=True).time_s
+            tr_res.append(med["train"] - explained)
+            note("train", f"{n}x{width}", med["train"], explained)
+            disp_rows.append([1.0, n])
+            disp_y.append(med["dispatch"])
+            note("dispatch", f"n={n}", med["dispatch"])
             if on_case:
-                on_case(None)
-            continue
-        trajs = synthetic_trajectories(n, length, vocab, gen)
-        meta = {t.episode_id: SampleMeta.of(t) for t in trajs}
-        samples = [Sample(id=t.episode_id, tokens=len(t.token_ids), group=t.group_id) for t in trajs]
-        width = max(len(t.token_ids) for t in trajs)
-        parts: dict[str, list[float]] = {}
-        for rep in range(REPS + 1):  # the first round warms up
-            chunk = n if rep % 2 == 0 else max(1, n // 4)  # all episodes in one engine batch, or in 4
-            worker.cfg = dataclasses.replace(run_cfg, groups=n, group_size=1, engine_batch=chunk)
-            (played, _), t_ro = _timed(lambda w=worker, r=rep: play(w, r + 1), device)
-            # experience = the hand-off and the log-prob pass; timed apart: the pass's forward is priced
-            (store, layout, _), t_exp = _timed(lambda w=worker, tr=trajs, sa=samples, me=meta: experience(
-                w, ctx, 1, tr, sa, me), device)
-            spans = {sp.name: sp.duration_s for sp in worker.spans}
-            t_lp = t_exp * spans["logprob"] / max(spans["logprob"] + spans["handoff"], 1e-12)
-            _, t_train_all = _timed(lambda w=worker, st=store, lay=layout, sa=samples, me=meta: train_stage(
-                w, ctx, 1, st, lay, sa, me), device)
-            spans = {sp.name: sp.duration_s for sp in worker.spans}
-            disp_share = spans["layout-aware"] / max(spans["layout-aware"] + spans["train_step"], 1e-12)
-            worker.spans = []
-            key = "rollout" if chunk == n else "rollout_chunked"
-            parts.setdefault(key + "_pred", []).append(_sim_rollout(cm, played, chunk))
-            for k, v in ((key, t_ro), ("experience", t_exp - t_lp), ("logprob", t_lp),
-                         ("dispatch", t_train_all * disp_share), ("train", t_train_all * (1 - disp_share))):
-                parts.setdefault(k, []).append(v)
-        warm = ("rollout_chunked", "rollout_chunked_pred")  # first met after the warm-up round
-        med = {k: statistics.median(v if k in warm else v[1:]) for k, v in parts.items()}
-        for key, batches in (("rollout", 1), ("rollout_chunked", -(-n // max(1, n // 4)))):
-            ro_rows.append([1.0, batches, n])
-            ro_y.append(med[key] - med[key + "_pred"])
-            note("rollout", f"{ROLLOUT_ENV} n={n} engine batches={batches}", med[key], med[key + "_pred"])
-        tokens = sum(len(x.token_ids) for x in trajs)
-        exp_rows.append([n, tokens])
-        exp_y.append(med["experience"])
-        note("experience", f"n={n} tokens={tokens}", med["experience"])
-        # padded rows: the runtime passes a padding mask, attention runs over the full square
-        fwd = cm.logprob(ParallelPlan(micro_batch=n), n, width, masked=True).time_s
-        lp_res.append(med["logprob"] - fwd)
-        pass_rows.append([1.0, n * width])
-        note("logprob", f"{n}x{width}", med["logprob"], fwd)
-        explained = cm.train(ParallelPlan(micro_batch=n), n, width, masked=True).time_s
-        tr_res.append(med["train"] - explained)
-        note("train", f"{n}x{width}", med["train"], explained)
-        disp_rows.append([1.0, n])
-        disp_y.append(med["dispatch"])
-        note("dispatch", f"n={n}", med["dispatch"])
-        if on_case:
-            on_case(f"step {n}x{width}")
-    del worker
-    tmp.cleanup()
-    pg.__exit__(None, None, None)
+                on_case(f"step {n}x{width}")
+        del worker
     seq_s, token_s = _nnls(exp_rows, exp_y)
     ro_fixed, ro_batch, ro_episode = _nnls(ro_rows, ro_y)
     lp_fixed, lp_token = _nnls(pass_rows, lp_res)

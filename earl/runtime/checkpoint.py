@@ -318,7 +318,7 @@ def load_checkpoint(path: str | Path, *, shapes: dict[str, ParamShape], plan: Pa
 
 
 # --------------------------------------------------------------------------------------------
-# RNG and optimizer-state helpers for callers
+# RNG state for the checkpoint meta
 # --------------------------------------------------------------------------------------------
 def rng_state() -> dict:
     """This process's RNG states, JSON-able (torch CPU, CUDA when present, Python's random)."""
@@ -337,62 +337,6 @@ def restore_rng(state: dict) -> None:
         torch.cuda.set_rng_state_all([dec(s) for s in state["cuda"]])
     v, internal, gauss = state["python"]
     random.setstate((v, tuple(internal), gauss))
-
-
-def optimizer_tensors(optimizer: torch.optim.Optimizer, named_params: dict[str, torch.nn.Parameter]
-                      ) -> tuple[dict[str, torch.Tensor], int]:
-    """A plain torch optimizer's per-parameter state as "<param>/<state>" tensors, and its step."""
-    out, step = {}, 0
-    for name, p in named_params.items():
-        for k, v in optimizer.state.get(p, {}).items():
-            if k == "step":
-                step = int(v)
-            elif isinstance(v, torch.Tensor) and v.shape == p.shape:
-                out[f"{name}{OPT_SEP}{k}"] = v.detach()
-    return out, step
-
-
-def load_optimizer_tensors(optimizer: torch.optim.Optimizer, named_params: dict[str, torch.nn.Parameter],
-                           tensors: dict[str, torch.Tensor], step: int) -> None:
-    """The inverse of `optimizer_tensors` (a no-op before the first step)."""
-    if step == 0:
-        return
-    for name, p in named_params.items():
-        st = {k.split(OPT_SEP, 1)[1]: v.clone() for k, v in tensors.items() if _param_of(k) == name}
-        optimizer.state[p] = {"step": torch.tensor(float(step)), **st}
-
-
-def save_model_checkpoint(out_dir: str | Path, step: int, *, model: torch.nn.Module,
-                          optimizer: torch.optim.Optimizer, meta: dict, keep: int = 2) -> Path:
-    """One process holding the whole model and a plain torch optimizer: `save_checkpoint`
-    under the one-rank plan, with this process's RNG states added to `meta`."""
-    from earl.runtime.tp import param_shapes
-
-    named = dict(model.named_parameters())
-    opt, opt_step = optimizer_tensors(optimizer, named)
-    return save_checkpoint(out_dir, step, params={n: p.detach() for n, p in named.items()}, optimizer=opt,
-                           optimizer_step=opt_step, shapes=param_shapes(model), plan=ParallelPlan(),
-                           meta={**meta, "rng": rng_state()}, keep=keep)
-
-
-def load_model_checkpoint(path: str | Path, *, model: torch.nn.Module,
-                          optimizer: torch.optim.Optimizer | None) -> dict:
-    """The inverse of `save_model_checkpoint` (from a checkpoint of any plan and world):
-    weights, optimizer state and RNG states restored in place; returns meta.json."""
-    from earl.runtime.tp import param_shapes
-
-    named = dict(model.named_parameters())
-    device = next(iter(named.values())).device
-    got = load_checkpoint(path, shapes=param_shapes(model), plan=ParallelPlan(), device=device,
-                          with_optimizer=optimizer is not None)
-    with torch.no_grad():
-        for n, p in named.items():
-            p.copy_(got.params[n])
-    if optimizer is not None:
-        load_optimizer_tensors(optimizer, named, got.optimizer, got.optimizer_step)
-    if "rng" in got.meta:
-        restore_rng(got.meta["rng"])
-    return got.meta
 
 
 # --------------------------------------------------------------------------------------------

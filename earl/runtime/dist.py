@@ -1,5 +1,5 @@
 """The multi-process runtime's plumbing: init from torchrun's environment, rank-0 printing,
-object exchange, local gloo workers for tests, and a shutdown that never hangs. A plan's
+local gloo workers for tests, and a shutdown that never hangs. A plan's
 process groups and device mesh are built by earl.parallel (build_plan_groups, build_mesh).
 
 gloo on CPU, NCCL when CUDA is present (same code path).
@@ -73,30 +73,6 @@ def print0(*args, **kwargs) -> None:
     """print on global rank 0 only (every rank when there is no process group)."""
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(*args, **kwargs, flush=True)
-
-
-def exchange_objects(outgoing: dict[int, object], group=None) -> dict[int, object]:
-    """Point-to-point exchange of picklable objects: `outgoing[dst]` goes to rank dst; returns
-    {src: object} of what this rank received. Collective over the group (one all_gather of the
-    byte counts, then isend/irecv of the pickled bytes)."""
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
-    payload = {d: torch.frombuffer(bytearray(pickle.dumps(o)), dtype=torch.uint8)
-               for d, o in outgoing.items() if d != rank}
-    sizes = torch.zeros(world, dtype=torch.int64, device=comm_device())
-    for d, buf in payload.items():
-        sizes[d] = buf.numel()
-    table = [torch.zeros_like(sizes) for _ in range(world)]
-    dist.all_gather(table, sizes, group=group)
-    inbox = {s: torch.empty(int(table[s][rank]), dtype=torch.uint8, device=comm_device())
-             for s in range(world) if s != rank and int(table[s][rank]) > 0}
-    works = [dist.irecv(buf, src=s, group=group) for s, buf in inbox.items()]
-    works += [dist.isend(buf.to(comm_device()), dst=d, group=group) for d, buf in payload.items()]
-    for w in works:
-        w.wait()
-    out = {s: pickle.loads(buf.cpu().numpy().tobytes()) for s, buf in inbox.items()}
-    if rank in outgoing:
-        out[rank] = outgoing[rank]
-    return out
 
 
 def barrier() -> None:

@@ -10,7 +10,6 @@ this returns (build, then apply TP / FSDP), and the engine and trainer take it a
 from __future__ import annotations
 
 import contextlib
-import copy
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,14 +135,6 @@ def empty_like_policy(policy: Policy, dtype: torch.dtype | None = None) -> torch
     with no_init_weights():
         model = AutoModelForCausalLM.from_config(policy.model.config)
     return model.to(dtype)
-
-
-def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A frozen deep copy (the KL reference)."""
-    ref = copy.deepcopy(model).eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref
 
 
 def cache_kwarg(model: torch.nn.Module) -> str:
