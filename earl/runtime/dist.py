@@ -32,7 +32,7 @@ class DistEnv:
     rank: int  # global rank
     world: int  # number of processes
     local_rank: int  # rank on this node
-    backend: str  # "gloo" | "nccl" | "none" (single process without a process group)
+    backend: str  # "gloo" | "nccl"
     device: str  # "cpu" or "cuda:<local_rank>"
 
     @property
@@ -42,9 +42,12 @@ class DistEnv:
 
 def init_distributed(backend: str | None = None, timeout_s: float = 120.0) -> DistEnv:
     """Join the job torchrun started (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT in the
-    environment). Without those variables: a single process and no process group."""
+    environment). Without those variables: a single process, a world of size 1 with its own
+    one-rank gloo group (so every collective of the runtime runs, and moves nothing)."""
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        return DistEnv(rank=0, world=1, local_rank=0, backend="none", device="cpu")
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        return DistEnv(rank=0, world=1, local_rank=0, backend="gloo", device="cpu")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     if backend is None:

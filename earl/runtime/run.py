@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime
 import importlib.util
 import json
 import os
@@ -44,7 +43,7 @@ from earl.runtime.checkpoint import (
 )
 from earl.runtime.config import RunConfig, apply_overrides, from_dict, load_config_file, to_dict
 from earl.runtime.defaults import describe_defaults, model_defaults
-from earl.runtime.dist import comm_device, shutdown
+from earl.runtime.dist import comm_device, init_distributed, shutdown
 from earl.runtime.engine.base import ENGINES, LOCAL_ENGINES
 from earl.runtime.envs import env_options, make_env
 from earl.runtime.hf_model import check_dtype, check_model_path
@@ -248,18 +247,9 @@ def process_group():
 
 
 def init_process_group() -> tuple[int, int]:
-    """Join torchrun's job, or make a one-rank gloo group for a single process."""
-    if not dist.is_initialized():
-        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-            if backend == "nccl":
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-            dist.init_process_group(backend, rank=rank, world_size=world,
-                                    timeout=datetime.timedelta(seconds=300))
-        else:
-            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    return dist.get_rank(), dist.get_world_size()
+    """Join torchrun's job, or make a one-rank gloo group for a single process (rank, world)."""
+    env = init_distributed(timeout_s=300)
+    return env.rank, env.world
 
 
 def save(w: Worker, out: Path, step: int, stats: WorkloadStats) -> Path:

@@ -19,6 +19,7 @@ The source weights are read once per rank; other copies are built empty and fill
 from __future__ import annotations
 
 import copy
+import math
 import time
 
 import torch
@@ -67,13 +68,6 @@ def runnable(plan: ParallelPlan, world: int, config) -> str:
     except ValueError as e:
         return str(e)
     return ""
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 class Worker:
@@ -283,7 +277,7 @@ class Worker:
         item = next(iter(self.shapes.values())).itemsize  # parameter dtype bytes
 
         def shard_bytes(tp: int) -> float:
-            return sum(_numel(s.shape) // (tp if s.tp_dim is not None else 1) * s.itemsize
+            return sum(math.prod(s.shape) // (tp if s.tp_dim is not None else 1) * s.itemsize
                        for s in self.shapes.values())
 
         weights = shard_bytes(plan.tp)  # and as many for the gradients
