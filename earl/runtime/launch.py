@@ -78,7 +78,7 @@ def launch(cfg: RunConfig, out: str | Path, *, resume: str | Path | None = None,
         return 130
     if any(m.startswith("error: ") for m in messages):
         code = 2
-    elif any("lost contact" in m for m in messages):
+    elif any("lost contact" in m or " failed during " in m for m in messages):
         code = 3
     elif any("memory budget" in m for m in messages):
         code = 4

@@ -490,7 +490,12 @@ def worker_main(argv: list[str] | None = None) -> None:
             last = _last_checkpoint(Path(a.out))
             hint = "" if os.environ.get("EARL_LAUNCHER") else (  # `earl run --nproc` reports it once
                 f" Last complete checkpoint: {last or 'none'}" + (f"; continue with --resume {a.out}" if last else ""))
-            print(f"earl run: rank {os.environ.get('RANK', '?')} lost contact with a peer during {stage} "
+            # a peer's death reaches the others as a connection or backend error; anything else
+            # failed on this rank itself (e.g. an unsupported layout), and is named as such
+            peer = isinstance(e, (ConnectionError, getattr(dist, "DistError", ConnectionError))) or \
+                any(w in str(e).lower() for w in ("connection", "peer", "timed out", "timeout"))
+            what = "lost contact with a peer" if peer else "failed"
+            print(f"earl run: rank {os.environ.get('RANK', '?')} {what} during {stage} "
                   f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); stopping.{hint}",
                   file=sys.stderr, flush=True)
             code = 3
