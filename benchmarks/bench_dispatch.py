@@ -10,9 +10,13 @@ placement. Each process produced `--per-rank` samples. Both dispatchers run on t
 processes, alternating, after a warm-up; the time of one dispatch is the slowest rank's, fastest
 (and median) of `--repeats`. On a small shared host the processes compete for cores, so times
 are noisy: the load average is printed; read the busiest-rank bytes (exact) next to them.
+`--rounds R` repeats the whole measurement R times with fresh process groups, the process
+counts interleaved round by round, and reports each ratio's median over the rounds (with its
+range): one invocation then reads like the mean of several, which single rounds on this host
+(+-30% apart) do not.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_dispatch.py
-    OMP_NUM_THREADS=1 python benchmarks/bench_dispatch.py --procs 2 4 --contexts 8192 --repeats 5
+    OMP_NUM_THREADS=1 python benchmarks/bench_dispatch.py --procs 2 4 --contexts 8192 --repeats 5 --rounds 1
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ def main() -> None:
     ap.add_argument("--contexts", type=int, nargs="+", default=[8192, 16384, 32768])
     ap.add_argument("--per-rank", type=int, default=4, help="samples each process produced")
     ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--rounds", type=int, default=3, help="whole measurements; ratios are their median")
     ap.add_argument("--profile", default="cpu-measured", help="profile whose dispatch path predicts")
     args = ap.parse_args()
     profile = load_profile(args.profile)
@@ -42,23 +47,35 @@ def main() -> None:
           f"{len(os.sched_getaffinity(0))} CPUs, load average {os.getloadavg()[0]:.2f} at start; "
           f"profile {args.profile}")
     head = (f"{'procs':>5} {'context':>7} {'batch MB':>8} | {'central ms':>10} {'layout ms':>9} "
-            f"{'ratio':>6} {'(median)':>8} | {'busiest rank MB c/l':>19} | {'pred central':>12} "
+            f"{'ratio':>6} {'(rounds)':>9} | {'busiest rank MB c/l':>19} | {'pred central':>12} "
             f"{'pred layout':>11} {'pred ratio':>10}")
     print(head)
     print("-" * len(head))
-    ratios: dict[int, list[tuple[float, float]]] = {}
+    if args.rounds < 1 or args.repeats < 1:
+        raise SystemExit(f"--rounds and --repeats must be >= 1, got {args.rounds} and {args.repeats}")
     cases = [(args.per_rank, c) for c in args.contexts]
+    rounds: dict[int, list[dict]] = {n: [] for n in args.procs}
+    for r in range(args.rounds):
+        for n in args.procs:  # interleaved: every process count meets each round's load
+            rounds[n].append(run_local(worker, n, cases, args.repeats, timeout_s=600)[0])
+        print(f"round {r + 1}/{args.rounds} done, load average {os.getloadavg()[0]:.2f}", flush=True)
+    ratios: dict[int, list[tuple[float, float]]] = {}
     for n in args.procs:
-        measured = run_local(worker, n, cases, args.repeats, timeout_s=600)[0]
         for ctx in args.contexts:
-            (tc, bc, mc), (tl, bl, ml) = (measured[(args.per_rank, ctx)][k] for k in KINDS)
+            per_round = [[m[(args.per_rank, ctx)][k] for k in KINDS] for m in rounds[n]]
+            tc = statistics.median(c[0] for c, _ in per_round)
+            tl = statistics.median(lay[0] for _, lay in per_round)
+            bc, bl = per_round[0][0][1], per_round[0][1][1]
+            rs = [c[0] / lay[0] for c, lay in per_round]
+            ratio = statistics.median(rs)
             p = predict(profile, n, args.per_rank, ctx)
             pr = p["centralized"] / p["layout-aware"]
             mb = n * args.per_rank * ctx * per_token / 1e6
-            ratios.setdefault(n, []).append((tc / tl, pr))
+            ratios.setdefault(n, []).append((ratio, pr))
             busy = f"{bc / 1e6:.1f} / {bl / 1e6:.1f}"
-            print(f"{n:>5} {ctx:>7} {mb:>8.1f} | {tc * 1e3:>10.2f} {tl * 1e3:>9.2f} {tc / tl:>6.2f} "
-                  f"{mc / ml:>8.2f} | {busy:>19} | {p['centralized'] * 1e3:>12.2f} "
+            spread = f"{min(rs):.2f}-{max(rs):.2f}"
+            print(f"{n:>5} {ctx:>7} {mb:>8.1f} | {tc * 1e3:>10.2f} {tl * 1e3:>9.2f} {ratio:>6.2f} "
+                  f"{spread:>9} | {busy:>19} | {p['centralized'] * 1e3:>12.2f} "
                   f"{p['layout-aware'] * 1e3:>11.2f} {pr:>10.2f}")
     print("mean ratio (centralized / layout-aware) by process count, measured vs predicted: " + ", ".join(
         f"{n}: {statistics.mean(m for m, _ in v):.2f}x vs {statistics.mean(q for _, q in v):.2f}x "

@@ -261,6 +261,9 @@ MODEL_CATALOG: dict[str, ModelSpec] = {m.name: m for m in [
     _qwen("tiny", 2, 64, 4, 2, 128, 64, True),
     _qwen("tiny-wide", 2, 128, 8, 4, 256, 64, True),
     _llama("tiny-llama", 2, 64, 4, 2, 128, 64),
+    # A Qwen2-shaped model of ~27M parameters (not a published checkpoint): the held-out model of
+    # `earl validate` on CPU, larger than every shape the CPU calibration runs.
+    _qwen("qwen2-27m", 8, 512, 8, 2, 1408, 8192, True),
 ]}
 
 

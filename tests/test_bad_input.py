@@ -117,6 +117,9 @@ CASES = [
     ("scenario-bad-toml", {"s.toml": "[cluster\n"}, ["simulate", "s.toml", "--out", "o"], "invalid TOML"),
     ("scenario-yaml-list", {"s.yaml": "- 1\n- 2\n"}, ["simulate", "s.yaml", "--out", "o"], "mapping"),
     ("scenario-network", {}, ["simulate", "--set", "cluster.network=token-ring", "--out", "o"], "token-ring"),
+    ("scenario-tp-across-nodes", {}, ["simulate", "--set", "cluster.gpus_per_node=4", "--set", "plan.rollout=tp8",
+                                      "--set", "plan.experience=tp4", "--set", "plan.train=tp4-pp2", "--out", "o"],
+     "spans more than a node"),
     # ---- workload traces ---------------------------------------------------------------------
     ("trace-nan-latency", {"s.toml": TRACE_SC, "t.jsonl": '{"step": 0, "episodes": [{"id": 0, "turns": '
                                                           '[[1, 2, NaN]]}]}\n'}, SIM[:1] + ["s.toml"] + SIM[1:],

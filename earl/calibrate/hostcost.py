@@ -258,11 +258,13 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
             exp_y.append(med["experience"])
             note("experience", f"n={n} tokens={tokens}", med["experience"])
             # padded rows: the runtime passes a padding mask, attention runs over the full square
-            fwd = cm.logprob(ParallelPlan(micro_batch=n), n, width, masked=True).time_s
+            # the runtime's LM head runs on the generated positions only
+            frac = sum(sum(x.loss_mask) for x in trajs) / max(1, tokens)
+            fwd = cm.logprob(ParallelPlan(micro_batch=n), n, width, masked=True, head_frac=frac).time_s
             lp_res.append(med["logprob"] - fwd)
             pass_rows.append([1.0, n * width])
             note("logprob", f"{n}x{width}", med["logprob"], fwd)
-            explained = cm.train(ParallelPlan(micro_batch=n), n, width, masked=True).time_s
+            explained = cm.train(ParallelPlan(micro_batch=n), n, width, masked=True, head_frac=frac).time_s
             tr_res.append(med["train"] - explained)
             note("train", f"{n}x{width}", med["train"], explained)
             disp_rows.append([1.0, n])

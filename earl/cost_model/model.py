@@ -271,8 +271,9 @@ class CostModel:
         return per_replica, -(-per_replica // plan.micro_batch)
 
     def logprob(self, plan: ParallelPlan, batch: int, context: int, passes: int = 1,
-                masked: bool = False) -> Estimate:
-        """Forward-only log-probs of `batch` sequences (`passes` models: e.g. 2 = ref + old)."""
+                masked: bool = False, head_frac: float | None = None) -> Estimate:
+        """Forward-only log-probs of `batch` sequences (`passes` models: e.g. 2 = ref + old).
+        `head_frac`: the share of positions that get logits (see `head_tokens`)."""
         self._check(plan, batch, context)
         gpus = plan.world_size
         mem = self.memory("logprob", plan, batch, context)
@@ -283,7 +284,7 @@ class CostModel:
         tokens = plan.micro_batch * s
         cost = forward_pass(self.model, self.profile, tp=plan.tp, layers=-(-self.model.num_layers // plan.pp),
                             tokens=tokens, attn_pairs=plan.micro_batch * _pairs(context, masked) / plan.cp,
-                            kv_tokens=plan.micro_batch * context, lm_tokens=tokens)
+                            kv_tokens=plan.micro_batch * context, lm_tokens=head_tokens(tokens, head_frac))
         comm_s = self._tp_comm_s(plan.tp, tokens, 1) / plan.pp + self._cp_comm_s(plan, context, 1)
         # work around each micro-batch's forward, fixed and per padded token (calibrated)
         host_s = self.profile.logprob_pass_s + self.profile.logprob_token_s * tokens
@@ -307,8 +308,11 @@ class CostModel:
         layers = -(-self.model.num_layers // plan.pp)
         return passes * layers * comm.allgather_s(kv, plan.cp, link)
 
-    def train(self, plan: ParallelPlan, batch: int, context: int, masked: bool = False) -> Estimate:
-        """One optimizer step over a global batch of `batch` sequences of `context` tokens."""
+    def train(self, plan: ParallelPlan, batch: int, context: int, masked: bool = False,
+              head_frac: float | None = None) -> Estimate:
+        """One optimizer step over a global batch of `batch` sequences of `context` tokens.
+        `head_frac`: the share of positions that get logits (see `head_tokens`); the head of
+        those is then recomputed in the backward pass, as the runtime's chunked head is."""
         self._check(plan, batch, context)
         validate_plan(plan, self.model, seq_len=context if plan.cp > 1 else None)
         gpus = plan.world_size
@@ -321,8 +325,10 @@ class CostModel:
         layers = -(-self.model.num_layers // plan.pp)
         fwd = forward_pass(self.model, self.profile, tp=plan.tp, layers=layers, tokens=tokens,
                            attn_pairs=plan.micro_batch * _pairs(context, masked) / plan.cp,
-                           kv_tokens=plan.micro_batch * context, lm_tokens=tokens)
+                           kv_tokens=plan.micro_batch * context, lm_tokens=head_tokens(tokens, head_frac))
         recompute = {"none": 0.0, "selective": fwd.attention_s, "full": fwd.total_s - fwd.lm_head_s}[plan.recompute]
+        if head_frac is not None:  # the chunked head is checkpointed: one more head forward
+            recompute += fwd.lm_head_s
         tp_passes = 4 + (2 if plan.recompute == "full" else 0)
         # the profile's assumed share of TP communication hidden under the GEMMs
         tp_c = self._tp_comm_s(plan.tp, tokens, tp_passes) / plan.pp * (1 - self.profile.tp_comm_overlap)
@@ -378,7 +384,8 @@ class CostModel:
                     "tp_comm_overlap": self.profile.tp_comm_overlap, "virtual_stages": v})
 
     def mixed_batch(self, stage: str, plan: ParallelPlan, lengths, *, buckets: int = 8, passes: int = 1,
-                    imbalance: float = 1.0, padded: bool = False, token_budget: int = 0) -> Estimate:
+                    imbalance: float = 1.0, padded: bool = False, token_budget: int = 0,
+                    head_frac: float | None = None) -> Estimate:
         """Price `logprob` or `train` over sequences of different lengths, as one stage.
 
         Lengths are sorted into up to `buckets` equal-count buckets, each priced at its mean
@@ -389,7 +396,8 @@ class CostModel:
         longest sequence (the PyTorch runtime's), so a bucket is priced at its longest length.
         `token_budget` > 0: micro-batches are packed like the PyTorch runtime's (longest first,
         rows x longest row <= token_budget; see `pack_micro_batches`) instead of equal buckets.
-        Log-probs also pay the experience stage's host work once (collating, advantages)."""
+        Log-probs also pay the experience stage's host work once (collating, advantages).
+        `head_frac`: the share of positions that get logits (see `head_tokens`)."""
         if stage not in ("logprob", "train"):
             raise ValueError(f"mixed_batch prices logprob or train, not {stage!r}")
         ctx = sorted(int(c) for c in lengths)
@@ -415,8 +423,8 @@ class CostModel:
         for chunk, p in chunks:
             c = chunk[-1] if padded else -(-sum(chunk) // len(chunk))
             c = -(-c // plan.cp) * plan.cp
-            est = (self.logprob(p, len(chunk), c, masked=padded) if stage == "logprob"
-                   else self.train(p, len(chunk), c, masked=padded))
+            est = (self.logprob(p, len(chunk), c, masked=padded, head_frac=head_frac) if stage == "logprob"
+                   else self.train(p, len(chunk), c, masked=padded, head_frac=head_frac))
             if not est.feasible:
                 return est
             m, t_mb = est.extras["micro_batches"], est.extras["micro_batch_s"]
@@ -491,6 +499,17 @@ def pack_micro_batches(lengths, token_budget: int) -> list[list[int]]:
     if cur:
         out.append(sorted(cur))
     return out
+
+
+def head_tokens(tokens: float, head_frac: float | None) -> float:
+    """Positions of `tokens` that get LM-head logits. None: all of them (a framework that runs
+    the HF forward whole); a fraction: only the trained (generated) positions, as earl's runtime
+    computes them (earl.runtime.trainer.token_logprobs)."""
+    if head_frac is None:
+        return tokens
+    if not 0.0 <= head_frac <= 1.0:
+        raise ValueError(f"head_frac must be in [0, 1], got {head_frac}")
+    return tokens * head_frac
 
 
 def _pairs(context: int, masked: bool) -> float:

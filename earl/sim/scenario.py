@@ -139,6 +139,12 @@ class Scenario:
                 raise ValueError(f"plan.{stage} = {text!r} does not match {where} "
                                  f"({gpus} of {self.nodes} x {self.cluster_spec().gpus_per_node} "
                                  f"GPUs, {model.name}): {e}") from None
+        per_node = self.cluster_spec().gpus_per_node
+        for stage, plan in plans.items():
+            if plan.tp > per_node:
+                valid = ", ".join(str(t) for t in range(1, per_node + 1) if per_node % t == 0)
+                raise ValueError(f"plan.{stage} = {plan.describe()!r}: tp {plan.tp} spans more than a node's "
+                                 f"{per_node} GPUs (tensor parallelism runs inside a node); valid tp: {valid}")
         ro = plans["rollout"]
         if ro.pp != 1 or ro.cp != 1:
             raise ValueError(f"plan.rollout = {self.rollout_plan!r}: rollout engines use tp x dp "

@@ -50,6 +50,7 @@ from .workload import Draw, Workload, stats_of
 
 MAX_BUCKETS = 8  # length buckets a mixed batch is priced in
 DISPATCH_CONTEXT_QUANTUM = 1024  # tokens: aggregated mode prices a what-if plan at the mean context rounded up to this
+HEAD_ON = ("all", "generated")  # positions that get LM-head logits in log-prob / train passes
 ENGINES = ("continuous", "turn-sync")  # rollout engine models: vLLM-like, or the PyTorch runtime's
 
 
@@ -68,13 +69,18 @@ class Simulation:
     def __init__(self, scenario: Scenario, selector: str, dispatcher: str, *,
                  cost_model: CostModel | None = None, log: list | None = None,
                  fine: bool | None = None, progress=None, engine: str = "continuous",
-                 padded: bool = False, token_budget: int = 0):
+                 padded: bool = False, token_budget: int = 0, head_on: str = "all"):
         # `engine` "turn-sync", `padded` and `token_budget` model the single-process PyTorch
         # runtime for `earl validate`: its engine plays turns in lockstep (sim.replica.
         # TurnSyncReplica); its log-prob / train micro-batches are right-padded to their longest
-        # sequence and packed up to `token_budget` padded tokens (CostModel.mixed_batch)
+        # sequence and packed up to `token_budget` padded tokens (CostModel.mixed_batch);
+        # `head_on` "generated": its LM head runs on the generated (trained) positions only
         if engine not in ENGINES:
             raise ValueError(f"unknown rollout engine model {engine!r}; valid: {', '.join(ENGINES)}")
+        if head_on not in HEAD_ON:
+            raise ValueError(f"unknown head_on {head_on!r}; valid: {', '.join(HEAD_ON)}")
+        self.head_on = head_on
+        self._head_frac: float | None = None  # this step's generated / context tokens (head_on "generated")
         self.replica_cls = TurnSyncReplica if engine == "turn-sync" else Replica
         self.padded = padded
         self.token_budget = token_budget
@@ -193,7 +199,8 @@ class Simulation:
         imbalance = imbalance_ratio(loads.tolist())
         passes = self.sc.logprob_passes if stage == "logprob" else 1
         est = self.cm.mixed_batch(stage, plan, np.sort(tokens).tolist(), buckets=MAX_BUCKETS, passes=passes,
-                                  imbalance=imbalance, padded=self.padded, token_budget=self.token_budget)
+                                  imbalance=imbalance, padded=self.padded, token_budget=self.token_budget,
+                                  head_frac=self._head_frac)
         longest = int(tokens.max())
         assert est.feasible, f"{stage} {plan.describe()} infeasible at {longest} tokens after OOM filter"
         mem = self.cm.memory(stage, plan, plan.dp, longest)
@@ -274,6 +281,8 @@ class Simulation:
         row["reshard_s"] += yield from self._reshard("re-shard train->experience", "reshard",
                                                      self.train_layout, ex, step)
         keep = ctx <= self.max_fit_context("logprob", ex)
+        if self.head_on == "generated":
+            self._head_frac = min(1.0, float(generated[keep].sum()) / max(1.0, float(ctx[keep].sum())))
         row["experience_oom"] = int((~keep).sum())
         ids, ctx = ids[keep], ctx[keep]
         self._stats = stats

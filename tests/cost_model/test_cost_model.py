@@ -162,3 +162,24 @@ def test_overlap_assumptions_hide_tp_and_dp_communication():
     assert b.mfu > a.mfu
     with pytest.raises(ValueError, match="tp_comm_overlap"):
         dataclasses.replace(cm.profile, tp_comm_overlap=1.5)
+
+
+def test_head_on_generated_positions_prices_the_runtime_head():
+    """earl's runtime computes LM-head logits only on the generated positions (and recomputes
+    that chunked head in the backward): `head_frac` prices exactly that share of the head."""
+    cm = cm_for("qwen2-27m", hw="cpu", gpus=1)
+    plan = ParallelPlan(micro_batch=16)
+    full = cm.logprob(plan, 16, 64, masked=True)
+    assert cm.logprob(plan, 16, 64, masked=True, head_frac=1.0).time_s == pytest.approx(full.time_s)
+    tenth = cm.logprob(plan, 16, 64, masked=True, head_frac=0.1)
+    assert tenth.breakdown["lm_head"] == pytest.approx(0.1 * full.breakdown["lm_head"], rel=0.05)
+    assert tenth.breakdown["linear"] == pytest.approx(full.breakdown["linear"])
+    tr_full, tr_none = cm.train(plan, 16, 64, masked=True), cm.train(plan, 16, 64, masked=True, head_frac=0.0)
+    assert tr_none.breakdown["recompute"] == 0.0 and tr_none.time_s < tr_full.time_s
+    tr_some = cm.train(plan, 16, 64, masked=True, head_frac=0.5)
+    assert tr_some.breakdown["recompute"] > 0.0  # the checkpointed head's second forward
+    lengths = [30, 40, 50, 64]
+    assert cm.mixed_batch("logprob", plan, lengths, padded=True, head_frac=0.2).time_s < \
+        cm.mixed_batch("logprob", plan, lengths, padded=True).time_s
+    with pytest.raises(ValueError, match="head_frac"):
+        cm.logprob(plan, 16, 64, head_frac=1.5)

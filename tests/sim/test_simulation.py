@@ -149,3 +149,16 @@ def test_spans_and_rows_cover_every_stage():
         assert r["step_time_s"] == pytest.approx(parts, rel=1e-9)
         assert 0 < r["headroom_min"] < 1
     assert len(sim.decisions) == 3 * 3  # three stages per step
+
+
+def test_head_on_generated_prices_less_experience_and_training():
+    """`head_on="generated"` (earl validate's model of the runtime, whose LM head runs on the
+    generated positions only) lowers the experience and train stages, nothing else."""
+    sc = load_scenario("connect-four-small", small(scenario__steps=2))
+    full = Simulation(sc, "static", "layout-aware").run()
+    gen = Simulation(sc, "static", "layout-aware", head_on="generated").run()
+    for a, b in zip(full.rows, gen.rows, strict=True):
+        assert b["experience_s"] < a["experience_s"] and b["train_s"] < a["train_s"]
+        assert b["rollout_s"] == pytest.approx(a["rollout_s"])
+    with pytest.raises(ValueError, match="head_on"):
+        Simulation(sc, "static", "layout-aware", head_on="some")
