@@ -378,7 +378,8 @@ class CostModel:
                     "tp_comm_overlap": self.profile.tp_comm_overlap, "virtual_stages": v})
 
     def mixed_batch(self, stage: str, plan: ParallelPlan, lengths, *, buckets: int = 8, passes: int = 1,
-                    imbalance: float = 1.0, padded: bool = False, token_budget: int = 0) -> Estimate:
+                    imbalance: float = 1.0, padded: bool = False, token_budget: int = 0,
+                    groups: list | None = None) -> Estimate:
         """Price `logprob` or `train` over sequences of different lengths, as one stage.
 
         Lengths are sorted into up to `buckets` equal-count buckets, each priced at its mean
@@ -388,7 +389,9 @@ class CostModel:
         part: the slowest group sets the pace. `padded`: micro-batches are right-padded to their
         longest sequence (the PyTorch runtime's), so a bucket is priced at its longest length.
         `token_budget` > 0: micro-batches are packed like the PyTorch runtime's (longest first,
-        rows x longest row <= token_budget; see `pack_micro_batches`) instead of equal buckets.
+        rows x longest row <= token_budget; see `pack_micro_batches`) instead of equal buckets,
+        each data-parallel group packing its own share: `groups` (the lengths each of the plan's dp
+        groups holds; needed when dp > 1) and the slowest group's micro-batches set the pace.
         Log-probs also pay the experience stage's host work once (collating, advantages)."""
         if stage not in ("logprob", "train"):
             raise ValueError(f"mixed_batch prices logprob or train, not {stage!r}")
@@ -403,27 +406,34 @@ class CostModel:
         # micro-batches where a packed batch fills 3-row micro-batches across bucket edges
         unit = plan.dp * plan.micro_batch
         size = -(-size // unit) * unit
-        stream = fill = p2p = 0.0
+        fill = 0.0
         last = None
-        chunks = [(ctx[i:i + size], plan) for i in range(0, len(ctx), size)]
-        if token_budget:  # one chunk per packed micro-batch, priced at its own row count
-            if plan.dp != 1:
-                raise ValueError(f"token-budget packing is modelled for one data-parallel group, "
-                                 f"not dp={plan.dp}")
-            chunks = [(g, dataclasses.replace(plan, micro_batch=len(g)))
-                      for g in pack_micro_batches(ctx, token_budget)]
-        for chunk, p in chunks:
-            c = chunk[-1] if padded else -(-sum(chunk) // len(chunk))
-            c = -(-c // plan.cp) * plan.cp
-            est = (self.logprob(p, len(chunk), c, masked=padded) if stage == "logprob"
-                   else self.train(p, len(chunk), c, masked=padded))
-            if not est.feasible:
-                return est
-            m, t_mb = est.extras["micro_batches"], est.extras["micro_batch_s"]
-            stream += m * t_mb
-            fill = max(fill, (plan.pp - 1) * t_mb / plan.virtual_stages)
-            p2p += est.extras.get("pp_p2p_per_mb_s", 0.0) * m
-            last = est
+        per_group = [[(ctx[i:i + size], plan) for i in range(0, len(ctx), size)]]
+        if token_budget:  # one chunk per packed micro-batch of each dp group, at its own row count
+            shares = [ctx] if groups is None and plan.dp == 1 else groups
+            if shares is None or len(shares) != plan.dp:
+                raise ValueError(f"token-budget packing needs the lengths held by each of the plan's {plan.dp} "
+                                 f"data-parallel groups, got {'none' if shares is None else len(shares)}")
+            per_group = [[(g, dataclasses.replace(plan, micro_batch=len(g)))
+                          for g in pack_micro_batches(share, token_budget)] for share in shares if len(share)]
+            imbalance = 1.0  # each group's own packing: the slowest one is priced directly
+        stream = p2p = 0.0
+        for chunks in per_group:
+            g_stream = g_p2p = 0.0
+            for chunk, p in chunks:
+                c = chunk[-1] if padded else -(-sum(chunk) // len(chunk))
+                c = -(-c // plan.cp) * plan.cp
+                rows = len(chunk) * (plan.dp if token_budget else 1)  # token budget: one micro-batch per group
+                est = (self.logprob(p, rows, c, masked=padded) if stage == "logprob"
+                       else self.train(p, rows, c, masked=padded))
+                if not est.feasible:
+                    return est
+                m, t_mb = est.extras["micro_batches"], est.extras["micro_batch_s"]
+                g_stream += m * t_mb
+                fill = max(fill, (plan.pp - 1) * t_mb / plan.virtual_stages)
+                g_p2p += est.extras.get("pp_p2p_per_mb_s", 0.0) * m
+                last = est
+            stream, p2p = max(stream, g_stream), max(p2p, g_p2p)
         once = 0.0
         if stage == "train":
             once = last.breakdown["dp_grad_sync"] + last.breakdown["optimizer"]

@@ -189,11 +189,14 @@ class Simulation:
     def stage_cost(self, stage: str, plan: ParallelPlan, ids: np.ndarray, tokens: np.ndarray) -> StageCost:
         """Price log-probs ('logprob') or one optimizer step ('train') of a mixed-length batch
         (`tokens[i]`: context tokens of sample `ids[i]`)."""
-        _, loads = self._balance(plan.dp, ids, tokens)
+        owner, loads = self._balance(plan.dp, ids, tokens)
         imbalance = imbalance_ratio(loads.tolist())
         passes = self.sc.logprob_passes if stage == "logprob" else 1
+        # token-budget packing: each dp group packs the sequences the placement gave it
+        groups = [np.sort(tokens[owner == d]).tolist() for d in range(plan.dp)] if self.token_budget else None
         est = self.cm.mixed_batch(stage, plan, np.sort(tokens).tolist(), buckets=MAX_BUCKETS, passes=passes,
-                                  imbalance=imbalance, padded=self.padded, token_budget=self.token_budget)
+                                  imbalance=imbalance, padded=self.padded, token_budget=self.token_budget,
+                                  groups=groups)
         longest = int(tokens.max())
         assert est.feasible, f"{stage} {plan.describe()} infeasible at {longest} tokens after OOM filter"
         mem = self.cm.memory(stage, plan, plan.dp, longest)
