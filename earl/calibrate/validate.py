@@ -10,14 +10,18 @@ profile's hardware on one node joined by loopback (earl.calibrate.dispatchfit.lo
 topology the profile's dispatch path was fitted on, whatever its gpus_per_node says), starting
 from the runtime's own initial plans with the run's selector; a step whose simulated plans
 differ from the ones the runtime ran is listed in the report (`plan_mismatches`). A stage's
-measured time is the slowest rank's: per step, the largest over ranks of the seconds of that
-rank's spans of the stage (trace.json), as the simulator's stage lasts as long as its slowest
-group. Dispatch is the TransferPlan executor (experience -> training layout) over gloo, priced
-by the profile's `dispatch_path`; reshard is the training weights moved to the rollout /
-experience copies (the runtime's `reshard` spans), priced as the simulator's `sync_s` +
-`reshard_s`. The simulator replays step k of the trace
-as its step k-1 with the same selector, dispatcher, engine batch and log-prob passes; the first
-`warmup_steps` steps (allocator, lazy init) are reported but not scored. The simulator models
+measured time comes from every rank's spans (trace.json): per step, each rank's seconds in the
+stage summed, then the largest over ranks (the slowest rank, as the simulator's stage lasts as
+long as its slowest group) for rollout, experience and train, and the smallest over ranks for
+the collective moves, dispatch and reshard (the others' spans also hold their wait for the last
+rank to arrive, which is the previous stage's imbalance, counted there). Dispatch is the
+TransferPlan executor (experience -> training layout) over gloo, priced by the profile's
+`dispatch_path`; reshard is the training weights moved to the rollout / experience copies (the
+runtime's `reshard` spans), priced as the simulator's `sync_s` + `reshard_s`.
+
+The simulator replays step k of the trace as its step k-1 with the same selector, dispatcher,
+engine batch and log-prob passes; the first `warmup_steps` steps (allocator, lazy init) are
+reported but not scored. The simulator models
 this runtime's own mechanics: its engine plays turns in lockstep over padded rows
 (`Simulation(engine="turn-sync")`), its micro-batches are right-padded and packed up to the
 config's token budget, and a calibrated profile adds the host costs of its code (see
@@ -57,6 +61,11 @@ from earl.specs import MODEL_CATALOG, ClusterSpec, ModelSpec, ParallelPlan, Stag
 from earl.trace import atomic_write_text
 
 STAGES = ("rollout", "experience", "dispatch", "train", "reshard")  # the runtime's span stages
+# stages whose ranks wait for one another at their start (collective moves): each rank's span
+# holds its wait for the slowest peer's previous stage, which the simulator already charges
+# there (its stages last as long as their slowest group); the rank that arrived last, the one
+# with the shortest span, is the move itself
+COLLECTIVE_MOVES = ("dispatch", "reshard")
 NPROCS = (1, 2, 4)  # process counts validated: the profile's dispatch path is fitted at 2 and 4
 DTYPE_NAMES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 
@@ -237,7 +246,7 @@ def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: i
     # the PyTorch runtime's engine plays turns in lockstep; its micro-batches are padded
     engine = "turn-sync" if cfg.engine == "pytorch" else "continuous"
     sim = Simulation(sc, cfg.policy.selector, cfg.policy.dispatcher, cost_model=cm, engine=engine, padded=True,
-                     token_budget=cfg.trainer.token_budget).run()
+                     token_budget=cfg.trainer.token_budget, fsdp=True).run()
     return sim.rows
 
 
@@ -248,8 +257,8 @@ def _predicted_peak(rows: list[dict], cm_capacity: float, reserve: float) -> flo
 
 
 def measured_stages(spans, steps: list[int]) -> list[dict]:
-    """Per step: stage -> the slowest rank's seconds in it (each rank's spans of the stage summed,
-    then the largest over ranks)."""
+    """Per step: stage -> seconds: each rank's spans of the stage summed, then the largest over
+    ranks (the smallest for COLLECTIVE_MOVES); 0 for a stage no rank ran."""
     per: dict[tuple[int, str, int], float] = {}
     for sp in spans:
         if sp.stage in STAGES:
@@ -257,8 +266,11 @@ def measured_stages(spans, steps: list[int]) -> list[dict]:
             per[key] = per.get(key, 0.0) + sp.duration_s
     out = []
     for step in steps:
-        out.append({s: max((v for (k, st, _), v in per.items() if k == step and st == s), default=0.0)
-                    for s in STAGES})
+        row = {}
+        for s in STAGES:
+            got = [v for (k, st, _), v in per.items() if k == step and st == s]
+            row[s] = (min if s in COLLECTIVE_MOVES else max)(got) if got else 0.0
+        out.append(row)
     return out
 
 

@@ -68,16 +68,18 @@ class Simulation:
     def __init__(self, scenario: Scenario, selector: str, dispatcher: str, *,
                  cost_model: CostModel | None = None, log: list | None = None,
                  fine: bool | None = None, progress=None, engine: str = "continuous",
-                 padded: bool = False, token_budget: int = 0):
+                 padded: bool = False, token_budget: int = 0, fsdp: bool = False):
         # `engine` "turn-sync", `padded` and `token_budget` model the single-process PyTorch
         # runtime for `earl validate`: its engine plays turns in lockstep (sim.replica.
         # TurnSyncReplica); its log-prob / train micro-batches are right-padded to their longest
-        # sequence and packed up to `token_budget` padded tokens (CostModel.mixed_batch)
+        # sequence and packed up to `token_budget` padded tokens (CostModel.mixed_batch); `fsdp`:
+        # its `zero` plans with dp > 1 run FSDP2, weights sharded too (CostModel.train, .reshard)
         if engine not in ENGINES:
             raise ValueError(f"unknown rollout engine model {engine!r}; valid: {', '.join(ENGINES)}")
         self.replica_cls = TurnSyncReplica if engine == "turn-sync" else Replica
         self.padded = padded
         self.token_budget = token_budget
+        self.fsdp = fsdp
         self.sc = scenario
         self.env = simpy.Environment()
         if cost_model is None:
@@ -152,7 +154,7 @@ class Simulation:
         """SimPy process: charge a weight (and optimizer) re-shard; returns its seconds."""
         if src == dst:
             return 0.0
-        est = self.cm.reshard(src, dst, include_optimizer=include_optimizer)
+        est = self.cm.reshard(src, dst, include_optimizer=include_optimizer, fsdp=self.fsdp)
         t0 = self.env.now
         yield self.env.timeout(est.time_s)
         self.events += 1
@@ -196,7 +198,7 @@ class Simulation:
         groups = [np.sort(tokens[owner == d]).tolist() for d in range(plan.dp)] if self.token_budget else None
         est = self.cm.mixed_batch(stage, plan, np.sort(tokens).tolist(), buckets=MAX_BUCKETS, passes=passes,
                                   imbalance=imbalance, padded=self.padded, token_budget=self.token_budget,
-                                  groups=groups)
+                                  groups=groups, fsdp=self.fsdp)
         longest = int(tokens.max())
         assert est.feasible, f"{stage} {plan.describe()} infeasible at {longest} tokens after OOM filter"
         mem = self.cm.memory(stage, plan, plan.dp, longest)
