@@ -246,7 +246,7 @@ def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: i
     # the PyTorch runtime's engine plays turns in lockstep; its micro-batches are padded
     engine = "turn-sync" if cfg.engine == "pytorch" else "continuous"
     sim = Simulation(sc, cfg.policy.selector, cfg.policy.dispatcher, cost_model=cm, engine=engine, padded=True,
-                     token_budget=cfg.trainer.token_budget, fsdp=True).run()
+                     token_budget=cfg.trainer.token_budget, fsdp=True, handoff=True).run()
     return sim.rows
 
 

@@ -68,18 +68,21 @@ class Simulation:
     def __init__(self, scenario: Scenario, selector: str, dispatcher: str, *,
                  cost_model: CostModel | None = None, log: list | None = None,
                  fine: bool | None = None, progress=None, engine: str = "continuous",
-                 padded: bool = False, token_budget: int = 0, fsdp: bool = False):
+                 padded: bool = False, token_budget: int = 0, fsdp: bool = False, handoff: bool = False):
         # `engine` "turn-sync", `padded` and `token_budget` model the single-process PyTorch
         # runtime for `earl validate`: its engine plays turns in lockstep (sim.replica.
         # TurnSyncReplica); its log-prob / train micro-batches are right-padded to their longest
         # sequence and packed up to `token_budget` padded tokens (CostModel.mixed_batch); `fsdp`:
-        # its `zero` plans with dp > 1 run FSDP2, weights sharded too (CostModel.train, .reshard)
+        # its `zero` plans with dp > 1 run FSDP2, weights sharded too (CostModel.train, .reshard);
+        # `handoff`: its experience stage first moves the episodes from the rollout replicas to the
+        # experience layout through the dispatcher (`_handoff`)
         if engine not in ENGINES:
             raise ValueError(f"unknown rollout engine model {engine!r}; valid: {', '.join(ENGINES)}")
         self.replica_cls = TurnSyncReplica if engine == "turn-sync" else Replica
         self.padded = padded
         self.token_budget = token_budget
         self.fsdp = fsdp
+        self.handoff = handoff
         self.sc = scenario
         self.env = simpy.Environment()
         if cost_model is None:
@@ -285,6 +288,8 @@ class Simulation:
         if not len(ids):
             return
         yield from self._run_stage(Stage.EXPERIENCE, ex, ids, ctx, step, row, aggregated)
+        if self.handoff:
+            row["experience_s"] += yield from self._handoff(self.plans[Stage.ROLLOUT], ex, ids, ctx, step)
 
         tr = self._select(Stage.TRAIN, stats, step)
         row["plan_train"] = tr.describe()
@@ -397,6 +402,23 @@ class Simulation:
             tokens = cost.group_tokens[d]
             self._span(name, stage, d * plan.model_parallel, t0, t0 + cost.time_s * tokens / top,
                        step, tokens=tokens, args={"plan": plan.describe()})
+
+    def _handoff(self, ro: ParallelPlan, ex: ParallelPlan, ids: np.ndarray, tokens: np.ndarray, step: int):
+        """SimPy process: the PyTorch runtime's rollout -> experience hand-off (earl.runtime.step.
+        experience): the dispatcher's TransferPlan from the rollout replicas (episode i on replica
+        i % dp) to the experience layout, priced as the one dispatch price; returns seconds."""
+        t0 = self.env.now
+        samples = [Sample(i, t) for i, t in zip(ids.tolist(), tokens.tolist(), strict=True)]
+        src_assign = tuple(tuple(s.id for s in samples if s.id % ro.dp == d) for d in range(ro.dp))
+        dst_assign, _ = balance_aligned(samples, ex.dp, src_assign)
+        tplan = self.dispatcher.plan(Layout(ro, src_assign), Layout(ex, tuple(tuple(g) for g in dst_assign)), samples)
+        est = price_transfer_plan(self.cm, tplan, samples=len(samples), producers=ro.dp,
+                                  world=max(ro.world_size, ex.world_size), plan=ex)
+        self.events += 1
+        yield self.env.timeout(est.time_s)
+        self._span(f"hand-off ({tplan.kind})", "experience", tplan.controller, t0, self.env.now, step,
+                   bytes=tplan.total_bytes, args={"transfers": len(tplan.transfers)})
+        return est.time_s
 
     def _dispatch(self, ex: ParallelPlan, tr: ParallelPlan, ids: np.ndarray, tokens: np.ndarray,
                   fits: np.ndarray, step: int, aggregated: bool = False):
