@@ -38,7 +38,9 @@ simulator's devices are dedicated, so the wall-time prediction of every compute 
 dispatch is priced with its own fitted oversubscription terms (`oversubscribed_exp`, `sync_s`).
 The CPU-time column compares the unstretched prediction with wall x rank 0's CPU share (the
 runtime's step_cpu_s / step_s of rank 0), which folds in both the oversubscription and other
-tenants' load.
+tenants' load; with N > 1 it is a lower bound, as rank 0's blocking waits for its peers (gloo
+collectives) are not CPU time either, so at low host load (`uptime`) the wall-time error is the
+one to read.
 
     earl validate --steps 4 --hardware earl/cost_model/profiles/cpu-measured.json --out /tmp/val
     earl validate --nproc 2 --steps 4 --set env.name=calculator --out /tmp/v2
