@@ -17,7 +17,10 @@ the collective moves, dispatch and reshard (the others' spans also hold their wa
 rank to arrive, which is the previous stage's imbalance, counted there). Dispatch is the
 TransferPlan executor (experience -> training layout) over gloo, priced by the profile's
 `dispatch_path`; reshard is the training weights moved to the rollout / experience copies (the
-runtime's `reshard` spans), priced as the simulator's `sync_s` + `reshard_s`.
+runtime's `reshard` spans), priced as the simulator's `sync_s` + `reshard_s`. The simulator
+prices the runtime's own moves: `zero` plans with dp > 1 as FSDP2 (`fsdp=True`: unit gathers and
+gradient reduce-scatters per micro-batch, the dp gather of weights on every sync) and the
+rollout -> experience hand-off through the dispatcher (`handoff=True`, part of experience).
 
 The simulator replays step k of the trace as its step k-1 with the same selector, dispatcher,
 engine batch and log-prob passes; the first `warmup_steps` steps (allocator, lazy init) are
