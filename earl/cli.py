@@ -337,6 +337,7 @@ def validate_cmd(
     dtype: Optional[str] = typer.Option(None, help="fp32 | bf16 | fp16 (default: bf16 on cuda, else config's)"),
     variants: Optional[str] = typer.Option(None, help="config variants to rank, e.g. 'engine_batch=0;engine_batch=4'"),
     sets: Optional[list[str]] = typer.Option(None, "--set", help="config override key=value (repeatable)"),
+    nproc: int = typer.Option(1, help="runtime processes: 1, or 2 / 4 under torchrun (simulated as N devices)"),
 ):
     """Run the runtime for a few steps and the simulator on the same config and workload trace;
     print predicted vs. measured time per stage and peak memory, and the Kendall tau of the
@@ -355,13 +356,16 @@ def validate_cmd(
     with console.status("validating: runtime and simulator..."), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         res = run_validation(config=cfg, profile=hardware, steps=steps, warmup_steps=warmup_steps,
-                             variants=parse_variants(variants), out_dir=out, model=model)
+                             variants=parse_variants(variants), out_dir=out, model=model, nproc=nproc)
     for w in caught:
         if "stamp mismatch" in str(w.message):
             err_console.print(f"[yellow]warning:[/] {w.message}", highlight=False)
     console.print(validation_table(res, hardware, steps - warmup_steps))
     if ranking_line(res):
         console.print(ranking_line(res))
+    for v in res.variants:
+        if v.plan_mismatches:  # the simulator's selector chose other plans than the runtime's
+            console.print(f"plans differ ({v.name}): " + "; ".join(v.plan_mismatches), highlight=False)
     console.print(f"wrote {out}/validation.json, validation.csv, scatter.png")
 # </calibrate>
 

@@ -173,6 +173,8 @@ CASES = [
     ("validate-out-other-files", {"o/notes.txt": "mine"}, ["validate", "--out", "o", "--steps", "2"], "not empty"),
     ("validate-out-proc", {}, ["validate", "--out", "/proc/earl-x", "--steps", "2"], "cannot be written"),
     ("validate-out-under-file", {"f": "mine"}, ["validate", "--out", "f/o", "--steps", "2"], "file where"),
+    ("validate-nproc-0", {}, ["validate", "--out", "o", "--nproc", "0"], "--nproc 0 is not validated; valid: 1, 2, 4"),
+    ("validate-nproc-3", {}, ["validate", "--out", "o", "--nproc", "3"], "--nproc 3 is not validated; valid: 1, 2, 4"),
     ("study-quick-figures", {}, ["study", "s2", "--quick", "--out", str(REPO / "docs" / "figures")], "--quick"),
     # ---- more: --set values, odd files ----------------------------------------------------------
     ("model-head-dim-0", model(head_dim=0), EST + ["--model", "m"], "head_dim = 0"),

@@ -131,11 +131,16 @@ def measure(procs=(2, 4), cases=CASES, repeats: int = 5, trials: int = 2) -> lis
     return list(best.values())
 
 
+def local_cluster(profile: HardwareProfile, nproc: int) -> ClusterSpec:
+    """`nproc` processes on this one host: one 'node' of `nproc` devices (whatever the profile's
+    gpus_per_node says) joined by loopback: the topology the dispatch path is fitted on, and the
+    one `earl validate --nproc N` simulates."""
+    return ClusterSpec(hardware=profile.hardware, nodes=1, gpus_per_node=nproc, network=NETWORK_CATALOG["loopback"])
+
+
 def local_cost_model(profile: HardwareProfile, nproc: int) -> CostModel:
     """The cost model of `nproc` processes on this one host (one 'node', loopback network)."""
-    cluster = ClusterSpec(hardware=profile.hardware, nodes=1, gpus_per_node=nproc,
-                          network=NETWORK_CATALOG["loopback"])
-    return CostModel(MODEL_CATALOG["tiny"], cluster, profile)
+    return CostModel(MODEL_CATALOG["tiny"], local_cluster(profile, nproc), profile)
 
 
 def predict(profile: HardwareProfile, nproc: int, per_rank: int, context: int) -> dict[str, float]:

@@ -3,10 +3,28 @@ workload trace with a calibrated profile (and with the datasheet profile, for co
 report predicted vs. measured time per stage, peak memory, and whether the simulator ranks
 several config variants in the measured order (Kendall tau).
 
-The runtime here is the single-process one (`earl run` without --nproc): one CPU core or one
-GPU, so every plan is tp1-dp1 and dispatch is local. The simulator replays step k of the trace
-as its step k-1 with the same selector, dispatcher, engine batch and log-prob passes; the first
-`warmup_steps` steps (allocator, lazy init) are reported but not scored. The simulator models
+The runtime is the single-process one (`--nproc 1`, the default: one CPU core or one GPU, every
+plan tp1-dp1, dispatch local) or the multi-process one (`--nproc 2|4`: each variant runs under
+torchrun as `earl run --nproc N` does). The simulator prices the same job: N devices of the
+profile's hardware on one node joined by loopback (earl.calibrate.dispatchfit.local_cluster, the
+topology the profile's dispatch path was fitted on, whatever its gpus_per_node says), starting
+from the runtime's own initial plans with the run's selector; a step whose simulated plans
+differ from the ones the runtime ran is listed in the report (`plan_mismatches`). A stage's
+measured time comes from every rank's spans (trace.json): per step, each rank's seconds in the
+stage summed, then the largest over ranks (the slowest rank, as the simulator's stage lasts as
+long as its slowest group) for rollout, experience and train, and the smallest over ranks for
+the collective moves, dispatch and reshard (the others' spans also hold their wait for the last
+rank to arrive, which is the previous stage's imbalance, counted there). Dispatch is the
+TransferPlan executor (experience -> training layout) over gloo, priced by the profile's
+`dispatch_path`; reshard is the training weights moved to the rollout / experience copies (the
+runtime's `reshard` spans), priced as the simulator's `sync_s` + `reshard_s`. The simulator
+prices the runtime's own moves: `zero` plans with dp > 1 as FSDP2 (`fsdp=True`: unit gathers and
+gradient reduce-scatters per micro-batch, the dp gather of weights on every sync) and the
+rollout -> experience hand-off through the dispatcher (`handoff=True`, part of experience).
+
+The simulator replays step k of the trace as its step k-1 with the same selector, dispatcher,
+engine batch and log-prob passes; the first `warmup_steps` steps (allocator, lazy init) are
+reported but not scored. The simulator models
 this runtime's own mechanics: its engine plays turns in lockstep over padded rows
 (`Simulation(engine="turn-sync")`), its micro-batches are right-padded and packed up to the
 config's token budget, and a calibrated profile adds the host costs of its code (see
@@ -17,7 +35,18 @@ step_cpu_s / step_s). That estimate holds for stages longer than a scheduler sli
 sub-millisecond stage (dispatch) usually runs unpreempted, and its wall-time error is the one
 to read.
 
+N processes on a host with fewer cores (`dispatch_path.host_parallel`) time-share them: the
+simulator's devices are dedicated, so the wall-time prediction of every compute and copy stage
+(rollout, experience, train, reshard) is stretched by N / host_parallel (`host_stretch`);
+dispatch is priced with its own fitted oversubscription terms (`oversubscribed_exp`, `sync_s`).
+The CPU-time column compares the unstretched prediction with wall x rank 0's CPU share (the
+runtime's step_cpu_s / step_s of rank 0), which folds in both the oversubscription and other
+tenants' load; with N > 1 it is a lower bound, as rank 0's blocking waits for its peers (gloo
+collectives) are not CPU time either, so at low host load (`uptime`) the wall-time error is the
+one to read.
+
     earl validate --steps 4 --hardware earl/cost_model/profiles/cpu-measured.json --out /tmp/val
+    earl validate --nproc 2 --steps 4 --set env.name=calculator --out /tmp/v2
 """
 
 from __future__ import annotations
@@ -33,12 +62,16 @@ import numpy as np
 from earl.config import parse_sets
 from earl.cost_model import CostModel
 from earl.cost_model.profile import HardwareProfile, check_stamp, datasheet_profile, load_profile
-from earl.specs import MODEL_CATALOG, ClusterSpec, ModelSpec
+from earl.specs import MODEL_CATALOG, ClusterSpec, ModelSpec, ParallelPlan, Stage
 from earl.trace import atomic_write_text
 
-STAGES = ("rollout", "experience", "dispatch", "train", "reshard")
-MEASURED_KEYS = {"rollout": "rollout_s", "experience": "experience_s", "dispatch": "dispatch_s",
-                 "train": "train_s", "reshard": None}  # one process never re-shards
+STAGES = ("rollout", "experience", "dispatch", "train", "reshard")  # the runtime's span stages
+# stages whose ranks wait for one another at their start (collective moves): each rank's span
+# holds its wait for the slowest peer's previous stage, which the simulator already charges
+# there (its stages last as long as their slowest group); the rank that arrived last, the one
+# with the shortest span, is the move itself
+COLLECTIVE_MOVES = ("dispatch", "reshard")
+NPROCS = (1, 2, 4)  # process counts validated: the profile's dispatch path is fitted at 2 and 4
 DTYPE_NAMES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 
 
@@ -58,6 +91,15 @@ class VariantResult:
     # step_s; CPU device with one thread only, else 1): on a shared host other processes take
     # the rest, which the simulator (a dedicated device) does not model
     cpu_share: list[float] = field(default_factory=list)
+    nproc: int = 1  # runtime processes (simulated devices)
+    # wall-time predictions of rollout / experience / train / reshard are the simulator's x this:
+    # nproc processes sharing the host's `host_parallel` cores (1 when they fit)
+    host_stretch: float = 1.0
+    plan_mismatches: list[str] = field(default_factory=list)  # steps where sim and runtime plans differ
+
+    def predicted_dedicated(self) -> list[dict]:
+        """The prediction for dedicated devices (the stretch for a shared host taken out)."""
+        return [{k: v if k == "dispatch" else v / self.host_stretch for k, v in r.items()} for r in self.predicted]
 
     def measured_cpu(self) -> list[dict]:
         """Measured stage times scaled by their step's CPU share: the seconds of CPU they got."""
@@ -75,6 +117,7 @@ class ValidationResult:
     profile: str  # calibrated profile used
     datasheet: str  # datasheet profile used for contrast
     device: str  # cpu | cuda
+    nproc: int  # runtime processes = simulated devices
     memory_comparable: bool  # CUDA: allocator peak vs. prediction; CPU RSS is not comparable
     table: list[dict] = field(default_factory=list)  # per-stage errors (see stage_table)
     kendall_tau: float | None = None  # calibrated prediction vs measurement over variants
@@ -93,13 +136,14 @@ def stage_table(variants: list[VariantResult]) -> list[dict]:
         m = [r[stage] for v in variants for r in v.measured]
         mc = [r[stage] for v in variants for r in v.measured_cpu()]
         p = [r[stage] for v in variants for r in v.predicted]
+        pd = [r[stage] for v in variants for r in v.predicted_dedicated()]
         d = [r[stage] for v in variants for r in v.datasheet]
         if not any(m) and not any(p) and not any(d):
             continue
         out.append({"stage": stage, "measured_s": sum(m), "predicted_s": sum(p), "datasheet_s": sum(d),
                     "median_err": float(np.median([_rel(a, b) for a, b in zip(p, m, strict=True)])),
                     "measured_cpu_s": sum(mc),
-                    "cpu_median_err": float(np.median([_rel(a, b) for a, b in zip(p, mc, strict=True)])),
+                    "cpu_median_err": float(np.median([_rel(a, b) for a, b in zip(pd, mc, strict=True)])),
                     "datasheet_median_err": float(np.median([_rel(a, b) for a, b in zip(d, m, strict=True)]))})
     return out
 
@@ -134,28 +178,81 @@ def random_checkpoint(name: str, directory: Path, dtype: str, device: str = "cpu
     return directory
 
 
-def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: int) -> list[dict]:
+def check_nproc(nproc) -> int:
+    """`--nproc`: one of NPROCS, else a ValueError naming the value and the valid choices."""
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc not in NPROCS:
+        raise ValueError(f"--nproc {nproc!r} is not validated; valid: {', '.join(map(str, NPROCS))} (the "
+                         "process counts the profile's dispatch path is fitted at, and one)")
+    return nproc
+
+
+def validation_cluster(prof: HardwareProfile, nproc: int) -> ClusterSpec:
+    """The job's own topology: `nproc` devices on one node (not ClusterSpec.for_gpus, which would
+    cut them into the profile's gpus_per_node-sized nodes)."""
+    from earl.calibrate.dispatchfit import local_cluster
+
+    return local_cluster(prof, nproc)
+
+
+def initial_run_plans(cfg, nproc: int) -> dict[str, ParallelPlan]:
+    """stage -> the plan the runtime starts each stage on (earl.runtime.run.initial_plans)."""
+    from earl.runtime.run import initial_plans
+
+    plans = initial_plans(cfg, nproc)
+    return {s.value: plans.for_stage(s) for s in Stage}
+
+
+def run_plans(rows: list[dict]) -> list[dict[str, ParallelPlan]]:
+    """Per metrics row, stage -> the plan the runtime ran it on (its plan_* columns)."""
+    return [{s.value: ParallelPlan.parse(r[f"plan_{s.value}"]) for s in Stage} for r in rows]
+
+
+def _same_layout(a: ParallelPlan, b: ParallelPlan) -> bool:
+    """Equal but for the micro-batch (the simulator packs by token budget, as the runtime does)."""
+    return dataclasses.replace(a, micro_batch=1) == dataclasses.replace(b, micro_batch=1)
+
+
+def plan_mismatches(measured: list[dict[str, ParallelPlan]], sim_rows: list[dict]) -> list[str]:
+    """'step k stage: runtime PLAN, simulator PLAN' for each step and stage whose plans differ."""
+    out = []
+    for k, (m, r) in enumerate(zip(measured, sim_rows, strict=True)):
+        for stage, plan in m.items():
+            sim = ParallelPlan.parse(r[f"plan_{stage}"])
+            if not _same_layout(plan, sim):
+                out.append(f"step {k + 1} {stage}: runtime {plan.describe()}, simulator {sim.describe()}")
+    return out
+
+
+def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: int, nproc: int = 1) -> list[dict]:
     from earl.sim.scenario import Scenario
     from earl.sim.simulation import Simulation
     from earl.sim.workload import WorkloadSpec, load_trace
 
-    cm = CostModel(spec, ClusterSpec.for_gpus(prof.hardware, 1), prof)
+    cm = CostModel(spec, validation_cluster(prof, nproc), prof)
     episodes = cfg.episodes_per_step
     # the runtime packs sequences into micro-batches of token_budget padded tokens: so does the plan
     longest = max(sum(o + g for o, g, _ in turns) for line in load_trace(trace) for turns in line)
-    mb = max(1, min(episodes, cfg.trainer.token_budget // max(1, longest)))
+    plans = initial_run_plans(cfg, nproc)
+
+    def packed(plan: ParallelPlan) -> str:
+        per_rank = -(-episodes // plan.dp)
+        mb = max(1, min(per_rank, cfg.trainer.token_budget // max(1, longest)))
+        return dataclasses.replace(plan, micro_batch=mb).describe()
+
     sc = Scenario(name="validate", steps=steps, model=spec.name if spec.name in MODEL_CATALOG else "tiny",
-                  hardware="cpu", nodes=1, gpus_per_node=1,
+                  hardware="cpu", nodes=1, gpus_per_node=nproc,
                   workload=WorkloadSpec(episodes_per_step=episodes, trace=str(trace),
                                         max_context=cfg.sampling.max_context),
-                  rollout_plan="tp1-dp1", experience_plan=f"tp1-dp1-mb{mb}", train_plan=f"tp1-dp1-mb{mb}",
+                  rollout_plan=plans["rollout"].describe(), experience_plan=packed(plans["experience"]),
+                  train_plan=packed(plans["train"]),
                   selector=cfg.policy.selector, dispatcher=cfg.policy.dispatcher,
                   max_num_seqs=cfg.engine_batch or episodes,
                   logprob_passes=2 if cfg.trainer.kl_coef else 1)
     # the PyTorch runtime's engine plays turns in lockstep; its micro-batches are padded
     engine = "turn-sync" if cfg.engine == "pytorch" else "continuous"
     sim = Simulation(sc, cfg.policy.selector, cfg.policy.dispatcher, cost_model=cm, engine=engine, padded=True,
-                     token_budget=cfg.trainer.token_budget, head_on="generated").run()
+                     token_budget=cfg.trainer.token_budget, fsdp=True, handoff=True,
+                     head_on="generated").run()
     return sim.rows
 
 
@@ -165,12 +262,55 @@ def _predicted_peak(rows: list[dict], cm_capacity: float, reserve: float) -> flo
     return max(used, default=0.0)
 
 
+def measured_stages(spans, steps: list[int]) -> list[dict]:
+    """Per step: stage -> seconds: each rank's spans of the stage summed, then the largest over
+    ranks (the smallest for COLLECTIVE_MOVES); 0 for a stage no rank ran."""
+    per: dict[tuple[int, str, int], float] = {}
+    for sp in spans:
+        if sp.stage in STAGES:
+            key = (sp.step, sp.stage, sp.rank)
+            per[key] = per.get(key, 0.0) + sp.duration_s
+    out = []
+    for step in steps:
+        row = {}
+        for s in STAGES:
+            got = [v for (k, st, _), v in per.items() if k == step and st == s]
+            row[s] = (min if s in COLLECTIVE_MOVES else max)(got) if got else 0.0
+        out.append(row)
+    return out
+
+
+def _run_runtime(cfg, run_dir: Path, nproc: int) -> list[dict]:
+    """The runtime's metrics rows: in this process (one), or under torchrun as `earl run --nproc`."""
+    if nproc == 1:
+        from earl.runtime.run import train
+
+        return train(cfg, run_dir, progress=False, echo=lambda *_: None).metrics
+    import subprocess
+
+    from earl.runtime.launch import launch
+    from earl.runtime.metrics import read_metrics
+
+    code = launch(dataclasses.replace(cfg, nproc=nproc), run_dir, stdout=subprocess.DEVNULL)
+    if code != 0:
+        raise ValueError(f"the {nproc}-process runtime run failed (exit code {code}); its output is in "
+                         f"{run_dir / 'launch.log'}")
+    return read_metrics(run_dir)
+
+
+def host_stretch(prof: HardwareProfile, nproc: int, device: str) -> float:
+    """How much longer a stage takes when `nproc` CPU ranks share the host's `host_parallel`
+    cores than on as many dedicated devices (1 on a GPU, or when they fit)."""
+    return 1.0 if device != "cpu" else max(1.0, nproc / prof.dispatch_path.host_parallel)
+
+
 def run_variant(cfg, name: str, overrides: dict, out_dir: Path, prof: HardwareProfile,
-                sheet: HardwareProfile, warmup_steps: int) -> VariantResult:
-    from earl.runtime.run import train
+                sheet: HardwareProfile, warmup_steps: int, nproc: int = 1) -> VariantResult:
+    from earl.trace import read_chrome_trace
 
     run_dir = out_dir / "runs" / name.replace("=", "-").replace(",", "_")
-    if str(cfg.model.device).startswith("cuda"):
+    device = "cuda" if str(cfg.model.device).startswith("cuda") else "cpu"
+    if device == "cuda":
         import gc
 
         import torch
@@ -178,34 +318,31 @@ def run_variant(cfg, name: str, overrides: dict, out_dir: Path, prof: HardwarePr
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()  # each variant's own peak
-    res = train(cfg, run_dir, progress=False, echo=lambda *_: None)
-    rows = res.metrics
+    rows = _run_runtime(cfg, run_dir, nproc)
+    measured = measured_stages(read_chrome_trace(run_dir / "trace.json"), [r["step"] for r in rows])
     spec = MODEL_CATALOG[cfg.model.path] if cfg.model.path in MODEL_CATALOG else \
         ModelSpec.from_hf_config(cfg.model.path)
     spec = dataclasses.replace(spec, dtype=DTYPE_NAMES[cfg.model.dtype])
     trace = run_dir / "workload.jsonl"
 
-    def stage_rows(sim_rows: list[dict] | None) -> list[dict]:
-        out = []
-        for i, r in enumerate(rows):
-            if i < warmup_steps:
-                continue
-            if sim_rows is None:
-                out.append({s: float(r[k]) if k else 0.0 for s, k in MEASURED_KEYS.items()})
-            else:
-                sr = sim_rows[i]
-                out.append({s: float(sr[f"{s}_s"]) + (float(sr["sync_s"]) if s == "reshard" else 0.0)
-                            for s in STAGES})
-        return out
+    def predicted(p: HardwareProfile) -> tuple[list[dict], list[dict], float]:
+        """(the scored steps' stage seconds, all simulated rows, the host stretch) for profile `p`;
+        dispatch carries its own oversubscription terms and is not stretched."""
+        sim_rows = _simulate(cfg, spec, trace, p, len(rows), nproc)
+        k = host_stretch(p, nproc, device)
+        out = [{s: (float(sr[f"{s}_s"]) + (float(sr["sync_s"]) if s == "reshard" else 0.0))
+                * (1.0 if s == "dispatch" else k) for s in STAGES} for sr in sim_rows[warmup_steps:]]
+        return out, sim_rows, k
 
-    sim_cal = _simulate(cfg, spec, trace, prof, len(rows))
-    sim_sheet = _simulate(cfg, spec, trace, sheet, len(rows))
-    cm = CostModel(spec, ClusterSpec.for_gpus(prof.hardware, 1), prof)
-    one_core = not str(cfg.model.device).startswith("cuda") and cfg.threads == 1
+    pred, sim_cal, stretch = predicted(prof)
+    sheet_pred, _, _ = predicted(sheet)
+    cm = CostModel(spec, validation_cluster(prof, nproc), prof)
+    one_core = device == "cpu" and cfg.threads == 1
     share = [min(1.0, r["step_cpu_s"] / r["step_s"]) if one_core and r.get("step_s") else 1.0
              for r in rows[warmup_steps:]]
-    return VariantResult(name=name, overrides=overrides, measured=stage_rows(None), cpu_share=share,
-                         predicted=stage_rows(sim_cal), datasheet=stage_rows(sim_sheet),
+    return VariantResult(name=name, overrides=overrides, measured=measured[warmup_steps:], cpu_share=share,
+                         predicted=pred, datasheet=sheet_pred, nproc=nproc, host_stretch=stretch,
+                         plan_mismatches=plan_mismatches(run_plans(rows), sim_cal)[:20],
                          peak_mem_measured=float(max(r["peak_mem_bytes"] for r in rows)),
                          peak_mem_predicted=_predicted_peak(sim_cal, cm.capacity, cm.reserve),
                          run_dir=str(run_dir))
@@ -247,13 +384,15 @@ def validation_config(config_file: str | None = None, sets: dict | None = None, 
 
 def run_validation(*, config, profile: str, steps: int = 4, warmup_steps: int = 1,
                    variants: list[tuple[str, dict]] | None = None, out_dir: str | Path,
-                   model: str | None = None, progress=None) -> ValidationResult:
+                   model: str | None = None, progress=None, nproc: int = 1) -> ValidationResult:
     """Run each variant of `config` on the runtime and the simulator; write the report.
     `model`: a runtime model (built-in name or checkpoint dir) or any catalog name, for which
-    a random-initialised checkpoint of that shape is written under `out_dir/model`."""
+    a random-initialised checkpoint of that shape is written under `out_dir/model`. `nproc`: the
+    runtime's processes (1, or 2 / 4 under torchrun); the simulator prices as many devices."""
     from earl.runtime.config import apply_overrides
     from earl.runtime.hf_model import BUILTIN_MODELS
 
+    check_nproc(nproc)
     if steps < warmup_steps + 1:
         raise ValueError(f"--steps {steps} leaves nothing to score after {warmup_steps} warm-up "
                          f"step(s); use --steps >= {warmup_steps + 1}")
@@ -266,7 +405,7 @@ def run_validation(*, config, profile: str, steps: int = 4, warmup_steps: int = 
     if model and model.lower() in MODEL_CATALOG and model.lower() not in BUILTIN_MODELS:
         from earl.runtime.resources import check_resources
 
-        check_resources(config, MODEL_CATALOG[model.lower()], 1)  # before writing a random checkpoint
+        check_resources(config, MODEL_CATALOG[model.lower()], nproc)  # before writing a random checkpoint
         model = str(random_checkpoint(model.lower(), out / "model", config.model.dtype,
                                       str(config.model.device)))
     if model:
@@ -287,12 +426,12 @@ def run_validation(*, config, profile: str, steps: int = 4, warmup_steps: int = 
     for name, ov in variants or [("base", {})]:
         # throwaway runs: no checkpoints (a 1.5B model's fp32 masters and Adam states are ~20 GB each)
         cfg = apply_overrides(config, {**ov, "steps": steps, "plots": False, "checkpoints": False})
-        results.append(run_variant(cfg, name, ov, out, prof, sheet, warmup_steps))
+        results.append(run_variant(cfg, name, ov, out, prof, sheet, warmup_steps, nproc))
         if progress:
             progress(name)
     meas = [v.total("measured") for v in results]
     res = ValidationResult(
-        variants=results, profile=str(profile), datasheet=sheet_name, device=device,
+        variants=results, profile=str(profile), datasheet=sheet_name, device=device, nproc=nproc,
         memory_comparable=device == "cuda", table=stage_table(results),
         kendall_tau=kendall_tau(meas, [v.total("predicted") for v in results]),
         kendall_tau_datasheet=kendall_tau(meas, [v.total("datasheet") for v in results]))
@@ -304,7 +443,7 @@ def validation_table(res: ValidationResult, hardware: str, scored_steps: int):
     """Predicted vs measured time per stage and peak memory per variant (what the CLI prints)."""
     from rich.table import Table
 
-    t = Table(title=f"earl validate ({res.device}, profile {hardware}, {len(res.variants)} variant(s), "
+    t = Table(title=f"earl validate ({res.device} x{res.nproc}, profile {hardware}, {len(res.variants)} variant(s), "
                     f"{scored_steps} scored step(s) each)")
     for col in ("stage", "measured s", "predicted s", "median err", f"datasheet ({res.datasheet}) s",
                 "datasheet err", "err vs CPU time"):
@@ -331,7 +470,7 @@ def ranking_line(res: ValidationResult) -> str | None:
 
 
 def to_dict(res: ValidationResult) -> dict:
-    return {"profile": res.profile, "datasheet": res.datasheet, "device": res.device,
+    return {"profile": res.profile, "datasheet": res.datasheet, "device": res.device, "nproc": res.nproc,
             "stages": res.table, "kendall_tau": res.kendall_tau,
             "kendall_tau_datasheet": res.kendall_tau_datasheet,
             "memory_comparable": res.memory_comparable,

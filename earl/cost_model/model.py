@@ -21,6 +21,8 @@ from earl.cost_model.profile import HardwareProfile, LinkParams, datasheet_profi
 from earl.parallel import model_slice, validate_plan
 from earl.specs import ClusterSpec, ModelSpec, ParallelPlan
 
+FSDP_SHARD_BYTES = 4  # bytes per parameter of the fp32 shards FSDP2 keeps (and gathers)
+
 STAGES = ("prefill", "decode", "logprob", "train", "reshard", "dispatch")
 DISPATCHERS = ("centralized", "layout-aware")  # priced by earl.cost_model.dispatch on their TransferPlan
 
@@ -309,8 +311,11 @@ class CostModel:
         return passes * layers * comm.allgather_s(kv, plan.cp, link)
 
     def train(self, plan: ParallelPlan, batch: int, context: int, masked: bool = False,
-              head_frac: float | None = None) -> Estimate:
+              fsdp: bool = False, head_frac: float | None = None) -> Estimate:
         """One optimizer step over a global batch of `batch` sequences of `context` tokens.
+        `fsdp`: a `zero` plan with dp > 1 runs FSDP2 (the PyTorch runtime's): every micro-batch
+        gathers each layer's weights over dp in its forward and again in its backward (the root
+        unit once) and reduce-scatters their gradients, in place of one gradient all-reduce.
         `head_frac`: the share of positions that get logits (see `head_tokens`); the head of
         those is then recomputed in the backward pass, as the runtime's chunked head is."""
         self._check(plan, batch, context)
@@ -337,6 +342,18 @@ class CostModel:
         # padded token (calibrated)
         t_mb = (3 * fwd.total_s + recompute + tp_c + cp_c + self.profile.train_pass_s
                 + self.profile.train_token_s * tokens)
+        p_local = memory.params_per_gpu(self.model, plan)
+        fsdp_c = 0.0
+        sharded_weights = fsdp and plan.sharded_optimizer and plan.dp > 1
+        if sharded_weights:  # one FSDP unit per layer + the root (embeddings, final norm, head)
+            units = layers + 1
+            unit_bytes = p_local / units * self.model.dtype_bytes
+            stride = plan.tp * plan.cp * plan.pp
+            ag = comm.group_link(self.cluster, self.profile, plan.dp, stride, collective="allgather")
+            rs = comm.group_link(self.cluster, self.profile, plan.dp, stride, collective="reducescatter")
+            fsdp_c = (2 * units - 1) * comm.allgather_s(unit_bytes, plan.dp, ag) + \
+                units * comm.reducescatter_s(p_local / units * 4, plan.dp, rs)  # fp32 gradients
+            t_mb += fsdp_c
         # 1F1B: (pp - 1) micro-batch slots of fill and drain; interleaved over v model chunks per
         # rank, each slot is 1/v as long (Narayanan et al. 2021, sec. 2.2.2)
         v = plan.virtual_stages
@@ -347,14 +364,13 @@ class CostModel:
             act = tokens * self.model.hidden_size * self.model.dtype_bytes / plan.tp
             link = comm.group_link(self.cluster, self.profile, plan.pp, plan.tp * plan.cp)
             pp_p2p = 2 * (v * m + plan.pp - 1) * comm.p2p_s(act, link)  # v chunks: v x the sends
-        p_local = memory.params_per_gpu(self.model, plan)
         # gradients are reduced over every rank holding the same weights: the dp x cp group
         grad_group = plan.dp * plan.cp
         span = (plan.cp - 1) * plan.tp + (plan.dp - 1) * plan.tp * plan.cp * plan.pp
         dp_link = (self.profile.link_for("allreduce") if span < self.cluster.gpus_per_node
                    else comm.inter_node_link(self.cluster, self.cluster.gpus_per_node))
         grad_bytes = p_local * memory.GRAD_BYTES
-        dp_sync_total = comm.allreduce_s(grad_bytes, grad_group, dp_link)
+        dp_sync_total = 0.0 if sharded_weights else comm.allreduce_s(grad_bytes, grad_group, dp_link)
         dp_sync = dp_sync_total
         if self.profile.dp_grad_overlap and dp_sync_total > 0:
             # buckets are reduced as the last micro-batch's backward produces them (Megatron's
@@ -377,7 +393,7 @@ class CostModel:
             peak_flops=self.profile.hardware.peak_flops, memory=mem, plan=plan,
             breakdown={"forward": m * fwd.total_s, "backward": m * 2 * fwd.total_s,
                        "recompute": m * recompute, "tp_comm": m * tp_c, "cp_comm": m * cp_c,
-                       "pipeline_bubble": bubble, "pp_p2p": pp_p2p,
+                       "pipeline_bubble": bubble, "pp_p2p": pp_p2p, "fsdp_comm": m * fsdp_c,
                        "dp_grad_sync": dp_sync, "optimizer": optimizer},
             extras={"micro_batches": m, "micro_batch_s": t_mb, "pp_p2p_per_mb_s": pp_p2p / (m + plan.pp - 1),
                     "bubble_frac": bubble / pipeline, "dp_grad_sync_unhidden_s": dp_sync_total,
@@ -385,6 +401,7 @@ class CostModel:
 
     def mixed_batch(self, stage: str, plan: ParallelPlan, lengths, *, buckets: int = 8, passes: int = 1,
                     imbalance: float = 1.0, padded: bool = False, token_budget: int = 0,
+                    groups: list | None = None, fsdp: bool = False,
                     head_frac: float | None = None) -> Estimate:
         """Price `logprob` or `train` over sequences of different lengths, as one stage.
 
@@ -395,7 +412,10 @@ class CostModel:
         part: the slowest group sets the pace. `padded`: micro-batches are right-padded to their
         longest sequence (the PyTorch runtime's), so a bucket is priced at its longest length.
         `token_budget` > 0: micro-batches are packed like the PyTorch runtime's (longest first,
-        rows x longest row <= token_budget; see `pack_micro_batches`) instead of equal buckets.
+        rows x longest row <= token_budget; see `pack_micro_batches`) instead of equal buckets,
+        each data-parallel group packing its own share: `groups` (the lengths each of the plan's dp
+        groups holds; needed when dp > 1) and the slowest group's micro-batches set the pace.
+        `fsdp`: training runs `zero` plans as FSDP2 (see `train`).
         Log-probs also pay the experience stage's host work once (collating, advantages).
         `head_frac`: the share of positions that get logits (see `head_tokens`)."""
         if stage not in ("logprob", "train"):
@@ -411,27 +431,34 @@ class CostModel:
         # micro-batches where a packed batch fills 3-row micro-batches across bucket edges
         unit = plan.dp * plan.micro_batch
         size = -(-size // unit) * unit
-        stream = fill = p2p = 0.0
+        fill = 0.0
         last = None
-        chunks = [(ctx[i:i + size], plan) for i in range(0, len(ctx), size)]
-        if token_budget:  # one chunk per packed micro-batch, priced at its own row count
-            if plan.dp != 1:
-                raise ValueError(f"token-budget packing is modelled for one data-parallel group, "
-                                 f"not dp={plan.dp}")
-            chunks = [(g, dataclasses.replace(plan, micro_batch=len(g)))
-                      for g in pack_micro_batches(ctx, token_budget)]
-        for chunk, p in chunks:
-            c = chunk[-1] if padded else -(-sum(chunk) // len(chunk))
-            c = -(-c // plan.cp) * plan.cp
-            est = (self.logprob(p, len(chunk), c, masked=padded, head_frac=head_frac) if stage == "logprob"
-                   else self.train(p, len(chunk), c, masked=padded, head_frac=head_frac))
-            if not est.feasible:
-                return est
-            m, t_mb = est.extras["micro_batches"], est.extras["micro_batch_s"]
-            stream += m * t_mb
-            fill = max(fill, (plan.pp - 1) * t_mb / plan.virtual_stages)
-            p2p += est.extras.get("pp_p2p_per_mb_s", 0.0) * m
-            last = est
+        per_group = [[(ctx[i:i + size], plan) for i in range(0, len(ctx), size)]]
+        if token_budget:  # one chunk per packed micro-batch of each dp group, at its own row count
+            shares = [ctx] if groups is None and plan.dp == 1 else groups
+            if shares is None or len(shares) != plan.dp:
+                raise ValueError(f"token-budget packing needs the lengths held by each of the plan's {plan.dp} "
+                                 f"data-parallel groups, got {'none' if shares is None else len(shares)}")
+            per_group = [[(g, dataclasses.replace(plan, micro_batch=len(g)))
+                          for g in pack_micro_batches(share, token_budget)] for share in shares if len(share)]
+            imbalance = 1.0  # each group's own packing: the slowest one is priced directly
+        stream = p2p = 0.0
+        for chunks in per_group:
+            g_stream = g_p2p = 0.0
+            for chunk, p in chunks:
+                c = chunk[-1] if padded else -(-sum(chunk) // len(chunk))
+                c = -(-c // plan.cp) * plan.cp
+                rows = len(chunk) * (plan.dp if token_budget else 1)  # token budget: one micro-batch per group
+                est = (self.logprob(p, rows, c, masked=padded, head_frac=head_frac) if stage == "logprob"
+                       else self.train(p, rows, c, masked=padded, fsdp=fsdp, head_frac=head_frac))
+                if not est.feasible:
+                    return est
+                m, t_mb = est.extras["micro_batches"], est.extras["micro_batch_s"]
+                g_stream += m * t_mb
+                fill = max(fill, (plan.pp - 1) * t_mb / plan.virtual_stages)
+                g_p2p += est.extras.get("pp_p2p_per_mb_s", 0.0) * m
+                last = est
+            stream, p2p = max(stream, g_stream), max(p2p, g_p2p)
         once = 0.0
         if stage == "train":
             once = last.breakdown["dp_grad_sync"] + last.breakdown["optimizer"]
@@ -450,10 +477,13 @@ class CostModel:
                         extras={"buckets": n_buckets, "imbalance": imbalance})
 
     # ---- data movement ------------------------------------------------------------------------
-    def reshard(self, src: ParallelPlan, dst: ParallelPlan, include_optimizer: bool = False) -> Estimate:
+    def reshard(self, src: ParallelPlan, dst: ParallelPlan, include_optimizer: bool = False,
+                fsdp: bool = False) -> Estimate:
         """Move weights (and optionally fp32 master + Adam states) from `src`'s layout to `dst`'s
         on the same GPUs. Each rank keeps the overlap of its old and new slice; the slowest rank
-        receiving the rest sets the time."""
+        receiving the rest sets the time. `fsdp`: a `zero` plan with dp > 1 shards its weights
+        over dp too (FSDP2, as the PyTorch runtime trains it; the cost model's own `zero` keeps
+        them whole), so weights leaving it are gathered first."""
         world = src.world_size
         if dst.world_size != world:
             raise ValueError(f"reshard needs equal GPU counts, got {src.short()} ({world}) and "
@@ -479,9 +509,17 @@ class CostModel:
         group = max(src.model_parallel, dst.model_parallel)
         link = comm.group_link(self.cluster, self.profile, group, 1)
         t = comm.p2p_s(worst, link) if worst > 0 else 0.0
+        # FSDP2 weights leaving the training layout: one all-gather over dp of fp32 shards per
+        # parameter tensor (earl.runtime.optim.FSDPAdamW.weights)
+        gather = 0.0
+        if fsdp and src.sharded_optimizer and src.dp > 1 and not include_optimizer:
+            tensors = math.ceil(param_tensors(self.model) / src.pp)
+            per_tensor = params / (src.tp * src.pp) / tensors * FSDP_SHARD_BYTES
+            dp_link = comm.group_link(self.cluster, self.profile, src.dp, src.model_parallel, collective="allgather")
+            gather = tensors * comm.allgather_s(per_tensor, src.dp, dp_link)
         moved = worst * world
-        return Estimate(stage="reshard", time_s=t, feasible=True, gpus=world, plan=dst,
-                        breakdown={"transfer": t},
+        return Estimate(stage="reshard", time_s=t + gather, feasible=True, gpus=world, plan=dst,
+                        breakdown={"transfer": t, "dp_gather": gather},
                         extras={"bytes_per_gpu": worst, "bytes_total": moved, "link_bw_bytes_s": link.bw_bytes_s})
 
 

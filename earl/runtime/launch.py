@@ -41,12 +41,14 @@ RANK_MESSAGE = re.compile(r"^(error: |earl run: |rank \d+: )")  # the ranks' one
 
 
 def launch(cfg: RunConfig, out: str | Path, *, resume: str | Path | None = None, progress: bool = False,
-           env: dict | None = None) -> int:
+           env: dict | None = None, stdout=None) -> int:
     """Check `cfg` and `out` here (ValueError: a one-line user error, nothing started), write the
     config into the run folder, run torchrun locally and wait; returns its exit code (0 ok, 2 bad
     input, 3 a lost peer, 4 over the memory budget, 130 interrupted). torchrun's and the ranks'
     stderr (tracebacks, warnings) go to <out>/launch.log; the terminal gets the ranks' one-line
-    messages once each, then the last complete checkpoint and a resume command when one exists."""
+    messages once each, then the last complete checkpoint and a resume command when one exists.
+    `stdout`: where the ranks' standard output goes (None: this process's; `earl validate`
+    passes subprocess.DEVNULL)."""
     check_config(cfg, cfg.nproc)
     out = check_out(out, resume)
     out.mkdir(parents=True, exist_ok=True)
@@ -58,7 +60,7 @@ def launch(cfg: RunConfig, out: str | Path, *, resume: str | Path | None = None,
     run_env["EARL_LAUNCHER"] = "1"  # the ranks leave the resume hint to this process
     log_path = out / LAUNCH_LOG
     with open(log_path, "a") as log:
-        proc = subprocess.Popen(cmd, env=run_env, stderr=log)
+        proc = subprocess.Popen(cmd, env=run_env, stdout=stdout, stderr=log)
         try:
             code = proc.wait()
         except KeyboardInterrupt:  # the terminal sent SIGINT to torchrun and the ranks as well

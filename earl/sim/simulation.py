@@ -69,12 +69,16 @@ class Simulation:
     def __init__(self, scenario: Scenario, selector: str, dispatcher: str, *,
                  cost_model: CostModel | None = None, log: list | None = None,
                  fine: bool | None = None, progress=None, engine: str = "continuous",
-                 padded: bool = False, token_budget: int = 0, head_on: str = "all"):
+                 padded: bool = False, token_budget: int = 0, fsdp: bool = False, handoff: bool = False,
+                 head_on: str = "all"):
         # `engine` "turn-sync", `padded` and `token_budget` model the single-process PyTorch
         # runtime for `earl validate`: its engine plays turns in lockstep (sim.replica.
         # TurnSyncReplica); its log-prob / train micro-batches are right-padded to their longest
-        # sequence and packed up to `token_budget` padded tokens (CostModel.mixed_batch);
-        # `head_on` "generated": its LM head runs on the generated (trained) positions only
+        # sequence and packed up to `token_budget` padded tokens (CostModel.mixed_batch); `fsdp`:
+        # its `zero` plans with dp > 1 run FSDP2, weights sharded too (CostModel.train, .reshard);
+        # `handoff`: its experience stage first moves the episodes from the rollout replicas to the
+        # experience layout through the dispatcher (`_handoff`); `head_on` "generated": its LM
+        # head runs on the generated (trained) positions only
         if engine not in ENGINES:
             raise ValueError(f"unknown rollout engine model {engine!r}; valid: {', '.join(ENGINES)}")
         if head_on not in HEAD_ON:
@@ -84,6 +88,8 @@ class Simulation:
         self.replica_cls = TurnSyncReplica if engine == "turn-sync" else Replica
         self.padded = padded
         self.token_budget = token_budget
+        self.fsdp = fsdp
+        self.handoff = handoff
         self.sc = scenario
         self.env = simpy.Environment()
         if cost_model is None:
@@ -158,7 +164,7 @@ class Simulation:
         """SimPy process: charge a weight (and optimizer) re-shard; returns its seconds."""
         if src == dst:
             return 0.0
-        est = self.cm.reshard(src, dst, include_optimizer=include_optimizer)
+        est = self.cm.reshard(src, dst, include_optimizer=include_optimizer, fsdp=self.fsdp)
         t0 = self.env.now
         yield self.env.timeout(est.time_s)
         self.events += 1
@@ -195,12 +201,14 @@ class Simulation:
     def stage_cost(self, stage: str, plan: ParallelPlan, ids: np.ndarray, tokens: np.ndarray) -> StageCost:
         """Price log-probs ('logprob') or one optimizer step ('train') of a mixed-length batch
         (`tokens[i]`: context tokens of sample `ids[i]`)."""
-        _, loads = self._balance(plan.dp, ids, tokens)
+        owner, loads = self._balance(plan.dp, ids, tokens)
         imbalance = imbalance_ratio(loads.tolist())
         passes = self.sc.logprob_passes if stage == "logprob" else 1
+        # token-budget packing: each dp group packs the sequences the placement gave it
+        groups = [np.sort(tokens[owner == d]).tolist() for d in range(plan.dp)] if self.token_budget else None
         est = self.cm.mixed_batch(stage, plan, np.sort(tokens).tolist(), buckets=MAX_BUCKETS, passes=passes,
                                   imbalance=imbalance, padded=self.padded, token_budget=self.token_budget,
-                                  head_frac=self._head_frac)
+                                  groups=groups, fsdp=self.fsdp, head_frac=self._head_frac)
         longest = int(tokens.max())
         assert est.feasible, f"{stage} {plan.describe()} infeasible at {longest} tokens after OOM filter"
         mem = self.cm.memory(stage, plan, plan.dp, longest)
@@ -289,6 +297,8 @@ class Simulation:
         if not len(ids):
             return
         yield from self._run_stage(Stage.EXPERIENCE, ex, ids, ctx, step, row, aggregated)
+        if self.handoff:
+            row["experience_s"] += yield from self._handoff(self.plans[Stage.ROLLOUT], ex, ids, ctx, step)
 
         tr = self._select(Stage.TRAIN, stats, step)
         row["plan_train"] = tr.describe()
@@ -401,6 +411,23 @@ class Simulation:
             tokens = cost.group_tokens[d]
             self._span(name, stage, d * plan.model_parallel, t0, t0 + cost.time_s * tokens / top,
                        step, tokens=tokens, args={"plan": plan.describe()})
+
+    def _handoff(self, ro: ParallelPlan, ex: ParallelPlan, ids: np.ndarray, tokens: np.ndarray, step: int):
+        """SimPy process: the PyTorch runtime's rollout -> experience hand-off (earl.runtime.step.
+        experience): the dispatcher's TransferPlan from the rollout replicas (episode i on replica
+        i % dp) to the experience layout, priced as the one dispatch price; returns seconds."""
+        t0 = self.env.now
+        samples = [Sample(i, t) for i, t in zip(ids.tolist(), tokens.tolist(), strict=True)]
+        src_assign = tuple(tuple(s.id for s in samples if s.id % ro.dp == d) for d in range(ro.dp))
+        dst_assign, _ = balance_aligned(samples, ex.dp, src_assign)
+        tplan = self.dispatcher.plan(Layout(ro, src_assign), Layout(ex, tuple(tuple(g) for g in dst_assign)), samples)
+        est = price_transfer_plan(self.cm, tplan, samples=len(samples), producers=ro.dp,
+                                  world=max(ro.world_size, ex.world_size), plan=ex)
+        self.events += 1
+        yield self.env.timeout(est.time_s)
+        self._span(f"hand-off ({tplan.kind})", "experience", tplan.controller, t0, self.env.now, step,
+                   bytes=tplan.total_bytes, args={"transfers": len(tplan.transfers)})
+        return est.time_s
 
     def _dispatch(self, ex: ParallelPlan, tr: ParallelPlan, ids: np.ndarray, tokens: np.ndarray,
                   fits: np.ndarray, step: int, aggregated: bool = False):

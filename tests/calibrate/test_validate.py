@@ -10,10 +10,25 @@ import pytest
 from typer.testing import CliRunner
 
 from earl.calibrate.overhead import ForwardPoint, fit_overhead
-from earl.calibrate.validate import STAGES, kendall_tau, parse_variants, run_validation
+from earl.calibrate.validate import (
+    NPROCS,
+    STAGES,
+    check_nproc,
+    host_stretch,
+    initial_run_plans,
+    kendall_tau,
+    measured_stages,
+    parse_variants,
+    plan_mismatches,
+    run_plans,
+    run_validation,
+    validation_cluster,
+)
 from earl.cli import app
 from earl.cost_model.profile import load_profile
 from earl.runtime.run import resolve_config
+from earl.specs import MODEL_CATALOG, ClusterSpec, ParallelPlan
+from earl.trace import Span
 
 SMALL = {"groups": 2, "group_size": 2}
 
@@ -95,3 +110,89 @@ def test_cli_warns_when_the_profile_was_measured_elsewhere(calibration, tmp_path
     assert r.exit_code == 0, r.output
     assert "stamp mismatch: torch: profile has '2.0.0'" in r.output
     assert "rollout" in r.output and (tmp_path / "v" / "validation.json").is_file()
+
+
+# ---- the multi-process runtime (--nproc) ---------------------------------------------------------
+def test_validation_cluster_is_the_jobs_own_node():
+    prof = load_profile("cpu-measured")  # gpus_per_node 2: for_gpus would cut 4 devices into 2 nodes
+    assert prof.hardware.gpus_per_node == 2
+    for n in NPROCS:
+        c = validation_cluster(prof, n)
+        assert (c.nodes, c.gpus_per_node, c.num_gpus, c.network.name) == (1, n, n, "loopback")
+    with pytest.raises(ValueError, match="not a whole number"):
+        ClusterSpec.for_gpus(prof.hardware, 3)
+    assert host_stretch(prof, 4, "cpu") == 2.0 and host_stretch(prof, 2, "cpu") == 1.0
+    assert host_stretch(prof, 4, "cuda") == 1.0
+
+
+@pytest.mark.parametrize("bad", [0, 3, 8, -1, "2", 2.0, True])
+def test_check_nproc_names_the_value_and_the_choices(bad):
+    with pytest.raises(ValueError, match=r"--nproc .* is not validated; valid: 1, 2, 4"):
+        check_nproc(bad)
+    assert [check_nproc(n) for n in NPROCS] == list(NPROCS)
+
+
+def test_run_plans_and_plan_mismatches():
+    rows = [{"plan_rollout": "tp1-dp2", "plan_experience": "tp1-dp2-zero", "plan_train": "tp1-dp2-zero"},
+            {"plan_rollout": "tp1-dp2", "plan_experience": "tp1-dp2-zero", "plan_train": "tp2-dp1"}]
+    plans = run_plans(rows)
+    assert plans[1]["train"] == ParallelPlan(tp=2, dp=1) and plans[0]["experience"].sharded_optimizer
+    cfg = resolve_config(None, overrides=SMALL)
+    assert {k: p.describe() for k, p in initial_run_plans(cfg, 2).items()} == \
+        {k: p.describe() for k, p in plans[0].items()}  # the runtime's defaults for 2 processes
+    # the simulator's micro-batch (token-budget packing) is not a different plan
+    sim = [{"plan_rollout": "tp1-dp2", "plan_experience": "tp1-dp2-mb4-zero", "plan_train": "tp1-dp2-mb4-zero"}] * 2
+    assert plan_mismatches(plans, sim) == \
+        ["step 2 train: runtime tp2-dp1-mb1, simulator tp1-dp2-mb4-zero"]
+
+
+def test_measured_stage_slowest_rank_or_last_to_arrive_for_moves():
+    spans = [Span(name="a", stage="train", rank=0, t_start=0, t_end=1, step=1),
+             Span(name="b", stage="train", rank=0, t_start=1, t_end=3, step=1),  # rank 0: 3 s
+             Span(name="a", stage="train", rank=1, t_start=0, t_end=2.5, step=1),
+             Span(name="s", stage="reshard", rank=1, t_start=0, t_end=0.5, step=1),
+             Span(name="s", stage="reshard", rank=0, t_start=0, t_end=0.75, step=1),  # waited longer
+             Span(name="s", stage="select", rank=1, t_start=0, t_end=9, step=1),  # not a scored stage
+             Span(name="d", stage="dispatch", rank=1, t_start=0, t_end=0.25, step=2)]
+    got = measured_stages(spans, [1, 2])
+    assert got[0] == {"rollout": 0.0, "experience": 0.0, "dispatch": 0.0, "train": 3.0, "reshard": 0.5}
+    assert got[1]["dispatch"] == 0.25 and got[1]["train"] == 0.0
+
+
+def test_token_budget_packing_per_data_parallel_group():
+    from earl.cost_model import CostModel
+
+    prof = load_profile("cpu-measured")
+    cm = CostModel(MODEL_CATALOG["tiny"], validation_cluster(prof, 2), prof)
+    share = [20, 30, 41, 41]
+    one = cm.mixed_batch("logprob", ParallelPlan(dp=1), share, padded=True, token_budget=128)
+    two = cm.mixed_batch("logprob", ParallelPlan(dp=2), share * 2, padded=True, token_budget=128,
+                         groups=[share, share])
+    assert two.breakdown["stream"] == pytest.approx(one.breakdown["stream"])  # each group packs its own
+    slower = cm.mixed_batch("logprob", ParallelPlan(dp=2), share + [20], padded=True, token_budget=128,
+                            groups=[share, [20]])
+    assert slower.breakdown["stream"] == pytest.approx(one.breakdown["stream"])  # the slowest group's
+    with pytest.raises(ValueError, match="lengths held by each of the plan's 2 data-parallel groups"):
+        cm.mixed_batch("logprob", ParallelPlan(dp=2), share, padded=True, token_budget=128)
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_validation_on_two_processes(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setenv("PYTHONPATH", os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cfg = resolve_config(None, overrides=SMALL)
+    r = _cli("--out", str(tmp_path / "v"), "--nproc", "2", "--steps", "2", "--set", "groups=2",
+             "--set", "group_size=2")
+    assert r.exit_code == 0, r.output
+    report = json.loads((tmp_path / "v" / "validation.json").read_text())
+    assert report["nproc"] == 2 and cfg.groups == 2
+    stages = {row["stage"]: row for row in report["stages"]}
+    for stage in ("rollout", "experience", "dispatch", "train", "reshard"):
+        assert stage in stages, stage
+        assert stages[stage]["measured_s"] > 0 and math.isfinite(stages[stage]["median_err"]), stage
+    assert stages["dispatch"]["predicted_s"] > 0 and stages["reshard"]["predicted_s"] > 0
+    v = report["variants"][0]
+    assert v["nproc"] == 2 and v["plan_mismatches"] == [] and v["host_stretch"] == 1.0
+    assert (tmp_path / "v" / "runs" / "base" / "launch-config.json").is_file()  # ran under torchrun
