@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# CPU fidelity check: calibrate this host once, then hold the profile against runs it was not
+# fitted on, and time dispatch on gloo next to the one dispatch price. Calibration runs the tiny
+# model on Tic-Tac-Toe; the validations use
+#   - a held-out model: qwen2-27m (Qwen2-shaped, 27M parameters, random weights, vocab 8192),
+#     on the calibration's environment and on a held-out one (calculator);
+#   - the multi-process runtime: --nproc 2 and 4 (tiny model, calculator);
+# and benchmarks/bench_dispatch.py at 2 / 4 / 8 processes. Everything lands in $OUT (default
+# ./cpu_fidelity): logs, validation.json per run, the profile. Needs a quiet host (other
+# processes' time slices show up as stage time): the load average is logged before each part.
+# About 10 minutes on 2 cores.
+#
+#   OUT=docs/cpu bash studies/cpu_fidelity.sh                         # calibrate, then check
+#   PROFILE=cpu-measured OUT=/tmp/f bash studies/cpu_fidelity.sh      # check a shipped profile
+#   QUICK=1 OUT=/tmp/f bash studies/cpu_fidelity.sh                   # smoke run (~2 min)
+set -euo pipefail
+
+OUT_DIR="${OUT:-./cpu_fidelity}"
+QUICK="${QUICK:-0}"
+PY="${PYTHON:-python3}"
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$(cd "$(dirname "$0")/.." && pwd)"
+export OMP_NUM_THREADS=1
+if [ "$QUICK" = 1 ]; then
+  STEPS=2; BUDGET=8; DISPATCH=(--procs 2 --contexts 1024 --repeats 2 --rounds 1); MP=(2)
+else
+  STEPS=5; BUDGET=90; DISPATCH=(--rounds 3); MP=(2 4)
+fi
+mkdir -p "$OUT_DIR"
+load() { echo "[$(date -u +%T)] load average: $(cut -d' ' -f1-3 /proc/loadavg) -- $*"; }
+
+if [ -n "${PROFILE:-}" ]; then
+  PROFILE_PATH="$PROFILE"
+  load "calibration skipped: checking $PROFILE" | tee "$OUT_DIR/calibrate.log"
+else
+  PROFILE_PATH="$OUT_DIR/profile-cpu.json"
+  { load "calibrate"; "$PY" -m earl.cli calibrate --budget-s "$BUDGET" --out "$PROFILE_PATH" --force \
+      --measurements "$OUT_DIR/measurements-cpu.json"; } 2>&1 | tee "$OUT_DIR/calibrate.log"
+fi
+
+validate() {  # name, then validate's arguments
+  local name="$1"; shift
+  rm -rf "${OUT_DIR:?}/$name"
+  { load "validate $name: $*"; "$PY" -m earl.cli validate --hardware "$PROFILE_PATH" --steps "$STEPS" \
+      --out "$OUT_DIR/$name" "$@"; load "done"; } 2>&1 | grep -v -e "Writing model" -e "Loading weights" \
+      | tee "$OUT_DIR/$name.log"
+}
+SMALL=(--set groups=4 --set group_size=4)
+validate model-tictactoe --model qwen2-27m "${SMALL[@]}"
+validate model-calculator --model qwen2-27m --set env.name=calculator "${SMALL[@]}"
+for n in "${MP[@]}"; do
+  validate "nproc$n-calculator" --nproc "$n" --set env.name=calculator "${SMALL[@]}"
+done
+{ load "bench_dispatch ${DISPATCH[*]}"; "$PY" benchmarks/bench_dispatch.py --profile "$PROFILE_PATH" "${DISPATCH[@]}"; } \
+  2>&1 | tee "$OUT_DIR/dispatch.txt"
+load "all done" | tee -a "$OUT_DIR/dispatch.txt"
