@@ -293,8 +293,8 @@ if __name__ == "__main__":
 @pytest.mark.slow
 @pytest.mark.dist
 def test_bf16_runs_on_two_processes_through_plan_switches_checkpoints_and_resume(tmp_path):
-    """A bf16 model on 2 processes: ZeRO-1 -> tp2 in flight (weights bf16, fp32 moments and
-    master weights moved by the re-shard planner), checkpoints with fp32 optimizer state, and a
+    """A bf16 model on 2 processes: FSDP2 (tp1-dp2-zero) -> DTensor TP (tp2) in flight (weights
+    bf16, fp32 moments and master weights moved by the re-shard planner), checkpoints with fp32 optimizer state, and a
     resume on one process."""
     out = tmp_path / "run"
     bf16 = ["--set", "model.dtype=bf16"]
