@@ -1,6 +1,11 @@
 """Training step on gloo: FSDP2 (earl.runtime.parallelize + FSDPAdamW) versus the hand-written
-ZeRO-1 (`ShardedAdamW` on a `zero` plan), side by side at world 2 and 4: bytes each rank sends
-per training step and peak memory per rank.
+ZeRO-1 it replaced (`ShardedAdamW` on a `zero` plan), side by side at world 2 and 4: bytes each
+rank sends per training step and peak memory per rank.
+
+ZeRO-1 is no longer in the tree: its side runs from the last revision that had it (default
+1723747), exported with `git archive` into a temporary folder, this same script run as a
+subprocess with PYTHONPATH pointing at that tree; the FSDP2 side runs as a subprocess on this
+tree. The two alternate (order flipped per world and round), so load changes hit both alike.
 
 Same model (a Qwen2-shaped 8-layer, 512-wide model with random weights, fp32 so that both
 strategies hold the same bytes per element), same batch, same plan tp1-dpN-zero. Bytes sent are
@@ -16,7 +21,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import os
 import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -25,13 +36,15 @@ from earl.policies.balance import balance_samples
 from earl.policies.types import Sample
 from earl.runtime.config import TrainerConfig
 from earl.runtime.dist import run_local
-from earl.runtime.optim import FSDPAdamW, ShardedAdamW, train_step
+from earl.runtime.optim import FSDPAdamW, train_step
 from earl.runtime.parallelize import parallelize
 from earl.runtime.rollout import Trajectory
 from earl.runtime.tp import param_shapes
 from earl.runtime.trainer import Trainer, collate
 from earl.specs import ParallelPlan
 
+ROOT = Path(__file__).resolve().parents[1]
+OLD = "1723747"  # the last revision with ShardedAdamW's ZeRO-1 mode
 CFG = TrainerConfig(algo="grpo", lr=1e-5, token_budget=1024)
 SHAPE = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
              num_key_value_heads=4, vocab_size=8192, tie_word_embeddings=True)
@@ -78,7 +91,9 @@ def _worker(strategy: str, world: int, steps: int):
         model = parallelize(model, plan, shapes)
         optim = FSDPAdamW(model, shapes, groups, CFG, torch.float32)
         trainer = Trainer(model, CFG, temperature=1.0, lockstep=groups.dp_group)
-    else:
+    else:  # run from the old tree (PYTHONPATH), where ShardedAdamW still had its ZeRO-1 mode
+        from earl.runtime.optim import ShardedAdamW
+
         optim = ShardedAdamW(model, shapes, groups, CFG)
         trainer = Trainer(model, CFG, temperature=1.0)
     samples = [Sample(id=i, tokens=int(n)) for i, n in enumerate(batch.loss_mask.sum(1))]
@@ -93,27 +108,63 @@ def _worker(strategy: str, world: int, steps: int):
             "params": sum(s.shape[0] * (s.shape[1] if len(s.shape) > 1 else 1) for s in shapes.values())}
 
 
+def export(rev: str, dest: Path) -> Path:
+    dest.mkdir(parents=True)
+    tar = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=tar, check=True)
+    return dest
+
+
+def measure(tree: Path, strategy: str, world: int, steps: int) -> dict:
+    """One side in a subprocess with `earl` imported from `tree`: per-rank maxima."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, __file__, "--one", strategy, str(world), str(steps)], env=env,
+                       capture_output=True, text=True, cwd=str(tree))
+    if r.returncode:
+        raise SystemExit(f"{strategy} at world {world} from {tree} failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def one(strategy: str, world: int, steps: int) -> None:
+    """The --one mode: run `strategy` on `world` local ranks, print one JSON line."""
+    import earl
+
+    res = run_local(_worker, world, strategy, world, steps, timeout_s=900)
+    print(json.dumps({"sent": max(r["sent"] for r in res), "peak": max(r["peak"] for r in res),
+                      "loss": res[0]["loss"], "params": res[0]["params"], "earl": earl.__file__}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=1, help="alternating runs of each side per world")
+    ap.add_argument("--old", default=OLD, help="git revision whose ShardedAdamW had the ZeRO-1 mode")
+    ap.add_argument("--one", nargs=3, metavar=("STRATEGY", "WORLD", "STEPS"), help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.one:
+        return one(a.one[0], int(a.one[1]), int(a.one[2]))
     print(f"model: qwen2-shaped {SHAPE}, fp32, batch 16 x 64 tokens, plan tp1-dpN-zero, {a.steps} steps; "
-          "figures per rank (max over ranks)")
+          f"figures per rank (max over ranks); zero1 from revision {a.old}, fsdp2 from this tree")
     print(f"{'world':>5} {'strategy':>8} {'sent MiB/step':>14} {'peak MiB':>9} {'loss':>10}")
-    for world in a.worlds:
-        got = {}
-        for strategy in ("zero1", "fsdp2"):
-            res = run_local(_worker, world, strategy, world, a.steps, timeout_s=900)
-            got[strategy] = {"sent": max(r["sent"] for r in res), "peak": max(r["peak"] for r in res),
-                             "loss": res[0]["loss"], "params": res[0]["params"]}
-            g = got[strategy]
-            print(f"{world:>5} {strategy:>8} {g['sent'] / 2**20:>14.1f} {g['peak'] / 2**20:>9.0f} {g['loss']:>10.5f}",
-                  flush=True)
-        z, f = got["zero1"], got["fsdp2"]
-        print(f"{world:>5} fsdp2/zero1: bytes sent {f['sent'] / z['sent']:.2f}x, peak memory "
-              f"{f['peak'] / z['peak']:.2f}x ({z['params'] / 1e6:.1f}M params, fp32 weights "
-              f"{z['params'] * 4 / 2**20:.0f} MiB)")
+    with tempfile.TemporaryDirectory(prefix="earl-bench-fsdp-") as tmp:
+        trees = {"zero1": export(a.old, Path(tmp) / "old"), "fsdp2": ROOT}
+        for i, world in enumerate(a.worlds):
+            got: dict[str, list[dict]] = {k: [] for k in trees}
+            for rnd in range(a.rounds):
+                order = list(trees) if (i + rnd) % 2 == 0 else list(reversed(trees))
+                for strategy in order:
+                    g = measure(trees[strategy], strategy, world, a.steps)
+                    got[strategy].append(g)
+                    print(f"{world:>5} {strategy:>8} {g['sent'] / 2**20:>14.1f} {g['peak'] / 2**20:>9.0f} "
+                          f"{g['loss']:>10.5f}", flush=True)
+            z = {k: min(r[k] for r in got["zero1"]) for k in ("sent", "peak")}
+            f = {k: min(r[k] for r in got["fsdp2"]) for k in ("sent", "peak")}
+            params = got["zero1"][0]["params"]
+            same = len({r["loss"] for rows in got.values() for r in rows}) == 1
+            print(f"{world:>5} fsdp2/zero1: bytes sent {f['sent'] / z['sent']:.2f}x, peak memory "
+                  f"{f['peak'] / z['peak']:.2f}x ({params / 1e6:.1f}M params, fp32 weights "
+                  f"{params * 4 / 2**20:.0f} MiB); losses {'identical' if same else 'DIFFER'}")
 
 
 if __name__ == "__main__":

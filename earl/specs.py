@@ -395,11 +395,16 @@ class ClusterSpec:
         return self.nodes * self.gpus_per_node
 
     @staticmethod
-    def for_gpus(hardware: HardwareSpec, gpus: int, network: NetworkSpec | None = None) -> ClusterSpec:
-        """The smallest cluster of whole nodes (or one partial node) holding `gpus` GPUs."""
+    def for_gpus(hardware: HardwareSpec, gpus: int, network: NetworkSpec | None = None,
+                 gpus_per_node: int | None = None) -> ClusterSpec:
+        """The smallest cluster of whole nodes (or one partial node) holding `gpus` GPUs, with
+        the hardware's GPUs per node, or `gpus_per_node` (a job's own topology, e.g. a local
+        `earl run --nproc N`: N processes on one node)."""
         if gpus < 1:
             raise ValueError(f"number of GPUs must be >= 1, got {gpus}")
-        per = hardware.gpus_per_node
+        if gpus_per_node is not None and gpus_per_node < 1:
+            raise ValueError(f"gpus_per_node must be >= 1, got {gpus_per_node}")
+        per = gpus_per_node or hardware.gpus_per_node
         if gpus <= per:
             nodes, per = 1, gpus
         elif gpus % per:

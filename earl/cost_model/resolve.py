@@ -72,12 +72,13 @@ def resolve_preset(preset: str | None, hardware: str | None, network: str | None
     return hardware or hw, network or net
 
 
-def make_cost_model(model: str | ModelSpec, hardware: str, gpus: int, network: str | None = None) -> CostModel:
-    """CostModel for `gpus` GPUs of `hardware` (profile name or JSON path); without `network`,
-    the cluster's default (ClusterSpec.for_gpus: rdma-200g), which every command names in its
-    output."""
+def make_cost_model(model: str | ModelSpec, hardware: str, gpus: int, network: str | None = None, *,
+                    gpus_per_node: int | None = None) -> CostModel:
+    """CostModel for `gpus` GPUs of `hardware` (profile name or JSON path), `gpus_per_node` per
+    node (default: the hardware's); without `network`, the cluster's default
+    (ClusterSpec.for_gpus: rdma-200g), which every command names in its output."""
     spec = model if isinstance(model, ModelSpec) else resolve_model(model)
     profile = load_profile(hardware)
     net = resolve_network(network) if network else None
-    cluster = ClusterSpec.for_gpus(profile.hardware, gpus, net)
+    cluster = ClusterSpec.for_gpus(profile.hardware, gpus, net, gpus_per_node)
     return CostModel(spec, cluster, profile)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from earl.cost_model import CostModel, enumerate_plans
@@ -74,11 +74,13 @@ class PlanScorer:
     replica (the longest sequence must fit its replica's KV cache); for log-probs and training,
     a micro-batch of sequences that long."""
 
-    def __init__(self, cm: CostModel, gpus: int, *, logprob_passes: int = 2, train_steps: int = 1):
+    def __init__(self, cm: CostModel, gpus: int, *, logprob_passes: int = 2, train_steps: int = 1,
+                 can_run: Callable[[Stage, ParallelPlan], str] | None = None):
         if gpus < 1:
             raise ValueError(f"stage_gpus must be >= 1, got {gpus}")
         self.cm = cm
         self.gpus = gpus
+        self.can_run = can_run  # '' if the executor can run a plan for a stage, else why not
         self.logprob_passes = logprob_passes  # forward passes per sample (ref + old policy)
         self.train_steps = train_steps  # optimizer steps per RL iteration
         self._candidates: dict[Stage, list[ParallelPlan]] = {}
@@ -87,11 +89,11 @@ class PlanScorer:
         self._reshard: dict[tuple, float] = {}
 
     def candidates(self, stage: Stage) -> list[ParallelPlan]:
-        """Every valid plan for the stage on `gpus` GPUs (cached)."""
+        """Every valid plan for the stage on `gpus` GPUs that `can_run` accepts (cached)."""
         if stage not in self._candidates:
             gpn = self.cm.cluster.gpus_per_node
-            self._candidates[stage] = enumerate_plans(COST_STAGE[stage], self.cm.model, self.gpus,
-                                                      None, gpn)
+            plans = enumerate_plans(COST_STAGE[stage], self.cm.model, self.gpus, None, gpn)
+            self._candidates[stage] = [p for p in plans if self.can_run is None or not self.can_run(stage, p)]
         return self._candidates[stage]
 
     def _estimate(self, stage: Stage, plan: ParallelPlan, batch: int, ctx: int):
@@ -179,11 +181,12 @@ class Selector:
     name = ""
 
     def __init__(self, *, cost_model: CostModel, initial: StagePlan, stage_gpus: int,
-                 logprob_passes: int = 2, train_steps: int = 1):
+                 logprob_passes: int = 2, train_steps: int = 1,
+                 can_run: Callable[[Stage, ParallelPlan], str] | None = None):
         self.cm = cost_model
         self.gpus = stage_gpus
         self.scorer = PlanScorer(cost_model, stage_gpus, logprob_passes=logprob_passes,
-                                 train_steps=train_steps)
+                                 train_steps=train_steps, can_run=can_run)
         self.initial = StagePlan(**{s.value: initial.for_stage(s).resolve(stage_gpus) for s in Stage})
         self.in_use: dict[Stage, ParallelPlan] = {s: self.initial.for_stage(s) for s in Stage}
 

@@ -1,10 +1,10 @@
 """Sharded, layout-independent checkpoints on torch.distributed.checkpoint (DCP), and the HF
 export of the policy.
 
-Every rank saves its own shards: its tensor-parallel weight slices and its ZeRO-1 optimizer
-slices are wrapped as DTensors on the plan's device mesh with the placements earl.parallel
-derives from the same shard bounds, so DCP records exactly which part of each full tensor a
-file holds. Loading asks DCP for this rank's parts under the NEW plan and world, so a
+Every rank saves its own shards: its tensor-parallel weight slices and its optimizer slices
+(cut over dp for a `zero` plan) are wrapped as DTensors on the plan's device mesh with the
+placements earl.parallel derives from the same shard bounds, so DCP records exactly which part
+of each full tensor a file holds. Loading asks DCP for this rank's parts under the NEW plan and world, so a
 checkpoint written by 1 process loads into 2, tp2 into tp1, dp2-zero into dp1 and back. A
 single process without a process group saves and loads full tensors (DCP's no-dist mode).
 

@@ -39,7 +39,8 @@ class HardwareConfig:
 @dataclass(frozen=True, kw_only=True)
 class PlanConfig:
     """Initial plans per RL stage (`ParallelPlan.parse` syntax); empty = the default for the
-    world size N: rollout tp1-dpN, training tp1-dpN (ZeRO-1 when N > 1), experience = training."""
+    world size N: rollout tp1-dpN, training tp1-dpN (`zero`, on FSDP2, when N > 1 and FSDP2 can
+    shard the model N ways), experience = training."""
 
     rollout: str = ""
     experience: str = ""

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import torch
 
+from earl.parallel import ParamShape
 from earl.runtime.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
+from earl.runtime.tp import param_shapes
 from earl.specs import MODEL_CATALOG, ModelSpec
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -108,6 +110,20 @@ def load_policy(path: str, *, seed: int = 0, dtype: str = "fp32") -> Policy:
     if path in BUILTIN_MODELS:
         return build_builtin(path, seed=seed, dtype=dtype)
     return load_hf(path, dtype=dtype)
+
+
+def model_shapes(path: str) -> dict[str, ParamShape]:
+    """Full parameter shapes of the model `path` names (built-in or HF directory) from its config
+    alone: the module is built on the meta device, no weights are read or allocated."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    check_model_path(path)
+    if path in BUILTIN_MODELS:
+        config = hf_config_from_spec(MODEL_CATALOG[path], "fp32")
+    else:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    with torch.device("meta"):
+        return param_shapes(AutoModelForCausalLM.from_config(config))
 
 
 def save_hf(policy: Policy, directory: str | Path) -> None:

@@ -2,28 +2,31 @@
 (earl.runtime.trainer) and the optimizer for one training step on any world size.
 
 Two strategies behind one interface (step, zero_grad, dp_sum, weights, state_tensors,
-load_state_tensors, step_count, state_names): `FSDPAdamW` for plans with a sharded optimizer
-and dp > 1 (the model is FSDP2-sharded by earl.runtime.parallelize; see the class), and
-`ShardedAdamW` for the rest (one process: tp1-dp1, where it is plain AdamW; tp-only plans; dp
-replicas without `zero`). `ShardedAdamW`'s own ZeRO-1 mode (below) is kept for comparison
-(benchmarks/bench_train_fsdp.py) and for callers that build it directly.
+load_state_tensors, step_count, state_names), one per kind of training model
+(earl.runtime.parallelize builds both):
+- `FSDPAdamW`: plans with a sharded optimizer (`zero`) and dp > 1, whose model FSDP2 shards over
+  dp (DTensor TP too when tp > 1). torch's AdamW on the sharded fp32 parameters.
+- `ReplicatedAdamW`: every other plan. One process (tp1-dp1: plain AdamW), tp-only plans and dp
+  replicas without `zero`. Gradients, already divided by the global loss-token count, are summed
+  over the dp group (one flat all_reduce, so the update is the one a single process would make on
+  the whole batch), clipped by the global norm (tp-sharded parameters' squares summed over the
+  tp group, replicated ones counted once), and every dp rank runs AdamW on its whole tp shard.
+  With tp > 1 the parameters are DTensors (DTensor TP); the strategy works on their local shards.
+(The hand-written ZeRO-1 mode, per-dp-rank AdamW slices plus a broadcast of the updated slices,
+is gone: FSDP2 replaced it. benchmarks/bench_train_fsdp.py still measures it from revision
+1723747.)
 
-`ShardedAdamW` (ZeRO-1 when the plan has `sharded_optimizer`): gradients, already divided by
-the global loss-token count, are summed over the dp group (so the update is the one a single
-process would make on the whole batch), clipped by the global norm (tp-sharded parameters'
-squares summed over the tp group, replicated ones counted once), then each dp rank runs AdamW
-on its own slice of every tensor (earl.parallel.local_bounds's optimizer layout) and broadcasts the
-updated slices to its dp peers. Without `sharded_optimizer` every rank keeps the full optimizer
-state of its tp shard. Optimizer state is exported / imported per tensor ("<param>/exp_avg",
-"<param>/exp_avg_sq") so the re-sharder and the checkpoints can move it to another plan.
+Optimizer state is exported / imported per tensor ("<param>/exp_avg", "<param>/exp_avg_sq") in
+earl.parallel's layout (`local_bounds(..., optimizer=True)`: the tp shard, cut again over dp
+for `zero` plans), so the re-sharder and the checkpoints move it to any other plan.
 
 Precision: the optimizer always works in fp32. Gradients are reduced over dp in fp32, AdamW's
-state is fp32, and a model held in bf16/fp16 gets fp32 master weights (the optimizer's slices,
-exported as "<param>/master" alongside the moments): an update of lr 1e-6 changes the master
-even when it is far below the bf16 spacing of the weight, and reaches the bf16 model once the
-accumulated change rounds to a new value.
+state is fp32, and a model held in bf16/fp16 gets fp32 master weights (exported as
+"<param>/master" alongside the moments): an update of lr 1e-6 changes the master even when it is
+far below the bf16 spacing of the weight, and reaches the bf16 model once the accumulated change
+rounds to a new value.
 
-    OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_dist_train.py
+    OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_dist_train.py tests/runtime/test_fsdp.py
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import math
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from earl.parallel import ParamShape, PlanGroups, local_bounds, shard_bounds
 from earl.runtime.config import TrainerConfig
@@ -47,32 +51,25 @@ def state_names(model_dtype: torch.dtype) -> tuple[str, ...]:
     return STATES if model_dtype == torch.float32 else (*STATES, MASTER)
 
 
-class ShardedAdamW:
-    """AdamW over this rank's slices of a tp-sharded model, gradients synced over dp."""
+class ReplicatedAdamW:
+    """AdamW over this rank's tp shard of the model, replicated over dp: every dp rank holds the
+    whole optimizer state of its shard and makes the same update from the dp-summed gradients.
+    Parameters are plain tensors, or DTensors of the DTensor-TP training model (its local shards
+    are earl.parallel's weight layout; the optimizer works on them as plain tensors)."""
 
     def __init__(self, model: torch.nn.Module, shapes: dict[str, ParamShape], groups: PlanGroups,
                  cfg: TrainerConfig):
         self.model, self.shapes, self.groups, self.cfg = model, shapes, groups, cfg
         self.params = dict(model.named_parameters())
         self.last_norm = float("nan")  # global grad norm of the last step, before clipping
-        self.slices: dict[str, tuple[int, int, int]] = {}  # name -> (dim, local start, length)
-        plan, rank = groups.plan, groups.rank
-        for name, p in self.shapes.items():
-            w_lo = local_bounds(p, plan, rank, optimizer=False)[0]
-            o_lo, o_hi = local_bounds(p, plan, rank, optimizer=True)
-            self.slices[name] = (p.shard_dim, o_lo - w_lo, o_hi - o_lo)
         self.model_dtype = next(iter(self.params.values())).dtype
         self.state_names = state_names(self.model_dtype)
-        # fp32 slices the optimizer updates (master weights when the model is not fp32)
-        self.owned = {n: torch.nn.Parameter(self._slice(n, self.params[n].detach()).to(torch.float32, copy=True))
-                      for n in self.shapes}
+        # the fp32 copies the optimizer updates (master weights when the model is not fp32)
+        self.owned = {n: torch.nn.Parameter(local_tensor(p).to(torch.float32, copy=True))
+                      for n, p in self.params.items()}
         self.grads: dict[str, torch.Tensor] = {}  # fp32, dp-summed gradients of the last step
         self.inner = torch.optim.AdamW(list(self.owned.values()), lr=cfg.lr, betas=cfg.betas,
                                        weight_decay=cfg.weight_decay)
-
-    def _slice(self, name: str, t: torch.Tensor) -> torch.Tensor:
-        dim, start, length = self.slices[name]
-        return t.narrow(dim, start, length)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.model.zero_grad(set_to_none=set_to_none)
@@ -86,18 +83,19 @@ class ShardedAdamW:
 
     # ---- the step ---------------------------------------------------------------------------
     def _sync_grads(self) -> None:
-        """self.grads: every parameter's gradient in fp32, summed over dp (one flat all_reduce)."""
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
-                          for p in self.params.values()])
+        """self.grads: every parameter's local gradient in fp32, summed over dp (one flat all_reduce)."""
+        local = {n: local_tensor(p) for n, p in self.params.items()}
+        flat = torch.cat([(local_tensor(p.grad) if p.grad is not None else torch.zeros_like(local[n]))
+                          .reshape(-1).float() for n, p in self.params.items()])
         if self.groups.plan.dp > 1:
             dist.all_reduce(flat, group=self.groups.dp_group)
         off, self.grads = 0, {}
-        for name, p in self.params.items():
-            self.grads[name] = flat[off:off + p.numel()].view(p.shape)
-            off += p.numel()
+        for name, t in local.items():
+            self.grads[name] = flat[off:off + t.numel()].view(t.shape)
+            off += t.numel()
 
     def grad_norm(self) -> float:
-        dev = next(iter(self.params.values())).device
+        dev = next(iter(self.grads.values())).device
         sharded = torch.zeros((), dtype=torch.float64, device=dev)
         replicated = torch.zeros((), dtype=torch.float64, device=dev)
         for name, g in self.grads.items():
@@ -110,27 +108,6 @@ class ShardedAdamW:
             dist.all_reduce(sharded, group=self.groups.tp_group)
         return float((sharded + replicated).sqrt())
 
-    def _broadcast_slices(self) -> None:
-        """Every dp rank's updated slices to its dp peers: one flat broadcast per owner."""
-        plan, rank = self.groups.plan, self.groups.rank
-        for owner in self.groups.dp_ranks:
-            parts, views = [], []
-            for name, p in self.shapes.items():
-                w_lo = local_bounds(p, plan, owner, optimizer=False)[0]
-                o_lo, o_hi = local_bounds(p, plan, owner, optimizer=True)
-                view = self.params[name].data.narrow(p.shard_dim, o_lo - w_lo, o_hi - o_lo)
-                views.append(view)
-                parts.append(view.reshape(-1) if owner != rank else view.contiguous().reshape(-1))
-            flat = torch.cat(parts) if owner == rank else torch.empty(sum(v.numel() for v in views),
-                                                                      dtype=views[0].dtype,
-                                                                      device=views[0].device)
-            dist.broadcast(flat, src=owner, group=self.groups.dp_group)
-            if owner != rank:
-                off = 0
-                for v in views:
-                    v.copy_(flat[off:off + v.numel()].view_as(v))
-                    off += v.numel()
-
     def step(self) -> float:
         """Sync, clip, update; returns the global grad norm before clipping."""
         self._sync_grads()
@@ -139,13 +116,11 @@ class ShardedAdamW:
         if self.cfg.grad_clip and math.isfinite(norm):
             coef = min(1.0, self.cfg.grad_clip / (norm + 1e-6))
         for name, q in self.owned.items():
-            q.grad = self._slice(name, self.grads[name]) * coef
+            q.grad = self.grads[name] * coef
         self.inner.step()
         with torch.no_grad():
             for name, q in self.owned.items():
-                self._slice(name, self.params[name].data).copy_(q.data)  # rounds to the model dtype
-        if self.groups.plan.sharded_optimizer and self.groups.plan.dp > 1:
-            self._broadcast_slices()
+                local_tensor(self.params[name]).copy_(q.data)  # rounds to the model dtype
         self.grads = {}
         self.last_norm = norm
         return norm
@@ -153,10 +128,10 @@ class ShardedAdamW:
     # ---- state for checkpoints and re-sharding ------------------------------------------------
     def weights(self) -> dict[str, torch.Tensor]:
         """name -> this rank's weights (its tp shard, in the model dtype)."""
-        return {n: p.detach() for n, p in self.params.items()}
+        return {n: local_tensor(p) for n, p in self.params.items()}
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        """"<param>/<state>" -> this rank's fp32 slice (moments: zeros before the first step;
+        """"<param>/<state>" -> this rank's fp32 tensors (moments: zeros before the first step;
         "master": the fp32 master weights of a low-precision model)."""
         out = {}
         for name, q in self.owned.items():
@@ -172,7 +147,7 @@ class ShardedAdamW:
         return _step_count(self.inner)
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor], step_count: int) -> None:
-        """The inverse of `state_tensors`; saved master weights replace the slices taken from the
+        """The inverse of `state_tensors`; saved master weights replace the copies taken from the
         (rounded) model weights. Moments before the first step are not loaded."""
         with torch.no_grad():
             for name, q in self.owned.items():
@@ -185,6 +160,12 @@ class ShardedAdamW:
                                    **{s: tensors[f"{name}/{s}"].to(q.device, q.dtype, copy=True) for s in STATES}}
 
 
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The plain local tensor behind a parameter or gradient (a DTensor's local shard), detached."""
+    t = t.detach()
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def _step_count(opt: torch.optim.Optimizer) -> int:
     """Optimizer steps taken (0 before the first)."""
     for st in opt.state.values():
@@ -193,7 +174,7 @@ def _step_count(opt: torch.optim.Optimizer) -> int:
     return 0
 
 
-def train_step(trainer: Trainer, optim: ShardedAdamW, local: ExperienceBatch, *, progress: float = 0.0,
+def train_step(trainer: Trainer, optim: ReplicatedAdamW | FSDPAdamW, local: ExperienceBatch, *, progress: float = 0.0,
                generator: torch.Generator | None = None) -> dict:
     """One training step: `minibatches` optimizer steps over the global batch, given this rank's
     dp share `local` (every tp rank of a dp group passes the same share). Each rank splits its
@@ -237,7 +218,7 @@ class FSDPAdamW:
     """The optimizer strategy of an FSDP2 training model (earl.runtime.parallelize; plans with
     `sharded_optimizer` and dp > 1): torch's AdamW on the fp32 sharded parameters (they are the
     master weights; FSDP2 already reduce-scattered the gradients in fp32), global-norm clipping,
-    and the same state export as `ShardedAdamW`. Every local shard is the ZeRO slice
+    and the same state export as `ReplicatedAdamW`. Every local shard is the ZeRO slice
     `local_bounds(..., optimizer=True)`, so the re-sharder and the checkpoints move it as is;
     the model-dtype weights under the plan's weight layout are gathered over dp on demand."""
 
@@ -254,7 +235,7 @@ class FSDPAdamW:
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.model.zero_grad(set_to_none=set_to_none)
 
-    dp_sum = ShardedAdamW.dp_sum
+    dp_sum = ReplicatedAdamW.dp_sum
 
     def grad_norm(self) -> float:
         """sqrt of the sum of squares over every rank's distinct shard: dp shards are disjoint;
@@ -327,8 +308,6 @@ class FSDPAdamW:
     def load_state_tensors(self, tensors: dict[str, torch.Tensor], step_count: int) -> None:
         """Weights (the plan's weight layout, or the fp32 "master" slices when saved) and
         moments (optimizer layout) into the sharded parameters and AdamW's state."""
-        from torch.distributed.tensor import DTensor
-
         plan = self.groups.plan
         with torch.no_grad():
             for name, p in self.params.items():

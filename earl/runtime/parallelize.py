@@ -1,6 +1,9 @@
 """Parallelize the training model on a device mesh, torchtitan's way: build the module, then
-apply tensor parallelism (DTensor `parallelize_module`), then activation checkpointing, then
-FSDP2 (`fully_shard`) over the plan's dp dimension. The model code never knows.
+apply tensor parallelism (DTensor `parallelize_module`, every training plan with tp > 1), then
+activation checkpointing, then FSDP2 (`fully_shard`) over the plan's dp dimension (plans with
+`zero` and dp > 1: `uses_fsdp`). The model code never knows. A training plan without `zero` is
+replicated over dp (optim.ReplicatedAdamW all-reduces its gradients); the rollout engine's and
+the log-prob copies keep the hand-written TP of earl.runtime.tp (why: its docstring).
 
 Layouts stay earl.parallel's, so the re-shard planner, the checkpoints and the optimizer-state
 export keep working unchanged:
@@ -23,6 +26,7 @@ export keep working unchanged:
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 from torch import nn
@@ -37,6 +41,31 @@ AC_EVERY = {"none": 0, "selective": 2, "full": 1}  # checkpoint every k-th decod
 def uses_fsdp(plan: ParallelPlan) -> bool:
     """A training plan runs on FSDP2 when it shards optimizer state over dp > 1 (`zero`)."""
     return plan.sharded_optimizer and plan.dp > 1
+
+
+def fsdp_shard_error(plan: ParallelPlan, shapes: dict[str, ParamShape]) -> str:
+    """'' if FSDP2 can shard every tensor of a `uses_fsdp` plan, else why not (one line). FSDP2
+    pads an uneven dim 0 but refuses uneven sharding on any other dim ("does not support uneven
+    sharding on dim 1"): a tensor whose `shard_dim` is not 0 (the row-parallel o/down weights,
+    cut along their input features) needs dp to divide its size there on each tp rank."""
+    if not uses_fsdp(plan):
+        return ""
+    sizes = {n: s.shape[s.shard_dim] // plan.tp for n, s in shapes.items() if s.shard_dim != 0}
+    bad = next(((n, k) for n, k in sizes.items() if k % plan.dp), None)
+    if bad is None:
+        return ""
+    common = math.gcd(*sizes.values())
+    valid = [d for d in range(1, common + 1) if common % d == 0]
+    name, size = bad
+    return (f"FSDP2 cannot shard {name} ({size} along dim {shapes[name].shard_dim} per tp rank) over dp={plan.dp}: "
+            f"it refuses uneven sharding on dims other than 0; valid dp with tp={plan.tp} and `zero`: "
+            f"{', '.join(map(str, valid))} (or drop `zero`)")
+
+
+def uses_dtensor(plan: ParallelPlan) -> bool:
+    """The training model of `plan` holds DTensor parameters (DTensor TP or FSDP2): its stages
+    run on hand-written copies (earl.runtime.tp), never on the training module itself."""
+    return plan.tp > 1 or uses_fsdp(plan)
 
 
 def apply_dtensor_tp(model: nn.Module, tp_mesh) -> nn.Module:
@@ -92,8 +121,14 @@ def apply_fsdp(model: nn.Module, dp_mesh, shapes: dict[str, ParamShape], compute
 
 def parallelize(model: nn.Module, plan: ParallelPlan, shapes: dict[str, ParamShape], *,
                 device_type: str = "cpu") -> nn.Module:
-    """The training model of a `uses_fsdp` plan: TP (tp > 1), activation checkpointing, FSDP2
-    over dp; fp32 sharded masters, compute in the model's dtype. Collective."""
+    """The training model of any plan: DTensor TP (tp > 1), activation checkpointing, and for a
+    `uses_fsdp` plan FSDP2 over dp with fp32 sharded masters and compute in the model's dtype
+    (its optimizer: `FSDPAdamW`). Other plans keep the model's dtype and are replicated over dp
+    (`ReplicatedAdamW`). Collective when tp > 1 or dp > 1."""
+    if not uses_fsdp(plan):
+        if plan.tp > 1:
+            apply_dtensor_tp(model, build_mesh(plan, device_type=device_type)["tp"])
+        return apply_ac(model, plan.recompute)
     compute_dtype = next(model.parameters()).dtype
     mesh = build_mesh(plan, device_type=device_type)
     model = model.float()

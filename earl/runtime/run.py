@@ -46,11 +46,12 @@ from earl.runtime.defaults import describe_defaults, model_defaults
 from earl.runtime.dist import comm_device, init_distributed, shutdown
 from earl.runtime.engine.base import ENGINES, LOCAL_ENGINES
 from earl.runtime.envs import env_options, make_env
-from earl.runtime.hf_model import check_dtype, check_model_path
+from earl.runtime.hf_model import check_dtype, check_model_path, model_shapes
 from earl.runtime.metrics import RunRecorder, plot_run
+from earl.runtime.parallelize import fsdp_shard_error
 from earl.runtime.resources import check_resources
 from earl.runtime.step import StepContext, run_step
-from earl.runtime.worker import MemoryBudgetExceeded, Worker, sampling_params
+from earl.runtime.worker import MemoryBudgetExceeded, Worker, runnable, sampling_params
 from earl.specs import MODEL_CATALOG, ModelSpec, ParallelPlan, Stage, StagePlan, WorkloadStats
 from earl.trace import atomic_write_text
 
@@ -164,9 +165,16 @@ def parse_schedule(items: tuple[str, ...]) -> tuple[tuple[int, str, str], ...]:
 
 
 def initial_plans(cfg: RunConfig, world: int) -> StagePlan:
-    """The configured plans, or the defaults for `world` processes."""
+    """The configured plans, or the defaults for `world` processes: training data-parallel over
+    every process, with the optimizer sharded (FSDP2) when FSDP2 can shard the model `world`
+    ways (earl.runtime.parallelize.fsdp_shard_error), else replicated."""
     p = cfg.plan
-    train = ParallelPlan.parse(p.train) if p.train else ParallelPlan(dp=world, sharded_optimizer=world > 1)
+    if p.train:
+        train = ParallelPlan.parse(p.train)
+    else:
+        zero = ParallelPlan(dp=world, sharded_optimizer=True)
+        train = zero if world > 1 and not fsdp_shard_error(zero, model_shapes(cfg.model.path)) \
+            else ParallelPlan(dp=world)
     rollout = ParallelPlan.parse(p.rollout) if p.rollout else ParallelPlan(dp=world)
     experience = ParallelPlan.parse(p.experience) if p.experience else train
     return StagePlan(rollout=rollout, experience=experience, train=train)
@@ -196,6 +204,13 @@ def check_config(cfg: RunConfig, world: int | None = None) -> None:
         check_tp_dp(validate_plan(plan, spec, world=world), world, f"{stage.value} plan")
     for _, stage, plan in parse_schedule(cfg.plan.schedule):
         check_tp_dp(validate_plan(ParallelPlan.parse(plan), spec, world=world), world, f"scheduled {stage} plan")
+    shapes = model_shapes(cfg.model.path)
+    for what, plan in [("train plan", plans.train.resolve(world)),
+                       *((f"scheduled {st} plan", ParallelPlan.parse(pl).resolve(world))
+                         for _, st, pl in parse_schedule(cfg.plan.schedule) if st == Stage.TRAIN.value)]:
+        why = fsdp_shard_error(plan, shapes)
+        if why:
+            raise ValueError(f"{what} {plan.describe()}: {why}")
     if cfg.engine not in ENGINES:
         raise ValueError(f"engine {cfg.engine!r} unknown; valid: {', '.join(ENGINES)}")
     if cfg.engine not in LOCAL_ENGINES and world > 1:
@@ -203,10 +218,17 @@ def check_config(cfg: RunConfig, world: int | None = None) -> None:
                          "pytorch engine")
     hw, _ = resolve_hardware(cfg)
     try:
-        make_cost_model(spec, hw, world)  # the selector's, built by every rank
+        selector_cost_model(spec, hw, world)  # the selector's, built by every rank
     except ValueError as e:
         raise ValueError(f"--nproc {world} with hardware profile {hw}: {e}; pass a process count that fits "
                          "its nodes or another --hardware") from None
+
+
+def selector_cost_model(spec: ModelSpec, hardware: str, world: int):
+    """The selector's cost model on the job's own topology: `world` processes, as many per node
+    as torchrun started on this one (LOCAL_WORLD_SIZE; all of them for a local --nproc and a
+    single process), not the hardware profile's GPUs per node."""
+    return make_cost_model(spec, hardware, world, gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
 
 
 def resolve_hardware(cfg: RunConfig) -> tuple[str, str]:
@@ -342,8 +364,10 @@ def _train(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume
     if start >= cfg.steps:
         raise ValueError(f"the checkpoint is at step {start} and steps={cfg.steps}: nothing to do (raise --steps)")
     hw, how = resolve_hardware(cfg)
-    cm = make_cost_model(worker.policy.spec, hw, world)
-    selector = make_selector(cfg.policy.selector, cost_model=cm, initial=worker.plans, stage_gpus=world)
+    cm = selector_cost_model(worker.policy.spec, hw, world)
+    config = worker.policy.model.config
+    selector = make_selector(cfg.policy.selector, cost_model=cm, initial=worker.plans, stage_gpus=world,
+                             can_run=lambda stage, plan: runnable(plan, world, config, worker.shapes, stage))
     ctx = StepContext(selector=selector, dispatcher=make_dispatcher(cfg.policy.dispatcher),
                       schedule=parse_schedule(cfg.plan.schedule))
     if prev is None:

@@ -223,7 +223,7 @@ def batch_logprobs(model, batch: ExperienceBatch, temperature: float, token_budg
 
 class Trainer:
     """The clipped policy-gradient loss with token-budget micro-batching. It owns no optimizer:
-    `train_step` hands it one (the `earl.runtime.optim.ShardedAdamW` strategy, which is plain
+    `train_step` hands it one (the `earl.runtime.optim.ReplicatedAdamW` strategy, which is plain
     AdamW on one process)."""
 
     def __init__(self, model: torch.nn.Module, cfg: TrainerConfig, *, temperature: float, lockstep=None):

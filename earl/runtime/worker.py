@@ -1,13 +1,15 @@
 """One rank's state in the runtime, for any world size (one process is a world of size 1).
 
-A `Worker` holds the policy under each RL stage's plan: the training copy (a `zero` plan with
-dp > 1: DTensor TP + activation checkpointing + FSDP2 with fp32 masters and `FSDPAdamW`, see
-earl.runtime.parallelize; otherwise hand-written TP and `ShardedAdamW`), the rollout engine's
-copy, an optional experience (log-prob) copy and an optional frozen reference for the KL term
-(on the experience plan). A stage whose plan has the training plan's tp runs on the training
-module itself: on one process, and whenever the layouts agree, nothing is copied and weight
-sync is free. Otherwise the copy is refreshed from training every step through the pure
-re-shard planner (earl.policies.reshard) and its executor (earl.runtime.move_weights).
+A `Worker` holds the policy under each RL stage's plan: the training copy (built by
+earl.runtime.parallelize: DTensor TP when tp > 1, activation checkpointing, and for a `zero`
+plan with dp > 1 FSDP2 with fp32 masters and `FSDPAdamW`; otherwise replicated over dp with
+`ReplicatedAdamW`), the rollout engine's copy, an optional experience (log-prob) copy and an
+optional frozen reference for the KL term (on the experience plan); those three use the
+hand-written TP of earl.runtime.tp. A stage whose plan has the training plan's tp runs on the
+training module itself when that holds plain tensors (tp1 without FSDP2: on one process
+nothing is copied and weight sync is free); with DTensor training, log-probs run on the
+rollout's copy when the tps agree. Copies are refreshed from training every step through the
+pure re-shard planner (earl.policies.reshard) and its executor (earl.runtime.move_weights).
 
 Plan switches happen in flight: training moves weights and optimizer state to the new plan, no
 restart. The worker also keeps the per-rank memory account the CPU budget is enforced from.
@@ -25,7 +27,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from earl.parallel import build_plan_groups
+from earl.parallel import ParamShape, build_plan_groups
 from earl.policies.reshard import plan_reshard
 from earl.runtime.config import RunConfig
 from earl.runtime.dist import comm_device, print0
@@ -34,8 +36,8 @@ from earl.runtime.engine.base import LOCAL_ENGINES
 from earl.runtime.envs import env_options, make_env
 from earl.runtime.hf_model import empty_like_policy, load_policy
 from earl.runtime.move_weights import allocate_local, execute_reshard
-from earl.runtime.optim import FSDPAdamW, ShardedAdamW, state_names
-from earl.runtime.parallelize import apply_ac, parallelize, uses_fsdp
+from earl.runtime.optim import FSDPAdamW, ReplicatedAdamW, local_tensor, state_names
+from earl.runtime.parallelize import fsdp_shard_error, parallelize, uses_dtensor, uses_fsdp
 from earl.runtime.tp import apply_tp, check_tp, param_shapes
 from earl.runtime.trainer import Trainer
 from earl.specs import ParallelPlan, Stage, StagePlan
@@ -57,8 +59,9 @@ def sampling_params(cfg: RunConfig) -> SamplingParams:
                           stop=tuple(s.stop) or tuple(env_cls.stop))
 
 
-def runnable(plan: ParallelPlan, world: int, config) -> str:
-    """'' if the runtime can run `plan` on `world` processes, else why not."""
+def runnable(plan: ParallelPlan, world: int, config, shapes: dict[str, ParamShape], stage: Stage = Stage.TRAIN) -> str:
+    """'' if the runtime can run `plan` for `stage` on `world` processes, else why not (a
+    training plan on FSDP2 also needs dp to divide the tensors FSDP2 cuts off dim 0)."""
     if plan.pp != 1 or plan.cp != 1:
         return "pp/cp > 1 are not supported by the runtime yet"
     if plan.world_size != world:
@@ -67,7 +70,7 @@ def runnable(plan: ParallelPlan, world: int, config) -> str:
         check_tp(config, plan.tp)
     except ValueError as e:
         return str(e)
-    return ""
+    return fsdp_shard_error(plan, shapes) if stage is Stage.TRAIN else ""
 
 
 class Worker:
@@ -86,7 +89,7 @@ class Worker:
         self.shapes = param_shapes(policy.model)
         self.params = sampling_params(cfg)
         for stage in Stage:
-            why = runnable(plans.for_stage(stage), world, policy.model.config)
+            why = runnable(plans.for_stage(stage), world, policy.model.config, self.shapes, stage)
             if why:
                 raise ValueError(f"{stage.value} plan {plans.for_stage(stage).describe()}: {why}")
         self.plans = plans
@@ -131,16 +134,16 @@ class Worker:
             model = empty_like_policy(self.policy, self.model_dtype)
         for p in model.parameters():
             p.requires_grad_(True)
-        if uses_fsdp(plan):  # DTensor TP + activation checkpointing + FSDP2 over dp
-            model = parallelize(model.to(self.device), plan, self.shapes, device_type=self.device.type)
+        # DTensor TP (tp > 1) + activation checkpointing (+ FSDP2 over dp for a `zero` plan)
+        model = parallelize(model.to(self.device), plan, self.shapes, device_type=self.device.type)
+        if uses_fsdp(plan):
             self.optim = FSDPAdamW(model, self.shapes, g, self.cfg.trainer, self.model_dtype)
-        else:  # hand-written TP (plain tensors), replicated over dp: ShardedAdamW (plain AdamW at world 1)
-            model = apply_ac(apply_tp(model, plan.tp, g.tp_rank, g.tp_group), plan.recompute).to(self.device)
+        else:  # replicated over dp: ReplicatedAdamW (plain AdamW at world 1)
             if state is not None:
                 with torch.no_grad():
                     for n, p in model.named_parameters():
-                        p.copy_(state[0][n])
-            self.optim = ShardedAdamW(model, self.shapes, g, self.cfg.trainer)
+                        local_tensor(p).copy_(state[0][n])
+            self.optim = ReplicatedAdamW(model, self.shapes, g, self.cfg.trainer)
         if state is not None:
             self.optim.load_state_tensors(state[0], state[1])
         self.trainer = Trainer(model, self.cfg.trainer, temperature=self.params.logprob_temperature,
@@ -149,18 +152,19 @@ class Worker:
         self.plans = self.plans.with_stage(Stage.TRAIN, plan)
 
     def _shares_train(self, plan: ParallelPlan) -> bool:
-        """A stage runs on the training module itself when its tp matches, unless training is
-        on FSDP2 (its forward gathers weights collectively: rollout and log-prob passes, which
-        differ per rank, would have to run in lockstep)."""
-        return plan.tp == self.plans.train.tp and not uses_fsdp(self.plans.train)
+        """A stage runs on the training module itself when its tp matches, unless training holds
+        DTensors: under FSDP2 its forward gathers weights collectively (rollout and log-prob
+        passes, which differ per rank, would have to run in lockstep), and under DTensor TP the
+        engine's many small decode passes would pay DTensor's per-op dispatch (earl.runtime.tp)."""
+        return plan.tp == self.plans.train.tp and not uses_dtensor(self.plans.train)
 
     def _build_experience(self, plan: ParallelPlan) -> None:
         self.plans = self.plans.with_stage(Stage.EXPERIENCE, plan)
         same = self._shares_train(plan)
         if same:
             self.exp_model = None
-        elif uses_fsdp(self.plans.train) and self.roll_model is not None and plan.tp == self.plans.rollout.tp:
-            self.exp_model = self.roll_model  # FSDP2 training: log-probs on the rollout's copy
+        elif uses_dtensor(self.plans.train) and self.roll_model is not None and plan.tp == self.plans.rollout.tp:
+            self.exp_model = self.roll_model  # DTensor training: log-probs on the rollout's copy
         else:
             self.exp_model = self._sharded_copy(plan)
         self.exp_groups = self.train_groups if same else build_plan_groups(plan)
@@ -283,10 +287,11 @@ class Worker:
         weights = shard_bytes(plan.tp)  # and as many for the gradients
         # fp32 AdamW moments (+ fp32 master weights for a low-precision model)
         states = len(state_names(torch.float32 if item == 4 else torch.bfloat16))
-        opt = weights / item * 4 * states / (plan.dp if plan.sharded_optimizer else 1)
+        opt = weights / item * 4 * states  # replicated over dp
         copies = [p for p in (self.plans.rollout, self.plans.experience) if p.tp != plan.tp]
-        if uses_fsdp(plan):  # fp32 masters, grads and moments all sharded over dp; stages run on copies
+        if uses_fsdp(plan):  # fp32 masters, grads and moments all sharded over dp
             weights, opt = weights / item * 4 / plan.dp, weights / item * 4 * 2 / plan.dp
+        if uses_dtensor(plan):  # stages run on copies
             copies = [self.plans.rollout] + ([self.plans.experience]
                                              if self.plans.experience.tp != self.plans.rollout.tp else [])
         if self.ref_model is not None:
@@ -321,7 +326,7 @@ class Worker:
                 continue
             for zero in (False, True):
                 p = ParallelPlan(tp=tp, dp=self.world // tp, sharded_optimizer=zero)
-                if runnable(p, self.world, self.policy.model.config):
+                if runnable(p, self.world, self.policy.model.config, self.shapes):
                     continue
                 m = self.memory_bytes(p, tokens * self.plans.train.dp // p.dp, longest)
                 if m >= cur:

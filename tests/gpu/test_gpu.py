@@ -99,7 +99,7 @@ def test_training_step_on_cuda_equals_cpu(cuda_tiny):
 
     from earl.parallel import build_plan_groups
     from earl.runtime.config import TrainerConfig
-    from earl.runtime.optim import ShardedAdamW, train_step
+    from earl.runtime.optim import ReplicatedAdamW, train_step
     from earl.runtime.run import process_group
     from earl.runtime.tp import param_shapes
     from earl.runtime.trainer import ExperienceBatch, Trainer
@@ -122,7 +122,7 @@ def test_training_step_on_cuda_equals_cpu(cuda_tiny):
     with process_group():
         for dev in ("cpu", "cuda"):
             model = copy.deepcopy(pol.model).to(dev).float()
-            optim = ShardedAdamW(model, param_shapes(model), build_plan_groups(ParallelPlan()), cfg)
+            optim = ReplicatedAdamW(model, param_shapes(model), build_plan_groups(ParallelPlan()), cfg)
             stats = train_step(Trainer(model, cfg, temperature=1.0), optim, batch)
             out[dev] = (stats, {k: v.detach().cpu() for k, v in model.state_dict().items()})
     (a, wa), (b, wb) = out["cpu"], out["cuda"]

@@ -1,7 +1,8 @@
-"""A training step under tp x dp = 2 x 2 (4 gloo ranks, ZeRO-1 optimizer) gives the same loss
-and updated weights as one process running the loss and plain AdamW (torch.optim.AdamW with
-global-norm clipping, written out here) on the whole batch; so does `train_step` on one process
-(plan tp1-dp1, no process group).
+"""A training step of a plan without a sharded optimizer, tp2 (2 gloo ranks) and tp2 x dp2 (4),
+on DTensor TP with `ReplicatedAdamW` (the way earl.runtime.worker trains them), gives the same
+loss, grad norm and updated weights as one process running the loss and plain AdamW
+(torch.optim.AdamW with global-norm clipping, written out here) on the whole batch; so does
+`train_step` on one process (plan tp1-dp1, no process group). Plans with `zero`: test_fsdp.py.
 
     OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_dist_train.py
 """
@@ -20,9 +21,10 @@ from earl.runtime.advantages import AdvantageSpec, distributed_advantages
 from earl.runtime.config import TrainerConfig
 from earl.runtime.dist import run_local
 from earl.runtime.hf_model import build_builtin
-from earl.runtime.optim import ShardedAdamW, train_step
+from earl.runtime.optim import ReplicatedAdamW, train_step
+from earl.runtime.parallelize import parallelize
 from earl.runtime.rollout import Trajectory
-from earl.runtime.tp import apply_tp, param_shapes
+from earl.runtime.tp import param_shapes
 from earl.runtime.trainer import ExperienceBatch, Trainer, batch_logprobs, collate
 from earl.specs import ParallelPlan
 
@@ -77,14 +79,14 @@ def _train_worker(batch, plan: ParallelPlan):
     groups = build_plan_groups(plan)
     model = build_builtin("tiny", seed=0).model
     shapes = param_shapes(model)
-    apply_tp(model, plan.tp, groups.tp_rank, groups.tp_group)
+    model = parallelize(model, plan, shapes)
     trainer = Trainer(model, CFG, temperature=1.0)
-    optim = ShardedAdamW(model, shapes, groups, CFG)
+    optim = ReplicatedAdamW(model, shapes, groups, CFG)
     samples = [Sample(id=i, tokens=int(n)) for i, n in enumerate(batch.loss_mask.sum(1))]
     assignment, _ = balance_samples(samples, plan.dp)
     local = batch.select(list(assignment[groups.dp_rank]))
     stats = [train_step(trainer, optim, local) for _ in range(STEPS)]
-    return stats, {n: p.detach().clone() for n, p in model.named_parameters()}
+    return stats, {n: t.clone() for n, t in optim.weights().items()}
 
 
 def check_weights(weights: dict, want: dict, init: dict, label: str, mean_tol: float) -> float:
@@ -107,7 +109,7 @@ def check_weights(weights: dict, want: dict, init: dict, label: str, mean_tol: f
 
 
 def test_one_process_train_step_is_plain_adamw():
-    """One process (tp1-dp1, no process group): ShardedAdamW + train_step is plain AdamW. Not
+    """One process (tp1-dp1, no process group): ReplicatedAdamW + train_step is plain AdamW. Not
     bit-exact: the strategy takes the clipping norm in float64, torch in float32."""
     batch = make_batch()
     ref_stats, ref_w = reference_run(batch)
@@ -122,12 +124,12 @@ def test_one_process_train_step_is_plain_adamw():
 
 
 @pytest.mark.dist
-def test_tp2_dp2_step_matches_single_process():
+@pytest.mark.parametrize("plan", [ParallelPlan(tp=2), ParallelPlan(tp=2, dp=2)], ids=["tp2", "tp2-dp2"])
+def test_dtensor_tp_step_matches_single_process(plan):
     batch = make_batch()
     ref_stats, ref_w = reference_run(batch)
     init_w = {n: p.detach() for n, p in build_builtin("tiny", seed=0).model.named_parameters()}
-    plan = ParallelPlan(tp=2, dp=2, sharded_optimizer=True)
-    results = run_local(_train_worker, 4, batch, plan, timeout_s=120)
+    results = run_local(_train_worker, plan.world_size, batch, plan, timeout_s=120)
     check_ranks(results, plan, ref_stats, ref_w, init_w)
     assert ref_stats[0]["grad_norm"] > CFG.grad_clip  # the global clip was exercised
 

@@ -15,9 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from earl.policies import make_selector
 from earl.runtime.config import RunConfig
+from earl.runtime.hf_model import hf_config_from_spec, model_shapes
 from earl.runtime.launch import torchrun_command
-from earl.runtime.run import check_config, resolve_config
+from earl.runtime.run import check_config, initial_plans, resolve_config, selector_cost_model
+from earl.runtime.worker import runnable
+from earl.specs import MODEL_CATALOG, ParallelPlan, Stage
 from earl.trace import read_chrome_trace
 
 SMALL = ["--set", "groups=2", "--set", "group_size=4", "--set", "plots=false", "--quiet"]
@@ -211,7 +215,11 @@ def test_cost_model_selector_switch_is_applied_in_flight(tmp_path):
 @pytest.mark.slow
 @pytest.mark.dist
 def test_same_run_on_two_train_plans_gives_the_same_metrics(tmp_path):
-    """Training on tp2-dp1 or on tp1-dp2 with a sharded optimizer is the same computation."""
+    """Training on tp2-dp1 (DTensor TP, replicated optimizer) or on tp1-dp2 with a sharded
+    optimizer (FSDP2) is the same computation as on one process."""
+    one = tmp_path / "one"
+    r = earl_run(["--out", str(one), "--steps", "3", *SMALL])
+    assert r.returncode == 0, r.stderr[-3000:]
     rows = {}
     for train in ("tp2-dp1", "tp1-dp2-zero"):
         out = tmp_path / train
@@ -220,7 +228,8 @@ def test_same_run_on_two_train_plans_gives_the_same_metrics(tmp_path):
         assert r.returncode == 0, r.stderr[-3000:]
         rows[train] = rows_of(out)
     assert any(x["loss"] != 0 for x in rows["tp2-dp1"]), "no learning signal in this setting"
-    assert_same_computation(rows["tp2-dp1"], rows["tp1-dp2-zero"])
+    assert_same_computation(rows_of(one), rows["tp2-dp1"])  # DTensor TP training
+    assert_same_computation(rows["tp2-dp1"], rows["tp1-dp2-zero"])  # FSDP2
 
 
 def test_bad_multi_process_options_are_one_line_errors():
@@ -239,6 +248,44 @@ def test_bad_multi_process_options_are_one_line_errors():
     check_config(RunConfig(nproc=4))  # the defaults fit any world size
 
 
+def test_prelaunch_check_of_plans_fsdp2_cannot_shard():
+    """dp=3 does not divide tiny's o_proj/down_proj input features (64, 128): FSDP2 refuses that
+    uneven dim-1 sharding, so an explicit `zero` plan is a one-line error naming the plan, the
+    tensor, its size and the valid dp values; the default for 3 processes drops `zero`; the
+    selector never offers such a plan; and its cost model has 3 processes on one node (not
+    the profile's 2-GPU nodes)."""
+    with pytest.raises(ValueError, match=r"^train plan tp1-dp3-mb1-zero: FSDP2 cannot shard "
+                                         r"model\.layers\.0\.self_attn\.o_proj\.weight \(64 along dim 1 per "
+                                         r"tp rank\) over dp=3: .* valid dp with tp=1 and `zero`: 1, 2, 4, 8, 16, "
+                                         r"32, 64 \(or drop `zero`\)$"):
+        check_config(resolve_config(overrides={"nproc": 3, "plan.train": "tp1-dp3-zero"}))
+    with pytest.raises(ValueError, match=r"^scheduled train plan tp1-dp3-mb1-zero: FSDP2 cannot shard"):
+        check_config(resolve_config(overrides={"nproc": 3, "plan.schedule": "2:train:tp1-dp3-zero"}))
+    check_config(RunConfig(nproc=3))
+    assert initial_plans(RunConfig(nproc=3), 3).train == ParallelPlan(dp=3)
+    assert initial_plans(RunConfig(nproc=4), 4).train == ParallelPlan(dp=4, sharded_optimizer=True)
+    cm = selector_cost_model(MODEL_CATALOG["tiny"], "cpu-measured", 3)
+    assert (cm.cluster.nodes, cm.cluster.gpus_per_node) == (1, 3)
+    shapes, config = model_shapes("tiny"), hf_config_from_spec(MODEL_CATALOG["tiny"], "fp32")
+    selector = make_selector("cost-model", cost_model=cm, initial=initial_plans(RunConfig(nproc=3), 3), stage_gpus=3,
+                             can_run=lambda stage, plan: runnable(plan, 3, config, shapes, stage))
+    train = selector.scorer.candidates(Stage.TRAIN)
+    assert train and all(p.dp == 3 and not p.sharded_optimizer for p in train)
+    assert ParallelPlan(dp=3) in train
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_three_processes_run_on_a_plan_fsdp2_can_shard(tmp_path):
+    """`earl run --nproc 3` on the default tiny model: dp=3 cannot be FSDP2-sharded, so training
+    runs replicated over 3 processes."""
+    out = tmp_path / "three"
+    r = earl_run(["--out", str(out), "--nproc", "3", "--steps", "2", *SMALL])
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = rows_of(out)
+    assert [x["step"] for x in rows] == [1, 2] and {x["plan_train"] for x in rows} == {"tp1-dp3-mb1"}
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q", "-m", "slow"]))
 
@@ -246,8 +293,8 @@ if __name__ == "__main__":
 @pytest.mark.slow
 @pytest.mark.dist
 def test_bf16_runs_on_two_processes_through_plan_switches_checkpoints_and_resume(tmp_path):
-    """A bf16 model on 2 processes: ZeRO-1 -> tp2 in flight (weights bf16, fp32 moments and
-    master weights moved by the re-shard planner), checkpoints with fp32 optimizer state, and a
+    """A bf16 model on 2 processes: FSDP2 (tp1-dp2-zero) -> DTensor TP (tp2) in flight (weights
+    bf16, fp32 moments and master weights moved by the re-shard planner), checkpoints with fp32 optimizer state, and a
     resume on one process."""
     out = tmp_path / "run"
     bf16 = ["--set", "model.dtype=bf16"]

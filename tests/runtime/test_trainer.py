@@ -11,7 +11,7 @@ from earl.parallel import build_plan_groups
 from earl.policies.types import Layout, Sample
 from earl.runtime.advantages import AdvantageSpec, distributed_advantages
 from earl.runtime.config import TrainerConfig
-from earl.runtime.optim import ShardedAdamW, train_step
+from earl.runtime.optim import ReplicatedAdamW, train_step
 from earl.runtime.rollout import Trajectory, Turn
 from earl.runtime.tp import param_shapes
 from earl.runtime.trainer import ExperienceBatch, Trainer, batch_logprobs, collate, micro_batches
@@ -63,8 +63,8 @@ def prepare(model, batch: ExperienceBatch, cfg: TrainerConfig, ref_model=None, t
     return dataclasses.replace(batch, old_logprobs=old, ref_logprobs=ref, advantages=adv)
 
 
-def one_process_optim(model, cfg: TrainerConfig) -> ShardedAdamW:
-    return ShardedAdamW(model, param_shapes(model), build_plan_groups(ONE), cfg)
+def one_process_optim(model, cfg: TrainerConfig) -> ReplicatedAdamW:
+    return ReplicatedAdamW(model, param_shapes(model), build_plan_groups(ONE), cfg)
 
 
 def fake_trajs(n=6, seed=0):
