@@ -68,6 +68,7 @@ class EngineStats:
     decode_tokens: int = 0  # real tokens run through decode steps
     generated_tokens: int = 0  # tokens sampled
     forwards: int = 0  # model calls
+    host_syncs: int = 0  # device-to-host reads the engine waited on (each `.tolist()` of sampled tokens)
     prefill_s: float = 0.0
     decode_s: float = 0.0
     extra: dict = field(default_factory=dict)
@@ -230,11 +231,12 @@ LOCAL_ENGINES = ("pytorch", "pytorch-static")  # run the module they are given (
 
 
 def make_engine(name: str, model: torch.nn.Module, tokenizer: Tokenizer, *, reuse_kv: bool = True,
-                model_path: str | None = None) -> Engine:
+                model_path: str | None = None, decode_steps: int = 1) -> Engine:
+    """`decode_steps`: decode steps the built-in `pytorch` engine runs per host sync (the others ignore it)."""
     if name == "pytorch":
         from earl.runtime.engine.pytorch import TorchEngine
 
-        return TorchEngine(model, tokenizer, reuse_kv=reuse_kv)
+        return TorchEngine(model, tokenizer, reuse_kv=reuse_kv, decode_steps=decode_steps)
     if name == "pytorch-static":
         from earl.runtime.engine.static import StaticTorchEngine
 
