@@ -65,16 +65,17 @@ def check_supported(model: torch.nn.Module) -> None:
 
 def sample_groups(logits_BV: torch.Tensor, groups: tuple, seed_B: torch.Tensor, pos_B: torch.Tensor,
                   vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`sample_tokens` for rows grouped by their sampling settings: `groups` is ((params, rows or
-    None for all), ...). Pure tensor code: it runs inside the compiled decode step."""
+    """`sample_tokens` for rows grouped by their sampling settings: `groups` is ((params, mask_B or
+    None for all rows), ...). Pure tensor code, so it runs inside the compiled decode step. With
+    several groups every group samples every row and a mask picks (rows gathered by index into
+    a compiled region crashed Inductor's CPU kernels in torch 2.13; one group is the usual case)."""
     if len(groups) == 1:
         return sample_tokens(logits_BV, groups[0][0], seed_B, pos_B, vocab_size=vocab_size)
-    tok_B = torch.zeros(logits_BV.shape[0], dtype=torch.long, device=logits_BV.device)
-    lp_B = torch.zeros(logits_BV.shape[0], dtype=torch.float32, device=logits_BV.device)
-    for params, sel in groups:
-        t, lp = sample_tokens(logits_BV[sel], params, seed_B[sel], pos_B[sel], vocab_size=vocab_size)
-        tok_B = tok_B.index_put((sel,), t)
-        lp_B = lp_B.index_put((sel,), lp)
+    tok_B = lp_B = None
+    for params, mask_B in groups:
+        t, lp = sample_tokens(logits_BV, params, seed_B, pos_B, vocab_size=vocab_size)
+        tok_B = t if tok_B is None else torch.where(mask_B, t, tok_B)
+        lp_B = lp if lp_B is None else torch.where(mask_B, lp, lp_B)
     return tok_B, lp_B
 
 
@@ -266,16 +267,19 @@ class TorchEpisodeBatch:
         return ints, lps
 
     def _groups(self, rows: list[int], width: int) -> tuple:
-        """`sample_groups`' groups for `rows` (padded to `width`: the padding joins the first group)."""
+        """`sample_groups`' groups for `rows` (padded to `width`: the padding takes the first group)."""
         keys: dict[tuple[float, float], list[int]] = {}
         for j, r in enumerate(rows):
             p = self.rows[r].params
             keys.setdefault((p.temperature, p.top_p), []).append(j)
         if len(keys) == 1:
             return ((self.engine.sampler(*next(iter(keys))), None),)
-        idx = list(keys.values())
-        idx[0] += range(len(rows), width)
-        return tuple((self.engine.sampler(*k), self._upload(i)) for k, i in zip(keys, idx, strict=True))
+        group_of = [0] * width
+        for g, idx in enumerate(keys.values()):
+            for j in idx:
+                group_of[j] = g
+        group_B = self._upload(group_of)
+        return tuple((self.engine.sampler(*k), group_B == g) for g, k in enumerate(keys))
 
     def _accept(self, rows: list[int], toks_RK: list[list[int]],
                 lps_RK: list[list[float]]) -> tuple[dict[int, Generation], list[int]]:
