@@ -114,6 +114,7 @@ class RunConfig:
     seed: int = 0  # seeds the model init, sampling and the environments
     engine: str = "pytorch"  # pytorch | pytorch-static | vllm
     reuse_kv: bool = True  # keep each episode's KV cache across turns
+    decode_steps: int = 8  # engine "pytorch": decode steps run on the device per host sync
     engine_batch: int = 0  # episodes per engine batch; 0 = all of the step's episodes at once
     nproc: int = 1  # processes of a local run (`earl run --nproc N` starts them under torchrun)
     checkpoints: bool = True  # write checkpoints and the final HF export; false for throwaway runs (validate)
@@ -126,7 +127,7 @@ class RunConfig:
     wandb: bool = False  # also log metrics to Weights & Biases (needs wandb; WANDB_MODE defaults to offline)
 
     def __post_init__(self):
-        for name in ("steps", "groups", "group_size", "threads", "nproc"):
+        for name in ("steps", "groups", "group_size", "threads", "nproc", "decode_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.transcript_every < 0 or self.transcript_episodes < 0:

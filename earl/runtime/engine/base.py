@@ -231,7 +231,7 @@ LOCAL_ENGINES = ("pytorch", "pytorch-static")  # run the module they are given (
 
 
 def make_engine(name: str, model: torch.nn.Module, tokenizer: Tokenizer, *, reuse_kv: bool = True,
-                model_path: str | None = None, decode_steps: int = 1) -> Engine:
+                model_path: str | None = None, decode_steps: int = 8) -> Engine:
     """`decode_steps`: decode steps the built-in `pytorch` engine runs per host sync (the others ignore it)."""
     if name == "pytorch":
         from earl.runtime.engine.pytorch import TorchEngine

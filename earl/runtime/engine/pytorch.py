@@ -22,9 +22,21 @@ they are. It serves the Qwen2 / Llama decoder families (the ones `hf_model` load
 
 Sampling is `sample_tokens` on the device with counter-based noise, so an episode samples the
 same tokens whatever else shares its step: continuous batching equals the static engine token
-for token. `compile=True` runs pure decode steps through `torch.compile` at static shapes (the
-decode width padded to a power of two, attention over the whole slot capacity) with CUDA graphs
-on a GPU (`mode="reduce-overhead"`, the cache marked as a static address).
+for token. When no waiting row joins, a step runs a block of up to `decode_steps` decode steps
+on the device with no host sync in between: each step's forward, sampling at each row's next
+position and the sampled token written as the next step's input stay on the device; the host
+reads the block's [steps, rows] tokens and log-probs once (`EngineStats.host_syncs` counts
+these reads) and then applies the finish reasons (eos, stop strings, length) in order, dropping
+the tokens a row sampled after its turn ended (their KV, past the row's `length`, is never
+attended and is overwritten by its next turn). Since the noise depends only on (seed,
+position), every `decode_steps` samples the very same tokens; a block never runs past the
+longest remaining turn. `compile=True` runs that decode step (forward + sampling + feed-back,
+one graph: no graph break, tests/runtime/test_engine_continuous.py) through `torch.compile` at
+static shapes (the decode width padded to a power of two, attention over the whole slot
+capacity) with CUDA graphs on a GPU (`mode="reduce-overhead"`, the cache marked as a static
+address). On the CPU, Inductor's vectorised kernels crash on the sampling (see `_compile`), so
+the CPU compiles it without SIMD. Measured on the CPU only (benchmarks/bench_engine.py); the
+fast path has not run on a GPU yet (benchmarks/bench_decode_roofline.py measures it there).
 
     python benchmarks/bench_engine.py
 """
@@ -251,7 +263,8 @@ class TorchEpisodeBatch:
             self.rows[r].length += n
         eng.stats.forwards += steps
         eng.stats.decode_tokens += sum(used)
-        eng.stats.extra["discarded_tokens"] = eng.stats.extra.get("discarded_tokens", 0) + steps * len(decode) - sum(used)
+        discarded = steps * len(decode) - sum(used)  # sampled after their row's turn ended
+        eng.stats.extra["discarded_tokens"] = eng.stats.extra.get("discarded_tokens", 0) + discarded
         return finished
 
     # -- host <-> device -----------------------------------------------------------------------
