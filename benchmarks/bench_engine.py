@@ -80,20 +80,21 @@ def play(engine, episodes: int, seed: int) -> tuple[int, float, list]:
 
 def continuous_vs_static(pol: Policy, episodes: int, repeats: int, decode_steps: int) -> None:
     cont = make_engine("pytorch", pol.model, pol.tokenizer, decode_steps=decode_steps)
+    cont1 = make_engine("pytorch", pol.model, pol.tokenizer, decode_steps=1)
     static = make_engine("pytorch-static", pol.model, pol.tokenizer)
-    play(cont, 4, 99)
-    play(static, 4, 99)  # warm-up
-    rates = {"cont": [], "static": []}
-    for _ in range(repeats):  # the same workload each time; alternate, so load on the host hits both
-        for key, eng in (("cont", cont), ("static", static)):
+    for eng in (cont, cont1, static):
+        play(eng, 4, 99)  # warm-up
+    rates = {"cont": [], "cont1": [], "static": []}
+    for _ in range(repeats):  # the same workload each time; alternate, so load on the host hits all
+        for key, eng in (("cont", cont), ("cont1", cont1), ("static", static)):
             f0 = eng.stats.forwards
             n, s, trajs = play(eng, episodes, 0)
             rates[key].append((n / s, eng.stats.forwards - f0, trajs))
-    (rc, fc, tc), (rs, fs, ts) = max(rates["cont"], key=lambda x: x[0]), max(rates["static"], key=lambda x: x[0])
-    same = all(a.token_ids == b.token_ids for a, b in zip(tc, ts, strict=True))
+    (rc, fc, tc), (r1, _, t1), (rs, fs, ts) = (max(rates[k], key=lambda x: x[0]) for k in ("cont", "cont1", "static"))
+    same = all(a.token_ids == b.token_ids == c.token_ids for a, b, c in zip(tc, t1, ts, strict=True))
     turns = [t.gen_tokens for tr in tc for t in tr.turns]
-    print(f"{pol.source:>9} {episodes:8d} {sum(turns) / len(turns):8.1f} {max(turns):5d} {rc:11.0f} {rs:10.0f} "
-          f"{rc / rs:6.2f}x {fs / fc:9.2f}x   {'yes' if same else 'NO'}")
+    print(f"{pol.source:>9} {episodes:8d} {sum(turns) / len(turns):8.1f} {max(turns):5d} {rc:11.0f} {r1:11.0f} "
+          f"{rs:10.0f} {rc / rs:6.2f}x {rc / r1:6.2f}x {fs / fc:9.2f}x   {'yes' if same else 'NO'}")
 
 
 def decode_blocks(pol: Policy, batch: int, new: int, repeats: int) -> None:
@@ -148,8 +149,10 @@ def main() -> None:
     print(f"{args.threads} threads, best of {args.repeats}, continuous engine at {args.decode_steps} decode steps "
           "per host sync in the rollout tables")
     print("\ncontinuous batching vs static engine, mixed-length multi-turn rollouts (temperature 1)")
-    print(f"{'model':>9} {'episodes':>8} {'gen/turn':>8} {'max':>5} {'cont tok/s':>11} {'static tok/s':>10} "
-          f"{'ratio':>7} {'forwards':>10}   same tokens")
+    print(f"(cont: {args.decode_steps} decode steps per host sync; cont1: one; ratios: cont / static, cont / cont1, "
+          "static forwards / cont forwards)")
+    print(f"{'model':>9} {'episodes':>8} {'gen/turn':>8} {'max':>5} {'cont tok/s':>11} {'cont1 tok/s':>11} "
+          f"{'static tok/s':>10} {'ratio':>7} {'K/1':>7} {'forwards':>10}   same tokens")
     for m in args.models.split(","):
         continuous_vs_static(models[m], args.episodes, args.repeats, args.decode_steps)
     print(f"\ndecode tokens/s, eager (e) and compiled (c), 1 and 8 decode steps per host sync (continuous engine, "

@@ -114,7 +114,7 @@ class RunConfig:
     seed: int = 0  # seeds the model init, sampling and the environments
     engine: str = "pytorch"  # pytorch | pytorch-static | vllm
     reuse_kv: bool = True  # keep each episode's KV cache across turns
-    decode_steps: int = 8  # engine "pytorch": decode steps run on the device per host sync
+    decode_steps: int = 8  # engine "pytorch": decode steps run on the device per host sync (engine.base.DECODE_STEPS)
     engine_batch: int = 0  # episodes per engine batch; 0 = all of the step's episodes at once
     nproc: int = 1  # processes of a local run (`earl run --nproc N` starts them under torchrun)
     checkpoints: bool = True  # write checkpoints and the final HF export; false for throwaway runs (validate)

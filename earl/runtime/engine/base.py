@@ -227,11 +227,12 @@ def sample_tokens(logits_AV: torch.Tensor, params: SamplingParams, seeds_A: torc
 
 
 ENGINES = ("pytorch", "pytorch-static", "vllm")
+DECODE_STEPS = 8  # engine "pytorch": decode steps per host sync by default (benchmarks/bench_engine.py)
 LOCAL_ENGINES = ("pytorch", "pytorch-static")  # run the module they are given (no weight copy)
 
 
 def make_engine(name: str, model: torch.nn.Module, tokenizer: Tokenizer, *, reuse_kv: bool = True,
-                model_path: str | None = None, decode_steps: int = 8) -> Engine:
+                model_path: str | None = None, decode_steps: int = DECODE_STEPS) -> Engine:
     """`decode_steps`: decode steps the built-in `pytorch` engine runs per host sync (the others ignore it)."""
     if name == "pytorch":
         from earl.runtime.engine.pytorch import TorchEngine

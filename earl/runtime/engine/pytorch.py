@@ -25,18 +25,19 @@ same tokens whatever else shares its step: continuous batching equals the static
 for token. When no waiting row joins, a step runs a block of up to `decode_steps` decode steps
 on the device with no host sync in between: each step's forward, sampling at each row's next
 position and the sampled token written as the next step's input stay on the device; the host
-reads the block's [steps, rows] tokens and log-probs once (`EngineStats.host_syncs` counts
-these reads) and then applies the finish reasons (eos, stop strings, length) in order, dropping
-the tokens a row sampled after its turn ended (their KV, past the row's `length`, is never
-attended and is overwritten by its next turn). Since the noise depends only on (seed,
-position), every `decode_steps` samples the very same tokens; a block never runs past the
-longest remaining turn. `compile=True` runs that decode step (forward + sampling + feed-back,
-one graph: no graph break, tests/runtime/test_engine_continuous.py) through `torch.compile` at
-static shapes (the decode width padded to a power of two, attention over the whole slot
-capacity) with CUDA graphs on a GPU (`mode="reduce-overhead"`, the cache marked as a static
-address). On the CPU, Inductor's vectorised kernels crash on the sampling (see `_compile`), so
-the CPU compiles it without SIMD. Measured on the CPU only (benchmarks/bench_engine.py); the
-fast path has not run on a GPU yet (benchmarks/bench_decode_roofline.py measures it there).
+reads the block's [steps, rows] tokens and log-probs once (`EngineStats.host_syncs` counts these
+reads) and then applies the finish reasons (eos, stop strings, length) in order, dropping the
+tokens a row sampled after its turn ended (their KV, past the row's `length`, is never attended
+and is overwritten by its next turn). Since the noise depends only on (seed, position), every
+`decode_steps` samples the very same tokens; a block never runs past the longest remaining turn,
+and a waiting row joins at the next block boundary. `compile=True` runs that decode step
+(forward + sampling + feed-back, one graph: no graph break,
+tests/runtime/test_engine_continuous.py) through `torch.compile` at static shapes (the decode
+width padded to a power of two, attention over the whole slot capacity) with CUDA graphs on a
+GPU (`mode="reduce-overhead"`, the cache marked as a static address). On the CPU, Inductor's
+vectorised kernels crash on the sampling (see `_compile`), so the CPU compiles it without SIMD.
+Measured on the CPU only (benchmarks/bench_engine.py); the fast path has not run on a GPU yet
+(benchmarks/bench_decode_roofline.py measures it there).
 
     python benchmarks/bench_engine.py
 """
@@ -51,6 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from earl.runtime.engine.base import (
+    DECODE_STEPS,
     EngineStats,
     Generation,
     SamplingParams,
@@ -61,7 +63,6 @@ from earl.runtime.engine.base import (
 from earl.runtime.tokenizer import Tokenizer
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
-DECODE_STEPS = 8  # decode steps per host sync by default (benchmarks/bench_engine.py)
 
 
 def check_supported(model: torch.nn.Module) -> None:
