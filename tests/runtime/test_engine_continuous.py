@@ -282,6 +282,9 @@ def test_host_syncs_per_block():
         g = eng.open(1).generate({0: pol.tokenizer.encode("count me")}, params)[0]
         assert len(g.token_ids) == 17 and eng.stats.host_syncs == syncs, k
         assert eng.stats.forwards == 17 and eng.stats.extra.get("discarded_tokens", 0) == 0, k
+    assert TorchEngine(pol.model, pol.tokenizer).decode_steps == 1  # the CPU's default
+    with pytest.raises(ValueError, match="decode_steps"):
+        TorchEngine(pol.model, pol.tokenizer, decode_steps=-1)
 
 
 @pytest.mark.parametrize("mixed", [False, True])

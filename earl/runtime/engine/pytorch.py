@@ -361,19 +361,20 @@ class TorchEngine:
 
     `max_batch`: rows decoded together at most; `step_tokens`: tokens one forward takes at most
     (a waiting row's whole new segment joins only if it fits, unless nothing else runs);
-    `decode_steps`: decode steps run on the device per host sync when no waiting row joins;
+    `decode_steps`: decode steps run on the device per host sync when no waiting row joins (0: by
+    the model's device, `DECODE_STEPS`);
     `compile`: pure decode steps (forward + sampling) through `torch.compile` (CUDA graphs on a GPU)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, *, reuse_kv: bool = True,
                  max_batch: int = 64, step_tokens: int = 2048, compile: bool = False,
-                 decode_steps: int = DECODE_STEPS, initial_capacity: int = 256):
+                 decode_steps: int = 0, initial_capacity: int = 256):
         check_supported(model)
-        if max_batch < 1 or step_tokens < 1 or decode_steps < 1:
-            raise ValueError(f"max_batch, step_tokens and decode_steps must be >= 1, got {max_batch}, "
-                             f"{step_tokens} and {decode_steps}")
-        self.decode_steps = decode_steps
-        self._samplers: dict[tuple[float, float], SamplingParams] = {}
+        if max_batch < 1 or step_tokens < 1 or decode_steps < 0:
+            raise ValueError(f"max_batch and step_tokens must be >= 1 and decode_steps >= 0 (0: by device), got "
+                             f"{max_batch}, {step_tokens} and {decode_steps}")
         self.model = model
+        self.decode_steps = decode_steps or DECODE_STEPS.get(self.device.type, DECODE_STEPS["cuda"])
+        self._samplers: dict[tuple[float, float], SamplingParams] = {}
         self.tokenizer = tokenizer
         self.reuse_kv = reuse_kv
         self.max_batch, self.step_tokens, self.compile = max_batch, step_tokens, compile
