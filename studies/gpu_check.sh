@@ -3,8 +3,8 @@
 # calibration of one GPU (GEMMs, attention, memory bandwidth, the runtime's host costs) and
 # `earl validate` (the simulator vs the runtime on a random-initialised model of a real shape,
 # Qwen2.5-1.5B). Everything lands in one folder: $OUT if set, else ./gpu_check. Sized for about
-# 8 minutes on one H200 (tests ~3 min, decode ~1 min, calibration BUDGET s of measuring, then 3
-# config variants x 3 runtime steps of the calculator env); PROFILE=NAME|PATH skips calibration
+# 10 minutes on one H200 (tests ~3 min, decode ~1 min eager + ~2 min compiled, calibration
+# BUDGET s of measuring, then 3 config variants x 3 runtime steps of the calculator env); PROFILE=NAME|PATH skips calibration
 # and validates with that profile. The CPU path (DEVICE=cpu QUICK=1) is what the tests run.
 #
 #   bash studies/gpu_check.sh                        # on a CUDA machine
@@ -39,11 +39,17 @@ cat "$OUT_DIR/env.txt"
 # 0. the gpu-marked tests (they skip without CUDA) and the decode roofline
 if [ "$DEVICE" = cuda ]; then
   timeout 330 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT_DIR/gpu-tests.log" || status=1
-  timeout 150 "$PY" benchmarks/bench_decode_roofline.py --model qwen2.5-0.5b --device cuda 2>&1 \
-    | tee "$OUT_DIR/decode.txt" || status=1
+  # eager (1 and 8 decode steps per host sync), then compiled (CUDA graphs) in its own run, so a
+  # compile failure keeps the eager numbers
+  timeout 120 "$PY" benchmarks/bench_decode_roofline.py --model qwen2.5-0.5b --device cuda --decode-steps 1,8 \
+    2>&1 | tee "$OUT_DIR/decode.txt" || status=1
+  timeout 200 "$PY" benchmarks/bench_decode_roofline.py --model qwen2.5-0.5b --device cuda --compile on \
+    --decode-steps 8 2>&1 | tee "$OUT_DIR/decode-compiled.txt" || status=1
 else
   timeout 120 "$PY" benchmarks/bench_decode_roofline.py --model tiny --device cpu --dtype fp32 --new 8 \
-    --batches 1,4 2>&1 | tee "$OUT_DIR/decode.txt" || status=1
+    --batches 1,4 --decode-steps 1,8 2>&1 | tee "$OUT_DIR/decode.txt" || status=1
+  timeout 180 "$PY" benchmarks/bench_decode_roofline.py --model tiny --device cpu --dtype fp32 --new 8 \
+    --batches 1 --compile on --decode-steps 8 2>&1 | tee "$OUT_DIR/decode-compiled.txt" || status=1
 fi
 
 # 1. calibration (collectives need 2+ GPUs: a one-GPU machine keeps the datasheet link)

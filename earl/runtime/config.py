@@ -115,6 +115,7 @@ class RunConfig:
     seed: int = 0  # seeds the model init, sampling and the environments
     engine: str = "pytorch"  # pytorch | pytorch-static | vllm
     reuse_kv: bool = True  # keep each episode's KV cache across turns
+    decode_steps: int = 0  # engine "pytorch": decode steps on the device per host sync; 0 = by device (1 CPU, 8 GPU)
     engine_batch: int = 0  # episodes per engine batch; 0 = all of the step's episodes at once
     nproc: int = 1  # processes of a local run (`earl run --nproc N` starts them under torchrun)
     checkpoints: bool = True  # write checkpoints and the final HF export; false for throwaway runs (validate)
@@ -133,6 +134,8 @@ class RunConfig:
         if self.transcript_every < 0 or self.transcript_episodes < 0:
             raise ValueError(f"transcript_every and transcript_episodes must be >= 0, got "
                              f"{self.transcript_every} and {self.transcript_episodes}")
+        if self.decode_steps < 0:
+            raise ValueError(f"decode_steps must be >= 0 (0: by device), got {self.decode_steps}")
         if self.checkpoint_every < 0 or self.engine_batch < 0 or self.keep_checkpoints < 1:
             raise ValueError("checkpoint_every and engine_batch must be >= 0, keep_checkpoints >= 1")
         if self.policy.selector not in SELECTORS:

@@ -1,8 +1,9 @@
 """The continuous-batching engine (earl.runtime.engine.pytorch): greedy tokens and log-probs equal
 a plain HF forward of the final token ids; driven step by step across turns of unequal lengths
 with early closes, under a narrow decode width and token budget, it samples the very tokens the
-static engine samples (temperature 0 and 1); rollouts equal the static engine's; the compiled
-decode step equals the eager one."""
+static engine samples (temperature 0 and 1); rollouts equal the static engine's; blocks of
+decode steps per host sync change no token; the compiled decode step (forward + sampling, one
+graph) equals the eager one."""
 
 import pytest
 import torch
@@ -207,3 +208,115 @@ def test_engine_on_cuda_equals_hf_forward(tiny):
             for j, (t, lp) in enumerate(zip(ids, lps, strict=True)):
                 assert t == int(logp[n_prompt + j - 1].argmax())
                 assert abs(logp[n_prompt + j - 1, t].item() - lp) < 1e-3
+
+
+def drive_finishes(batch, tok, params, turns_of):
+    """`drive`, recording (ids, logprobs, finish) per turn."""
+    out = {r: [] for r in range(len(PROMPTS))}
+    for r in range(len(PROMPTS)):
+        batch.submit({r: tok.encode(PROMPTS[r])}, params(r, 0))
+    while batch.busy:
+        for r, g in batch.step().items():
+            out[r].append((g.token_ids, g.logprobs, g.finish))
+            if len(out[r]) >= turns_of(r):
+                batch.close([r])
+            else:
+                batch.submit({r: tok.encode(obs_for(r, len(out[r])))}, params(r, len(out[r])))
+    return out
+
+
+def mixed_params(r, t):
+    return SamplingParams(temperature=1.0 if (r + t) % 3 else 0.7, top_p=1.0 if r % 2 else 0.9,
+                          max_new_tokens=3 + (5 * r + 3 * t) % 11, stop=("q", "z"))
+
+
+def eos_tokenizer(tok):
+    import copy
+
+    tok = copy.copy(tok)
+    tok.eos_id = tok.encode("e")[0]  # a frequent token, so turns end on eos too
+    return tok
+
+
+def test_decode_steps_change_no_token():
+    """Blocks of 8 decode steps per host sync sample what one step per sync samples, and what the
+    static engine samples, token for token: turns end mid-block on eos, a stop string or their
+    length, two sampling settings share a block, and rows join as others leave."""
+    from earl.runtime.hf_model import load_policy
+
+    pol = load_policy("tiny", seed=0)
+    tok, params = eos_tokenizer(pol.tokenizer), mixed_params
+    seeds = [11 + 5 * r for r in range(len(PROMPTS))]
+    turns = lambda r: 2 + r % 3  # noqa: E731
+    runs = {}
+    for k in (1, 8):
+        eng = TorchEngine(pol.model, tok, max_batch=3, step_tokens=16, decode_steps=k)
+        runs[k] = (drive_finishes(eng.open(len(PROMPTS), seeds), tok, params, turns), eng.stats)
+    (one, s1), (eight, s8) = runs[1], runs[8]
+    finishes = {f for r in eight for _, _, f in eight[r]}
+    assert finishes == {"eos", "stop", "length"}
+    for r in range(len(PROMPTS)):
+        assert [(ids, f) for ids, _, f in eight[r]] == [(ids, f) for ids, _, f in one[r]], r
+        for (_, la, _), (_, lb, _) in zip(eight[r], one[r], strict=True):
+            assert la == pytest.approx(lb, abs=1e-5)
+        b = StaticTorchEngine(pol.model, tok).open(1, [seeds[r]])
+        inputs = tok.encode(PROMPTS[r])
+        for t in range(turns(r)):
+            g = b.generate({0: inputs}, params(r, t))[0]
+            assert (g.token_ids, g.finish) == (eight[r][t][0], eight[r][t][2]), (r, t)
+            assert g.logprobs == pytest.approx(eight[r][t][1], abs=1e-4)
+            inputs = tok.encode(obs_for(r, t + 1))
+    assert s1.generated_tokens == s8.generated_tokens == sum(len(ids) for r in one for ids, _, _ in one[r])
+    assert s8.host_syncs < s1.host_syncs and s8.extra["discarded_tokens"] > 0
+
+
+def test_host_syncs_per_block():
+    """One row, 17 new tokens: the prefill step's sync, then one per block of decode steps (a
+    block never runs past the turn's length limit)."""
+    from earl.runtime.hf_model import load_policy
+
+    pol = load_policy("tiny", seed=0)
+    params = SamplingParams(temperature=1.0, max_new_tokens=17, stop_at_eos=False)
+    for k, syncs in ((1, 17), (4, 5), (8, 3), (32, 2)):
+        eng = TorchEngine(pol.model, pol.tokenizer, decode_steps=k)
+        g = eng.open(1).generate({0: pol.tokenizer.encode("count me")}, params)[0]
+        assert len(g.token_ids) == 17 and eng.stats.host_syncs == syncs, k
+        assert eng.stats.forwards == 17 and eng.stats.extra.get("discarded_tokens", 0) == 0, k
+    assert TorchEngine(pol.model, pol.tokenizer).decode_steps == 1  # the CPU's default
+    with pytest.raises(ValueError, match="decode_steps"):
+        TorchEngine(pol.model, pol.tokenizer, decode_steps=-1)
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_decode_step_traces_without_graph_breaks(tiny, mixed):
+    """The compiled region (forward + sampling + the token fed back) is one graph: no graph
+    break, so no host sync inside a block of decode steps."""
+    eng = TorchEngine(tiny.model, tiny.tokenizer)
+    b = eng.open(4)
+    b._grow(64)
+    if mixed:
+        odd = torch.tensor([False, True, False, True])
+        groups = ((eng.sampler(1.0, 0.9), ~odd), (eng.sampler(0.0, 1.0), odd))
+    else:
+        groups = ((eng.sampler(0.8, 1.0), None),)
+    ids, slot, pos = torch.tensor([5, 6, 7, 8]), torch.arange(4), torch.tensor([3, 9, 0, 20])
+    with torch.no_grad():
+        ex = torch._dynamo.explain(eng.decode_step)(b.k, b.v, ids, slot, pos, b.seeds_t[slot], groups)
+    assert ex.graph_break_count == 0 and ex.graph_count == 1, ex.break_reasons
+
+
+@pytest.mark.slow
+def test_compiled_decode_blocks_equal_eager(tiny):
+    """Compiled blocks of 8 decode steps (sampling in the graph, two sampling settings in one
+    block, turns ending mid-block) equal eager single steps token for token."""
+    tok = eos_tokenizer(tiny.tokenizer)
+    seeds = [3 * r + 1 for r in range(len(PROMPTS))]
+    out = {}
+    for compile_, k in ((False, 1), (True, 8)):
+        eng = TorchEngine(tiny.model, tok, max_batch=4, step_tokens=16, decode_steps=k, compile=compile_)
+        out[compile_] = drive_finishes(eng.open(len(PROMPTS), seeds), tok, mixed_params, lambda r: 2 + r % 2)
+    assert eng._compiled is not None
+    for r in out[False]:
+        assert [(i, f) for i, _, f in out[True][r]] == [(i, f) for i, _, f in out[False][r]], r
+        for (_, la, _), (_, lb, _) in zip(out[True][r], out[False][r], strict=True):
+            assert la == pytest.approx(lb, abs=1e-4)

@@ -68,6 +68,7 @@ class EngineStats:
     decode_tokens: int = 0  # real tokens run through decode steps
     generated_tokens: int = 0  # tokens sampled
     forwards: int = 0  # model calls
+    host_syncs: int = 0  # device-to-host reads the engine waited on (each `.tolist()` of sampled tokens)
     prefill_s: float = 0.0
     decode_s: float = 0.0
     extra: dict = field(default_factory=dict)
@@ -226,15 +227,23 @@ def sample_tokens(logits_AV: torch.Tensor, params: SamplingParams, seeds_A: torc
 
 
 ENGINES = ("pytorch", "pytorch-static", "vllm")
+# engine "pytorch": decode steps per host sync by default, by device type. On the CPU a host sync
+# costs nothing and the tokens a row samples after its turn ended cost compute: 8 steps per sync
+# played mixed multi-turn rollouts at 0.88-0.94x of one (benchmarks/bench_engine.py). On a GPU a
+# sync stalls the launch queue and a decode step is memory-bound (extra rows are nearly free):
+# 8 is the design choice there, not yet measured (benchmarks/bench_decode_roofline.py compares).
+DECODE_STEPS = {"cpu": 1, "cuda": 8}
 LOCAL_ENGINES = ("pytorch", "pytorch-static")  # run the module they are given (no weight copy)
 
 
 def make_engine(name: str, model: torch.nn.Module, tokenizer: Tokenizer, *, reuse_kv: bool = True,
-                model_path: str | None = None) -> Engine:
+                model_path: str | None = None, decode_steps: int = 0) -> Engine:
+    """`decode_steps`: decode steps the built-in `pytorch` engine runs per host sync (0: by device,
+    `DECODE_STEPS`; the other engines ignore it)."""
     if name == "pytorch":
         from earl.runtime.engine.pytorch import TorchEngine
 
-        return TorchEngine(model, tokenizer, reuse_kv=reuse_kv)
+        return TorchEngine(model, tokenizer, reuse_kv=reuse_kv, decode_steps=decode_steps)
     if name == "pytorch-static":
         from earl.runtime.engine.static import StaticTorchEngine
 

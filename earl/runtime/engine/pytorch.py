@@ -22,9 +22,22 @@ they are. It serves the Qwen2 / Llama decoder families (the ones `hf_model` load
 
 Sampling is `sample_tokens` on the device with counter-based noise, so an episode samples the
 same tokens whatever else shares its step: continuous batching equals the static engine token
-for token. `compile=True` runs pure decode steps through `torch.compile` at static shapes (the
-decode width padded to a power of two, attention over the whole slot capacity) with CUDA graphs
-on a GPU (`mode="reduce-overhead"`, the cache marked as a static address).
+for token. When no waiting row joins, a step runs a block of up to `decode_steps` decode steps
+on the device with no host sync in between: each step's forward, sampling at each row's next
+position and the sampled token written as the next step's input stay on the device; the host
+reads the block's [steps, rows] tokens and log-probs once (`EngineStats.host_syncs` counts these
+reads) and then applies the finish reasons (eos, stop strings, length) in order, dropping the
+tokens a row sampled after its turn ended (their KV, past the row's `length`, is never attended
+and is overwritten by its next turn). Since the noise depends only on (seed, position), every
+`decode_steps` samples the very same tokens; a block never runs past the longest remaining turn,
+and a waiting row joins at the next block boundary. `compile=True` runs that decode step
+(forward + sampling + feed-back, one graph: no graph break,
+tests/runtime/test_engine_continuous.py) through `torch.compile` at static shapes (the decode
+width padded to a power of two, attention over the whole slot capacity) with CUDA graphs on a
+GPU (`mode="reduce-overhead"`, the cache marked as a static address). On the CPU, Inductor's
+vectorised kernels crash on the sampling (see `_compile`), so the CPU compiles it without SIMD.
+Measured on the CPU only (benchmarks/bench_engine.py); the fast path has not run on a GPU yet
+(benchmarks/bench_decode_roofline.py measures it there).
 
     python benchmarks/bench_engine.py
 """
@@ -39,6 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from earl.runtime.engine.base import (
+    DECODE_STEPS,
     EngineStats,
     Generation,
     SamplingParams,
@@ -60,6 +74,22 @@ def check_supported(model: torch.nn.Module) -> None:
                          "use engine='pytorch-static' for other HF causal LMs")
     if getattr(cfg, "use_sliding_window", False):
         raise ValueError("engine 'pytorch' has no sliding-window attention; use engine='pytorch-static'")
+
+
+def sample_groups(logits_BV: torch.Tensor, groups: tuple, seed_B: torch.Tensor, pos_B: torch.Tensor,
+                  vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample_tokens` for rows grouped by their sampling settings: `groups` is ((params, mask_B or
+    None for all rows), ...). Pure tensor code, so it runs inside the compiled decode step. With
+    several groups every group samples every row and a mask picks (rows gathered by index into
+    a compiled region crashed Inductor's CPU kernels in torch 2.13; one group is the usual case)."""
+    if len(groups) == 1:
+        return sample_tokens(logits_BV, groups[0][0], seed_B, pos_B, vocab_size=vocab_size)
+    tok_B = lp_B = None
+    for params, mask_B in groups:
+        t, lp = sample_tokens(logits_BV, params, seed_B, pos_B, vocab_size=vocab_size)
+        tok_B = t if tok_B is None else torch.where(mask_B, t, tok_B)
+        lp_B = lp if lp_B is None else torch.where(mask_B, lp, lp_B)
+    return tok_B, lp_B
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -92,8 +122,8 @@ class TorchEpisodeBatch:
             raise ValueError(f"{n} episodes need {n} seeds, got {len(seeds)}")
         self.engine = engine
         self.device = dev = engine.device  # fixed for the batch's life (its cache lives there)
-        self.seeds_t = torch.tensor([int(s) for s in (seeds if seeds is not None else range(n))],
-                                    dtype=torch.long, device=dev)
+        seeds = [int(s) for s in (seeds if seeds is not None else range(n))]
+        self.seeds_t = torch.tensor(seeds + [0], dtype=torch.long, device=dev)  # + the scratch slot's
         self.rows = [_Row() for _ in range(n)]
         self.closed: set[int] = set()
         self.waiting: deque[int] = deque()
@@ -172,8 +202,8 @@ class TorchEpisodeBatch:
 
     @torch.no_grad()
     def step(self) -> dict[int, Generation]:
-        """One forward over the running rows and the newly admitted ones; returns the rows
-        whose turn finished."""
+        """One forward over the running rows and the newly admitted ones, or, when no waiting row
+        joins, a block of up to `decode_steps` decode steps; returns the rows whose turn finished."""
         eng = self.engine
         t0 = time.perf_counter()
         # admit waiting rows (first come, first served) under the decode width and token budget
@@ -188,12 +218,17 @@ class TorchEpisodeBatch:
         if not self.running and not admitted:
             return {}
         decode = list(self.running)
+        if not admitted:
+            finished = self._decode_block(decode)
+            eng.stats.decode_s += time.perf_counter() - t0
+            return finished
         rows = decode + admitted
         self._grow(max(self.rows[r].length + (1 if r in decode else len(self.rows[r].unfed)) for r in rows))
-        if eng.compile and not admitted:
-            sampled = self._decode_compiled(decode)
-        else:
-            sampled = self._sample(rows, self._forward_mixed(decode, admitted))
+        logits = self._forward_mixed(decode, admitted)
+        pos = [len(self.rows[r].history) for r in rows]
+        tok_R, lp_R = sample_groups(logits, self._groups(rows, len(rows)), self.seeds_t[self._upload(rows)],
+                                    self._upload(pos), eng.tokenizer.vocab_size)
+        toks, lps = self._read(tok_R, lp_R)
         for r in decode:
             self.rows[r].length += 1
         for r in admitted:
@@ -202,57 +237,95 @@ class TorchEpisodeBatch:
             row.unfed = []
         eng.stats.forwards += 1
         eng.stats.decode_tokens += len(decode)
-        finished = self._accept(rows, *sampled)
-        if admitted:
-            eng.stats.prefill_s += time.perf_counter() - t0
-        else:
-            eng.stats.decode_s += time.perf_counter() - t0
+        finished, _ = self._accept(rows, [[t] for t in toks], [[lp] for lp in lps])
+        eng.stats.prefill_s += time.perf_counter() - t0
         return finished
 
-    # -- sampling ------------------------------------------------------------------------------
-    def _sample(self, rows: list[int], logits_RV: torch.Tensor) -> tuple[list[int], list[float]]:
-        """Each row's next token and its log-probability, sampled on the device (rows grouped by
-        their SamplingParams); the one host sync of a step."""
-        dev = self.device
-        groups: dict[SamplingParams, list[int]] = {}
-        for j, r in enumerate(rows):
-            groups.setdefault(self.rows[r].params, []).append(j)
-        toks_l, lps_l = [0] * len(rows), [0.0] * len(rows)
-        for params, idx in groups.items():
-            sel = torch.tensor(idx, dtype=torch.long, device=dev) if len(groups) > 1 else slice(None)
-            rs = [rows[j] for j in idx]
-            slots = torch.tensor(rs, dtype=torch.long, device=dev)
-            positions = torch.tensor([len(self.rows[r].history) for r in rs], dtype=torch.long, device=dev)
-            toks, lps = sample_tokens(logits_RV[sel], params, self.seeds_t[slots], positions,
-                                      vocab_size=self.engine.tokenizer.vocab_size)
-            for j, t, lp in zip(idx, toks.tolist(), lps.tolist(), strict=True):
-                toks_l[j], lps_l[j] = t, lp
-        return toks_l, lps_l
-
-    def _accept(self, rows: list[int], toks_l: list[int], lps_l: list[float]) -> dict[int, Generation]:
-        """Append the sampled tokens; rows whose turn ends leave the decode batch."""
+    def _decode_block(self, decode: list[int]) -> dict[int, Generation]:
+        """Up to `decode_steps` decode steps of the rows `decode` on the device, then one host
+        sync: each step's sampled tokens feed the next step there, and the host applies the finish
+        reasons in order afterwards. Tokens a row sampled after its turn ended are dropped; the KV
+        they wrote past the row's `length` is never attended and is overwritten by its next turn."""
         eng = self.engine
-        eng.stats.generated_tokens += len(rows)
+        steps = min(eng.decode_steps, max(self.rows[r].params.max_new_tokens - len(self.rows[r].gen.token_ids)
+                                          for r in decode))
+        self._grow(max(self.rows[r].length for r in decode) + steps)
+        width = 1 << (len(decode) - 1).bit_length() if eng.compile else len(decode)
+        pad = width - len(decode)  # compiled: padded rows decode in the scratch slot
+        slots = decode + [len(self.rows)] * pad
+        ids_pos = self._upload([[self.rows[r].pending for r in decode] + [0] * pad,
+                                [self.rows[r].length for r in decode] + [0] * pad])
+        slot_B = self._upload(slots)
+        tok_KB, lp_KB = eng.decode_block(self.k, self.v, ids_pos[0], slot_B, ids_pos[1], self.seeds_t[slot_B],
+                                         self._groups(decode, width), steps)
+        toks, lps = self._read(tok_KB[:, :len(decode)].T, lp_KB[:, :len(decode)].T)
+        finished, used = self._accept(decode, toks, lps)
+        for r, n in zip(decode, used, strict=True):
+            self.rows[r].length += n
+        eng.stats.forwards += steps
+        eng.stats.decode_tokens += sum(used)
+        discarded = steps * len(decode) - sum(used)  # sampled after their row's turn ended
+        eng.stats.extra["discarded_tokens"] = eng.stats.extra.get("discarded_tokens", 0) + discarded
+        return finished
+
+    # -- host <-> device -----------------------------------------------------------------------
+    def _upload(self, x: list) -> torch.Tensor:
+        return torch.tensor(x, dtype=torch.long, device=self.device)
+
+    def _read(self, tok: torch.Tensor, lp: torch.Tensor) -> tuple[list, list]:
+        """Sampled tokens and log-probs as Python lists: the one host sync of a step or block
+        (token ids ride as float64, exact below 2**53)."""
+        self.engine.stats.host_syncs += 1
+        toks, lps = torch.stack((tok.double(), lp.double())).tolist()
+        ints = [[int(t) for t in row] for row in toks] if tok.dim() == 2 else [int(t) for t in toks]
+        return ints, lps
+
+    def _groups(self, rows: list[int], width: int) -> tuple:
+        """`sample_groups`' groups for `rows` (padded to `width`: the padding takes the first group)."""
+        keys: dict[tuple[float, float], list[int]] = {}
+        for j, r in enumerate(rows):
+            p = self.rows[r].params
+            keys.setdefault((p.temperature, p.top_p), []).append(j)
+        if len(keys) == 1:
+            return ((self.engine.sampler(*next(iter(keys))), None),)
+        group_of = [0] * width
+        for g, idx in enumerate(keys.values()):
+            for j in idx:
+                group_of[j] = g
+        group_B = self._upload(group_of)
+        return tuple((self.engine.sampler(*k), group_B == g) for g, k in enumerate(keys))
+
+    def _accept(self, rows: list[int], toks_RK: list[list[int]],
+                lps_RK: list[list[float]]) -> tuple[dict[int, Generation], list[int]]:
+        """Append each row's sampled tokens in order until its turn ends; rows whose turn ends
+        leave the decode batch. Returns the finished rows and the tokens each row kept."""
+        eng = self.engine
         finished: dict[int, Generation] = {}
-        running = []
-        for r, t, lp in zip(rows, toks_l, lps_l, strict=True):
+        running, used = [], []
+        for r, toks, lps in zip(rows, toks_RK, lps_RK, strict=True):
             row = self.rows[r]
             g = row.gen
-            g.token_ids.append(t)
-            g.logprobs.append(lp)
-            row.history.append(t)
-            finish = finish_reason(eng.tokenizer, g, row.params)
-            if finish:
-                g.finish = finish
-                g.text = eng.tokenizer.decode(g.token_ids)
-                row.unfed = [t]  # enters the cache with the next turn
-                row.gen = None
-                finished[r] = g
+            n = 0
+            for t, lp in zip(toks, lps, strict=True):
+                n += 1
+                g.token_ids.append(t)
+                g.logprobs.append(lp)
+                row.history.append(t)
+                finish = finish_reason(eng.tokenizer, g, row.params)
+                if finish:
+                    g.finish = finish
+                    g.text = eng.tokenizer.decode(g.token_ids)
+                    row.unfed = [t]  # enters the cache with the next turn
+                    row.gen = None
+                    finished[r] = g
+                    break
             else:
-                row.pending = t
+                row.pending = toks[-1]
                 running.append(r)
+            used.append(n)
+        eng.stats.generated_tokens += sum(used)
         self.running = running
-        return finished
+        return finished, used
 
     # -- forwards ------------------------------------------------------------------------------
     def _forward_mixed(self, decode: list[int], admitted: list[int]) -> torch.Tensor:
@@ -281,20 +354,6 @@ class TorchEpisodeBatch:
         t = lambda x: torch.tensor(x, dtype=torch.long, device=dev)  # noqa: E731
         return eng.forward(self.k, self.v, t(ids), t(slots), t(pos), n_dec, kv_len, segs, t(last))
 
-    def _decode_compiled(self, decode: list[int]) -> tuple[list[int], list[float]]:
-        """A pure decode step at static shapes through the compiled forward (the width padded
-        to a power of two with scratch-slot rows, attention over the whole capacity), then
-        sampling, eager (a try with sampling inside the graph segfaulted on CPU; not investigated)."""
-        dev = self.device
-        width = 1 << (len(decode) - 1).bit_length()
-        pad = width - len(decode)
-        ids = [self.rows[r].pending for r in decode] + [0] * pad
-        slots = decode + [len(self.rows)] * pad
-        pos = [self.rows[r].length for r in decode] + [0] * pad
-        t = lambda x: torch.tensor(x, dtype=torch.long, device=dev)  # noqa: E731
-        logits = self.engine.decode_compiled(self.k, self.v, t(ids), t(slots), t(pos))
-        return self._sample(decode, logits[:len(decode)])
-
 
 class TorchEngine:
     """The built-in PyTorch backend. It runs the module it is given (on one process, the very
@@ -302,15 +361,20 @@ class TorchEngine:
 
     `max_batch`: rows decoded together at most; `step_tokens`: tokens one forward takes at most
     (a waiting row's whole new segment joins only if it fits, unless nothing else runs);
-    `compile`: pure decode steps through `torch.compile` (CUDA graphs on a GPU)."""
+    `decode_steps`: decode steps run on the device per host sync when no waiting row joins (0: by
+    the model's device, `DECODE_STEPS`);
+    `compile`: pure decode steps (forward + sampling) through `torch.compile` (CUDA graphs on a GPU)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, *, reuse_kv: bool = True,
                  max_batch: int = 64, step_tokens: int = 2048, compile: bool = False,
-                 initial_capacity: int = 256):
+                 decode_steps: int = 0, initial_capacity: int = 256):
         check_supported(model)
-        if max_batch < 1 or step_tokens < 1:
-            raise ValueError(f"max_batch and step_tokens must be >= 1, got {max_batch} and {step_tokens}")
+        if max_batch < 1 or step_tokens < 1 or decode_steps < 0:
+            raise ValueError(f"max_batch and step_tokens must be >= 1 and decode_steps >= 0 (0: by device), got "
+                             f"{max_batch}, {step_tokens} and {decode_steps}")
         self.model = model
+        self.decode_steps = decode_steps or DECODE_STEPS.get(self.device.type, DECODE_STEPS["cuda"])
+        self._samplers: dict[tuple[float, float], SamplingParams] = {}
         self.tokenizer = tokenizer
         self.reuse_kv = reuse_kv
         self.max_batch, self.step_tokens, self.compile = max_batch, step_tokens, compile
@@ -386,14 +450,50 @@ class TorchEngine:
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.model.lm_head(m.norm(h[0, out_N]))
 
-    def _decode_step(self, k_cache, v_cache, ids_B, slot_B, pos_B):
-        B = ids_B.shape[0]
-        return self.forward(k_cache, v_cache, ids_B, slot_B, pos_B, B, k_cache[0].shape[1], [],
-                            torch.arange(B, device=ids_B.device))
+    def sampler(self, temperature: float, top_p: float) -> SamplingParams:
+        """One SamplingParams object per (temperature, top_p): the compiled step guards on it."""
+        key = (temperature, top_p)
+        if key not in self._samplers:
+            self._samplers[key] = SamplingParams(temperature=temperature, top_p=top_p)
+        return self._samplers[key]
 
-    def decode_compiled(self, k_cache, v_cache, ids_B, slot_B, pos_B) -> torch.Tensor:
-        """Logits of one decode step through `torch.compile` (one CUDA graph per width on a GPU)."""
-        if self._compiled is None:
-            mode = "reduce-overhead" if self.device.type == "cuda" else None
-            self._compiled = torch.compile(self._decode_step, dynamic=False, mode=mode)
-        return self._compiled(k_cache, v_cache, ids_B, slot_B, pos_B)
+    def decode_step(self, k_cache, v_cache, ids_B, slot_B, pos_B, seed_B, groups):
+        """One decode step on the device: forward, sampling at each row's next position, and the
+        sampled token as the next step's input. Returns (next ids, next positions, tokens, log-probs)."""
+        B = ids_B.shape[0]
+        logits = self.forward(k_cache, v_cache, ids_B, slot_B, pos_B, B, k_cache[0].shape[1], [],
+                              torch.arange(B, device=ids_B.device))
+        nxt = pos_B + 1
+        tok_B, lp_B = sample_groups(logits, groups, seed_B, nxt, self.tokenizer.vocab_size)
+        return tok_B, nxt, tok_B, lp_B
+
+    def decode_block(self, k_cache, v_cache, ids_B, slot_B, pos_B, seed_B, groups,
+                     steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`steps` decode steps back to back with no host sync; ([steps, B] tokens, [steps, B] log-probs)."""
+        step = self.decode_step
+        if self.compile:
+            if self._compiled is None:
+                self._compiled = _compile(self.decode_step, self.device)
+            step = self._compiled
+        cuda_graphs = self.compile and self.device.type == "cuda"
+        toks, lps = [], []
+        for _ in range(steps):
+            if cuda_graphs:
+                torch.compiler.cudagraph_mark_step_begin()
+            ids_B, pos_B, tok_B, lp_B = step(k_cache, v_cache, ids_B, slot_B, pos_B, seed_B, groups)
+            if cuda_graphs:  # the graph's outputs are overwritten by its next replay
+                ids_B, pos_B, tok_B, lp_B = ids_B.clone(), pos_B.clone(), tok_B.clone(), lp_B.clone()
+            toks.append(tok_B)
+            lps.append(lp_B)
+        return torch.stack(toks), torch.stack(lps)
+
+
+def _compile(fn, device: torch.device):
+    """`torch.compile` of the decode step at static shapes: CUDA graphs on a GPU; on the CPU
+    without SIMD in Inductor's C++ kernels, whose vectorised int64 -> float64 conversion feeding
+    a reduction (the Gumbel noise before the argmax) corrupts the heap in torch 2.13 (segfault or
+    `malloc(): unaligned tcache chunk`; repro: `torch.compile(lambda s, p: counter_uniform(s, p,
+    64).argmax(-1))(torch.arange(4), torch.arange(4))`; with `cpp.simdlen=1` it equals eager)."""
+    if device.type == "cuda":
+        return torch.compile(fn, dynamic=False, mode="reduce-overhead")
+    return torch.compile(fn, dynamic=False, options={"cpp.simdlen": 1})
