@@ -11,9 +11,9 @@ processes, alternating, after a warm-up; the time of one dispatch is the slowest
 (and median) of `--repeats`. On a small shared host the processes compete for cores, so times
 are noisy: the load average is printed; read the busiest-rank bytes (exact) next to them.
 `--rounds R` repeats the whole measurement R times with fresh process groups, the process
-counts interleaved round by round, and reports each ratio's median over the rounds (with its
-range): one invocation then reads like the mean of several, which single rounds on this host
-(+-30% apart) do not.
+counts interleaved round by round (ranks spawned fresh, as the calibration's), and reports
+each ratio's median over the rounds (with its range): one invocation then reads like the mean
+of several, which single rounds on this host (+-30% apart) do not.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_dispatch.py
     OMP_NUM_THREADS=1 python benchmarks/bench_dispatch.py --procs 2 4 --contexts 8192 --repeats 5 --rounds 1
@@ -25,7 +25,7 @@ import argparse
 import os
 import statistics
 
-from earl.calibrate.dispatchfit import KINDS, predict, worker
+from earl.calibrate.dispatchfit import KINDS, START_METHOD, predict, worker
 from earl.cost_model.profile import load_profile
 from earl.policies.types import TENSOR_BYTES_PER_SAMPLE, TENSOR_BYTES_PER_TOKEN
 from earl.runtime.dist import run_local
@@ -57,7 +57,7 @@ def main() -> None:
     rounds: dict[int, list[dict]] = {n: [] for n in args.procs}
     for r in range(args.rounds):
         for n in args.procs:  # interleaved: every process count meets each round's load
-            rounds[n].append(run_local(worker, n, cases, args.repeats, timeout_s=600)[0])
+            rounds[n].append(run_local(worker, n, cases, args.repeats, timeout_s=600, start_method=START_METHOD)[0])
         print(f"round {r + 1}/{args.rounds} done, load average {os.getloadavg()[0]:.2f}", flush=True)
     ratios: dict[int, list[tuple[float, float]]] = {}
     for n in args.procs:

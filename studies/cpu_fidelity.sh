@@ -52,4 +52,6 @@ for n in "${MP[@]}"; do
 done
 { load "bench_dispatch ${DISPATCH[*]}"; "$PY" benchmarks/bench_dispatch.py --profile "$PROFILE_PATH" "${DISPATCH[@]}"; } \
   2>&1 | tee "$OUT_DIR/dispatch.txt"
+# keep what is worth committing: the random checkpoints and the runs' HF exports are rebuilt on demand
+rm -rf "$OUT_DIR"/*/model "$OUT_DIR"/*/runs/*/hf
 load "all done" | tee -a "$OUT_DIR/dispatch.txt"

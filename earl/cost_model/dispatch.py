@@ -45,6 +45,7 @@ def _phase_s(cm: CostModel, phase, central_rank: int | None, ppn: int) -> tuple[
     path = cm.profile.dispatch_path
     g = cm.cluster.gpus_per_node
     intra = cm.profile.intra
+    wire_bw = path.wire_bw_bytes_s or intra.bw_bytes_s
     host: dict[int, float] = defaultdict(float)
     moved: dict[int, float] = defaultdict(float)  # bytes sent + received (ranks)
     intra_in: dict[int, float] = defaultdict(float)
@@ -77,7 +78,7 @@ def _phase_s(cm: CostModel, phase, central_rank: int | None, ppn: int) -> tuple[
     by_node: dict[int, list[float]] = defaultdict(list)
     for r, h in host.items():
         wire = max(intra_in[r], intra_out[r]) if path.full_duplex else intra_in[r] + intra_out[r]
-        by_node[r // g].append(h + (intra.alpha_s + wire / intra.bw_bytes_s if wire else 0.0))
+        by_node[r // g].append(h + (intra.alpha_s + wire / wire_bw if wire else 0.0))
     net = cm.cluster.network
     node_bw = net.node_bw_bytes_s
     worst = 0.0

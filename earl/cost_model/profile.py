@@ -72,7 +72,9 @@ class DispatchPath:
     sample_s: float = 20e-6  # per sample whose advantage a rank computes (statistics, fill), s
     # The single controller's extra serialisation (pickle, object store) on top of the packing
     # every rank does: per byte it moves (inf: none) and per piece. The EARL paper's "~1 TB took
-    # over 20 minutes" through verl's controller is the `object-store` option (0.8 GB/s).
+    # over 20 minutes" through verl's controller is the `object-store` option (0.8 GB/s). On a
+    # CPU host `earl calibrate` fits the per-byte term from the gloo runs: earl's own controller
+    # stages the whole batch and runs on a core its peers share.
     controller_bw_bytes_s: float = float("inf")  # bytes/s
     controller_object_s: float = 0.0  # per piece, s
     host_parallel: int = 64  # processes of one node whose host work runs at once (CPU cores)
@@ -84,6 +86,9 @@ class DispatchPath:
     # a rank sends and receives over its intra-node link at once (NVLink ports are full duplex);
     # False on a CPU host, where a loopback send and a receive both cost the rank's CPU time
     full_duplex: bool = True
+    # bytes/s of a rank's point-to-point traffic inside a node as the executor drives it (its
+    # sends plus receives; None: the profile's `intra` link). On a CPU host the gloo runs fit it
+    wire_bw_bytes_s: float | None = None
 
     def __post_init__(self):
         for k in ("message_s", "object_s", "sample_s", "controller_object_s", "sync_s", "oversubscribed_exp"):
@@ -94,6 +99,9 @@ class DispatchPath:
                 raise ValueError(f"DispatchPath.{k} must be > 0 bytes/s, got {getattr(self, k)}")
         if not isinstance(self.host_parallel, int) or self.host_parallel < 1:
             raise ValueError(f"DispatchPath.host_parallel must be an int >= 1, got {self.host_parallel!r}")
+        if self.wire_bw_bytes_s is not None and not self.wire_bw_bytes_s > 0:
+            raise ValueError(f"DispatchPath.wire_bw_bytes_s must be > 0 bytes/s (or null: the intra link), "
+                             f"got {self.wire_bw_bytes_s}")
 
 
 # Named controller paths for `--set dispatch.controller=...` style options and the sensitivity

@@ -141,6 +141,22 @@ def test_fit_recovers_known_parameters_from_synthetic_points():
     assert path.sync_s == pytest.approx(1e-3, rel=0.02)
 
 
+def test_quick_fit_keeps_the_oversubscription_terms():
+    """Two processes on two cores never oversubscribe: a quick (2-process) fit moves only the
+    per-message cost and keeps the base profile's sync_s / oversubscribed_exp (a full fit once
+    returned them at its starting guesses)."""
+    prof = load_profile("cpu-measured")
+    truth = dataclasses.replace(prof.dispatch_path, message_s=150e-6, host_parallel=2, full_duplex=False)
+    true_prof = dataclasses.replace(prof, dispatch_path=truth)
+    points = [dispatchfit.DispatchPoint(procs=2, per_rank=per, context=ctx, kind=kind, seconds=t, busiest_bytes=0.0)
+              for per, ctx in dispatchfit.CASES[:3]
+              for kind, t in dispatchfit.predict(true_prof, 2, per, ctx).items()]
+    host = {"object_s": truth.object_s, "copy_bw_bytes_s": truth.copy_bw_bytes_s, "sample_s": truth.sample_s}
+    path, _ = dispatchfit.fit_dispatch_path(prof, points, host, host_parallel=2, message_only=True)
+    assert path.message_s == pytest.approx(150e-6, rel=0.02)
+    assert (path.sync_s, path.oversubscribed_exp) == (prof.dispatch_path.sync_s, prof.dispatch_path.oversubscribed_exp)
+
+
 @pytest.mark.slow
 def test_gloo_measurement_runs_both_dispatchers():
     pts = dispatchfit.measure(procs=(2,), cases=((2, 256),), repeats=1, trials=1)
