@@ -110,6 +110,36 @@ def test_continuous_equals_static_token_for_token(tiny, temperature):
     assert cont.stats.extra["kv_cache_bytes"] > 0
 
 
+def test_finished_batch_hands_its_cache_to_the_next(tiny):
+    """A batch whose episodes all closed hands its slot cache to the next batch (same tensors:
+    no allocation, no new shapes for a compiled step); the stale KV in it changes no token, and
+    a batch still playing keeps its cache to itself."""
+    tok = tiny.tokenizer
+
+    def params(r, t):
+        return SamplingParams(temperature=1.0, max_new_tokens=2 + (r + 3 * t) % 6, stop_at_eos=False, stop=("|",))
+
+    seeds = [100 + 7 * r for r in range(len(PROMPTS))]
+    eng = TorchEngine(tiny.model, tok, max_batch=3, step_tokens=16)
+    first = eng.open(len(PROMPTS), seeds)
+    want, _ = drive(first, tok, params, turns_of)
+    assert first.done
+    again = eng.open(len(PROMPTS), seeds)  # adopts `first`'s cache, full of its KV
+    assert again.k[0].data_ptr() == first.k[0].data_ptr() and eng.stats.extra["kv_cache_reused"] == 1
+    got, _ = drive(again, tok, params, turns_of)
+    for r in range(len(PROMPTS)):
+        for (ids, lps), (ids2, lps2) in zip(want[r], got[r], strict=True):
+            assert ids == ids2 and lps == pytest.approx(lps2, abs=1e-5)
+    busy = eng.open(2, seeds[:2])  # adopts again (fewer rows fit); leaves its episodes open
+    busy.generate({0: tok.encode("hi"), 1: tok.encode("x")}, params(0, 0))
+    other = eng.open(2, seeds[:2])
+    assert other.k[0].data_ptr() != busy.k[0].data_ptr()  # `busy` has not closed its episodes
+    bigger = TorchEngine(tiny.model, tok)
+    small = bigger.open(1, [1])
+    small.close([0])
+    assert bigger.open(3, [1, 2, 3]).k[0].shape[0] == 4  # more rows than the pool: a new cache
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_turn_sync_generate_equals_static_engine(tiny, temperature):
     tok = tiny.tokenizer

@@ -47,6 +47,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -111,6 +112,15 @@ class _Row:
         self.pending = -1  # running: the last sampled token, fed by the next step
 
 
+@dataclass
+class _CachePool:
+    """The engine's newest slot cache and the batch using it."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+    owner: TorchEpisodeBatch | None
+
+
 class TorchEpisodeBatch:
     """Episodes with one cache slot each (see the module docstring). Slot `n` is scratch: padded
     rows of a compiled decode step write there."""
@@ -134,14 +144,33 @@ class TorchEpisodeBatch:
         self._grow(engine.initial_capacity)
 
     # -- cache ---------------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        """Every episode closed: the batch's cache may serve the next batch."""
+        return len(self.closed) == len(self.rows)
+
     def _grow(self, need: int) -> None:
-        """Make every slot hold at least `need` positions (doubling; existing KV copied)."""
+        """Make every slot hold at least `need` positions (doubling; existing KV copied). A new
+        batch adopts the engine's cache (`TorchEngine._pool`) when the batch that used it has
+        closed every episode and it has enough slots and positions: the same tensors, at the
+        same addresses and shapes, serve step after step (no allocation, and a compiled decode
+        step, or its CUDA graph, is not rebuilt for a new cache). Stale KV in it is never read:
+        attention masks every position at or past a row's own length."""
         if need <= self.capacity:
             return
         eng = self.engine
         cap = max(need, 2 * self.capacity, 16)
         cap = -(-cap // 16) * 16
-        shape = (len(self.rows) + 1, cap, eng.kv_heads, eng.head_dim)
+        rows = max(len(self.rows) + 1, self.k[0].shape[0] if self.k else 0)
+        pool = eng._pool
+        if (not self.capacity and pool is not None and (pool.owner is None or pool.owner.done)
+                and pool.k[0].shape[0] >= rows and pool.k[0].shape[1] >= cap and pool.k[0].device == self.device
+                and pool.k[0].dtype == eng.dtype):
+            pool.owner = self
+            self.k, self.v, self.capacity = pool.k, pool.v, pool.k[0].shape[1]
+            eng.stats.extra["kv_cache_reused"] = eng.stats.extra.get("kv_cache_reused", 0) + 1
+            return
+        shape = (rows, cap, eng.kv_heads, eng.head_dim)
         ks, vs = [], []
         for li in range(eng.num_layers):
             k = torch.zeros(shape, dtype=eng.dtype, device=self.device)
@@ -155,6 +184,7 @@ class TorchEpisodeBatch:
             ks.append(k)
             vs.append(v)
         self.k, self.v, self.capacity = ks, vs, cap
+        eng._pool = _CachePool(k=ks, v=vs, owner=self)
         eng.stats.extra["kv_cache_bytes"] = 2 * sum(t.numel() * t.element_size() for t in ks)
 
     # -- the stepped interface -----------------------------------------------------------------
@@ -387,6 +417,7 @@ class TorchEngine:
         # local heads: under tensor parallelism the projections hold this rank's heads only
         self.kv_heads = self.layers[0].self_attn.k_proj.weight.shape[0] // self.head_dim
         self._compiled = None
+        self._pool: _CachePool | None = None  # the cache a finished batch hands to the next one
 
     @property
     def device(self) -> torch.device:
