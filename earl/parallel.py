@@ -7,7 +7,7 @@ so tp groups are contiguous ranks (inside a node when tp <= gpus_per_node).
 
 Shard bounds follow `torch.chunk` / DTensor `Shard` semantics: part i of `parts` over n
 elements is [min(i*c, n), min(i*c + c, n)) with c = ceil(n / parts); trailing parts may be
-short or empty. Local tensor-parallel slices and ZeRO-1 optimizer slices therefore map exactly
+short or empty. Local tensor-parallel slices and sharded-optimizer slices (FSDP2's shards) therefore map exactly
 onto DTensor placements (`placements`, `build_mesh`), which is what checkpoints rely on.
 
 Pure Python at import time (earl.policies imports it and never imports torch); the group and
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from earl.specs import ModelSpec, ParallelPlan
 
 MESH_DIMS = ("dp", "tp")  # device-mesh dim names of a tp x dp plan, slowest first
-OPTIMIZER_MESH_DIMS = ("tp", "dp")  # ZeRO-1 slices: tp chunk first, then its dp sub-chunk
+OPTIMIZER_MESH_DIMS = ("tp", "dp")  # sharded-optimizer slices: tp chunk first, then its dp sub-chunk
 
 
 # --------------------------------------------------------------------------------------------
@@ -136,7 +136,7 @@ class ParamShape:
 
     @property
     def shard_dim(self) -> int:
-        """The dim tp (and ZeRO-1) cut: `tp_dim`, or 0 for replicated tensors."""
+        """The dim tp (and FSDP2 over dp) cut: `tp_dim`, or 0 for replicated tensors."""
         return 0 if self.tp_dim is None else self.tp_dim
 
     def bytes_per_index(self) -> int:
@@ -151,7 +151,7 @@ class ParamShape:
 def local_bounds(p: ParamShape, plan: ParallelPlan, rank: int, *, optimizer: bool) -> tuple[int, int]:
     """(start, stop) along `p.shard_dim` of the full tensor that `rank` holds under a tp x dp
     `plan`: weights are tp chunk t (the whole tensor when replicated); optimizer state with
-    `sharded_optimizer` and dp > 1 (ZeRO-1) is dp sub-chunk d of that; ranks outside the plan
+    `sharded_optimizer` and dp > 1 (FSDP2's shard) is dp sub-chunk d of that; ranks outside the plan
     hold (0, 0)."""
     if plan.pp != 1 or plan.cp != 1:
         raise ValueError(f"plan {plan.short()}: tensor layouts are defined for tp x dp plans (pp=1, cp=1)")
@@ -259,7 +259,7 @@ def build_plan_groups(plan: ParallelPlan, rank: int | None = None) -> PlanGroups
 def build_mesh(plan: ParallelPlan, *, device_type: str = "cpu", dims: tuple[str, str] = MESH_DIMS):
     """A DeviceMesh over the plan's ranks with named dims, `("dp", "tp")` by default (the
     mesh's rank layout is the plan's: tp fastest). `dims=("tp", "dp")` transposes it, the mesh
-    ZeRO-1 optimizer slices are placed on (tp chunk first, then its dp sub-chunk). Collective
+    sharded-optimizer slices are placed on (tp chunk first, then its dp sub-chunk). Collective
     on first use; cached per default group."""
     import torch
     import torch.distributed as dist
@@ -284,7 +284,7 @@ def build_mesh(plan: ParallelPlan, *, device_type: str = "cpu", dims: tuple[str,
 def placements(p: ParamShape, plan: ParallelPlan, *, optimizer: bool) -> tuple[tuple[str, str], tuple]:
     """(mesh dims, DTensor placements) under which this rank's `local_bounds` slice of `p` is
     exactly its DTensor local shard: weights on the ("dp", "tp") mesh, replicated over dp and
-    sharded over tp along `tp_dim`; ZeRO-1 optimizer slices on the ("tp", "dp") mesh, sharded
+    sharded over tp along `tp_dim`; sharded-optimizer slices on the ("tp", "dp") mesh, sharded
     first over tp, then over dp along `shard_dim`."""
     from torch.distributed.tensor import Replicate, Shard
 
