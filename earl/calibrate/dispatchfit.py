@@ -40,6 +40,8 @@ KINDS = ("centralized", "layout-aware")
 # (up to 11 MB a step at 4 processes: 32K-token contexts), few to many pieces, so the
 # per-message, per-piece and per-byte terms separate
 CASES: tuple[tuple[int, int], ...] = ((1, 512), (4, 2048), (16, 1024), (4, 16384), (8, 8192), (4, 32768))
+# the dispatch-path terms the gloo runs fit, in this order (a quick fit: the first only)
+FITTED = ("message_s", "sync_s", "oversubscribed_exp", "controller_bw_bytes_s", "wire_bw_bytes_s")
 QUICK_BUDGET_S = 3.0  # seconds of dispatch budget below which only the quick set runs
 START_METHOD = "spawn"  # fresh rank processes for every measurement (see `measure`)
 
@@ -227,16 +229,11 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
                 for p in points}
     cms = {n: local_cost_model(base, n) for n in {p.procs for p in points}}
 
-    kept = profile.dispatch_path
+    k = 1 if message_only else len(FITTED)
+    fixed = {name: getattr(profile.dispatch_path, name) for name in FITTED[k:]}  # not fitted: the profile's
 
     def fields(x) -> dict:
-        if message_only:
-            return {"message_s": float(np.exp(x[0])), "sync_s": kept.sync_s,
-                    "oversubscribed_exp": kept.oversubscribed_exp, "controller_bw_bytes_s": kept.controller_bw_bytes_s,
-                    "wire_bw_bytes_s": kept.wire_bw_bytes_s}
-        return {"message_s": float(np.exp(x[0])), "sync_s": float(np.exp(x[1])),
-                "oversubscribed_exp": float(np.exp(x[2])), "controller_bw_bytes_s": float(np.exp(x[3])),
-                "wire_bw_bytes_s": float(np.exp(x[4]))}
+        return {**fixed, **dict(zip(FITTED[:k], np.exp(x).tolist(), strict=True))}
 
     def predicted(x) -> list[float]:
         prof = _with_path(base, **fields(x))
@@ -251,7 +248,6 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
     link_bw = profile.intra.bw_bytes_s
     x0 = np.log([50e-6, 1e-3, 0.3, 10 * link_bw, link_bw])
     lo, hi = np.log([1e-7, 1e-9, 1e-4, link_bw / 100, link_bw / 100]), np.log([1e-2, 0.1, 2.0, 1e13, 100 * link_bw])
-    k = 1 if message_only else 5
     res = least_squares(lambda x: np.log(np.array(predicted(x)) / y), x0[:k], bounds=(lo[:k], hi[:k]), x_scale="jac")
     path = dataclasses.replace(base.dispatch_path, **fields(res.x))
     pred = predicted(res.x)

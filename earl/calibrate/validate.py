@@ -59,10 +59,11 @@ from pathlib import Path
 
 import numpy as np
 
+from earl.calibrate.dispatchfit import local_cluster
 from earl.config import parse_sets
 from earl.cost_model import CostModel
 from earl.cost_model.profile import HardwareProfile, check_stamp, datasheet_profile, load_profile
-from earl.specs import MODEL_CATALOG, ClusterSpec, ModelSpec, ParallelPlan, Stage
+from earl.specs import MODEL_CATALOG, ModelSpec, ParallelPlan, Stage
 from earl.trace import atomic_write_text
 
 STAGES = ("rollout", "experience", "dispatch", "train", "reshard")  # the runtime's span stages
@@ -186,14 +187,6 @@ def check_nproc(nproc) -> int:
     return nproc
 
 
-def validation_cluster(prof: HardwareProfile, nproc: int) -> ClusterSpec:
-    """The job's own topology: `nproc` devices on one node (not ClusterSpec.for_gpus, which would
-    cut them into the profile's gpus_per_node-sized nodes)."""
-    from earl.calibrate.dispatchfit import local_cluster
-
-    return local_cluster(prof, nproc)
-
-
 def initial_run_plans(cfg, nproc: int) -> dict[str, ParallelPlan]:
     """stage -> the plan the runtime starts each stage on (earl.runtime.run.initial_plans)."""
     from earl.runtime.run import initial_plans
@@ -228,7 +221,7 @@ def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: i
     from earl.sim.simulation import Simulation
     from earl.sim.workload import WorkloadSpec, load_trace
 
-    cm = CostModel(spec, validation_cluster(prof, nproc), prof)
+    cm = CostModel(spec, local_cluster(prof, nproc), prof)
     episodes = cfg.episodes_per_step
     # the runtime packs sequences into micro-batches of token_budget padded tokens: so does the plan
     longest = max(sum(o + g for o, g, _ in turns) for line in load_trace(trace) for turns in line)
@@ -336,7 +329,7 @@ def run_variant(cfg, name: str, overrides: dict, out_dir: Path, prof: HardwarePr
 
     pred, sim_cal, stretch = predicted(prof)
     sheet_pred, _, _ = predicted(sheet)
-    cm = CostModel(spec, validation_cluster(prof, nproc), prof)
+    cm = CostModel(spec, local_cluster(prof, nproc), prof)
     one_core = device == "cpu" and cfg.threads == 1
     share = [min(1.0, r["step_cpu_s"] / r["step_s"]) if one_core and r.get("step_s") else 1.0
              for r in rows[warmup_steps:]]

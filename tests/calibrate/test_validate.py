@@ -9,6 +9,7 @@ import math
 import pytest
 from typer.testing import CliRunner
 
+from earl.calibrate.dispatchfit import local_cluster
 from earl.calibrate.overhead import ForwardPoint, fit_overhead
 from earl.calibrate.validate import (
     NPROCS,
@@ -22,7 +23,6 @@ from earl.calibrate.validate import (
     plan_mismatches,
     run_plans,
     run_validation,
-    validation_cluster,
 )
 from earl.cli import app
 from earl.cost_model.profile import load_profile
@@ -117,7 +117,7 @@ def test_validation_cluster_is_the_jobs_own_node():
     prof = load_profile("cpu-measured")  # gpus_per_node 2: for_gpus would cut 4 devices into 2 nodes
     assert prof.hardware.gpus_per_node == 2
     for n in NPROCS:
-        c = validation_cluster(prof, n)
+        c = local_cluster(prof, n)
         assert (c.nodes, c.gpus_per_node, c.num_gpus, c.network.name) == (1, n, n, "loopback")
     with pytest.raises(ValueError, match="not a whole number"):
         ClusterSpec.for_gpus(prof.hardware, 3)
@@ -163,7 +163,7 @@ def test_token_budget_packing_per_data_parallel_group():
     from earl.cost_model import CostModel
 
     prof = load_profile("cpu-measured")
-    cm = CostModel(MODEL_CATALOG["tiny"], validation_cluster(prof, 2), prof)
+    cm = CostModel(MODEL_CATALOG["tiny"], local_cluster(prof, 2), prof)
     share = [20, 30, 41, 41]
     one = cm.mixed_batch("logprob", ParallelPlan(dp=1), share, padded=True, token_budget=128)
     two = cm.mixed_batch("logprob", ParallelPlan(dp=2), share * 2, padded=True, token_budget=128,
