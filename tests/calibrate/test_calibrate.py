@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,23 @@ def test_gpu_check_script_cpu_path(tmp_path):
     report = json.loads((tmp_path / "validate" / "validation.json").read_text())
     assert {r["stage"] for r in report["stages"]} >= {"rollout", "experience", "train"}
     assert len(report["variants"]) == 2 and (tmp_path / "validate" / "scatter.png").is_file()
+    timings = (tmp_path / "timings.txt").read_text()
+    assert all(f"{name}: " in timings for name in ("decode-compiled", "decode-eager", "calibrate", "validate"))
+
+
+@pytest.mark.slow
+def test_gpu_check_script_keeps_its_deadline(tmp_path):
+    """A deadline shorter than the phases: each phase runs under the time left, the ones with
+    under 10 s left are skipped (status 1), and the script ends near the deadline (~15 s)."""
+    env = {**os.environ, "DEVICE": "cpu", "QUICK": "1", "OUT": str(tmp_path), "PYTHON": sys.executable,
+           "DEADLINE_S": "14"}
+    t0 = time.perf_counter()
+    r = subprocess.run(["bash", str(REPO / "studies" / "gpu_check.sh")], env=env, capture_output=True,
+                       text=True, timeout=120)
+    wall = time.perf_counter() - t0
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    lines = dict(line.split(": ", 1) for line in (tmp_path / "timings.txt").read_text().splitlines())
+    limit = int(lines["decode-compiled"].split("limit ")[1].split(" s")[0])
+    assert limit <= 14
+    assert lines["validate"].startswith("skipped") and lines["calibrate"].startswith("skipped")
+    assert wall < 14 + 10 + 15  # the deadline, timeout's kill grace, interpreter start-ups
