@@ -19,6 +19,7 @@ from earl.runtime.engine.vllm import (
     request_seed,
     unpack_bucket,
     vllm_sampling_kwargs,
+    vocab_mask_bias,
 )
 
 
@@ -35,6 +36,17 @@ def test_sampling_kwargs_greedy_and_no_eos():
     kw = vllm_sampling_kwargs(SamplingParams(temperature=0, stop_at_eos=False), seed=5, eos_id=2)
     assert kw["seed"] is None and kw["ignore_eos"] and kw["stop_token_ids"] == []
     assert vllm_sampling_kwargs(SamplingParams(), seed=5, eos_id=None)["stop_token_ids"] == []
+
+
+def test_padding_ids_past_the_tokenizer_get_the_floor_bias():
+    bias = vocab_mask_bias(151665, 151936)  # Qwen2.5: tokenizer vs embedding rows
+    assert sorted(bias) == list(range(151665, 151936)) and set(bias.values()) == {-100.0}
+    assert vocab_mask_bias(300, 300) == {}
+    kw = vllm_sampling_kwargs(SamplingParams(), seed=1, eos_id=2, logit_bias=vocab_mask_bias(10, 12))
+    assert kw["logit_bias"] == {10: -100.0, 11: -100.0}
+    assert "logit_bias" not in vllm_sampling_kwargs(SamplingParams(), seed=1, eos_id=2, logit_bias={})
+    with pytest.raises(ValueError, match="tokenizer has 13 tokens but the model's vocabulary only 12"):
+        vocab_mask_bias(13, 12)
 
 
 def test_request_seeds_differ_across_episodes_and_turns_and_repeat():
@@ -157,6 +169,15 @@ def test_vllm_group_members_differ_and_seeds_repeat(vllm_engine):
     assert len({tuple(g.token_ids) for g in outs.values()}) > 1
     again = eng.open(8, list(range(8))).generate({r: prompt for r in range(8)}, params)
     assert [g.token_ids for g in again.values()] == [g.token_ids for g in outs.values()]
+
+
+@pytest.mark.gpu
+def test_vllm_samples_only_tokenizer_ids(vllm_engine):
+    eng, pol = vllm_engine
+    batch = eng.open(8, seeds=list(range(8)))
+    out = batch.generate({r: pol.tokenizer.encode("Hello") for r in range(8)},
+                         SamplingParams(temperature=1.5, max_new_tokens=64, stop_at_eos=False))
+    assert max(max(g.token_ids) for g in out.values()) < pol.tokenizer.vocab_size
 
 
 @pytest.mark.gpu

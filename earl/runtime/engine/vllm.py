@@ -27,14 +27,22 @@ rlhf_utils.py; the same pattern in examples/rl/) and uses only vLLM's public sur
   `SamplingParams.logprob_temperature` (1). With `top_p < 1` vLLM's processed log-probs are
   those of the nucleus-renormalised distribution, whereas the built-in engine reports them
   before truncation: the two backends agree only at `top_p = 1`.
+- **Vocabulary**: a model's embedding is often padded past its tokenizer (Qwen2.5: 151,936 rows,
+  151,665 tokens). The built-in engine samples and normalises over the tokenizer's ids only
+  (`sample_tokens(vocab_size=...)`); here the padding ids get a logit bias of -100
+  (`vocab_mask_bias`), which vLLM's sampler applies before it draws and before its processed
+  log-probs. vLLM clamps a bias to [-100, 100], so this is not -inf: each padding id keeps
+  exp(-100 / T) of the mass, under 4e-44 relative at T <= 1 (2e-22 at T = 2), far below a bf16
+  or fp32 log-prob's resolution. A bias map of the ~300 padding ids costs vLLM nothing per
+  request, where `allowed_token_ids` would be a 151K-entry list validated per request.
 - **Finish reasons** (`finish_reason`): vLLM's ("stop" + `stop_reason`) is mapped to earl's
   "stop" (a stop string), "eos" (an end-of-sequence token) and "length" (`max_new_tokens`).
 - **Cross-turn reuse**: each turn re-sends the episode's whole token history and vLLM's
   automatic prefix caching reuses the cached blocks; the cache is reset after every weight
   update (cached KV of the previous policy would be stale).
 
-What has run: the pure parts (sampling-parameter building, seed derivation, finish-reason
-mapping, bucket packing and the worker-side loading into a real torch module) in
+What has run: the pure parts (sampling-parameter building, the vocabulary bias, seed derivation,
+finish-reason mapping, bucket packing and the worker-side loading into a real torch module) in
 tests/runtime/test_engine_vllm.py on CPU. NOT run: anything that imports vllm (the engine
 itself, the worker extension inside vLLM, the CUDA IPC path, sleep/wake): vLLM is not
 installable on the development machine and not present on the GPU machine; those tests are
@@ -72,10 +80,25 @@ def request_seed(episode_seed: int, position: int) -> int:
     return int(_mix64(_mix64(s * _GOLDEN + 1) + p * _MIX1).item()) & ((1 << 63) - 1)
 
 
-def vllm_sampling_kwargs(params: SamplingParams, *, seed: int, eos_id: int | None) -> dict:
-    """Keyword arguments of `vllm.SamplingParams` for one request of one turn."""
+VOCAB_MASK_BIAS = -100.0  # the most negative logit bias vLLM accepts (it clamps to [-100, 100])
+
+
+def vocab_mask_bias(tokenizer_vocab: int, model_vocab: int) -> dict[int, float]:
+    """vLLM `logit_bias` that keeps the sampler off the model's padding ids (those at or past the
+    tokenizer's size); empty when the two sizes agree."""
+    if tokenizer_vocab > model_vocab:
+        raise ValueError(f"the tokenizer has {tokenizer_vocab} tokens but the model's vocabulary only "
+                         f"{model_vocab}: they do not belong together")
+    return dict.fromkeys(range(tokenizer_vocab, model_vocab), VOCAB_MASK_BIAS)
+
+
+def vllm_sampling_kwargs(params: SamplingParams, *, seed: int, eos_id: int | None,
+                         logit_bias: dict[int, float] | None = None) -> dict:
+    """Keyword arguments of `vllm.SamplingParams` for one request of one turn (`logit_bias`: from
+    `vocab_mask_bias`, left out when empty)."""
     greedy = params.temperature == 0
-    return {
+    extra = {"logit_bias": logit_bias} if logit_bias else {}
+    return {**extra,
         "n": 1,
         "temperature": params.temperature,
         "top_p": params.top_p,
@@ -239,7 +262,8 @@ class VLLMEpisodeBatch:
             self.history[r].extend(inputs[r])
         eos = eng.tokenizer.eos_id
         sps = [VLLMSamplingParams(**vllm_sampling_kwargs(
-            params, seed=request_seed(self.seeds[r], len(self.history[r])), eos_id=eos)) for r in rows]
+            params, seed=request_seed(self.seeds[r], len(self.history[r])), eos_id=eos,
+            logit_bias=eng.vocab_bias)) for r in rows]
         prompts = [{"prompt_token_ids": list(self.history[r])} for r in rows]
         outs = eng.llm.generate(prompts, sps, use_tqdm=False)
         result = {}
@@ -276,6 +300,10 @@ class VLLMEngine:
         kwargs = {"enable_prefix_caching": True, "enable_sleep_mode": True,
                   "logprobs_mode": "processed_logprobs", "worker_extension_cls": WORKER_EXTENSION,
                   "gpu_memory_utilization": GPU_MEMORY_UTILIZATION, **llm_kwargs}
+        from transformers import AutoConfig
+
+        model_vocab = AutoConfig.from_pretrained(model_path).vocab_size  # a local file: no network
+        self.vocab_bias = vocab_mask_bias(tokenizer.vocab_size, model_vocab)  # before vLLM loads
         self.llm = LLM(model=model_path, **kwargs)
         self.tokenizer = tokenizer
         self.stats = EngineStats()
