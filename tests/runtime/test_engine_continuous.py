@@ -350,3 +350,32 @@ def test_compiled_decode_blocks_equal_eager(tiny):
         assert [(i, f) for i, _, f in out[True][r]] == [(i, f) for i, _, f in out[False][r]], r
         for (_, la, _), (_, lb, _) in zip(out[True][r], out[False][r], strict=True):
             assert la == pytest.approx(lb, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_compiled_decode_compiles_past_dynamo_default_limit(tiny):
+    """More decode shapes (widths x cache capacities) than Dynamo's default recompile limit (8):
+    every one still gets its own compiled graph instead of silently running eager, and each
+    equals the eager step."""
+    from torch._dynamo.utils import counters
+
+    eng = TorchEngine(tiny.model, tiny.tokenizer, max_batch=8, compile=True, initial_capacity=16)
+    eager = TorchEngine(tiny.model, tiny.tokenizer, max_batch=8, initial_capacity=16)
+    groups = ((eng.sampler(0.0, 1.0), None),)
+    graphs0 = counters["stats"]["unique_graphs"]
+    shapes = [(w, cap) for cap in (16, 32, 48) for w in (1, 2, 4, 8)]  # 12 shapes
+    for w, cap in shapes:
+        args = []
+        for e in (eng, eager):
+            b = e.open(8)
+            b._grow(cap)
+            assert b.capacity == cap
+            slot = torch.arange(w)
+            args.append((e, b, slot))
+        ids, pos = torch.arange(5, 5 + w), torch.arange(w)
+        with torch.no_grad():  # as the engine's step() runs it
+            (tc, lc), (te, le) = [e.decode_block(b.k, b.v, ids, slot, pos, b.seeds_t[slot], groups, 2)
+                                  for e, b, slot in args]
+        assert torch.equal(tc, te) and torch.allclose(lc, le, atol=1e-4)
+    assert counters["stats"]["unique_graphs"] - graphs0 == len(shapes)
+    assert eng.stats.extra["compiled_shapes"] == len(shapes)

@@ -34,7 +34,9 @@ and a waiting row joins at the next block boundary. `compile=True` runs that dec
 (forward + sampling + feed-back, one graph: no graph break,
 tests/runtime/test_engine_continuous.py) through `torch.compile` at static shapes (the decode
 width padded to a power of two, attention over the whole slot capacity) with CUDA graphs on a
-GPU (`mode="reduce-overhead"`, the cache marked as a static address). On the CPU, Inductor's
+GPU (`mode="reduce-overhead"`, the cache marked as a static address); one graph per (width,
+cache capacity, sampling settings), up to `COMPILED_SHAPES` of them (`EngineStats.extra`
+counts them as "compiled_shapes"). On the CPU, Inductor's
 vectorised kernels crash on the sampling (see `_compile`), so the CPU compiles it without SIMD.
 Measured on the CPU only (benchmarks/bench_engine.py); the fast path has not run on a GPU yet
 (benchmarks/bench_decode_roofline.py measures it there).
@@ -45,6 +47,7 @@ Measured on the CPU only (benchmarks/bench_engine.py); the fast path has not run
 from __future__ import annotations
 
 import time
+import warnings
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -64,6 +67,10 @@ from earl.runtime.engine.base import (
 from earl.runtime.tokenizer import Tokenizer
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+# distinct shapes the compiled decode step may be specialised to: decode widths (powers of two up
+# to max_batch) x slot-cache capacities (doubling) x sampling-group layouts. Dynamo's default
+# recompile limit (8 per function) would silently run every shape past the 8th eager.
+COMPILED_SHAPES = 64
 
 
 def check_supported(model: torch.nn.Module) -> None:
@@ -417,6 +424,7 @@ class TorchEngine:
         # local heads: under tensor parallelism the projections hold this rank's heads only
         self.kv_heads = self.layers[0].self_attn.k_proj.weight.shape[0] // self.head_dim
         self._compiled = None
+        self._shapes: set[tuple] = set()  # (width, capacity, sampling groups) the compiled step has run
         self._pool: _CachePool | None = None  # the cache a finished batch hands to the next one
 
     @property
@@ -506,6 +514,13 @@ class TorchEngine:
             if self._compiled is None:
                 self._compiled = _compile(self.decode_step, self.device)
             step = self._compiled
+            self._shapes.add((ids_B.shape[0], k_cache[0].shape[1], tuple(id(g[0]) for g in groups)))
+            self.stats.extra["compiled_shapes"] = len(self._shapes)
+            if len(self._shapes) == COMPILED_SHAPES + 1:
+                warnings.warn(f"the compiled decode step has met {len(self._shapes)} shapes (widths x cache "
+                              f"capacities x sampling settings), past its limit of {COMPILED_SHAPES}: new ones "
+                              "run eager; fewer sampling settings or a larger initial_capacity avoid it",
+                              stacklevel=2)
         cuda_graphs = self.compile and self.device.type == "cuda"
         toks, lps = [], []
         for _ in range(steps):
@@ -525,6 +540,8 @@ def _compile(fn, device: torch.device):
     a reduction (the Gumbel noise before the argmax) corrupts the heap in torch 2.13 (segfault or
     `malloc(): unaligned tcache chunk`; repro: `torch.compile(lambda s, p: counter_uniform(s, p,
     64).argmax(-1))(torch.arange(4), torch.arange(4))`; with `cpp.simdlen=1` it equals eager)."""
+    limits = torch._dynamo.config
+    limits.recompile_limit = max(limits.recompile_limit, COMPILED_SHAPES)  # see COMPILED_SHAPES
     if device.type == "cuda":
         return torch.compile(fn, dynamic=False, mode="reduce-overhead")
     return torch.compile(fn, dynamic=False, options={"cpp.simdlen": 1})
