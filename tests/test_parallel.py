@@ -186,3 +186,14 @@ def test_groups_and_mesh_agree():
         assert o["dp_ranks"] == o["mesh_dp"] == (rank % 2, rank % 2 + 2)
         assert (o["dp_rank"], o["tp_rank"]) == divmod(rank, 2)
         assert o["full_ok"]
+
+
+def test_fsdp_shard_error_lists_a_big_model_valid_dp_briefly():
+    """A 7B-wide row-parallel weight (3584 input features) has 20 valid dp values: the error
+    names the first 12 and says how many there are."""
+    from earl.runtime.parallelize import fsdp_shard_error
+
+    shapes = {"o.weight": ParamShape(shape=(3584, 3584), tp_dim=1)}
+    msg = fsdp_shard_error(ParallelPlan(dp=3, sharded_optimizer=True), shapes)
+    assert msg.endswith("valid dp with tp=1 and `zero`: 1, 2, 4, 7, 8, 14, 16, 28, 32, 56, 64, 112, ... "
+                        "(20 values: the divisors of 3584) (or drop `zero`)"), msg

@@ -55,11 +55,14 @@ def fsdp_shard_error(plan: ParallelPlan, shapes: dict[str, ParamShape]) -> str:
     if bad is None:
         return ""
     common = math.gcd(*sizes.values())
-    valid = [d for d in range(1, common + 1) if common % d == 0]
+    valid = [str(d) for d in range(1, common + 1) if common % d == 0]
+    shown = ", ".join(valid[:12])
+    if len(valid) > 12:
+        shown += f", ... ({len(valid)} values: the divisors of {common})"
     name, size = bad
     return (f"FSDP2 cannot shard {name} ({size} along dim {shapes[name].shard_dim} per tp rank) over dp={plan.dp}: "
             f"it refuses uneven sharding on dims other than 0; valid dp with tp={plan.tp} and `zero`: "
-            f"{', '.join(map(str, valid))} (or drop `zero`)")
+            f"{shown} (or drop `zero`)")
 
 
 def uses_dtensor(plan: ParallelPlan) -> bool:
