@@ -135,6 +135,8 @@ CASES = [
     ("run-steps-string", {"c.toml": 'steps = "many"\n'}, ["run", "c.toml", "--out", "o"], "steps = 'many'"),
     ("run-unknown-env", {"c.toml": '[env]\nname = "chess"\n'}, ["run", "c.toml", "--out", "o"], "chess"),
     ("run-section-scalar", {"c.toml": "trainer = 3\n"}, ["run", "c.toml", "--out", "o"], "trainer"),
+    ("run-compile-static-engine", {}, ["run", "--set", "engine=pytorch-static", "--set", "compile_decode=true",
+                                       "--out", "o"], "compile_decode applies to engine 'pytorch' only"),
     ("run-unknown-section", {"c.toml": "[trainr]\nlr = 1\n"}, ["run", "c.toml", "--out", "o"], "trainr"),
     ("run-yaml-number", {"c.yaml": "5\n"}, ["run", "c.yaml", "--out", "o"], "mapping"),
     ("run-budget-negative", {}, ["run", "--set", "plan.memory_budget_mb=-1", "--out", "o"], "memory_budget_mb"),

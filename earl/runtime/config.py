@@ -117,6 +117,9 @@ class RunConfig:
     reuse_kv: bool = True  # keep each episode's KV cache across turns
     decode_steps: int = 0  # engine "pytorch": decode steps on the device per host sync; 0 = by device (1 CPU, 8 GPU)
     engine_batch: int = 0  # episodes per engine batch; 0 = all of the step's episodes at once
+    # engine "pytorch": pure decode steps through torch.compile (CUDA graphs on a GPU); one graph
+    # per decode width and cache size, each compiled on first use (seconds on the tiny model)
+    compile_decode: bool = False
     nproc: int = 1  # processes of a local run (`earl run --nproc N` starts them under torchrun)
     checkpoints: bool = True  # write checkpoints and the final HF export; false for throwaway runs (validate)
     checkpoint_every: int = 50  # steps between checkpoints; 0 = only at the end
@@ -136,6 +139,8 @@ class RunConfig:
                              f"{self.transcript_every} and {self.transcript_episodes}")
         if self.decode_steps < 0:
             raise ValueError(f"decode_steps must be >= 0 (0: by device), got {self.decode_steps}")
+        if self.compile_decode and self.engine != "pytorch":
+            raise ValueError(f"compile_decode applies to engine 'pytorch' only, not {self.engine!r}")
         if self.checkpoint_every < 0 or self.engine_batch < 0 or self.keep_checkpoints < 1:
             raise ValueError("checkpoint_every and engine_batch must be >= 0, keep_checkpoints >= 1")
         if self.policy.selector not in SELECTORS:

@@ -176,7 +176,9 @@ def play(w: Worker, step: int) -> tuple[list[Trajectory], dict]:
               "env_s": sum(u.env_latency_s for t in trajs for u in t.turns)}
     w.span("rollout", "rollout", t0, step, tokens=counts["generated_tokens"],
            args={"prefill_tokens": counts["prefill_tokens"], "env_s": counts["env_s"],
-                 "prefill_s": es.prefill_s - es0.prefill_s, "decode_s": es.decode_s - es0.decode_s})
+                 "prefill_s": es.prefill_s - es0.prefill_s, "decode_s": es.decode_s - es0.decode_s,
+                 "host_syncs": es.host_syncs - es0.host_syncs,
+                 "compiled_shapes": es.extra.get("compiled_shapes", 0)})
     return trajs, counts
 
 

@@ -180,7 +180,8 @@ class Worker:
             return
         self.roll_model = None if self._shares_train(plan) else self._sharded_copy(plan)
         self.engine = make_engine(self.cfg.engine, self.roll_model or self.train_model, self.policy.tokenizer,
-                                  reuse_kv=self.cfg.reuse_kv, decode_steps=self.cfg.decode_steps)
+                                  reuse_kv=self.cfg.reuse_kv, decode_steps=self.cfg.decode_steps,
+                                  compile=self.cfg.compile_decode)
 
     def logprob_model(self) -> torch.nn.Module:
         return self.exp_model or self.train_model

@@ -132,3 +132,26 @@ def test_hardware_profile_reaches_the_selector(tmp_path):
     assert "--hardware" in help_text
     msg = one_line_error(CliRunner().invoke(app, ["run", "--out", str(tmp_path / "z"), "--hardware", "tpu-v9"]))
     assert "tpu-v9" in msg
+
+
+@pytest.mark.slow
+def test_compiled_decode_run_equals_eager(tmp_path):
+    """`compile_decode=true` (decode steps through torch.compile) samples the very tokens the
+    eager engine does: the same episodes, rewards and token counts; losses to float noise. The
+    calculator env, since its turns run decode blocks (a Tic-Tac-Toe move is one token)."""
+    calc = {"env.name": "calculator", "sampling.max_new_tokens": "6", "trainer.algo": "grpo"}
+    runs = [train(small(steps=2, compile_decode=c, **calc), tmp_path / c, progress=False, echo=lambda s: None)
+            for c in ("false", "true")]
+    for a, b in zip(runs[0].metrics, runs[1].metrics, strict=True):
+        a, b = deterministic(a), deterministic(b)
+        assert a.keys() == b.keys()
+        for k in a:
+            if isinstance(a[k], float):
+                assert b[k] == pytest.approx(a[k], rel=1e-3, abs=1e-4), k
+            else:
+                assert b[k] == a[k], k
+    for res, compiled in zip(runs, (False, True), strict=True):
+        trace = json.loads((res.out_dir / "trace.json").read_text())
+        spans = [e["args"] for e in trace["traceEvents"] if e.get("cat") == "rollout" and e["ph"] == "X"]
+        assert spans and all(a["host_syncs"] > 0 for a in spans)
+        assert (spans[-1]["compiled_shapes"] > 0) == compiled

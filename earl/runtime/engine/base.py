@@ -237,13 +237,14 @@ LOCAL_ENGINES = ("pytorch", "pytorch-static")  # run the module they are given (
 
 
 def make_engine(name: str, model: torch.nn.Module, tokenizer: Tokenizer, *, reuse_kv: bool = True,
-                model_path: str | None = None, decode_steps: int = 0) -> Engine:
+                model_path: str | None = None, decode_steps: int = 0, compile: bool = False) -> Engine:
     """`decode_steps`: decode steps the built-in `pytorch` engine runs per host sync (0: by device,
-    `DECODE_STEPS`; the other engines ignore it)."""
+    `DECODE_STEPS`); `compile`: its decode steps through torch.compile (the other engines ignore
+    both)."""
     if name == "pytorch":
         from earl.runtime.engine.pytorch import TorchEngine
 
-        return TorchEngine(model, tokenizer, reuse_kv=reuse_kv, decode_steps=decode_steps)
+        return TorchEngine(model, tokenizer, reuse_kv=reuse_kv, decode_steps=decode_steps, compile=compile)
     if name == "pytorch-static":
         from earl.runtime.engine.static import StaticTorchEngine
 
