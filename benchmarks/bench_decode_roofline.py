@@ -101,6 +101,10 @@ def main() -> None:
             tok_s = eng.stats.decode_tokens / eng.stats.decode_s
             print(f"{b:>5} {'on' if compile_ else 'off':>7} {k:>10} {tok_s:>10.1f} {roof_tok_s:>15.1f} "
                   f"{tok_s / roof_tok_s:>9.1%} {eng.stats.host_syncs / eng.stats.generated_tokens:>11.3f}", flush=True)
+    if dev.type == "cuda" and a.compile != "off":
+        from torch._dynamo.utils import counters  # a compiled graph that could not run as a CUDA graph
+
+        print(f"CUDA graph skips: {counters['inductor']['cudagraph_skips']} (0: every compiled step replayed a graph)")
 
 
 if __name__ == "__main__":

@@ -59,10 +59,15 @@ def test_engine_equals_hf_forward_on_cuda(cuda_tiny):
 def test_compiled_decode_blocks_on_cuda_equal_eager(cuda_tiny):
     """Blocks of 8 decode steps through the compiled step (forward + sampling in one CUDA graph
     per width, tokens fed back on the device) sample what eager single steps sample, token for
-    token, across turns that end mid-block; and sync once per block."""
+    token, across turns that end mid-block; and sync once per block. No compiled graph fell back
+    from CUDA graphs (Inductor counts those skips: a mutated cache that is not a static address,
+    say, would run without graphs and without a word)."""
+    from torch._dynamo.utils import counters
+
     from earl.runtime.engine import SamplingParams, TorchEngine
 
     pol, torch = cuda_tiny
+    skips0 = counters["inductor"]["cudagraph_skips"]
     tok = pol.tokenizer
     inputs0 = {r: tok.encode(p) for r, p in enumerate(["hello", "a longer prompt", "x", "12+3="])}
     out = {}
@@ -83,6 +88,7 @@ def test_compiled_decode_blocks_on_cuda_equal_eager(cuda_tiny):
         for (_, _, la, _), (_, _, lb, _) in zip(x, ref, strict=True):
             assert max(abs(p - q) for p, q in zip(la, lb, strict=True)) < 2e-3
     assert s8.host_syncs < s1.host_syncs
+    assert counters["inductor"]["cudagraph_skips"] == skips0
 
 
 def test_one_process_run_on_cuda(tmp_path):
