@@ -54,7 +54,9 @@ FITTED = tuple(f for names in FIELDS.values() for f in names)
 PROCS = (2, 4)  # ranks measured (the process counts `earl validate` checks)
 REPEATS = 6  # timed repeats per case after one warm-up
 START_METHOD = "spawn"  # fresh ranks: the calibrating process may hold CUDA or many threads
-STARTUP_S = 6.0  # seconds to spawn ranks and import torch + transformers, per process count
+# phase budget (s) below which only the quick set runs; the full set takes about 35 s on 2 cores
+# whatever the budget (most of it spawning ranks), the quick one about 12 s
+QUICK_BUDGET_S = 4.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -265,7 +267,7 @@ def fit_fsdp_costs(profile: HardwareProfile, points: list[FsdpPoint],
 def calibrate_fsdp(profile: HardwareProfile, budget_s: float = 30.0) -> HardwareProfile:
     """Measure (every case at 2 and 4 ranks when the budget allows, else QUICK_CASES at 2) and
     return `profile` with the FITTED constants and their fit quality (`fit_quality["fsdp"]`)."""
-    full = budget_s >= 3 * STARTUP_S
+    full = budget_s >= QUICK_BUDGET_S
     points = measure(procs=PROCS if full else PROCS[:1], cases=TRAIN_CASES if full else QUICK_CASES,
                      repeats=REPEATS if full else 2)
     fields, quality = fit_fsdp_costs(profile, points)
