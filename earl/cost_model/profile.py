@@ -89,9 +89,14 @@ class DispatchPath:
     # bytes/s of a rank's point-to-point traffic inside a node as the executor drives it (its
     # sends plus receives; None: the profile's `intra` link). On a CPU host the gloo runs fit it
     wire_bw_bytes_s: float | None = None
+    # per synchronising round of the executor (its start barrier, each phase, the two rounds of
+    # the advantage statistics) when the dispatch starts on cold caches, as a training step's
+    # does right after its log-prob passes; fitted from the gloo runs on CPU, 0 on datasheets, s
+    cold_round_s: float = 0.0
 
     def __post_init__(self):
-        for k in ("message_s", "object_s", "sample_s", "controller_object_s", "sync_s", "oversubscribed_exp"):
+        for k in ("message_s", "object_s", "sample_s", "controller_object_s", "sync_s", "oversubscribed_exp",
+                  "cold_round_s"):
             if getattr(self, k) < 0:
                 raise ValueError(f"DispatchPath.{k} must be >= 0 s, got {getattr(self, k)}")
         for k in ("copy_bw_bytes_s", "controller_bw_bytes_s"):
