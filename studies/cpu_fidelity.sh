@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CPU fidelity check: calibrate this host once, then hold the profile against runs it was not
 # fitted on, and time dispatch on gloo next to the one dispatch price. Calibration runs the tiny
-# model on Tic-Tac-Toe; the validations use
+# model on Tic-Tac-Toe, the dispatch executor and the FSDP2 training step + weight sync on 2 and 4
+# gloo ranks (phases dispatch and fsdp); the validations use
 #   - a held-out model: qwen2-27m (Qwen2-shaped, 27M parameters, random weights, vocab 8192),
 #     on the calibration's environment and on a held-out one (calculator);
 #   - the multi-process runtime: --nproc 2 and 4 (tiny model, calculator);

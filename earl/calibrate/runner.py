@@ -9,7 +9,8 @@ cost the cost model adds and the elementwise ops' speed, see earl.calibrate.over
 (host costs of the runtime's own stage code: collating, log-prob and training passes, the
 optimizer's per-tensor work, dispatch; see earl.calibrate.hostcost), dispatch (the runtime's
 dispatch executor on 2 and 4 gloo processes: the profile's dispatch path, see
-earl.calibrate.dispatchfit).
+earl.calibrate.dispatchfit), fsdp (the runtime's FSDP2 training step and weight sync on 2 and 4
+gloo processes, CPU only: per-unit, per-tensor host costs, see earl.calibrate.fsdpfit).
 Parameters not measured (e.g. the link on a one-GPU machine) come from the `base` profile.
 
 How fitted numbers map onto the profile, matching `earl.cost_model.compute` (which prices an
@@ -27,7 +28,9 @@ operator as max(compute, memory) time plus `op_overhead_s`):
   intra          alpha-beta of point-to-point messages (ping-pong / 2);
   collective_links  per-op links fitted through earl.cost_model.comm's formulas;
   dispatch_path  per-message, per-piece, per-byte, per-sample and oversubscription costs of the
-                 dispatch executor, fitted through earl.cost_model.dispatch (phase dispatch).
+                 dispatch executor, fitted through earl.cost_model.dispatch (phase dispatch);
+  fsdp_unit_s, fsdp_tensor_s, reshard_tensor_s  FSDP2 host costs per unit x micro-batch, per
+                 parameter tensor of an optimizer step, per tensor x gathered shard (phase fsdp).
 On CPU there is no datasheet: the peak FLOP/s and bandwidth are set to the fitted asymptotes
 (matmul and memory peak_frac = 1); on a GPU the datasheet peaks stay and peak_frac is what
 was achieved.
@@ -56,9 +59,9 @@ from earl.calibrate.timing import resolve_device, resolve_dtype
 from earl.cost_model.profile import HardwareProfile, datasheet_profile, environment_stamp, load_profile
 from earl.specs import HARDWARE_CATALOG, HardwareSpec
 
-PHASES = ("matmul", "attention", "memory", "collectives", "overhead", "runtime", "dispatch")
+PHASES = ("matmul", "attention", "memory", "collectives", "overhead", "runtime", "dispatch", "fsdp")
 PHASE_WEIGHTS = {"matmul": 0.25, "attention": 0.20, "memory": 0.10, "collectives": 0.15, "overhead": 0.15,
-                 "runtime": 0.15, "dispatch": 0.10}
+                 "runtime": 0.15, "dispatch": 0.10, "fsdp": 0.10}
 MIN_BUDGET_S = {"cpu": 8.0, "cuda": 20.0}
 COLLECTIVE_STARTUP_S = 3.0  # spawning ranks and importing torch, not spent benchmarking
 
@@ -221,6 +224,8 @@ def _calibrate(dev, dt, budget_s, phases, base_prof, seed, progress, t_start) ->
         res = _fit_host_costs(res, dev, dt, share["runtime"], progress)
     if "dispatch" in phases:
         res = _fit_dispatch_path(res, share["dispatch"], progress)
+    if "fsdp" in phases:
+        res = _fit_fsdp(res, dev, share["fsdp"], progress)
     wall = time.perf_counter() - t_start
     stamp = {**res.profile.stamp, "wall_s": round(wall, 1)}
     return dataclasses.replace(res, profile=dataclasses.replace(res.profile, stamp=stamp), wall_s=wall)
@@ -267,6 +272,22 @@ def _fit_dispatch_path(res: CalibrationResult, budget_s: float, progress: Progre
     prof = dispatchfit.calibrate_dispatch(res.profile, budget_s)
     progress.step("dispatch", "gloo runs")
     stamp = {**prof.stamp, "measured": sorted([*prof.stamp["measured"], "dispatch"])}
+    return dataclasses.replace(res, profile=dataclasses.replace(prof, stamp=stamp))
+
+
+def _fit_fsdp(res: CalibrationResult, dev, budget_s: float, progress: Progress) -> CalibrationResult:
+    """The multi-process runtime's FSDP2 host costs (earl.calibrate.fsdpfit): its training step
+    and weight sync on 2 and 4 local gloo ranks, fitted on the profile measured so far. CPU
+    only (on CUDA the ranks would run NCCL, one GPU each); elsewhere the terms stay 0."""
+    from earl.calibrate import fsdpfit
+
+    progress.phase("fsdp", 1)
+    if dev.type != "cpu":
+        progress.step("fsdp", "skipped: gloo ranks on the CPU only")
+        return res
+    prof = fsdpfit.calibrate_fsdp(res.profile, budget_s)
+    progress.step("fsdp", "gloo runs")
+    stamp = {**prof.stamp, "measured": sorted([*prof.stamp["measured"], "fsdp"])}
     return dataclasses.replace(res, profile=dataclasses.replace(prof, stamp=stamp))
 
 

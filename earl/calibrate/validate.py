@@ -19,8 +19,10 @@ TransferPlan executor (experience -> training layout) over gloo, priced by the p
 `dispatch_path`; reshard is the training weights moved to the rollout / experience copies (the
 runtime's `reshard` spans), priced as the simulator's `sync_s` + `reshard_s`. The simulator
 prices the runtime's own moves: `zero` plans with dp > 1 as FSDP2 (`fsdp=True`: unit gathers and
-gradient reduce-scatters per micro-batch, the dp gather of weights on every sync) and the
-rollout -> experience hand-off through the dispatcher (`handoff=True`, part of experience).
+gradient reduce-scatters per micro-batch, the dp gather of weights on every sync, and the FSDP2
+host costs of the profile's phase fsdp) and the rollout -> experience hand-off through the
+dispatcher (`handoff=True`, part of experience); its dispatch starts from the hand-off's layout
+and places the training samples as the runtime does (`train_placement="balanced"`).
 
 The simulator replays step k of the trace as its step k-1 with the same selector, dispatcher,
 engine batch and log-prob passes; the first `warmup_steps` steps (allocator, lazy init) are
@@ -245,7 +247,7 @@ def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: i
     engine = "turn-sync" if cfg.engine == "pytorch" else "continuous"
     sim = Simulation(sc, cfg.policy.selector, cfg.policy.dispatcher, cost_model=cm, engine=engine, padded=True,
                      token_budget=cfg.trainer.token_budget, fsdp=True, handoff=True,
-                     head_on="generated").run()
+                     head_on="generated", train_placement="balanced").run()
     return sim.rows
 
 

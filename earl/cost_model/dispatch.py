@@ -20,7 +20,9 @@ Per phase of the plan (phases run one after another; transfers of a phase run at
   processes than `host_parallel` (a descheduled partner costs a scheduler slice per round).
 Then advantages: centralized, the controller computes all of them between its two phases;
 layout-aware, each producer computes its own and one all-reduce of per-group scalars follows.
-Then metadata through the controller and the fixed planning cost (`dispatch_fixed_s`). On one
+Then metadata through the controller, the fixed planning cost (`dispatch_fixed_s`) and, where
+the fit measured it, the executor's synchronising rounds started on cold caches (`cold_round_s`
+per round of `sync_rounds`; a training step's dispatch follows its log-prob passes). On one
 process no executor runs (the runtime re-orders rows in place): the calibrated host cost of that
 path (`dispatch_fixed_s` + `dispatch_seq_s` per sample) is the price.
 
@@ -94,13 +96,21 @@ def _phase_s(cm: CostModel, phase, central_rank: int | None, ppn: int) -> tuple[
     return worst, {"busiest_bytes": max(moved.values(), default=0.0), "messages": messages}
 
 
+def sync_rounds(tplan) -> int:
+    """Rounds of the executor (earl.runtime.move_samples.execute_dispatch) at which every rank
+    waits for its peers: the start barrier, each phase, and the advantage statistics' gather to
+    one rank and scatter back (when the plan reduces them)."""
+    return 1 + len(tplan.phases) + (2 if tplan.reduce_bytes else 0)
+
+
 def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, world: int,
                         plan=None, control: bool = True) -> Estimate:
     """Price `tplan` (an earl.policies TransferPlan: `kind`, `controller`, `phases` of transfers
     with src, dst, bytes, sample_ids, tensors; `metadata_bytes`, `reduce_bytes`) moving
     `samples` samples made by `producers` data-parallel groups among `world` ranks.
-    `control=False` leaves out the control plane (planning, metadata to the controller): what
-    a benchmark that plans before it starts its clock measures."""
+    `control=False` leaves out the control plane (planning, metadata to the controller) and the
+    cold start of the executor's rounds (`DispatchPath.cold_round_s`): what a benchmark that
+    plans before it starts its clock and runs dispatches back to back measures."""
     if samples < 1 or producers < 1 or world < 1:
         raise ValueError(f"price_transfer_plan needs samples, producers and world >= 1, got "
                          f"{samples}, {producers}, {world}")
@@ -139,6 +149,8 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
         br["advantage_stats"] = comm.allreduce_s(tplan.reduce_bytes, world, link) + \
             (rounds * path.sync_s if oversubscribed else 0.0)
     if control:
+        if world > 1 and path.cold_round_s:  # the executor's rounds, started on cold caches
+            br["cold_start"] = sync_rounds(tplan) * path.cold_round_s
         if tplan.metadata_bytes and world > 1:
             far = world - 1 if tplan.controller == 0 else 0
             br["metadata"] = cm.transfer_time_s(tplan.metadata_bytes, far, tplan.controller)

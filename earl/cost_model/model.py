@@ -22,6 +22,12 @@ from earl.parallel import model_slice, validate_plan
 from earl.specs import ClusterSpec, ModelSpec, ParallelPlan
 
 FSDP_SHARD_BYTES = 4  # bytes per parameter of the fp32 shards FSDP2 keeps (and gathers)
+# small all-reduces over dp per optimizer step of the runtime's FSDP2 training step
+# (earl.runtime.optim.train_step, Trainer.backward, FSDPAdamW.grad_norm): the loss-token count,
+# the lockstep micro-batch count, the gradient norm and the loss statistics (+1 over tp for the
+# gradient norm when tp > 1)
+FSDP_STEP_ALLREDUCES = 4
+SCALAR_BYTES = 16  # bytes of one of those all-reduces (a few fp64 scalars)
 
 STAGES = ("prefill", "decode", "logprob", "train", "reshard", "dispatch")
 DISPATCHERS = ("centralized", "layout-aware")  # priced by earl.cost_model.dispatch on their TransferPlan
@@ -315,7 +321,10 @@ class CostModel:
         """One optimizer step over a global batch of `batch` sequences of `context` tokens.
         `fsdp`: a `zero` plan with dp > 1 runs FSDP2 (the PyTorch runtime's): every micro-batch
         gathers each layer's weights over dp in its forward and again in its backward (the root
-        unit once) and reduce-scatters their gradients, in place of one gradient all-reduce.
+        unit once) and reduce-scatters their gradients, in place of one gradient all-reduce; each
+        unit also costs the profile's `fsdp_unit_s` of host work per micro-batch, each optimizer
+        step `fsdp_tensor_s` per parameter tensor (DTensor host work) and FSDP_STEP_ALLREDUCES
+        small all-reduces (counted; priced on the link).
         `head_frac`: the share of positions that get logits (see `head_tokens`); the head of
         those is then recomputed in the backward pass, as the runtime's chunked head is."""
         self._check(plan, batch, context)
@@ -343,7 +352,7 @@ class CostModel:
         t_mb = (3 * fwd.total_s + recompute + tp_c + cp_c + self.profile.train_pass_s
                 + self.profile.train_token_s * tokens)
         p_local = memory.params_per_gpu(self.model, plan)
-        fsdp_c = 0.0
+        fsdp_c = fsdp_host = step_coll = 0.0
         sharded_weights = fsdp and plan.sharded_optimizer and plan.dp > 1
         if sharded_weights:  # one FSDP unit per layer + the root (embeddings, final norm, head)
             units = layers + 1
@@ -353,7 +362,8 @@ class CostModel:
             rs = comm.group_link(self.cluster, self.profile, plan.dp, stride, collective="reducescatter")
             fsdp_c = (2 * units - 1) * comm.allgather_s(unit_bytes, plan.dp, ag) + \
                 units * comm.reducescatter_s(p_local / units * 4, plan.dp, rs)  # fp32 gradients
-            t_mb += fsdp_c
+            fsdp_host = units * self.profile.fsdp_unit_s  # hooks, DTensor work, lockstep (calibrated)
+            t_mb += fsdp_c + fsdp_host
         # 1F1B: (pp - 1) micro-batch slots of fill and drain; interleaved over v model chunks per
         # rank, each slot is 1/v as long (Narayanan et al. 2021, sec. 2.2.2)
         v = plan.virtual_stages
@@ -385,7 +395,15 @@ class CostModel:
         # (calibrated; a pp stage holds its share of the tensors, tp shards keep their count)
         optimizer += self.profile.optimizer_step_s + \
             self.profile.optimizer_tensor_s * math.ceil(param_tensors(self.model) / plan.pp)
-        t = pipeline + pp_p2p + dp_sync + optimizer
+        if sharded_weights:
+            ar = comm.group_link(self.cluster, self.profile, plan.dp, plan.tp * plan.cp * plan.pp,
+                                 collective="allreduce")
+            step_coll = FSDP_STEP_ALLREDUCES * comm.allreduce_s(SCALAR_BYTES, plan.dp, ar)
+            # the optimizer's per-tensor work on DTensors (calibrated)
+            optimizer += self.profile.fsdp_tensor_s * math.ceil(param_tensors(self.model) / plan.pp)
+            if plan.tp > 1:
+                step_coll += comm.allreduce_s(SCALAR_BYTES, plan.tp, self._tp_link(plan.tp))
+        t = pipeline + pp_p2p + dp_sync + optimizer + step_coll
         trained = per_replica * plan.dp * context
         model_flops = train_flops_per_token(self.model, context) * trained / gpus
         return Estimate(
@@ -394,6 +412,7 @@ class CostModel:
             breakdown={"forward": m * fwd.total_s, "backward": m * 2 * fwd.total_s,
                        "recompute": m * recompute, "tp_comm": m * tp_c, "cp_comm": m * cp_c,
                        "pipeline_bubble": bubble, "pp_p2p": pp_p2p, "fsdp_comm": m * fsdp_c,
+                       "fsdp_host": m * fsdp_host, "step_collectives": step_coll,
                        "dp_grad_sync": dp_sync, "optimizer": optimizer},
             extras={"micro_batches": m, "micro_batch_s": t_mb, "pp_p2p_per_mb_s": pp_p2p / (m + plan.pp - 1),
                     "bubble_frac": bubble / pipeline, "dp_grad_sync_unhidden_s": dp_sync_total,
@@ -461,7 +480,7 @@ class CostModel:
             stream, p2p = max(stream, g_stream), max(p2p, g_p2p)
         once = 0.0
         if stage == "train":
-            once = last.breakdown["dp_grad_sync"] + last.breakdown["optimizer"]
+            once = last.breakdown["dp_grad_sync"] + last.breakdown["optimizer"] + last.breakdown["step_collectives"]
         else:  # each dp group collates its share of the sequences (calibrated; 0 on datasheets)
             prof = self.profile
             once = (prof.experience_seq_s * -(-len(ctx) // plan.dp)
@@ -511,15 +530,18 @@ class CostModel:
         t = comm.p2p_s(worst, link) if worst > 0 else 0.0
         # FSDP2 weights leaving the training layout: one all-gather over dp of fp32 shards per
         # parameter tensor (earl.runtime.optim.FSDPAdamW.weights)
-        gather = 0.0
+        gather = host = 0.0
         if fsdp and src.sharded_optimizer and src.dp > 1 and not include_optimizer:
             tensors = math.ceil(param_tensors(self.model) / src.pp)
             per_tensor = params / (src.tp * src.pp) / tensors * FSDP_SHARD_BYTES
             dp_link = comm.group_link(self.cluster, self.profile, src.dp, src.model_parallel, collective="allgather")
             gather = tensors * comm.allgather_s(per_tensor, src.dp, dp_link)
+            # + per tensor and gathered peer shard: the gather's rounds in lockstep, the cast,
+            # concatenation and copy into the destination (calibrated)
+            host = tensors * (src.dp - 1) * self.profile.reshard_tensor_s
         moved = worst * world
-        return Estimate(stage="reshard", time_s=t + gather, feasible=True, gpus=world, plan=dst,
-                        breakdown={"transfer": t, "dp_gather": gather},
+        return Estimate(stage="reshard", time_s=t + gather + host, feasible=True, gpus=world, plan=dst,
+                        breakdown={"transfer": t, "dp_gather": gather, "host": host},
                         extras={"bytes_per_gpu": worst, "bytes_total": moved, "link_bw_bytes_s": link.bw_bytes_s})
 
 

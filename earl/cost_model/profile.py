@@ -89,9 +89,14 @@ class DispatchPath:
     # bytes/s of a rank's point-to-point traffic inside a node as the executor drives it (its
     # sends plus receives; None: the profile's `intra` link). On a CPU host the gloo runs fit it
     wire_bw_bytes_s: float | None = None
+    # per synchronising round of the executor (its start barrier, each phase, the two rounds of
+    # the advantage statistics) when the dispatch starts on cold caches, as a training step's
+    # does right after its log-prob passes; fitted from the gloo runs on CPU, 0 on datasheets, s
+    cold_round_s: float = 0.0
 
     def __post_init__(self):
-        for k in ("message_s", "object_s", "sample_s", "controller_object_s", "sync_s", "oversubscribed_exp"):
+        for k in ("message_s", "object_s", "sample_s", "controller_object_s", "sync_s", "oversubscribed_exp",
+                  "cold_round_s"):
             if getattr(self, k) < 0:
                 raise ValueError(f"DispatchPath.{k} must be >= 0 s, got {getattr(self, k)}")
         for k in ("copy_bw_bytes_s", "controller_bw_bytes_s"):
@@ -172,6 +177,17 @@ class HardwareProfile:
     # (per sample, dispatch_seq_s prices the one-process path, where the runtime re-orders rows in
     # place; across processes dispatch_path's per-piece and per-sample terms price the executor)
     dispatch_seq_s: float = 0.0  # ... and per sample delivered
+    # ---- host costs of the multi-process runtime's FSDP2 path, measured by `earl calibrate`
+    # (phase "fsdp", earl/calibrate/fsdpfit.py) on gloo ranks running the runtime's own
+    # training step and weight sync; priced only where a `zero` plan with dp > 1 runs as FSDP2
+    # (CostModel.train / .reshard with fsdp=True). 0 for datasheet profiles.
+    fsdp_unit_s: float = 0.0  # per FSDP unit per training micro-batch: its hooks, DTensor host work
+    # and the lockstep of its gathers / reduce-scatters beyond their alpha-beta price, s
+    fsdp_tensor_s: float = 0.0  # per optimizer step, per parameter tensor of the FSDP2 model beyond
+    # optimizer_tensor_s: DTensor dispatch of the gradient scaling, norm, clipping and AdamW, s
+    reshard_tensor_s: float = 0.0  # weight sync from FSDP2 shards: per parameter tensor and peer
+    # shard gathered (dp - 1 per tensor: the gather's rounds in lockstep, cast, concatenation,
+    # copy into the destination copy), s
     dispatch_path: DispatchPath = field(default_factory=DispatchPath)  # see DispatchPath
     # ---- overlap of training communication with compute: assumptions of the software stack,
     # named in every headline they move and varied by study s8
@@ -309,7 +325,8 @@ COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "p2p")
 HOST_COST_FIELDS = ("step_seq_overhead_s", "step_kv_token_s", "turn_overhead_s", "turn_seq_overhead_s",
                     "logprob_pass_s", "logprob_token_s", "train_pass_s", "train_token_s", "optimizer_step_s",
                     "optimizer_tensor_s", "experience_seq_s", "experience_token_s", "dispatch_fixed_s",
-                    "dispatch_seq_s", "rollout_fixed_s", "rollout_batch_s", "rollout_episode_s")
+                    "dispatch_seq_s", "rollout_fixed_s", "rollout_batch_s", "rollout_episode_s",
+                    "fsdp_unit_s", "fsdp_tensor_s", "reshard_tensor_s")
 
 
 def datasheet_profile(hw: HardwareSpec) -> HardwareProfile:

@@ -36,7 +36,7 @@ from earl.cost_model import CostModel
 from earl.cost_model.dispatch import price_transfer_plan
 from earl.cost_model.profile import load_profile
 from earl.policies import Layout, Sample, balance_aligned, make_dispatcher, make_selector
-from earl.policies.balance import assignment_of, balance_tokens, imbalance_ratio
+from earl.policies.balance import assignment_of, balance_samples, balance_tokens, imbalance_ratio
 from earl.policies.dispatch_cost import estimate_dispatch
 from earl.specs import ParallelPlan, Stage, WorkloadStats
 from earl.trace import Span
@@ -52,6 +52,10 @@ MAX_BUCKETS = 8  # length buckets a mixed batch is priced in
 DISPATCH_CONTEXT_QUANTUM = 1024  # tokens: aggregated mode prices a what-if plan at the mean context rounded up to this
 HEAD_ON = ("all", "generated")  # positions that get LM-head logits in log-prob / train passes
 ENGINES = ("continuous", "turn-sync")  # rollout engine models: vLLM-like, or the PyTorch runtime's
+# where a dispatch places the training samples: token-balanced keeping each experience group's
+# samples together (balance_aligned, the default), or token-balanced alone (balance_samples, the
+# PyTorch runtime's earl.runtime.step.train)
+TRAIN_PLACEMENTS = ("aligned", "balanced")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,7 +74,7 @@ class Simulation:
                  cost_model: CostModel | None = None, log: list | None = None,
                  fine: bool | None = None, progress=None, engine: str = "continuous",
                  padded: bool = False, token_budget: int = 0, fsdp: bool = False, handoff: bool = False,
-                 head_on: str = "all"):
+                 head_on: str = "all", train_placement: str = "aligned"):
         # `engine` "turn-sync", `padded` and `token_budget` model the single-process PyTorch
         # runtime for `earl validate`: its engine plays turns in lockstep (sim.replica.
         # TurnSyncReplica); its log-prob / train micro-batches are right-padded to their longest
@@ -78,9 +82,15 @@ class Simulation:
         # its `zero` plans with dp > 1 run FSDP2, weights sharded too (CostModel.train, .reshard);
         # `handoff`: its experience stage first moves the episodes from the rollout replicas to the
         # experience layout through the dispatcher (`_handoff`); `head_on` "generated": its LM
-        # head runs on the generated (trained) positions only
+        # head runs on the generated (trained) positions only; `train_placement` "balanced": a
+        # dispatch places the training samples as the runtime does (TRAIN_PLACEMENTS), and with
+        # `handoff` it starts from the hand-off's experience layout, where the runtime's samples are
         if engine not in ENGINES:
             raise ValueError(f"unknown rollout engine model {engine!r}; valid: {', '.join(ENGINES)}")
+        if train_placement not in TRAIN_PLACEMENTS:
+            raise ValueError(f"unknown train_placement {train_placement!r}; valid: {', '.join(TRAIN_PLACEMENTS)}")
+        self.train_placement = train_placement
+        self._exp_assign: tuple | None = None  # this step's hand-off destination (experience layout)
         if head_on not in HEAD_ON:
             raise ValueError(f"unknown head_on {head_on!r}; valid: {', '.join(HEAD_ON)}")
         self.head_on = head_on
@@ -246,6 +256,7 @@ class Simulation:
         env = self.env
         t_step = env.now
         self._placements = {}
+        self._exp_assign = None
         drawn = self.workload.draw(step)
         drawn = drawn.rows(drawn.turns > 0)
         n = len(drawn.ids)
@@ -420,7 +431,8 @@ class Simulation:
         samples = [Sample(i, t) for i, t in zip(ids.tolist(), tokens.tolist(), strict=True)]
         src_assign = tuple(tuple(s.id for s in samples if s.id % ro.dp == d) for d in range(ro.dp))
         dst_assign, _ = balance_aligned(samples, ex.dp, src_assign)
-        tplan = self.dispatcher.plan(Layout(ro, src_assign), Layout(ex, tuple(tuple(g) for g in dst_assign)), samples)
+        self._exp_assign = tuple(tuple(g) for g in dst_assign)
+        tplan = self.dispatcher.plan(Layout(ro, src_assign), Layout(ex, self._exp_assign), samples)
         est = price_transfer_plan(self.cm, tplan, samples=len(samples), producers=ro.dp,
                                   world=max(ro.world_size, ex.world_size), plan=ex)
         self.events += 1
@@ -454,8 +466,12 @@ class Simulation:
         samples = [Sample(i, t) for i, t in zip(kept_ids.tolist(), kept_tok.tolist(), strict=True)]
         owner, _ = self._balance(ex.dp, kept_ids, kept_tok)
         src_assign = assignment_of(owner, kept_tok, ex.dp, kept_ids)
-        # training groups keep producers' samples where balance allows (fewer, local transfers)
-        dst_assign, _ = balance_aligned(samples, tr.dp, src_assign)
+        if self.train_placement == "balanced" and self._exp_assign is not None and fits.all():
+            src_assign = self._exp_assign  # the runtime's experience layout: the hand-off put them there
+        # training groups keep producers' samples where balance allows (fewer, local transfers),
+        # or (the runtime's) are token-balanced alone
+        dst_assign = balance_samples(samples, tr.dp)[0] if self.train_placement == "balanced" else \
+            balance_aligned(samples, tr.dp, src_assign)[0]
         src = Layout(ex, src_assign)
         dst = Layout(tr, tuple(tuple(g) for g in dst_assign))
         tplan = self.dispatcher.plan(src, dst, samples)

@@ -33,8 +33,8 @@ def test_tiny_calibration_writes_a_loadable_stamped_profile(calibration, tmp_pat
     for key in ("device", "driver", "torch", "cuda", "attention", "date", "host", "dtype"):
         assert stamp[key], key
     assert stamp["source"] == "calibrated" and stamp["dtype"] == "float32"
-    assert stamp["measured"] == ["attention", "attention_decode", "collectives", "dispatch", "matmul", "memory",
-                                 "overhead", "runtime"]
+    assert stamp["measured"] == ["attention", "attention_decode", "collectives", "dispatch", "fsdp", "matmul",
+                                 "memory", "overhead", "runtime"]
     assert check_stamp(loaded, current_stamp("cpu")) == []
     # every fit reports its held-out error, and the profile carries the measured numbers
     for kind in ("matmul", "attention", "attention_decode", "memory"):
@@ -63,6 +63,10 @@ def test_tiny_calibration_writes_a_loadable_stamped_profile(calibration, tmp_pat
     assert loaded.fit_quality["dispatch_path"]["n"] >= 6 and not loaded.dispatch_path.full_duplex
     assert loaded.dispatch_path.message_s > 0 and loaded.dispatch_path.sample_s > 0
     assert loaded.link_for("allreduce") == res.link.ops["all_reduce"].link
+    # the FSDP2 host costs fitted from the runtime's training step and weight sync on gloo ranks
+    q = loaded.fit_quality["fsdp"]
+    assert {p["kind"] for p in q["points"]} == {"train", "sync"}
+    assert loaded.fsdp_unit_s + loaded.fsdp_tensor_s > 0 and loaded.reshard_tensor_s >= 0
     # the cost model prices with it
     cm = CostModel(ModelSpec.from_name("tiny"), ClusterSpec.for_gpus(loaded.hardware, 2), loaded)
     est = cm.decode(ParallelPlan(tp=1, dp=2), batch=4, context=64)

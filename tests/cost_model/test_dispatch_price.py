@@ -13,7 +13,7 @@ import json
 import pytest
 
 from earl.calibrate import dispatchfit
-from earl.cost_model.dispatch import price_transfer_plan
+from earl.cost_model.dispatch import price_transfer_plan, sync_rounds
 from earl.cost_model.profile import HardwareProfile, load_profile, with_controller_path
 from earl.cost_model.resolve import make_cost_model
 from earl.policies import make_dispatcher
@@ -172,3 +172,43 @@ def test_one_process_dispatch_is_its_calibrated_host_cost():
     est = price_transfer_plan(cm, make_dispatcher("layout-aware").plan(s, d, samples), samples=16, producers=1,
                               world=1)
     assert est.time_s == pytest.approx(prof.dispatch_fixed_s + 16 * prof.dispatch_seq_s)
+
+
+def test_cold_start_is_rounds_times_a_fitted_constant():
+    """A dispatch inside a step (control=True) pays `cold_round_s` per synchronising round of
+    the executor (sync_rounds: start barrier, phases, the advantage statistics' two rounds);
+    a benchmark's back-to-back dispatch (control=False) does not; the fit recovers the constant
+    from the cold runs' extra time."""
+    prof = load_profile("cpu-measured")
+    cold = dataclasses.replace(prof, dispatch_path=dataclasses.replace(prof.dispatch_path, cold_round_s=5e-4))
+    warm = dataclasses.replace(prof, dispatch_path=dataclasses.replace(prof.dispatch_path, cold_round_s=0.0))
+    for kind, tplan in dispatchfit.transfer_plans(2, 4, 2048).items():
+        rounds = sync_rounds(tplan)
+        assert rounds == 1 + len(tplan.phases) + (2 if tplan.reduce_bytes else 0)
+        assert rounds == {"centralized": 3, "layout-aware": 4}[kind]
+        c, w = (price_transfer_plan(dispatchfit.local_cost_model(p, 2), tplan, samples=8, producers=2, world=2)
+                for p in (cold, warm))
+        assert c.time_s - w.time_s == pytest.approx(rounds * 5e-4)
+        assert c.breakdown["cold_start"] == pytest.approx(rounds * 5e-4) and "cold_start" not in w.breakdown
+        back_to_back = price_transfer_plan(dispatchfit.local_cost_model(cold, 2), tplan, samples=8, producers=2,
+                                           world=2, control=False)
+        assert "cold_start" not in back_to_back.breakdown
+    one = price_transfer_plan(dispatchfit.local_cost_model(cold, 1), tplan, samples=8, producers=1, world=1)
+    assert "cold_start" not in one.breakdown  # one process: no executor runs
+    # the fit: cold runs measured at warm + rounds x 0.7 ms
+    truth = dataclasses.replace(prof.dispatch_path, host_parallel=2, full_duplex=False)
+    true_prof = dataclasses.replace(prof, dispatch_path=truth)
+    points = []
+    for n in (2, 4):
+        for per, ctx in dispatchfit.CASES:
+            plans = dispatchfit.transfer_plans(n, per, ctx)
+            for kind, t in dispatchfit.predict(true_prof, n, per, ctx).items():
+                points.append(dispatchfit.DispatchPoint(procs=n, per_rank=per, context=ctx, kind=kind, seconds=t,
+                                                        busiest_bytes=0.0,
+                                                        cold_seconds=t + sync_rounds(plans[kind]) * 7e-4))
+    host = {"object_s": truth.object_s, "copy_bw_bytes_s": truth.copy_bw_bytes_s, "sample_s": truth.sample_s}
+    path, quality = dispatchfit.fit_dispatch_path(prof, points, host, host_parallel=2)
+    assert path.cold_round_s == pytest.approx(7e-4, rel=0.02) and quality["cold_round_s"] == path.cold_round_s
+    # points measured without cold runs keep the profile's constant
+    plain = [dataclasses.replace(p, cold_seconds=float("nan")) for p in points]
+    assert dispatchfit.fit_dispatch_path(cold, plain, host, host_parallel=2)[0].cold_round_s == 5e-4

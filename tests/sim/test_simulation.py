@@ -162,3 +162,35 @@ def test_head_on_generated_prices_less_experience_and_training():
         assert b["rollout_s"] == pytest.approx(a["rollout_s"])
     with pytest.raises(ValueError, match="head_on"):
         Simulation(sc, "static", "layout-aware", head_on="some")
+
+
+def test_train_placement_balanced_dispatches_like_the_runtime():
+    """`train_placement="balanced"` with `handoff` (earl validate's model of the runtime,
+    earl.runtime.step.train): the dispatch starts from the hand-off's experience layout and
+    places the training samples with balance_samples; the default keeps experience groups
+    together (balance_aligned). Only the dispatch changes."""
+    from earl.policies.balance import balance_samples
+
+    sc = load_scenario("connect-four-small", small(scenario__steps=2))
+    calls = []
+
+    def recording(sim):
+        plan = sim.dispatcher.plan
+
+        def wrapped(src, dst, samples):
+            calls.append((src, dst, samples))
+            return plan(src, dst, samples)
+
+        sim.dispatcher.plan = wrapped
+        return sim.run()
+
+    aligned = Simulation(sc, "static", "layout-aware", handoff=True).run()
+    bal = recording(Simulation(sc, "static", "layout-aware", handoff=True, train_placement="balanced"))
+    assert len(calls) == 2 * len(bal.rows)  # per step: the hand-off, then the dispatch
+    for (_, handoff_dst, _), (src, dst, samples) in zip(calls[::2], calls[1::2], strict=True):
+        assert src.assignment == handoff_dst.assignment
+        assert dst.assignment == balance_samples(samples, dst.plan.dp)[0]
+    for a, b in zip(aligned.rows, bal.rows, strict=True):
+        assert b["rollout_s"] == pytest.approx(a["rollout_s"]) and b["train_s"] == pytest.approx(a["train_s"])
+    with pytest.raises(ValueError, match="train_placement"):
+        Simulation(sc, "static", "layout-aware", train_placement="random")

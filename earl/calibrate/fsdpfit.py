@@ -1,0 +1,287 @@
+"""Fit the host costs of the multi-process runtime's FSDP2 path (calibration phase "fsdp"):
+`HardwareProfile.fsdp_unit_s`, `fsdp_tensor_s` and `reshard_tensor_s`.
+
+On N gloo ranks the runtime trains a `zero` plan as FSDP2 and syncs its weights to the rollout
+copy by gathering the fp32 shards (earl.runtime.optim.FSDPAdamW.weights, then
+earl.runtime.move_weights.execute_reshard). The cost model prices those moves' bytes and
+link latencies (unit all-gathers and reduce-scatters, per-tensor gathers, the step's small
+all-reduces), but on a CPU host most of the time is elsewhere: FSDP2's per-unit hooks and
+DTensor host work, each collective waiting for its peer in lockstep, and per tensor the cast,
+concatenation and copy of the weight sync. This phase runs the runtime's own code on spawned
+local ranks (the tiny model, plan tp1-dpN-zero, as `earl run --nproc N` starts) and fits what
+the cost model leaves unexplained as counted quantities:
+
+  fsdp_unit_s       training step: per FSDP unit x micro-batch of the busiest rank  } one fit: the
+  fsdp_tensor_s     training step: per parameter tensor (the optimizer on DTensors) } step at 1, 2
+                    and 4 micro-batches per rank and at two model depths (26 and 50 tensors)
+  reshard_tensor_s  weight sync: per parameter tensor and gathered peer shard (tensors x (N - 1);
+                    both depths)
+
+Each point is the slowest rank's wall time, the median over repeats after a warm-up; at N
+ranks on fewer cores (host_parallel, the CPUs this process may use) the measurement is divided
+by N / host_parallel, the stretch `earl validate` applies to its prediction. Each fit is
+non-negative least squares of the residual on the counts (constants times counts, no intercept).
+
+    OMP_NUM_THREADS=1 python -m earl.calibrate.fsdpfit      # measure at 2 and 4 ranks, fit, print
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from earl.cost_model.compute import param_tensors
+from earl.cost_model.model import CostModel, pack_micro_batches
+from earl.cost_model.profile import HardwareProfile
+from earl.specs import MODEL_CATALOG, NETWORK_CATALOG, ClusterSpec, ParallelPlan
+
+MODEL = "tiny"  # the runtime's default model, the one `earl validate --nproc N` runs
+# (layers, sequences, longest tokens, token budget) of the measured training steps: the tiny
+# model at one micro-batch per rank, two, and four (the budget holds two sequences), and twice
+# as deep, so the per-unit and per-tensor counts vary apart
+TRAIN_CASES: tuple[tuple[int, int, int, int], ...] = ((2, 16, 96, 16384), (2, 16, 96, 384), (2, 16, 96, 192),
+                                                      (4, 16, 96, 16384))
+# a small budget: the tiny model at 1 and 4 micro-batches per rank, 2 ranks, 2 repeats
+QUICK_CASES = (TRAIN_CASES[0], TRAIN_CASES[2])
+# the profile fields each kind of point fits
+FIELDS = {"train": ("fsdp_unit_s", "fsdp_tensor_s"), "sync": ("reshard_tensor_s",)}
+FITTED = tuple(f for names in FIELDS.values() for f in names)
+PROCS = (2, 4)  # ranks measured (the process counts `earl validate` checks)
+REPEATS = 6  # timed repeats per case after one warm-up
+START_METHOD = "spawn"  # fresh ranks: the calibrating process may hold CUDA or many threads
+# phase budget (s) below which only the quick set runs; the full set takes about 35 s on 2 cores
+# whatever the budget (most of it spawning ranks), the quick one about 12 s
+QUICK_BUDGET_S = 4.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class FsdpPoint:
+    """One measured training step or weight sync."""
+
+    kind: str  # "train" | "sync"
+    procs: int  # gloo ranks
+    layers: int  # model depth (the tiny model's shapes otherwise)
+    label: str  # e.g. "16x96 budget 192"
+    measured_s: float  # slowest rank's wall time, median over repeats, s
+    # profile field -> its counted quantity: FSDP units x micro-batches of the busiest rank and
+    # parameter tensors (train), parameter tensors x (procs - 1) gathered shards (sync)
+    counts: dict[str, int]
+    priced_s: float = 0.0  # the cost model's price without the fitted term, s (filled by `price`)
+    stretch: float = 1.0  # procs / host_parallel when above 1
+
+    def residual_s(self) -> float:
+        """Per-device seconds the priced terms leave unexplained."""
+        return self.measured_s / self.stretch - self.priced_s
+
+
+def lengths(seqs: int, longest: int) -> list[int]:
+    """Sequence lengths of a measured batch: longest - 8 * (i % 4), as a GRPO batch of uneven episodes."""
+    return [max(16, longest - 8 * (i % 4)) for i in range(seqs)]
+
+
+def rank_share(seqs: int, procs: int, rank: int) -> list[int]:
+    """Sample ids a rank trains on (round-robin: the shares differ by at most one sequence)."""
+    return [i for i in range(seqs) if i % procs == rank]
+
+
+def _batch(seqs: int, longest: int, vocab: int):
+    import torch
+
+    from earl.runtime.rollout import Trajectory
+    from earl.runtime.trainer import collate
+
+    gen = torch.Generator().manual_seed(0)
+    trajs = [Trajectory(episode_id=i, group_id=i // 4,
+                        token_ids=torch.randint(3, vocab, (n,), generator=gen).tolist(),
+                        loss_mask=[0] * 8 + [1] * (n - 8), logprobs=[0.0] * n, reward=float(i % 3))
+             for i, n in enumerate(lengths(seqs, longest))]
+    b = collate(trajs, 0)
+    lp = -torch.rand(b.input_ids.shape, generator=gen)
+    adv = torch.randn(b.input_ids.shape, generator=gen)
+    return dataclasses.replace(b, old_logprobs=lp, ref_logprobs=lp, advantages=adv)
+
+
+def spec_of(layers: int):
+    """The measured model: the tiny model's shapes at `layers` layers."""
+    return dataclasses.replace(MODEL_CATALOG[MODEL], num_layers=layers)
+
+
+def depths(cases) -> list[int]:
+    return sorted({c[0] for c in cases})
+
+
+def worker(cases, repeats: int) -> dict:
+    """One rank (under earl.runtime.dist.run_local): per model depth, the runtime's FSDP2
+    training step on each case, then its weight sync to a rollout copy; seconds per repeat
+    (the first one a warm-up)."""
+    import torch
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    from earl.parallel import build_plan_groups
+    from earl.policies.reshard import plan_reshard
+    from earl.runtime.config import TrainerConfig
+    from earl.runtime.hf_model import Policy, empty_like_policy, hf_config_from_spec
+    from earl.runtime.move_weights import execute_reshard
+    from earl.runtime.optim import FSDPAdamW, train_step
+    from earl.runtime.parallelize import parallelize
+    from earl.runtime.tokenizer import CharTokenizer
+    from earl.runtime.tp import param_shapes
+    from earl.runtime.trainer import Trainer
+
+    torch.set_num_threads(1)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    plan, roll_plan = ParallelPlan(dp=world, sharded_optimizer=True), ParallelPlan(dp=world)
+    groups = build_plan_groups(plan)
+    base = TrainerConfig(algo="grpo", lr=1e-5)
+    out: dict = {"train": {}, "sync": {}}
+    for layers in depths(cases):
+        spec = spec_of(layers)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            policy = Policy(model=AutoModelForCausalLM.from_config(hf_config_from_spec(spec, "fp32")),
+                            tokenizer=CharTokenizer(), spec=spec, source=MODEL)
+        shapes = param_shapes(policy.model)
+        roll = empty_like_policy(policy, torch.float32).eval()
+        model = parallelize(policy.model, plan, shapes, device_type="cpu")
+        optim = FSDPAdamW(model, shapes, groups, base, torch.float32)
+        for case in (c for c in cases if c[0] == layers):
+            _, seqs, longest, budget = case
+            trainer = Trainer(model, dataclasses.replace(base, token_budget=budget), temperature=1.0,
+                              lockstep=groups.dp_group)
+            local = _batch(seqs, longest, spec.vocab_size).select(rank_share(seqs, world, rank))
+            times = []
+            for _ in range(repeats + 1):
+                dist.barrier()
+                t0 = time.perf_counter()
+                train_step(trainer, optim, local)
+                times.append(time.perf_counter() - t0)
+            out["train"][case] = times
+        rplan = plan_reshard(shapes, plan, roll_plan, world)
+        dst = {n: p.data for n, p in roll.named_parameters()}
+        times = []
+        for _ in range(repeats + 1):
+            dist.barrier()
+            t0 = time.perf_counter()
+            execute_reshard(rplan, shapes, optim.weights(), dst)
+            times.append(time.perf_counter() - t0)
+        out["sync"][layers] = times
+    return out
+
+
+def label(case) -> str:
+    layers, seqs, longest, budget = case
+    return f"{layers}L {seqs}x{longest} budget {budget}"
+
+
+def measure(procs=PROCS, cases=TRAIN_CASES, repeats: int = REPEATS) -> list[FsdpPoint]:
+    """Spawn `procs` local gloo ranks (each count in turn) and measure every case and the sync."""
+    from earl.runtime.dist import run_local
+
+    points = []
+    for n in procs:
+        res = run_local(worker, n, list(cases), repeats, timeout_s=600, start_method=START_METHOD)
+
+        def slowest(series: list[list[float]]) -> float:  # per repeat the slowest rank; skip warm-up
+            return statistics.median(max(s[i] for s in series) for i in range(1, repeats + 1))
+
+        for case in cases:
+            layers, seqs, longest, budget = case
+            units = layers + 1  # one FSDP unit per layer + the root (earl.runtime.parallelize)
+            mbs = max(len(pack_micro_batches([lengths(seqs, longest)[i] for i in rank_share(seqs, n, r)], budget))
+                      for r in range(n))
+            points.append(FsdpPoint(kind="train", procs=n, layers=layers, label=label(case),
+                                    measured_s=slowest([r["train"][case] for r in res]),
+                                    counts={"fsdp_unit_s": units * mbs,
+                                            "fsdp_tensor_s": param_tensors(spec_of(layers))}))
+        for layers in depths(cases):
+            points.append(FsdpPoint(kind="sync", procs=n, layers=layers, label=f"weight sync {layers} layers",
+                                    counts={"reshard_tensor_s": param_tensors(spec_of(layers)) * (n - 1)},
+                                    measured_s=slowest([r["sync"][layers] for r in res])))
+    return points
+
+
+def local_cost_model(profile: HardwareProfile, nproc: int, layers: int) -> CostModel:
+    """The measured model on `nproc` devices of one host joined by loopback (as `earl validate`)."""
+    cluster = ClusterSpec(hardware=profile.hardware, nodes=1, gpus_per_node=nproc,
+                          network=NETWORK_CATALOG["loopback"])
+    return CostModel(spec_of(layers), cluster, profile)
+
+
+def price(profile: HardwareProfile, point: FsdpPoint, cases=TRAIN_CASES,
+          host_parallel: int | None = None) -> FsdpPoint:
+    """`point` with what `profile` prices for it (its FSDP host terms zeroed) and its stretch."""
+    prof = dataclasses.replace(profile, **dict.fromkeys(FITTED, 0.0))
+    cm = local_cost_model(prof, point.procs, point.layers)
+    plan = ParallelPlan(dp=point.procs, sharded_optimizer=True)
+    if point.kind == "sync":
+        priced = cm.reshard(plan, ParallelPlan(dp=point.procs), fsdp=True).time_s
+    else:
+        _, seqs, longest, budget = next(c for c in cases if label(c) == point.label)
+        ls = lengths(seqs, longest)
+        groups = [sorted(ls[i] for i in rank_share(seqs, point.procs, r)) for r in range(point.procs)]
+        head = sum(n - 8 for n in ls) / sum(ls)  # loss positions get logits (the chunked head)
+        priced = cm.mixed_batch("train", plan, ls, padded=True, token_budget=budget, groups=groups, fsdp=True,
+                                head_frac=head).time_s
+    hp = host_parallel or len(os.sched_getaffinity(0))
+    return dataclasses.replace(point, priced_s=priced, stretch=max(1.0, point.procs / hp))
+
+
+def fit_constants(points: list[FsdpPoint], fields: tuple[str, ...]) -> dict[str, float]:
+    """Non-negative least squares of residual = sum of constant x count over `fields`."""
+    if not points:
+        return dict.fromkeys(fields, 0.0)
+    from scipy.optimize import nnls
+
+    x, _ = nnls(np.array([[p.counts[f] for f in fields] for p in points], dtype=float),
+                np.array([p.residual_s() for p in points], dtype=float))
+    return {f: float(v) for f, v in zip(fields, x, strict=True)}
+
+
+def fit_fsdp_costs(profile: HardwareProfile, points: list[FsdpPoint],
+                   host_parallel: int | None = None) -> tuple[dict[str, float], dict]:
+    """({FITTED field: seconds}, quality) from measured points priced on `profile`."""
+    priced = [price(profile, p, host_parallel=host_parallel) for p in points]
+    fields: dict[str, float] = {}
+    for kind, names in FIELDS.items():
+        fields.update(fit_constants([p for p in priced if p.kind == kind], names))
+    rows, errs = [], []
+    for p in priced:
+        predicted = (p.priced_s + sum(fields[f] * c for f, c in p.counts.items())) * p.stretch
+        errs.append(abs(predicted - p.measured_s) / p.measured_s)
+        rows.append({"kind": p.kind, "procs": p.procs, "label": p.label, "counts": p.counts,
+                     "measured_s": p.measured_s, "priced_without_s": p.priced_s * p.stretch,
+                     "predicted_s": predicted})
+    quality = {**fields, "fit_median_err": round(statistics.median(errs), 4) if errs else None,
+               "fit_max_err": round(max(errs), 4) if errs else None,
+               "host_parallel": host_parallel or len(os.sched_getaffinity(0)),
+               "load_avg_1m": os.getloadavg()[0], "points": rows}
+    return fields, quality
+
+
+def calibrate_fsdp(profile: HardwareProfile, budget_s: float = 30.0) -> HardwareProfile:
+    """Measure (every case at 2 and 4 ranks when the budget allows, else QUICK_CASES at 2) and
+    return `profile` with the FITTED constants and their fit quality (`fit_quality["fsdp"]`)."""
+    full = budget_s >= QUICK_BUDGET_S
+    points = measure(procs=PROCS if full else PROCS[:1], cases=TRAIN_CASES if full else QUICK_CASES,
+                     repeats=REPEATS if full else 2)
+    fields, quality = fit_fsdp_costs(profile, points)
+    return dataclasses.replace(profile, **fields, fit_quality={**profile.fit_quality, "fsdp": quality})
+
+
+if __name__ == "__main__":
+    from earl.cost_model.profile import load_profile
+
+    prof = load_profile("cpu-measured")
+    fields, q = fit_fsdp_costs(prof, measure())
+    for r in q["points"]:
+        print(f"{r['kind']:5s} n={r['procs']} {r['label']:25s} {r['counts']}: measured "
+              f"{r['measured_s'] * 1e3:7.2f} ms, priced without {r['priced_without_s'] * 1e3:7.2f} ms, "
+              f"fitted {r['predicted_s'] * 1e3:7.2f} ms")
+    print(", ".join(f"{k} {v * 1e6:.0f} us" for k, v in fields.items()) + "; "
+          f"median error {q['fit_median_err']:.0%}, max {q['fit_max_err']:.0%}, load {q['load_avg_1m']:.2f}")

@@ -1,0 +1,107 @@
+"""The FSDP2 host-cost terms: each a counted quantity priced as count x a profile constant
+(earl.cost_model.model), and the fit that recovers the constants (earl.calibrate.fsdpfit)."""
+
+import dataclasses
+import math
+
+import pytest
+
+from earl.calibrate import fsdpfit
+from earl.cost_model import comm
+from earl.cost_model.compute import param_tensors
+from earl.cost_model.model import FSDP_STEP_ALLREDUCES, SCALAR_BYTES, CostModel
+from earl.cost_model.profile import HardwareProfile, load_profile
+from earl.specs import MODEL_CATALOG, ParallelPlan
+
+PROF = load_profile("cpu-measured")
+ZERO = dataclasses.replace(PROF, fsdp_unit_s=0.0, fsdp_tensor_s=0.0, reshard_tensor_s=0.0)
+
+
+def _cm(prof: HardwareProfile, n: int = 2) -> CostModel:
+    return fsdpfit.local_cost_model(prof, n, layers=2)
+
+
+@pytest.mark.parametrize("dp", [2, 4])
+def test_fsdp_train_terms_are_counts_times_constants(dp):
+    plan = ParallelPlan(dp=dp, sharded_optimizer=True, micro_batch=2)
+    spec = MODEL_CATALOG["tiny"]
+    base = _cm(ZERO, dp).train(plan, batch=8 * dp, context=96, fsdp=True)
+    unit, tensor = 1e-3, 5e-4
+    got = _cm(dataclasses.replace(ZERO, fsdp_unit_s=unit, fsdp_tensor_s=tensor), dp).train(
+        plan, batch=8 * dp, context=96, fsdp=True)
+    m = base.extras["micro_batches"]
+    units = spec.num_layers + 1
+    assert m == 4 and base.breakdown["fsdp_host"] == 0.0
+    assert got.breakdown["fsdp_host"] == pytest.approx(m * units * unit)
+    assert got.time_s - base.time_s == pytest.approx(m * units * unit + param_tensors(spec) * tensor)
+    # the step's small all-reduces: counted, priced on the fitted all-reduce link
+    link = PROF.link_for("allreduce")
+    assert base.breakdown["step_collectives"] == pytest.approx(
+        FSDP_STEP_ALLREDUCES * comm.allreduce_s(SCALAR_BYTES, dp, link))
+    # none of it without FSDP2 (the studies' default), nor on one rank
+    for est in (_cm(PROF, dp).train(plan, batch=8 * dp, context=96),
+                _cm(PROF, 1).train(ParallelPlan(sharded_optimizer=True), batch=8, context=96, fsdp=True)):
+        assert est.breakdown["fsdp_host"] == est.breakdown["step_collectives"] == 0.0
+    assert _cm(PROF, dp).train(plan, batch=8 * dp, context=96).time_s == \
+        _cm(ZERO, dp).train(plan, batch=8 * dp, context=96).time_s
+
+
+@pytest.mark.parametrize("dp", [2, 4])
+def test_fsdp_weight_sync_prices_tensors_times_gathered_shards(dp):
+    src, dst = ParallelPlan(dp=dp, sharded_optimizer=True), ParallelPlan(dp=dp)
+    base = _cm(ZERO, dp).reshard(src, dst, fsdp=True)
+    got = _cm(dataclasses.replace(ZERO, reshard_tensor_s=2e-4), dp).reshard(src, dst, fsdp=True)
+    tensors = param_tensors(MODEL_CATALOG["tiny"])
+    assert base.breakdown["host"] == 0.0
+    assert got.breakdown["host"] == pytest.approx(tensors * (dp - 1) * 2e-4)
+    assert got.time_s - base.time_s == pytest.approx(tensors * (dp - 1) * 2e-4)
+    assert _cm(PROF, dp).reshard(src, dst).breakdown["host"] == 0.0  # not FSDP2: no gather, no term
+
+
+def _synthetic_points(truth: dict[str, float], host_parallel: int) -> list:
+    """Points whose measured time is what `truth`'s constants predict (stretched like validate's)."""
+    points = []
+    for n in fsdpfit.PROCS:
+        for case in fsdpfit.TRAIN_CASES:
+            layers, seqs, longest, budget = case
+            mbs = max(len(fsdpfit.pack_micro_batches(
+                [fsdpfit.lengths(seqs, longest)[i] for i in fsdpfit.rank_share(seqs, n, r)], budget))
+                for r in range(n))
+            points.append(fsdpfit.FsdpPoint(kind="train", procs=n, layers=layers, label=fsdpfit.label(case),
+                                            measured_s=0.0, counts={"fsdp_unit_s": (layers + 1) * mbs,
+                                                                    "fsdp_tensor_s": 12 * layers + 2}))
+        for layers in (2, 4):
+            points.append(fsdpfit.FsdpPoint(kind="sync", procs=n, layers=layers, label="sync", measured_s=0.0,
+                                            counts={"reshard_tensor_s": (12 * layers + 2) * (n - 1)}))
+    out = []
+    for p in points:
+        priced = fsdpfit.price(PROF, p, host_parallel=host_parallel)
+        true_s = (priced.priced_s + sum(truth[f] * c for f, c in p.counts.items())) * priced.stretch
+        out.append(dataclasses.replace(p, measured_s=true_s))
+    return out
+
+
+def test_fit_recovers_known_constants_from_synthetic_measurements():
+    truth = {"fsdp_unit_s": 3.5e-3, "fsdp_tensor_s": 1.6e-3, "reshard_tensor_s": 4e-4}
+    points = _synthetic_points(truth, host_parallel=2)
+    assert [p.counts["fsdp_tensor_s"] for p in points[:4]] == [26, 26, 26, 50]  # the tiny model's 26
+    fields, quality = fsdpfit.fit_fsdp_costs(PROF, points, host_parallel=2)
+    for k, v in truth.items():
+        assert fields[k] == pytest.approx(v, rel=1e-6), k
+    assert quality["fit_max_err"] < 1e-6 and len(quality["points"]) == len(points)
+    # the 4-rank points were stretched by 4 / 2 cores; the fit divided it out
+    assert all(r["predicted_s"] == pytest.approx(r["measured_s"]) for r in quality["points"])
+    # a term the measurements do not need fits to 0, never negative
+    fields0, _ = fsdpfit.fit_fsdp_costs(PROF, _synthetic_points(dict.fromkeys(truth, 0.0), 2), host_parallel=2)
+    assert all(v == pytest.approx(0.0, abs=1e-9) for v in fields0.values())
+
+
+def test_profile_reads_and_checks_the_new_fields(tmp_path):
+    prof = dataclasses.replace(PROF, fsdp_unit_s=1e-3, fsdp_tensor_s=2e-3, reshard_tensor_s=3e-4)
+    assert load_profile(str(prof.save(tmp_path / "p.json"))) == prof
+    with pytest.raises(ValueError, match="fsdp_unit_s"):
+        dataclasses.replace(PROF, fsdp_unit_s=-1.0)
+    d = prof.to_dict()
+    del d["fsdp_unit_s"]
+    assert HardwareProfile.from_dict(d).fsdp_unit_s == 0.0  # profiles written before it: 0
+    assert not math.isnan(PROF.fsdp_unit_s)
