@@ -39,7 +39,7 @@ from earl.cost_model.profile import DispatchPath, HardwareProfile
 from earl.policies.balance import balance_samples, round_robin_samples
 from earl.policies.dispatch import CentralizedDispatcher, LayoutAwareDispatcher
 from earl.policies.types import Layout, Sample, Transfer
-from earl.specs import MODEL_CATALOG, NETWORK_CATALOG, ClusterSpec, ParallelPlan
+from earl.specs import MODEL_CATALOG, NETWORK_CATALOG, ClusterSpec, ModelSpec, ParallelPlan
 
 KINDS = ("centralized", "layout-aware")
 # (samples per process, context tokens) measured by `earl calibrate`: small to large payloads
@@ -173,9 +173,10 @@ def local_cluster(profile: HardwareProfile, nproc: int) -> ClusterSpec:
     return ClusterSpec(hardware=profile.hardware, nodes=1, gpus_per_node=nproc, network=NETWORK_CATALOG["loopback"])
 
 
-def local_cost_model(profile: HardwareProfile, nproc: int) -> CostModel:
-    """The cost model of `nproc` processes on this one host (one 'node', loopback network)."""
-    return CostModel(MODEL_CATALOG["tiny"], local_cluster(profile, nproc), profile)
+def local_cost_model(profile: HardwareProfile, nproc: int, spec: ModelSpec | None = None) -> CostModel:
+    """The cost model of `nproc` processes on this one host (one 'node', loopback network)
+    training `spec` (the tiny model by default)."""
+    return CostModel(spec or MODEL_CATALOG["tiny"], local_cluster(profile, nproc), profile)
 
 
 def predict(profile: HardwareProfile, nproc: int, per_rank: int, context: int) -> dict[str, float]:

@@ -35,10 +35,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from earl.calibrate.dispatchfit import local_cost_model
 from earl.cost_model.compute import param_tensors
-from earl.cost_model.model import CostModel, pack_micro_batches
+from earl.cost_model.model import pack_micro_batches
 from earl.cost_model.profile import HardwareProfile
-from earl.specs import MODEL_CATALOG, NETWORK_CATALOG, ClusterSpec, ParallelPlan
+from earl.specs import MODEL_CATALOG, ParallelPlan
 
 MODEL = "tiny"  # the runtime's default model, the one `earl validate --nproc N` runs
 # (layers, sequences, longest tokens, token budget) of the measured training steps: the tiny
@@ -206,18 +207,11 @@ def measure(procs=PROCS, cases=TRAIN_CASES, repeats: int = REPEATS) -> list[Fsdp
     return points
 
 
-def local_cost_model(profile: HardwareProfile, nproc: int, layers: int) -> CostModel:
-    """The measured model on `nproc` devices of one host joined by loopback (as `earl validate`)."""
-    cluster = ClusterSpec(hardware=profile.hardware, nodes=1, gpus_per_node=nproc,
-                          network=NETWORK_CATALOG["loopback"])
-    return CostModel(spec_of(layers), cluster, profile)
-
-
-def price(profile: HardwareProfile, point: FsdpPoint, cases=TRAIN_CASES,
-          host_parallel: int | None = None) -> FsdpPoint:
-    """`point` with what `profile` prices for it (its FSDP host terms zeroed) and its stretch."""
+def price(profile: HardwareProfile, point: FsdpPoint, host_parallel: int, cases=TRAIN_CASES) -> FsdpPoint:
+    """`point` with what `profile` prices for it (its FSDP host terms zeroed) and its stretch
+    when its ranks share `host_parallel` CPUs."""
     prof = dataclasses.replace(profile, **dict.fromkeys(FITTED, 0.0))
-    cm = local_cost_model(prof, point.procs, point.layers)
+    cm = local_cost_model(prof, point.procs, spec_of(point.layers))
     plan = ParallelPlan(dp=point.procs, sharded_optimizer=True)
     if point.kind == "sync":
         priced = cm.reshard(plan, ParallelPlan(dp=point.procs), fsdp=True).time_s
@@ -228,8 +222,7 @@ def price(profile: HardwareProfile, point: FsdpPoint, cases=TRAIN_CASES,
         head = sum(n - 8 for n in ls) / sum(ls)  # loss positions get logits (the chunked head)
         priced = cm.mixed_batch("train", plan, ls, padded=True, token_budget=budget, groups=groups, fsdp=True,
                                 head_frac=head).time_s
-    hp = host_parallel or len(os.sched_getaffinity(0))
-    return dataclasses.replace(point, priced_s=priced, stretch=max(1.0, point.procs / hp))
+    return dataclasses.replace(point, priced_s=priced, stretch=max(1.0, point.procs / host_parallel))
 
 
 def fit_constants(points: list[FsdpPoint], fields: tuple[str, ...]) -> dict[str, float]:
@@ -246,7 +239,8 @@ def fit_constants(points: list[FsdpPoint], fields: tuple[str, ...]) -> dict[str,
 def fit_fsdp_costs(profile: HardwareProfile, points: list[FsdpPoint],
                    host_parallel: int | None = None) -> tuple[dict[str, float], dict]:
     """({FITTED field: seconds}, quality) from measured points priced on `profile`."""
-    priced = [price(profile, p, host_parallel=host_parallel) for p in points]
+    hp = host_parallel or len(os.sched_getaffinity(0))
+    priced = [price(profile, p, hp) for p in points]
     fields: dict[str, float] = {}
     for kind, names in FIELDS.items():
         fields.update(fit_constants([p for p in priced if p.kind == kind], names))
@@ -259,7 +253,7 @@ def fit_fsdp_costs(profile: HardwareProfile, points: list[FsdpPoint],
                      "predicted_s": predicted})
     quality = {**fields, "fit_median_err": round(statistics.median(errs), 4) if errs else None,
                "fit_max_err": round(max(errs), 4) if errs else None,
-               "host_parallel": host_parallel or len(os.sched_getaffinity(0)),
+               "host_parallel": hp,
                "load_avg_1m": os.getloadavg()[0], "points": rows}
     return fields, quality
 

@@ -393,14 +393,13 @@ class CostModel:
         optimizer = opt_bytes / (self.profile.hardware.hbm_bw_bytes_s * self.profile.memory(opt_bytes))
         # per-step and per-parameter-tensor host costs of zero_grad, clipping and the optimizer
         # (calibrated; a pp stage holds its share of the tensors, tp shards keep their count)
-        optimizer += self.profile.optimizer_step_s + \
-            self.profile.optimizer_tensor_s * math.ceil(param_tensors(self.model) / plan.pp)
+        tensors = math.ceil(param_tensors(self.model) / plan.pp)
+        optimizer += self.profile.optimizer_step_s + self.profile.optimizer_tensor_s * tensors
         if sharded_weights:
-            ar = comm.group_link(self.cluster, self.profile, plan.dp, plan.tp * plan.cp * plan.pp,
-                                 collective="allreduce")
+            ar = comm.group_link(self.cluster, self.profile, plan.dp, stride, collective="allreduce")
             step_coll = FSDP_STEP_ALLREDUCES * comm.allreduce_s(SCALAR_BYTES, plan.dp, ar)
             # the optimizer's per-tensor work on DTensors (calibrated)
-            optimizer += self.profile.fsdp_tensor_s * math.ceil(param_tensors(self.model) / plan.pp)
+            optimizer += self.profile.fsdp_tensor_s * tensors
             if plan.tp > 1:
                 step_coll += comm.allreduce_s(SCALAR_BYTES, plan.tp, self._tp_link(plan.tp))
         t = pipeline + pp_p2p + dp_sync + optimizer + step_coll

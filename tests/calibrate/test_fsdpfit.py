@@ -18,7 +18,7 @@ ZERO = dataclasses.replace(PROF, fsdp_unit_s=0.0, fsdp_tensor_s=0.0, reshard_ten
 
 
 def _cm(prof: HardwareProfile, n: int = 2) -> CostModel:
-    return fsdpfit.local_cost_model(prof, n, layers=2)
+    return fsdpfit.local_cost_model(prof, n, fsdpfit.spec_of(2))
 
 
 @pytest.mark.parametrize("dp", [2, 4])
