@@ -67,12 +67,26 @@ def reference_step(trainer: Trainer, opt: torch.optim.Optimizer, batch: Experien
     return {"loss": sums["loss"] / n, "grad_norm": norm, "train_tokens": n}
 
 
+# A gradient entry below this (the median |g| of the tiny model's matrices is ~7e-4) is rounding
+# noise-sized: AdamW divides it by sqrt(v) ~ |g| and turns a 1e-12 difference in summation order
+# into a difference of up to one lr-sized step. Which of those entries differ, and by how much,
+# depends on the BLAS kernels the CPU picks (seen: 0.80% of lr on one machine, 1.12% on another,
+# with the same torch and transformers 5.19 and 5.24 alike); entries above it agree to < 0.1% of lr.
+SIGNAL_GRAD = 1e-5
+
+
 def reference_run(batch: ExperienceBatch):
+    """The one-process reference: per-step stats, the updated weights, and which weight entries
+    had a signal-sized first gradient (|g| >= SIGNAL_GRAD; see `check_weights`)."""
     model = build_builtin("tiny", seed=0).model
     trainer = Trainer(model, CFG, temperature=1.0)
     opt = torch.optim.AdamW(model.parameters(), lr=CFG.lr, betas=CFG.betas, weight_decay=CFG.weight_decay)
-    stats = [reference_step(trainer, opt, batch) for _ in range(STEPS)]
-    return stats, {n: p.detach() for n, p in model.named_parameters()}
+    stats, signal = [], {}
+    for step in range(STEPS):
+        stats.append(reference_step(trainer, opt, batch))
+        if step == 0:
+            signal = {n: p.grad.abs() >= SIGNAL_GRAD for n, p in model.named_parameters() if p.grad is not None}
+    return stats, {n: p.detach() for n, p in model.named_parameters()}, signal
 
 
 def _train_worker(batch, plan: ParallelPlan):
@@ -89,9 +103,9 @@ def _train_worker(batch, plan: ParallelPlan):
     return stats, {n: t.clone() for n, t in optim.weights().items()}
 
 
-def check_weights(weights: dict, want: dict, init: dict, label: str, mean_tol: float) -> float:
+def check_weights(weights: dict, want: dict, init: dict, label: str, mean_tol: float, signal: dict) -> float:
     """Updated weights against the reference's (same slices); returns how far the reference
-    moved from `init`."""
+    moved from `init`. `signal[name]`: the entries whose first gradient is signal-sized."""
     moved = 0.0
     for name, w in weights.items():
         if name.endswith("k_proj.bias"):
@@ -99,10 +113,11 @@ def check_weights(weights: dict, want: dict, init: dict, label: str, mean_tol: f
             # gradient is 0 and AdamW turns rounding noise (~1e-10) into tiny, differing steps
             assert float((w - want[name]).abs().max()) < 0.05 * CFG.lr * STEPS, f"{label} {name}"
             continue
-        # AdamW divides by sqrt(v): entries with tiny gradients amplify rounding differences,
-        # so the bound is 1% of one lr-sized step; the typical entry agrees far closer
         diff = (w - want[name]).abs()
-        assert float(diff.max()) < 0.01 * CFG.lr, f"{label} {name}: {float(diff.max())}"
+        # where the gradient is signal, 1% of one lr-sized step (measured: under 0.1%); where it
+        # is rounding noise (SIGNAL_GRAD), AdamW's own bound: at most ~lr per entry and step
+        assert float(diff[signal[name]].max()) < 0.01 * CFG.lr, f"{label} {name}: {float(diff[signal[name]].max())}"
+        assert float(diff.max()) < 2 * CFG.lr * STEPS, f"{label} {name}: {float(diff.max())}"
         assert float(diff.mean()) < mean_tol, f"{label} {name}: mean {float(diff.mean())}"
         moved = max(moved, float((want[name] - init[name]).abs().max()))
     return moved
@@ -112,14 +127,14 @@ def test_one_process_train_step_is_plain_adamw():
     """One process (tp1-dp1, no process group): ReplicatedAdamW + train_step is plain AdamW. Not
     bit-exact: the strategy takes the clipping norm in float64, torch in float32."""
     batch = make_batch()
-    ref_stats, ref_w = reference_run(batch)
+    ref_stats, ref_w, signal = reference_run(batch)
     stats, weights = _train_worker(batch, ParallelPlan())
     for got, want in zip(stats, ref_stats, strict=True):
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-6, abs=1e-7)
         assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-6)
         assert got["train_tokens"] == want["train_tokens"]
     init_w = {n: p.detach() for n, p in build_builtin("tiny", seed=0).model.named_parameters()}
-    assert check_weights(weights, ref_w, init_w, "one process", mean_tol=1e-7) > 1e-3, "no update"
+    assert check_weights(weights, ref_w, init_w, "one process", mean_tol=1e-7, signal=signal) > 1e-3, "no update"
     assert ref_stats[0]["grad_norm"] > CFG.grad_clip  # the clip was exercised
 
 
@@ -127,14 +142,14 @@ def test_one_process_train_step_is_plain_adamw():
 @pytest.mark.parametrize("plan", [ParallelPlan(tp=2), ParallelPlan(tp=2, dp=2)], ids=["tp2", "tp2-dp2"])
 def test_dtensor_tp_step_matches_single_process(plan):
     batch = make_batch()
-    ref_stats, ref_w = reference_run(batch)
+    ref_stats, ref_w, signal = reference_run(batch)
     init_w = {n: p.detach() for n, p in build_builtin("tiny", seed=0).model.named_parameters()}
     results = run_local(_train_worker, plan.world_size, batch, plan, timeout_s=120)
-    check_ranks(results, plan, ref_stats, ref_w, init_w)
+    check_ranks(results, plan, ref_stats, ref_w, init_w, signal)
     assert ref_stats[0]["grad_norm"] > CFG.grad_clip  # the global clip was exercised
 
 
-def check_ranks(results: list, plan: ParallelPlan, ref_stats: list, ref_w: dict, init_w: dict) -> None:
+def check_ranks(results: list, plan: ParallelPlan, ref_stats: list, ref_w: dict, init_w: dict, signal: dict) -> None:
     """Every rank's (stats, weights) against the one-process reference: the same losses, norms
     and tokens, and its shard of the reference's updated weights."""
     shapes = param_shapes(build_builtin("tiny", seed=0).model)
@@ -144,10 +159,10 @@ def check_ranks(results: list, plan: ParallelPlan, ref_stats: list, ref_w: dict,
             assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
             assert got["train_tokens"] == want["train_tokens"]
         mine = {}
-        for name, full in (("want", ref_w), ("init", init_w)):
+        for name, full in (("want", ref_w), ("init", init_w), ("signal", signal)):
             mine[name] = {}
             for n, t in full.items():
                 lo, hi = holdings(shapes[n], plan, optimizer=False)[rank]
                 mine[name][n] = t.narrow(shapes[n].shard_dim, lo, hi - lo)
-        moved = check_weights(weights, mine["want"], mine["init"], f"rank {rank}", mean_tol=1e-5)
+        moved = check_weights(weights, mine["want"], mine["init"], f"rank {rank}", mean_tol=1e-5, signal=mine["signal"])
         assert moved > 1e-3, "the step did not change the weights"

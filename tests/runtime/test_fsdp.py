@@ -48,11 +48,11 @@ def _fsdp_worker(batch, plan: ParallelPlan, dtype=torch.float32):
                          ids=["tp1-dp2-fsdp", "tp2-dp2-fsdp-ac"])
 def test_fsdp2_step_matches_single_process(plan):
     batch = make_batch()
-    ref_stats, ref_w = reference_run(batch)
+    ref_stats, ref_w, signal = reference_run(batch)
     results = run_local(_fsdp_worker, plan.world_size, batch, plan, timeout_s=180)
     assert all(layout_ok for _, _, layout_ok, _ in results)
     init_w = {n: p.detach() for n, p in build_builtin("tiny", seed=0).model.named_parameters()}
-    check_ranks(results, plan, ref_stats, ref_w, init_w)
+    check_ranks(results, plan, ref_stats, ref_w, init_w, signal)
     assert ref_stats[0]["grad_norm"] > CFG.grad_clip  # the global clip was exercised
 
 
