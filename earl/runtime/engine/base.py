@@ -252,5 +252,6 @@ def make_engine(name: str, model: torch.nn.Module, tokenizer: Tokenizer, *, reus
     if name == "vllm":
         from earl.runtime.engine.vllm import VLLMEngine
 
-        return VLLMEngine(model_path=model_path, tokenizer=tokenizer)
+        # the trainer's dtype: vLLM would otherwise load the checkpoint in its config's (bf16)
+        return VLLMEngine(model_path=model_path, tokenizer=tokenizer, dtype=next(model.parameters()).dtype)
     raise ValueError(f"engine {name!r} unknown; valid: {', '.join(ENGINES)}")

