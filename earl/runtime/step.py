@@ -138,7 +138,7 @@ def select_plans(w: Worker, ctx: StepContext, step: int, stats: WorkloadStats) -
     for stage in Stage:
         t0 = time.perf_counter()
         dec = ctx.selector.select(stage, dataclasses.replace(stats, step=step), w.plans.for_stage(stage))
-        bad = runnable(dec.plan, w.world, w.policy.model.config, w.shapes, stage) if dec.switched else ""
+        bad = runnable(dec.plan, w.world, w.policy.model.config, w.shapes, stage, w.cfg.engine) if dec.switched else ""
         plan, why = (dec.plan, dec.reason) if dec.switched and not bad else (None, "")
         for s_step, s_stage, s_plan in ctx.schedule:
             if s_step == step and s_stage == stage.value:

@@ -32,7 +32,7 @@ from earl.policies.reshard import plan_reshard
 from earl.runtime.config import RunConfig
 from earl.runtime.dist import comm_device, print0
 from earl.runtime.engine import SamplingParams, make_engine
-from earl.runtime.engine.base import LOCAL_ENGINES
+from earl.runtime.engine.base import LOCAL_ENGINES, engine_plan_error
 from earl.runtime.envs import env_options, make_env
 from earl.runtime.hf_model import empty_like_policy, load_policy
 from earl.runtime.move_weights import allocate_local, execute_reshard
@@ -59,9 +59,13 @@ def sampling_params(cfg: RunConfig) -> SamplingParams:
                           stop=tuple(s.stop) or tuple(env_cls.stop))
 
 
-def runnable(plan: ParallelPlan, world: int, config, shapes: dict[str, ParamShape], stage: Stage = Stage.TRAIN) -> str:
+def runnable(plan: ParallelPlan, world: int, config, shapes: dict[str, ParamShape], stage: Stage = Stage.TRAIN,
+             engine: str = "pytorch") -> str:
     """'' if the runtime can run `plan` for `stage` on `world` processes, else why not (a
-    training plan on FSDP2 also needs dp to divide the tensors FSDP2 cuts off dim 0)."""
+    training plan on FSDP2 also needs dp to divide the tensors FSDP2 cuts off dim 0; a rollout
+    plan, the engine's own limits)."""
+    if stage is Stage.ROLLOUT and engine_plan_error(engine, plan):
+        return engine_plan_error(engine, plan)
     if plan.pp != 1 or plan.cp != 1:
         return "pp/cp > 1 are not supported by the runtime yet"
     if plan.world_size != world:
@@ -89,7 +93,7 @@ class Worker:
         self.shapes = param_shapes(policy.model)
         self.params = sampling_params(cfg)
         for stage in Stage:
-            why = runnable(plans.for_stage(stage), world, policy.model.config, self.shapes, stage)
+            why = runnable(plans.for_stage(stage), world, policy.model.config, self.shapes, stage, cfg.engine)
             if why:
                 raise ValueError(f"{stage.value} plan {plans.for_stage(stage).describe()}: {why}")
         self.plans = plans
@@ -176,12 +180,20 @@ class Worker:
             self.roll_model = None
             if getattr(self, "engine", None) is None:
                 self.engine = make_engine(self.cfg.engine, self.train_model, self.policy.tokenizer,
-                                          reuse_kv=self.cfg.reuse_kv, model_path=self.cfg.model.path)
+                                          reuse_kv=self.cfg.reuse_kv, model_path=self.cfg.model.path,
+                                          dtype=self.model_dtype)  # not FSDP2's fp32 masters
             return
         self.roll_model = None if self._shares_train(plan) else self._sharded_copy(plan)
         self.engine = make_engine(self.cfg.engine, self.roll_model or self.train_model, self.policy.tokenizer,
                                   reuse_kv=self.cfg.reuse_kv, decode_steps=self.cfg.decode_steps,
                                   compile=self.cfg.compile_decode)
+
+    def close_engine(self) -> None:
+        """Stop an external engine's processes (vLLM's engine core): a worker under --nproc ends
+        with `os._exit`, which skips their shutdown and would leave them running."""
+        stop = getattr(getattr(self, "engine", None), "shutdown", None)
+        if stop is not None:
+            stop()
 
     def logprob_model(self) -> torch.nn.Module:
         return self.exp_model or self.train_model

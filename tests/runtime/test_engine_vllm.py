@@ -160,7 +160,8 @@ def vllm_engine(tmp_path_factory):
     path = _model_dir(tmp_path_factory)
     pol = load_policy(path)  # fp32, as the trainer
     eng = VLLMEngine(model_path=path, tokenizer=pol.tokenizer, dtype=torch.float32, enforce_eager=True)
-    return eng, pol
+    yield eng, pol
+    eng.shutdown()
 
 
 def _device() -> str:
@@ -235,3 +236,47 @@ def test_vllm_weight_update_changes_outputs_and_restores_them(vllm_engine):
     assert after.logprobs != before.logprobs
     eng.update_weights((n, p.detach()) for n, p in model.named_parameters())
     assert eng.open(1).generate({0: prompt}, params)[0].token_ids == before.token_ids
+
+
+# ---- earl run with vLLM: one process, and one engine per rank under --nproc 2 ------------------
+def _engine_pids() -> list[str]:
+    import subprocess
+
+    return subprocess.run(["pgrep", "-f", "VLLM::EngineCore"], capture_output=True, text=True).stdout.split()
+
+
+def _run_vllm(tmp_path, model_dir: str, nproc: int) -> list[dict]:
+    import csv
+    import subprocess
+    import sys
+
+    out = tmp_path / f"run-nproc{nproc}"
+    cmd = [sys.executable, "-m", "earl.cli", "run", "--model", model_dir, "--set", "engine=vllm", "--steps", "2",
+           "--set", "groups=2", "--set", "group_size=2", "--set", "plots=false", "--quiet", "--out", str(out),
+           *(["--nproc", str(nproc)] if nproc > 1 else [])]
+    before = set(_engine_pids())
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (proc.stdout + proc.stderr).count("init engine (profile") == nproc  # vLLM logs it once per engine
+    # every engine process ended with the run (a rank's os._exit skips vLLM's own shutdown)
+    left = set(_engine_pids()) - before
+    assert not left, f"vLLM engine processes outlived the run: {sorted(left)}"
+    with open(out / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_earl_run_with_vllm_on_one_and_two_processes(tmp_path_factory, tmp_path):
+    """`earl run --set engine=vllm` trains 2 steps on one process and on 2 (an engine per
+    rank); the episodes are the same (per-request seeds), so are their rewards and lengths."""
+    pytest.importorskip("vllm")
+    model_dir = _model_dir(tmp_path_factory)
+    one = _run_vllm(tmp_path, model_dir, 1)
+    two = _run_vllm(tmp_path, model_dir, 2)
+    assert [r["step"] for r in one] == [r["step"] for r in two] == ["1", "2"]
+    for a, b in zip(one, two, strict=True):
+        for key in ("episodes", "reward_mean", "tokens", "gen_tokens_mean", "context_mean"):
+            assert a[key] == b[key], (key, a[key], b[key])
+        assert float(a["gen_tokens_mean"]) > 0

@@ -27,6 +27,7 @@ from typing import Protocol
 import torch
 
 from earl.runtime.tokenizer import Tokenizer
+from earl.specs import ParallelPlan
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -236,11 +237,20 @@ DECODE_STEPS = {"cpu": 1, "cuda": 8}
 LOCAL_ENGINES = ("pytorch", "pytorch-static")  # run the module they are given (no weight copy)
 
 
+def engine_plan_error(name: str, rollout: ParallelPlan) -> str:
+    """'' if engine `name` can play under the rollout plan, else why not. An external engine
+    (vLLM) is one engine per rank with its own parallelism: each rank is a rollout replica."""
+    if name not in LOCAL_ENGINES and rollout.tp != 1:
+        return f"engine {name!r} runs one engine per rank, so it needs rollout tp 1, not tp {rollout.tp}"
+    return ""
+
+
 def make_engine(name: str, model: torch.nn.Module, tokenizer: Tokenizer, *, reuse_kv: bool = True,
-                model_path: str | None = None, decode_steps: int = 0, compile: bool = False) -> Engine:
+                model_path: str | None = None, decode_steps: int = 0, compile: bool = False,
+                dtype: torch.dtype | None = None) -> Engine:
     """`decode_steps`: decode steps the built-in `pytorch` engine runs per host sync (0: by device,
     `DECODE_STEPS`); `compile`: its decode steps through torch.compile (the other engines ignore
-    both)."""
+    both); `dtype`: the precision an external engine (vLLM) runs, by default `model`'s."""
     if name == "pytorch":
         from earl.runtime.engine.pytorch import TorchEngine
 
@@ -253,5 +263,5 @@ def make_engine(name: str, model: torch.nn.Module, tokenizer: Tokenizer, *, reus
         from earl.runtime.engine.vllm import VLLMEngine
 
         # the trainer's dtype: vLLM would otherwise load the checkpoint in its config's (bf16)
-        return VLLMEngine(model_path=model_path, tokenizer=tokenizer, dtype=next(model.parameters()).dtype)
+        return VLLMEngine(model_path=model_path, tokenizer=tokenizer, dtype=dtype or next(model.parameters()).dtype)
     raise ValueError(f"engine {name!r} unknown; valid: {', '.join(ENGINES)}")

@@ -279,6 +279,14 @@ class VLLMEngine:
     def open(self, n: int, seeds: Sequence[int] | None = None) -> VLLMEpisodeBatch:
         return VLLMEpisodeBatch(self, n, seeds)
 
+    def shutdown(self) -> None:
+        """Stop vLLM's engine processes now (else at interpreter exit, when its shutdown logs
+        into closed streams)."""
+        import gc
+
+        self.llm = None  # vLLM shuts its engine core down when the LLM is collected
+        gc.collect()
+
     def sleep(self) -> None:
         """Free the engine's GPU memory (weights and KV cache) until the next `update_weights`;
         nothing where the platform has no sleep mode (the CPU)."""
