@@ -4,7 +4,8 @@
 pass; `token_logprobs` computes log-probs and entropy from the decoder's hidden states and the
 LM head on the generated positions only, a chunk of positions at a time (full-vocabulary fp32
 logits never exist for a whole micro-batch); `Trainer.backward` runs the clipped policy loss
-(entropy bonus, GRPO's k3 KL term) with token-budget micro-batching. The loss is a token-mean
+(entropy bonus, GRPO's k3 KL term, optionally truncated importance sampling against the engine's
+log-probs: earl.runtime.mismatch) with token-budget micro-batching. The loss is a token-mean
 over the whole global (mini)batch, so any split into micro-batches or data-parallel shards gives
 the same gradient. Advantages come from earl.runtime.advantages; the optimizer step from
 earl.runtime.optim.train_step.
@@ -23,6 +24,7 @@ import torch.utils.checkpoint
 
 from earl.runtime.config import TrainerConfig
 from earl.runtime.dist import comm_device
+from earl.runtime.mismatch import tis_weights
 from earl.runtime.rollout import Trajectory
 
 
@@ -36,7 +38,7 @@ class ExperienceBatch:
     input_ids: torch.Tensor  # [N, T] long
     attention_mask: torch.Tensor  # [N, T] bool, real tokens
     loss_mask: torch.Tensor  # [N, T] bool, model-generated tokens
-    engine_logprobs: torch.Tensor  # [N, T] float, from the rollout engine
+    engine_logprobs: torch.Tensor  # [N, T] float, from the rollout engine (the behaviour policy)
     rewards: torch.Tensor  # [N] float, episode returns
     token_rewards: torch.Tensor  # [N, T] float, each step's reward on that turn's last token
     turn_ids: torch.Tensor  # [N, T] long, the turn a generated token belongs to; -1 elsewhere
@@ -271,6 +273,8 @@ class Trainer:
             ratio = torch.exp(lp - t["old_logprobs"])
             adv = t["advantages"]
             pg = -torch.minimum(ratio * adv, ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv)
+            if cfg.tis_cap:  # the tokens came from the engine, not from the old policy
+                pg = pg * tis_weights(t["old_logprobs"], t["engine_logprobs"], cfg.tis_cap)
             loss_tok = pg - cfg.entropy_coef * ent
             if cfg.kl_coef and cfg.algo == "grpo":
                 if "ref_logprobs" not in t:
