@@ -252,9 +252,9 @@ def experience(w: Worker, ctx: StepContext, step: int, trajs: list[Trajectory], 
     t0 = time.perf_counter()
     ids = list(dst.assignment[w.exp_groups.dp_rank])
     batch = _batch(got, ids, meta, w.policy.tokenizer.pad_id)
-    temp, budget = w.params.logprob_temperature, cfg.trainer.token_budget
-    old = batch_logprobs(w.logprob_model(), batch, temp, budget) if ids else batch.old_logprobs
-    ref = batch_logprobs(w.ref_model, batch, temp, budget) if ids and w.ref_model is not None else old
+    temp, budget, vocab = w.params.logprob_temperature, cfg.trainer.token_budget, w.policy.tokenizer.vocab_size
+    old = batch_logprobs(w.logprob_model(), batch, temp, budget, vocab) if ids else batch.old_logprobs
+    ref = batch_logprobs(w.ref_model, batch, temp, budget, vocab) if ids and w.ref_model is not None else old
     out: Store = {}
     for r, i in enumerate(ids):
         k = got[i]["input_ids"].numel()
