@@ -20,7 +20,9 @@ TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def build_chat_model(directory: str | Path, *, model_vocab: int = 192, seed: int = 0) -> Path:
+def build_chat_model(directory: str | Path, *, model_vocab: int = 192, seed: int = 0, hidden_size: int = 64) -> Path:
+    """The folder `directory` holding the tokenizer and the model (4 attention heads of
+    hidden_size / 4; vLLM needs a head dim >= 32: hidden_size 128)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
@@ -37,8 +39,9 @@ def build_chat_model(directory: str | Path, *, model_vocab: int = 192, seed: int
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     tok.save_pretrained(str(d))
-    cfg = AutoConfig.for_model("qwen2", vocab_size=model_vocab, hidden_size=64, intermediate_size=128,
-                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    cfg = AutoConfig.for_model("qwen2", vocab_size=model_vocab, hidden_size=hidden_size,
+                               intermediate_size=2 * hidden_size, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2,
                                max_position_embeddings=4096, tie_word_embeddings=True)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
