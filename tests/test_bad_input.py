@@ -144,6 +144,8 @@ CASES = [
     ("run-unknown-section", {"c.toml": "[trainr]\nlr = 1\n"}, ["run", "c.toml", "--out", "o"], "trainr"),
     ("run-yaml-number", {"c.yaml": "5\n"}, ["run", "c.yaml", "--out", "o"], "mapping"),
     ("run-budget-negative", {}, ["run", "--set", "plan.memory_budget_mb=-1", "--out", "o"], "memory_budget_mb"),
+    ("run-tis-cap-below-1", {}, ["run", "--set", "trainer.tis_cap=0.5", "--out", "o"],
+     "trainer.tis_cap must be 0 (off) or a finite cap >= 1, got 0.5"),
     ("run-nproc-0", {}, ["run", "--nproc", "0", "--out", "o"], "nproc"),
     ("run-nproc-3-fsdp-uneven", {}, ["run", "--nproc", "3", "--train-plan", "tp1-dp3-zero", "--out", "o"],
      "train plan tp1-dp3-mb1-zero: FSDP2 cannot shard"),

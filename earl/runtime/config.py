@@ -98,6 +98,14 @@ class TrainerConfig:
     baseline: str = "per-turn"  # reinforce++: per-turn (mean return-to-go per turn index) | batch
     lr_decay: str = "none"  # none | linear (to lr_min_frac * lr at the last step) | cosine
     lr_min_frac: float = 0.1  # final lr as a fraction of lr when decaying
+    # truncated importance sampling: each token's policy-gradient loss times the detached
+    # min(pi_trainer_old / pi_engine, tis_cap), correcting for the rollout engine's log-prob
+    # mismatch (earl.runtime.mismatch); 0 = off, else the cap C (a ratio, >= 1; verl uses 2)
+    tis_cap: float = 0.0
+
+    def __post_init__(self):
+        if not (self.tis_cap == 0 or 1 <= self.tis_cap < float("inf")):
+            raise ValueError(f"trainer.tis_cap must be 0 (off) or a finite cap >= 1, got {self.tis_cap}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,6 +13,10 @@ Each phase posts all of its receives and sends at once (isend/irecv), one messag
 transfer. What a rank ends up holding is checked against the plan: exactly once, exactly what
 its layout needs.
 
+Tensors the dispatchers' plans do not price can ride along (`extra`, `carry_along`): the
+engine's log-probs go wherever the old log-probs go when the trainer corrects for the
+rollout/trainer mismatch (`trainer.tis_cap`, earl.runtime.mismatch).
+
     OMP_NUM_THREADS=1 python benchmarks/bench_dispatch.py
 """
 
@@ -41,6 +45,7 @@ TENSOR_DTYPES: dict[str, torch.dtype] = {
     "input_ids": torch.int64,
     "loss_mask": torch.bool,
     "old_logprobs": torch.float32,
+    "engine_logprobs": torch.float32,  # the rollout engine's sampling log-probs
     "ref_logprobs": torch.float32,
     "advantages": torch.float32,
     "rewards": torch.float32,  # one value per sample
@@ -48,7 +53,10 @@ TENSOR_DTYPES: dict[str, torch.dtype] = {
     "turn_ids": torch.int64,
 }
 # What the rollout -> experience hand-off moves per episode (the same executor, other tensors).
-HANDOFF_TENSORS: tuple[str, ...] = ("input_ids", "loss_mask", "token_rewards", "turn_ids", "rewards")
+HANDOFF_TENSORS: tuple[str, ...] = ("input_ids", "loss_mask", "engine_logprobs", "token_rewards", "turn_ids",
+                                    "rewards")
+# The tensor whose routes `extra` tensors follow (the last pipeline stage's, staged at a controller too).
+CARRIER = "old_logprobs"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,22 +117,41 @@ def _copy(transfer, store: Store, tokens: dict[int, int], out: Store,
             counts[(i, name)] = counts.get((i, name), 0) + 1
 
 
+def carry_along(tplan: TransferPlan, extra: tuple[str, ...]) -> TransferPlan:
+    """`tplan` with the per-token tensors `extra` added to every transfer that carries the old
+    log-probs, its bytes counted."""
+    if not extra:
+        return tplan
+    per_token = sum(torch.empty((), dtype=TENSOR_DTYPES[name]).element_size() for name in extra)
+
+    def extend(tr):
+        if CARRIER not in tr.tensors:
+            return tr
+        ntok = sum(b - a for a, b in tr.token_ranges)
+        return dataclasses.replace(tr, tensors=tr.tensors + tuple(extra), bytes=tr.bytes + ntok * per_token)
+
+    return dataclasses.replace(tplan, phases=[[extend(tr) for tr in phase] for phase in tplan.phases])
+
+
 # --------------------------------------------------------------------------------------------
 # The executor
 # --------------------------------------------------------------------------------------------
 def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], src: Layout, dst: Layout, *,
                      advantages: AdvantageSpec = AdvantageSpec(), tensors: tuple[str, ...] | None = None,
-                     rank: int | None = None, check: bool = True) -> tuple[Store, DispatchStats]:
+                     extra: tuple[str, ...] = (), rank: int | None = None,
+                     check: bool = True) -> tuple[Store, DispatchStats]:
     """Run `tplan` from this rank's `store` (the samples it produced, with rewards). Returns
     the samples this rank needs for training under `dst` (per-token tensors + advantages) and
     timings. Collective over every rank of the world.
 
     With `tensors`, the plan's routes carry those tensors instead and no advantages are
-    computed: the rollout -> experience hand-off (`HANDOFF_TENSORS`) runs on the same plan."""
+    computed: the rollout -> experience hand-off (`HANDOFF_TENSORS`) runs on the same plan.
+    `extra` per-token tensors travel with the old log-probs (`carry_along`)."""
     rank = (dist.get_rank() if dist.is_initialized() else 0) if rank is None else rank
     if tensors is not None:
         tplan = dataclasses.replace(tplan, phases=[
             [dataclasses.replace(tr, tensors=tuple(tensors)) for tr in phase] for phase in tplan.phases])
+    tplan = carry_along(tplan, extra)
     device = comm_device()
     tokens = {s.id: s.tokens for s in samples}
     if dist.is_initialized():
@@ -184,16 +211,17 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
     stats = DispatchStats(kind=tplan.kind, seconds=time.perf_counter() - t_start, phase_s=tuple(phase_s),
                           advantage_s=adv_s, bytes_sent=sent, bytes_recv=recv, messages=msgs)
     if check:
-        check_delivery(counts, dst, samples, rank, tensors)
+        check_delivery(counts, dst, samples, rank, tensors, extra)
     return delivered, stats
 
 
 def check_delivery(counts: dict[tuple[int, str], int], dst: Layout, samples: list[Sample],
-                   rank: int, tensors: tuple[str, ...] | None = None) -> None:
+                   rank: int, tensors: tuple[str, ...] | None = None, extra: tuple[str, ...] = ()) -> None:
     """Exactly once, exactly what the layout needs (raises RuntimeError otherwise)."""
     need = set(required_sets(dst, samples).get(rank, {}))
     if tensors is not None:
         need = {(i, name) for i in {i for i, _ in need} for name in tensors}
+    need |= {(i, name) for i, carried in need if carried == CARRIER for name in extra}
     twice = sorted(k for k, c in counts.items() if c > 1)
     missing = sorted(need - counts.keys())
     extra = sorted(counts.keys() - need)

@@ -10,7 +10,8 @@ Per step, on every rank (the same points at which the simulator calls the same p
    control plane, earl.runtime.control); token tensors never do;
 4. hand-off to experience: the dispatcher's TransferPlan moves each episode's tokens from its
    rollout replica to the experience rank(s) that need them;
-5. experience: old log-probs (and reference log-probs with a KL term) of this rank's share;
+5. experience: old log-probs (and reference log-probs with a KL term) of this rank's share, and
+   their gap to the engine's sampling log-probs (earl.runtime.mismatch);
 6. dispatch to training: the dispatcher's TransferPlan, advantages from per-group scalars;
 7. training: the loss and the optimizer strategy on this rank's share (a memory-budget check
    first; over budget, re-plan to a sparing plan and retry on the same samples);
@@ -35,7 +36,8 @@ from earl.policies.types import Layout, Sample
 from earl.runtime.advantages import AdvantageSpec, Store
 from earl.runtime.control import ControlBytes, all_gather_objects, gather_objects, reduce_scalars
 from earl.runtime.envs import OUTCOMES, env_options, make_env
-from earl.runtime.move_samples import HANDOFF_TENSORS, execute_dispatch
+from earl.runtime.mismatch import SUM_KEYS, mismatch_metrics, mismatch_sums
+from earl.runtime.move_samples import HANDOFF_TENSORS, carry_along, execute_dispatch
 from earl.runtime.optim import train_step
 from earl.runtime.rollout import Trajectory, rollout
 from earl.runtime.trainer import ExperienceBatch, batch_logprobs
@@ -189,6 +191,7 @@ def _rollout_store(trajs: list[Trajectory]) -> Store:
     lengths = [len(t.token_ids) for t in trajs]
     ids = torch.tensor([x for t in trajs for x in t.token_ids], dtype=torch.long)
     mask = torch.tensor([x for t in trajs for x in t.loss_mask], dtype=torch.bool)
+    engine_lp = torch.tensor([x for t in trajs for x in t.logprobs], dtype=torch.float32)
     tok_r = torch.zeros(len(ids))
     turn_ids = torch.full((len(ids),), -1, dtype=torch.long)
     off = 0
@@ -202,6 +205,7 @@ def _rollout_store(trajs: list[Trajectory]) -> Store:
     turn_ids[~mask] = -1
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
     parts = {"input_ids": ids.split(lengths), "loss_mask": mask.split(lengths),
+             "engine_logprobs": engine_lp.split(lengths),
              "token_rewards": tok_r.split(lengths), "turn_ids": turn_ids.split(lengths)}
     return {t.episode_id: {**{k: v[j] for k, v in parts.items()}, "rewards": rewards[j:j + 1]}
             for j, t in enumerate(trajs)}
@@ -231,7 +235,8 @@ def _batch(store: Store, ids: list[int], meta: dict[int, SampleMeta], pad_id: in
 def experience(w: Worker, ctx: StepContext, step: int, trajs: list[Trajectory], samples: list[Sample],
                meta: dict[int, SampleMeta]) -> tuple[Store, Layout, dict]:
     """Hand the episodes to the experience layout (a TransferPlan), then old / reference
-    log-probs of this rank's share. Returns the experience store, its layout and stats."""
+    log-probs of this rank's share and their gap to the engine's. Returns the experience store,
+    its layout and stats (the gap as this rank's `mismatch_sums`, counted on tp rank 0 only)."""
     cfg = w.cfg
     roll_plan, exp_plan = w.plans.rollout, w.plans.experience
     roll_assign = tuple(tuple(s.id for s in samples if s.id % roll_plan.dp == d) for d in range(roll_plan.dp))
@@ -247,9 +252,9 @@ def experience(w: Worker, ctx: StepContext, step: int, trajs: list[Trajectory], 
     t0 = time.perf_counter()
     ids = list(dst.assignment[w.exp_groups.dp_rank])
     batch = _batch(got, ids, meta, w.policy.tokenizer.pad_id)
-    temp, budget = w.params.logprob_temperature, cfg.trainer.token_budget
-    old = batch_logprobs(w.logprob_model(), batch, temp, budget) if ids else batch.old_logprobs
-    ref = batch_logprobs(w.ref_model, batch, temp, budget) if ids and w.ref_model is not None else old
+    temp, budget, vocab = w.params.logprob_temperature, cfg.trainer.token_budget, w.policy.tokenizer.vocab_size
+    old = batch_logprobs(w.logprob_model(), batch, temp, budget, vocab) if ids else batch.old_logprobs
+    ref = batch_logprobs(w.ref_model, batch, temp, budget, vocab) if ids and w.ref_model is not None else old
     out: Store = {}
     for r, i in enumerate(ids):
         k = got[i]["input_ids"].numel()
@@ -261,7 +266,9 @@ def experience(w: Worker, ctx: StepContext, step: int, trajs: list[Trajectory], 
                 * item["loss_mask"]
         out[i] = item
     w.span("logprob", "experience", t0, step, tokens=int(batch.attention_mask.sum()))
-    return out, dst, {"handoff_bytes": hstats.bytes_sent}
+    counted = batch.loss_mask if w.exp_groups.tp_rank == 0 else torch.zeros_like(batch.loss_mask)  # tp peers: once
+    gap = mismatch_sums(old, batch.engine_logprobs, counted, cfg.trainer.tis_cap)
+    return out, dst, {"handoff_bytes": hstats.bytes_sent, "mismatch": gap}
 
 
 def train(w: Worker, ctx: StepContext, step: int, store: Store, src: Layout, samples: list[Sample],
@@ -270,13 +277,14 @@ def train(w: Worker, ctx: StepContext, step: int, store: Store, src: Layout, sam
     miss and retrying on the same samples)."""
     cfg = w.cfg
     spec = AdvantageSpec(estimator=cfg.trainer.algo, per_turn=cfg.trainer.baseline == "per-turn")
+    extra = ("engine_logprobs",) if cfg.trainer.tis_cap else ()  # TIS's behaviour policy
     for _attempt in range(4):
         plan, tg = w.plans.train, w.train_groups
         t0 = time.perf_counter()
         dst = Layout(plan, balance_samples(samples, plan.dp)[0])
         tplan = ctx.dispatcher.plan(src, dst, samples)
         delivered, dstats = execute_dispatch(tplan, {i: dict(v) for i, v in store.items()}, samples, src, dst,
-                                             advantages=spec)
+                                             advantages=spec, extra=extra)
         w.span(tplan.kind, "dispatch", t0, step, bytes=dstats.bytes_sent, args={"transfers": len(tplan.transfers)})
         local = _batch(delivered, list(dst.assignment[tg.dp_rank]), meta, w.policy.tokenizer.pad_id)
         tokens, longest = int(local.attention_mask.sum()), local.input_ids.shape[1]
@@ -293,7 +301,7 @@ def train(w: Worker, ctx: StepContext, step: int, store: Store, src: Layout, sam
         stats = train_step(w.trainer, w.optim, local, progress=(step - 1) / max(cfg.steps - 1, 1), generator=gen)
         w.span("train_step", "train", t0, step, tokens=int(stats["train_tokens"]))
         info = {"dispatcher": tplan.kind, "dispatch_transfers": len(tplan.transfers),
-                "dispatch_bytes": tplan.total_bytes,
+                "dispatch_bytes": carry_along(tplan, extra).total_bytes,
                 "memory_accounted_bytes": w.memory_bytes(plan, tokens, longest)}
         return stats, info, local
     raise MemoryBudgetExceeded(f"step {step}: still over the memory budget after re-planning")
@@ -328,8 +336,10 @@ def run_step(w: Worker, ctx: StepContext, step: int,
     lead = w.roll_groups.tp_rank == 0
     sums = reduce_scalars([counts[k] if lead else 0.0 for k in ("prefill_tokens", "decode_tokens",
                                                                 "generated_tokens", "env_s")]
-                          + [float(hand["handoff_bytes"])], ctx.control, "scalars")
-    peak = reduce_scalars([float(peak_memory_bytes(w.device))], ctx.control, "scalars", op="max")[0]
+                          + [float(hand["handoff_bytes"])] + [hand["mismatch"][0][k] for k in SUM_KEYS],
+                          ctx.control, "scalars")
+    peak, gap_max = reduce_scalars([float(peak_memory_bytes(w.device)), hand["mismatch"][1]], ctx.control,
+                                   "scalars", op="max")
     spans = gather_objects(w.spans, ctx.control, "spans")
     w.spans = []
     if dist.get_rank() != 0:
@@ -340,7 +350,8 @@ def run_step(w: Worker, ctx: StepContext, step: int,
         if sp.stage in stage_s:
             stage_s[sp.stage] += sp.duration_s
     rollout_s = stage_s["rollout"]
-    row = {"step": step, **outcome_metrics(ordered), **tstats,
+    gap = mismatch_metrics(dict(zip(SUM_KEYS, sums[5:], strict=True)), gap_max, cfg.trainer.tis_cap)
+    row = {"step": step, **outcome_metrics(ordered), **tstats, **gap,
            "prefill_tokens": int(sums[0]), "decode_tokens": int(sums[1]),
            **{f"{k}_s": v for k, v in stage_s.items()}, "env_s": sums[3],
            "step_s": time.perf_counter() - t_step, "step_cpu_s": time.process_time() - cpu0,

@@ -4,7 +4,8 @@
 pass; `token_logprobs` computes log-probs and entropy from the decoder's hidden states and the
 LM head on the generated positions only, a chunk of positions at a time (full-vocabulary fp32
 logits never exist for a whole micro-batch); `Trainer.backward` runs the clipped policy loss
-(entropy bonus, GRPO's k3 KL term) with token-budget micro-batching. The loss is a token-mean
+(entropy bonus, GRPO's k3 KL term, optionally truncated importance sampling against the engine's
+log-probs: earl.runtime.mismatch) with token-budget micro-batching. The loss is a token-mean
 over the whole global (mini)batch, so any split into micro-batches or data-parallel shards gives
 the same gradient. Advantages come from earl.runtime.advantages; the optimizer step from
 earl.runtime.optim.train_step.
@@ -23,6 +24,7 @@ import torch.utils.checkpoint
 
 from earl.runtime.config import TrainerConfig
 from earl.runtime.dist import comm_device
+from earl.runtime.mismatch import tis_weights
 from earl.runtime.rollout import Trajectory
 
 
@@ -36,7 +38,7 @@ class ExperienceBatch:
     input_ids: torch.Tensor  # [N, T] long
     attention_mask: torch.Tensor  # [N, T] bool, real tokens
     loss_mask: torch.Tensor  # [N, T] bool, model-generated tokens
-    engine_logprobs: torch.Tensor  # [N, T] float, from the rollout engine
+    engine_logprobs: torch.Tensor  # [N, T] float, from the rollout engine (the behaviour policy)
     rewards: torch.Tensor  # [N] float, episode returns
     token_rewards: torch.Tensor  # [N, T] float, each step's reward on that turn's last token
     turn_ids: torch.Tensor  # [N, T] long, the turn a generated token belongs to; -1 elsewhere
@@ -125,10 +127,10 @@ def _hidden_states(model, decoder, input_ids: torch.Tensor, attention_mask: torc
 
 
 def _chunk_logprobs(head, h_KH: torch.Tensor, targets_K: torch.Tensor, temperature: float,
-                    with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """log p(target) and the entropy at K positions from their hidden states; the fp32 logits
-    [K, V] live only inside this call."""
-    logits = head(h_KH).float() / temperature
+                    with_entropy: bool, vocab_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(target) and the entropy at K positions from their hidden states, over the first
+    `vocab_size` ids (None: all of the head's rows); the fp32 logits [K, V] live only inside this call."""
+    logits = head(h_KH)[..., :vocab_size].float() / temperature
     lse = logits.logsumexp(-1)
     lp = logits.gather(-1, targets_K[:, None]).squeeze(-1) - lse
     if not with_entropy:
@@ -139,8 +141,13 @@ def _chunk_logprobs(head, h_KH: torch.Tensor, targets_K: torch.Tensor, temperatu
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float,
                    with_entropy: bool = False, need: torch.Tensor | None = None,
-                   chunk_tokens: int = LOGIT_CHUNK_TOKENS):
+                   chunk_tokens: int = LOGIT_CHUNK_TOKENS, vocab_size: int | None = None):
     """[n, t] log p(token t | < t) at `temperature` (column 0 is 0), optionally the entropy.
+
+    The softmax runs over the first `vocab_size` ids (the tokenizer's; None: every row of the
+    head), as the engines sample: a checkpoint's padded embedding rows (Qwen2.5: 151,936 rows,
+    151,665 tokens) are never drawn, and counting their mass would put the trainer's log-probs
+    off the engine's (earl.runtime.mismatch measures the gap).
 
     Only positions where `need` [n, t] is True (default: every real token but the first) get
     logits, computed from the decoder's hidden states `chunk_tokens` positions at a time, so the
@@ -158,7 +165,7 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     grad = torch.is_grad_enabled()
     lps, ents = [], []
     for a in range(0, h_KH.shape[0], chunk_tokens):
-        args = (head, h_KH[a:a + chunk_tokens], targets[a:a + chunk_tokens], temperature, with_entropy)
+        args = (head, h_KH[a:a + chunk_tokens], targets[a:a + chunk_tokens], temperature, with_entropy, vocab_size)
         if grad:
             lp, ent = torch.utils.checkpoint.checkpoint(_chunk_logprobs, *args, use_reentrant=False)
         else:
@@ -177,10 +184,10 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 
 def full_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float,
-                        with_entropy: bool = False):
+                        with_entropy: bool = False, vocab_size: int | None = None):
     """The reference: fp32 logits of every position of the whole batch at once (what
     `token_logprobs` computes in chunks). For tests and the memory benchmark only."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask.long()).logits[:, :-1].float()
+    logits = model(input_ids=input_ids, attention_mask=attention_mask.long()).logits[:, :-1, :vocab_size].float()
     logp_all = torch.log_softmax(logits / temperature, dim=-1)
     lp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     lp = torch.nn.functional.pad(lp, (1, 0))
@@ -208,15 +215,17 @@ def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
 
 
 @torch.no_grad()
-def batch_logprobs(model, batch: ExperienceBatch, temperature: float, token_budget: int) -> torch.Tensor:
-    """Forward-only log-probs of a whole batch, micro-batched; only generated (loss-mask)
-    tokens get logits, the rest are 0 (every consumer multiplies by the loss mask)."""
+def batch_logprobs(model, batch: ExperienceBatch, temperature: float, token_budget: int,
+                   vocab_size: int | None = None) -> torch.Tensor:
+    """Forward-only log-probs of a whole batch (over the first `vocab_size` ids), micro-batched;
+    only generated (loss-mask) tokens get logits, the rest are 0 (every consumer multiplies by
+    the loss mask)."""
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
     dev = next(model.parameters()).device
     for mb in micro_batches(batch.lengths.tolist(), token_budget):
         sub = batch.select(mb)
         lp, _ = token_logprobs(model, sub.input_ids.to(dev), sub.attention_mask.to(dev), temperature,
-                               need=sub.loss_mask.to(dev))
+                               need=sub.loss_mask.to(dev), vocab_size=vocab_size)
         out[mb, :lp.shape[1]] = lp.cpu()
     return out * batch.loss_mask
 
@@ -226,8 +235,10 @@ class Trainer:
     `train_step` hands it one (the `earl.runtime.optim.ReplicatedAdamW` strategy, which is plain
     AdamW on one process)."""
 
-    def __init__(self, model: torch.nn.Module, cfg: TrainerConfig, *, temperature: float, lockstep=None):
+    def __init__(self, model: torch.nn.Module, cfg: TrainerConfig, *, temperature: float, lockstep=None,
+                 vocab_size: int | None = None):
         self.model, self.cfg, self.temperature = model, cfg, temperature
+        self.vocab_size = vocab_size  # the tokenizer's ids the softmax runs over (None: the head's rows)
         # a process group whose ranks must run the same number of forward/backward passes
         # (FSDP2 gathers weights inside each): short ranks add passes on a dummy row
         self.lockstep = lockstep
@@ -267,10 +278,13 @@ class Trainer:
             t = {k: v.to(dev) for k, v in sub.tensors().items()}
             mask = t["loss_mask"].float()
             lp, ent = token_logprobs(self.model, t["input_ids"], t["attention_mask"],
-                                     self.temperature, with_entropy=True, need=t["loss_mask"])
+                                     self.temperature, with_entropy=True, need=t["loss_mask"],
+                                     vocab_size=self.vocab_size)
             ratio = torch.exp(lp - t["old_logprobs"])
             adv = t["advantages"]
             pg = -torch.minimum(ratio * adv, ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv)
+            if cfg.tis_cap:  # the tokens came from the engine, not from the old policy
+                pg = pg * tis_weights(t["old_logprobs"], t["engine_logprobs"], cfg.tis_cap)
             loss_tok = pg - cfg.entropy_coef * ent
             if cfg.kl_coef and cfg.algo == "grpo":
                 if "ref_logprobs" not in t:

@@ -151,7 +151,8 @@ class Worker:
         if state is not None:
             self.optim.load_state_tensors(state[0], state[1])
         self.trainer = Trainer(model, self.cfg.trainer, temperature=self.params.logprob_temperature,
-                               lockstep=g.dp_group if uses_fsdp(plan) else None)
+                               lockstep=g.dp_group if uses_fsdp(plan) else None,
+                               vocab_size=self.policy.tokenizer.vocab_size)
         self.train_model, self.train_groups = model, g
         self.plans = self.plans.with_stage(Stage.TRAIN, plan)
 

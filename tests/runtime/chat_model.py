@@ -20,10 +20,10 @@ TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def build_chat_model(directory: str | Path, *, model_vocab: int = 192, seed: int = 0, heads: int = 4,
-                     kv_heads: int = 2) -> Path:
-    """The model folder; hidden size 64, so `heads=2, kv_heads=1` gives head_dim 32 (vLLM's CPU
-    attention refuses head_dim 16)."""
+def build_chat_model(directory: str | Path, *, model_vocab: int = 192, seed: int = 0, hidden_size: int = 64,
+                     heads: int = 4, kv_heads: int = 2) -> Path:
+    """The folder `directory` holding the tokenizer and the model (`heads` attention heads of
+    hidden_size / heads; vLLM's CPU attention needs a head dim >= 32: e.g. `heads=2, kv_heads=1`)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
@@ -40,8 +40,9 @@ def build_chat_model(directory: str | Path, *, model_vocab: int = 192, seed: int
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     tok.save_pretrained(str(d))
-    cfg = AutoConfig.for_model("qwen2", vocab_size=model_vocab, hidden_size=64, intermediate_size=128,
-                               num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=kv_heads,
+    cfg = AutoConfig.for_model("qwen2", vocab_size=model_vocab, hidden_size=hidden_size,
+                               intermediate_size=2 * hidden_size, num_hidden_layers=2, num_attention_heads=heads,
+                               num_key_value_heads=kv_heads,
                                max_position_embeddings=4096, tie_word_embeddings=True)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
