@@ -67,6 +67,15 @@ def test_request_seeds_differ_across_episodes_and_turns_and_repeat():
     assert request_seed(-3, 5) != request_seed(3, 5)  # negative streams are hashed, not truncated
 
 
+def test_each_ranks_engine_gets_its_own_cores():
+    from earl.runtime.engine.vllm import cpu_binding
+
+    assert cpu_binding([0, 1], 0, 1) == ""  # one rank: vLLM's auto binding
+    assert [cpu_binding([0, 1], r, 2) for r in range(2)] == ["0", "1"]
+    assert [cpu_binding(range(8), r, 2) for r in range(2)] == ["0,1,2,3", "4,5,6,7"]
+    assert [cpu_binding([0, 1], r, 4) for r in range(4)] == ["0", "1", "0", "1"]  # more ranks than cores: shared
+
+
 def test_finish_reasons():
     assert earl_finish("length", None) == "length"
     assert earl_finish("stop", "</a>") == "stop"  # a stop string

@@ -77,6 +77,16 @@ def vllm_sampling_kwargs(params: SamplingParams, *, seed: int, eos_id: int | Non
     }
 
 
+def cpu_binding(cores: Sequence[int], local_rank: int, local_world: int) -> str:
+    """vLLM's `VLLM_CPU_OMP_THREADS_BIND` list ("0,1") for the engine of one of `local_world`
+    ranks on this host: an equal share of `cores` each; "" with one rank (vLLM's own "auto")."""
+    if local_world <= 1:
+        return ""
+    per = max(1, len(cores) // local_world)
+    mine = list(cores[local_rank * per:(local_rank + 1) * per]) or [cores[local_rank % len(cores)]]
+    return ",".join(map(str, mine))
+
+
 def earl_finish(finish_reason: str | None, stop_reason: int | str | None) -> str:
     """vLLM's (finish_reason, stop_reason) -> earl's "stop" | "eos" | "length".
 
@@ -264,6 +274,10 @@ class VLLMEngine:
         self.can_sleep = current_platform.is_sleep_mode_available()  # CUDA, ROCm, XPU; not the CPU
         if current_platform.is_cpu():
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
+            bind = cpu_binding(sorted(os.sched_getaffinity(0)), int(os.environ.get("LOCAL_RANK", 0)),
+                               int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+            if bind:  # each rank's engine on its own cores (vLLM's "auto" puts every engine on the same)
+                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", bind)
         kwargs = {"enable_prefix_caching": True, "enable_sleep_mode": self.can_sleep, "dtype": VLLM_DTYPES[dtype],
                   "logprobs_mode": "processed_logprobs", "worker_extension_cls": WORKER_EXTENSION,
                   "logits_processors": [PADDING_MASK] if first_pad < model_vocab else [],
