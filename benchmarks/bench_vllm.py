@@ -58,7 +58,7 @@ def rollout_tps(engine, episodes: int) -> tuple[float, int]:
     trajs = rollout(engine, MixedEnv, seeds=list(range(episodes)), group_ids=list(range(episodes)),
                     params=params, max_context=4096)
     dt = time.perf_counter() - t0
-    tokens = sum(len(u.token_ids) for t in trajs for u in t.turns)
+    tokens = sum(u.gen_tokens for t in trajs for u in t.turns)
     return tokens / dt, tokens
 
 
@@ -105,17 +105,17 @@ def main() -> None:
     for name, (_, start_s) in engines.items():
         if start_s:
             print(f"{name}: engine start {start_s:.1f} s (not in tokens/s)")
-    head = "".join(f"{n:>16}" for n in engines) + "".join(f"{n + ' / built-in':>22}" for n in list(engines)[1:])
+    head = "".join(f"{n:>16}" for n in engines) + "".join(f"{n + ' / built-in':>25}" for n in list(engines)[1:])
     print(f"\n1. decode-heavy, {a.new} new tokens per turn: generated tokens/s (best of {a.repeats})")
     print(f"{'batch':>6}{head}")
     for b in batches:
         tps = {n: decode_tps(e, prompt, b, a.new, a.repeats) for n, (e, _) in engines.items()}
-        ratios = "".join(f"{tps[n] / tps['built-in']:>21.2f}x" for n in list(engines)[1:])
+        ratios = "".join(f"{tps[n] / tps['built-in']:>24.2f}x" for n in list(engines)[1:])
         print(f"{b:>6}" + "".join(f"{v:>16.1f}" for v in tps.values()) + ratios, flush=True)
     print(f"\n2. multi-turn rollout, {a.episodes} episodes of 1-6 turns: generated tokens/s")
     print(f"{'':>6}{head}")
     res = {n: rollout_tps(e, a.episodes) for n, (e, _) in engines.items()}
-    ratios = "".join(f"{res[n][0] / res['built-in'][0]:>21.2f}x" for n in list(engines)[1:])
+    ratios = "".join(f"{res[n][0] / res['built-in'][0]:>24.2f}x" for n in list(engines)[1:])
     print(f"{'':>6}" + "".join(f"{v:>16.1f}" for v, _ in res.values()) + ratios)
     print("generated tokens: " + ", ".join(f"{n} {k}" for n, (_, k) in res.items()))
     for name, (e, _) in engines.items():
