@@ -96,3 +96,18 @@ def test_study_jobs_ray_equals_serial(tmp_path, study, stem):
     for name in csvs:
         one, two = csv_rows(tmp_path / "serial" / name), csv_rows(tmp_path / "ray" / name)
         assert len(one) > 0 and one == two, name
+
+
+def test_studies_side_by_side_as_ray_tasks_write_where_asked(tmp_path, monkeypatch):
+    """`earl study all --jobs ray` runs each study as a Ray task. A task runs in its worker's
+    folder (where the Ray instance started), so a relative --out must mean this process's folder."""
+    from earl import studies
+
+    quick = {k: v for k, v in studies.study_scripts().items() if k in ("s4_dispatch_latency", "s9_async")}
+    monkeypatch.setattr(studies, "study_scripts", lambda: quick)
+    monkeypatch.chdir(tmp_path)  # not where the Ray instance started
+    lines = []
+    assert studies.run_studies("all", out="rel", quick=True, jobs="ray", echo=lines.append) == []
+    assert sorted(p.name for p in (tmp_path / "rel").glob("*.csv")) == [
+        "s4_dispatch_latency.csv", "s9_async.csv", "s9_async_steps.csv"]
+    assert len(lines) == 2 and all("--jobs 1" in line for line in lines)
