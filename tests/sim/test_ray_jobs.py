@@ -3,7 +3,8 @@ serial run writes, file by file (wall-clock columns aside). Skipped only where r
 installed; one local Ray instance (2 CPUs) serves the whole module, and the study scripts, which
 run in their own processes, join it through RAY_ADDRESS.
 
-    pip install ray && python -m pytest -m ray tests/sim/test_ray_jobs.py -q
+    pip install 'earl[ray]' && python -m pytest -m ray tests/sim/test_ray_jobs.py -q   # all, s5 too
+    python -m pytest tests/sim/test_ray_jobs.py -q                                      # not slow
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ WALL = {"wall_s", "cpu_s", "events_per_wall_s", "simulated_tokens_per_wall_s", "
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster():
-    ctx = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("RAY_ADDRESS", raising=False)  # a fresh local instance, not one this shell points at
+        ctx = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         mp.setenv("RAY_ADDRESS", ctx.address_info["address"])  # study processes join this instance
         yield ctx
     ray.shutdown()
@@ -87,7 +89,9 @@ def test_simulate_jobs_ray_returns_the_serial_results():
         assert without_wall(a.summary) == without_wall(b.summary)
 
 
-@pytest.mark.parametrize("study, stem", [("s9", "s9_async"), ("s5", "s5_end_to_end")])
+# s5 runs `simulate --compare` (covered above) on more steps: ~40 s on 2 idle cores, so `slow`
+@pytest.mark.parametrize("study, stem", [("s9", "s9_async"),
+                                         pytest.param("s5", "s5_end_to_end", marks=pytest.mark.slow)])
 def test_study_jobs_ray_equals_serial(tmp_path, study, stem):
     invoke("study", study, "--quick", "--jobs", "1", "--out", str(tmp_path / "serial"))
     invoke("study", study, "--quick", "--jobs", "ray", "--out", str(tmp_path / "ray"))
