@@ -114,11 +114,12 @@ class RunRecorder:
         if self.tb is not None:
             self.tb.flush()
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """`failed`: the run stopped on an exception (Ctrl-C included); wandb then marks it crashed."""
         if self.tb is not None:
             self.tb.close()
         if self.wb is not None:
-            self.wb.finish()
+            self.wb.finish(exit_code=1 if failed else 0)
 
 
 def transcript(t, step: int) -> dict:

@@ -1,8 +1,9 @@
 """TensorBoard and Weights & Biases for real: `earl run --nproc 2 --set wandb=true` writes one
 TensorBoard event file and one offline wandb run (rank 0 only), and both hold the metrics.jsonl /
 metrics.csv values per step; on --resume TensorBoard drops the steps after the checkpoint, as the
-CSV does. Skipped only where tensorboard or wandb is not installed; wandb never leaves the machine
-(offline is the default the recorder sets; the test points wandb's server at a closed port).
+CSV does, and a run that stopped on an exception is a crashed wandb run. Skipped only where
+tensorboard or wandb is not installed; wandb never leaves the machine (offline is the default the
+recorder sets; the tests point wandb's server at a closed port).
 
     OMP_NUM_THREADS=1 python -m pytest tests/runtime/test_loggers.py -q
 """
@@ -82,13 +83,22 @@ def logged(row: dict) -> dict:
     return {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}
 
 
+def wandb_env(tmp_path: Path) -> dict:
+    """wandb offline, quiet, its folders in `tmp_path`, its server a closed port."""
+    return {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_BASE_URL": "http://127.0.0.1:9",
+            **{f"WANDB_{d}_DIR": str(tmp_path / f"wandb-{d.lower()}") for d in ("CONFIG", "CACHE", "DATA")}}
+
+
+def exit_code(log: Path) -> int:
+    return next(rec.exit.exit_code for rec in wandb_records(log) if rec.WhichOneof("record_type") == "exit")
+
+
 @pytest.mark.dist
 def test_nproc2_rank0_logs_tensorboard_and_wandb_offline(tmp_path):
     out = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.update({"OMP_NUM_THREADS": "1", "WANDB_SILENT": "true", "WANDB_BASE_URL": "http://127.0.0.1:9",
-                **{f"WANDB_{d}_DIR": str(tmp_path / f"wandb-{d.lower()}") for d in ("CONFIG", "CACHE", "DATA")},
-                "WANDB_DIR": str(tmp_path / "wandb-dir")})
+    env.update({**wandb_env(tmp_path), "OMP_NUM_THREADS": "1"})
+    del env["WANDB_MODE"]  # offline is the recorder's default
     r = subprocess.run([sys.executable, "-m", "earl.cli", "run", "--nproc", "2", "--steps", "2", *SMALL,
                         "--set", "wandb=true", "--out", str(out)],
                        env=env, capture_output=True, text=True, timeout=300)
@@ -121,14 +131,19 @@ def test_nproc2_rank0_logs_tensorboard_and_wandb_offline(tmp_path):
     assert json.loads({u.key: u.value_json for u in config.update}["steps"]) == 2
 
 
-def test_tensorboard_resume_drops_the_steps_after_the_checkpoint(tmp_path, monkeypatch):
+def test_crash_and_resume_tensorboard_and_wandb(tmp_path, monkeypatch):
     """A run that dies at step 4 after logging step 3 (checkpoint at 2) resumes at 3: TensorBoard,
-    like metrics.csv, then holds each step once, with the resumed run's values."""
+    like metrics.csv, then holds each step once, with the resumed run's values; wandb marks the
+    first run crashed (exit code 1) and the resumed one, a second offline run, finished."""
     import earl.runtime.run as run_mod
     from earl.runtime.run import resolve_config, train
 
+    for k in [k for k in os.environ if k.startswith("WANDB_")]:
+        monkeypatch.delenv(k)
+    for k, v in wandb_env(tmp_path).items():
+        monkeypatch.setenv(k, v)
     cfg = resolve_config(overrides={"groups": 2, "group_size": 4, "checkpoint_every": 2, "plots": "false",
-                                    "threads": 1, "steps": 4})
+                                    "threads": 1, "steps": 4, "wandb": "true"})
     out = tmp_path / "run"
     real_step = run_mod.run_step
 
@@ -141,6 +156,9 @@ def test_tensorboard_resume_drops_the_steps_after_the_checkpoint(tmp_path, monke
     with pytest.raises(RuntimeError, match="killed at step 4"):
         train(cfg, out, progress=False, echo=lambda s: None)
     assert sorted(scalars(out / "tensorboard")["reward_mean"]) == [1, 2, 3]
+    (crashed,) = out.glob("wandb/offline-run-*/run-*.wandb")
+    assert sorted(wandb_history(crashed)) == [1, 2, 3] and exit_code(crashed) == 1
+
     monkeypatch.setattr(run_mod, "run_step", real_step)
     res = train(resolve_config(resume=out), out, resume=out, progress=False, echo=lambda s: None)
     assert res.first_step == 3
@@ -150,3 +168,7 @@ def test_tensorboard_resume_drops_the_steps_after_the_checkpoint(tmp_path, monke
     for row in rows:
         for k, v in logged(row).items():
             assert tb[k][row["step"]] == pytest.approx(v, rel=1e-6, abs=1e-30), (k, row["step"])
+    (resumed,) = set(out.glob("wandb/offline-run-*/run-*.wandb")) - {crashed}
+    history = wandb_history(resumed)
+    assert sorted(history) == [3, 4] and exit_code(resumed) == 0
+    assert [history[row["step"]] for row in rows[2:]] == [logged(row) for row in rows[2:]]
