@@ -80,6 +80,8 @@ def run_studies(name: str, *, out: str | None = None, quick: bool = False, jobs:
         raise ValueError(f"--quick writes reduced figures and never replaces the full ones in {out}; "
                          "choose another --out")
     probe_writable(out)
+    # absolute: a Ray task runs in its worker's folder (where the Ray instance started), not here
+    out = str(Path(out).resolve())
     inner = n_jobs if len(paths) == 1 else 1
     cmds = [[sys.executable, str(path), "--out", out] + (["--quick"] if quick else []) + ["--jobs", str(inner)]
             for path in paths]

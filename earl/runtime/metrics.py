@@ -71,8 +71,9 @@ class RunRecorder:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:  # tensorboard not installed: CSV/JSONL only
                 SummaryWriter = None
-            if SummaryWriter is not None:
-                self.tb = SummaryWriter(str(out_dir / "tensorboard"))
+            if SummaryWriter is not None:  # on resume, TensorBoard too forgets the steps after the checkpoint
+                self.tb = SummaryWriter(str(out_dir / "tensorboard"),
+                                        purge_step=None if resume_step is None else resume_step + 1)
         self.wb = None
         if wandb_config is not None:  # wandb = true: offline unless WANDB_MODE says otherwise
             import os
@@ -113,11 +114,12 @@ class RunRecorder:
         if self.tb is not None:
             self.tb.flush()
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """`failed`: the run stopped on an exception (Ctrl-C included); wandb then marks it crashed."""
         if self.tb is not None:
             self.tb.close()
         if self.wb is not None:
-            self.wb.finish()
+            self.wb.finish(exit_code=1 if failed else 0)
 
 
 def transcript(t, step: int) -> dict:

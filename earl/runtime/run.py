@@ -400,6 +400,7 @@ def _train(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume
     bar = _Progress(cfg.steps, start, enabled=progress and rank == 0)
     last_ckpt, step = ckpt, start
     last = min(cfg.steps, stop_at or cfg.steps)
+    failed = True  # until the loop ends without an exception (Ctrl-C included)
     try:
         for step in range(start + 1, last + 1):
             if os.environ.get("EARL_FAULT_RANK_STEP") == f"{rank}:{step}":  # fault-injection test hook
@@ -429,12 +430,13 @@ def _train(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume
                     echo(_summary(row))
             if step == last:
                 break
+        failed = False
     finally:
         bar.stop()
         worker.close_engine()  # an external engine's processes (vLLM) end with the run, not after it
         if rec is not None:
             rec.flush()
-            rec.close()
+            rec.close(failed=failed)
     if cfg.checkpoints:
         export(worker, out / HF_EXPORT)
     if rec is not None and cfg.plots:
