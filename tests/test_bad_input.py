@@ -216,6 +216,8 @@ CASES = [
      "env.max_reward_error_rate must be in (0, 1]"),
     # ---- resources (before anything is built) ---------------------------------------------------
     ("validate-72b", {}, ["validate", "--model", "qwen2.5-72b", "--out", "o", "--steps", "2"], "GiB"),
+    ("run-rollout-kv-too-big", {}, ["run", "--set", "groups=2000000", "--out", "o"],
+     "one rollout step needs at least"),
 ]
 
 if importlib.util.find_spec("pyspiel") is not None:  # in the `test` extra; skipped only where it cannot install
