@@ -121,7 +121,11 @@ def resolve_config(config_file: str | Path | None = None, *, resume: str | Path 
     if resume is not None:
         if config_file is not None:
             raise ValueError("give either a CONFIG file or --resume (the run's config is in its checkpoint)")
-        saved = from_dict(read_meta(find_checkpoint(resume))["config"])
+        data = read_meta(find_checkpoint(resume))["config"]
+        sampling = data.get("sampling") if isinstance(data, dict) else None
+        if isinstance(sampling, dict) and sampling.get("max_new_tokens") == 0:
+            sampling["max_new_tokens"] = None  # saved before 0 stopped meaning "the environment's default"
+        saved = from_dict(data)
         cfg = apply_overrides(_fit_world(saved, overrides or {}), overrides or {})
         for key, was, now in (("env.name", saved.env.name, cfg.env.name),
                               ("model.path", saved.model.path, cfg.model.path)):

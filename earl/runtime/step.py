@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import resource
+import sys
 import time
 from dataclasses import dataclass
 
@@ -126,13 +127,22 @@ def outcome_metrics(meta: list[SampleMeta]) -> dict:
     return out
 
 
+_REPORTED: set[str] = set()
+
+
 def check_reward_errors(cfg, meta: list[SampleMeta], step: int) -> None:
     """Stop the run (ValueError: exit code 2) when the step's reward_error_rate reaches
     env.max_reward_error_rate, rather than train on zeros; every rank sees the same episodes."""
     bad = sum(m.outcome == "reward_error" for m in meta)
-    if not bad or bad / len(meta) < cfg.env.max_reward_error_rate:
+    if not bad:
         return
     last = LAST_REWARD_ERROR.get(cfg.env.reward, "on another rank")
+    if bad / len(meta) < cfg.env.max_reward_error_rate:
+        if last not in _REPORTED and len(_REPORTED) < 8:  # each distinct failure once per process
+            _REPORTED.add(last)
+            print(f"earl run: step {step}: the reward function {cfg.env.reward} failed on {bad} of {len(meta)} "
+                  f"episodes ({last}); reward 0, counted in reward_error_rate", file=sys.stderr, flush=True)
+        return
     raise ValueError(f"step {step}: the reward function {cfg.env.reward} failed on {bad} of {len(meta)} episodes "
                      f"(env.max_reward_error_rate={cfg.env.max_reward_error_rate:g}); last error: {last}; "
                      "nothing of this step was trained on")

@@ -96,8 +96,9 @@ def test_earl_run_stops_when_every_reward_call_fails(data, tmp_path):
                                  "--steps", "2", "--quiet", "--out", str(out), "--set", "groups=2",
                                  "--set", "plots=false", "--set", "sampling.max_new_tokens=4"])
     assert r.exit_code == 2, r.output
-    line = r.stderr.strip().splitlines()[-1]
-    assert "user.py:boom failed on 2 of 2 episodes" in line and "ZeroDivisionError: always" in line
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: step 1: the reward function"), r.stderr
+    assert "user.py:boom failed on 2 of 2 episodes" in lines[0] and "ZeroDivisionError: always" in lines[0]
     assert not (out / "metrics.jsonl").is_file() or not (out / "metrics.jsonl").read_text().strip()
 
 
@@ -121,3 +122,4 @@ def test_earl_run_tolerates_errors_below_the_rate(data, tmp_path):
     assert r.exit_code == 0, r.output
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["reward_error_rate"] == 0.5
+    assert "failed on 1 of 2 episodes (timed out after 0.5s (stopped)); reward 0" in r.stderr

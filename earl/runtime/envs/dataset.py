@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -174,8 +173,7 @@ class PromptDataset:
                 raise UserCodeError(f"returned {value!r}")
         except UserCodeError as e:  # the user's function failing gives reward 0 (step.py may stop the run)
             why = str(e).splitlines()[0][:200] if str(e) else "failed"
-            LAST_REWARD_ERROR[self.reward] = why
-            _warn_once(f"reward function {self.reward} failed ({why}); reward 0, counted as reward_error_rate")
+            LAST_REWARD_ERROR[self.reward] = why  # earl.runtime.step reports it once the step's rate is known
             return StepResult(observation="", reward=0.0, done=True, outcome="reward_error",
                               info={"reward_error": why})
         return StepResult(observation="", reward=reward, done=True,
@@ -183,10 +181,3 @@ class PromptDataset:
 
 
 LAST_REWARD_ERROR: dict[str, str] = {}  # reward FILE:FUNC -> its last failure on this process
-_WARNED: set[str] = set()
-
-
-def _warn_once(msg: str) -> None:
-    if msg not in _WARNED and len(_WARNED) < 8:
-        _WARNED.add(msg)
-        print(f"earl run: {msg}", file=sys.stderr, flush=True)
