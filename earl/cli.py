@@ -289,6 +289,11 @@ def run_cmd(
         err_console.print(f"interrupted; last complete checkpoint: {last}; continue with "
                           f"earl run --resume {out_dir}")
         raise typer.Exit(code=130) from None
+    if result.preempted:
+        from earl.runtime.run import PREEMPTED_EXIT, preempted_message
+
+        err_console.print(preempted_message(result), markup=False, highlight=False)
+        raise typer.Exit(code=PREEMPTED_EXIT)
     if result.metrics:
         console.print(summarize(result))
 # </run>

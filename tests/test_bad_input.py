@@ -10,6 +10,7 @@ leaves every file that existed before byte- and mtime-identical (nothing lost, n
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -200,9 +201,36 @@ CASES = [
     ("trace-missing-episodes", {"s.toml": TRACE_SC, "t.jsonl": '{"step": 0}\n'}, SIM[:1] + ["s.toml"] + SIM[1:],
      "t.jsonl:1"),
     ("trace-missing-file", {"s.toml": TRACE_SC}, SIM[:1] + ["s.toml"] + SIM[1:], "t.jsonl"),
+    # ---- sampling and env settings, OpenSpiel parameters (before any work) ------------------------
+    ("set-max-new-tokens-0", {}, ["run", "--set", "sampling.max_new_tokens=0", "--out", "o"],
+     "sampling.max_new_tokens must be >= 1"),
+    ("set-temperature-negative", {}, ["run", "--set", "sampling.temperature=-0.5", "--out", "o"],
+     "sampling.temperature must be a finite number >= 0"),
+    ("set-top-p-0", {}, ["run", "--set", "sampling.top_p=0", "--out", "o"], "sampling.top_p must be in (0, 1]"),
+    ("set-top-p-1.5", {}, ["run", "--set", "sampling.top_p=1.5", "--out", "o"], "sampling.top_p must be in (0, 1]"),
+    ("set-max-context-1", {}, ["run", "--set", "sampling.max_context=1", "--out", "o"], "sampling.max_context"),
+    ("set-reward-timeout-0", {}, ["run", "--set", "env.reward_timeout_s=0", "--out", "o"],
+     "env.reward_timeout_s must be a finite number of seconds > 0"),
+    ("set-tool-timeout-inf", {}, ["run", "--set", "env.tool_timeout_s=inf", "--out", "o"], "env.tool_timeout_s"),
+    ("set-max-reward-error-rate-0", {}, ["run", "--set", "env.max_reward_error_rate=0", "--out", "o"],
+     "env.max_reward_error_rate must be in (0, 1]"),
     # ---- resources (before anything is built) ---------------------------------------------------
     ("validate-72b", {}, ["validate", "--model", "qwen2.5-72b", "--out", "o", "--steps", "2"], "GiB"),
+    ("run-rollout-kv-too-big", {}, ["run", "--set", "groups=2000000", "--out", "o"],
+     "one rollout step needs at least"),
 ]
+
+if importlib.util.find_spec("pyspiel") is not None:  # in the `test` extra; skipped only where it cannot install
+    CASES += [
+        ("openspiel-unknown-parameter", {}, ["run", "--env", "openspiel:connect_four(foo=1)", "--out", "o"],
+         "connect_four takes no parameter 'foo'; valid: columns, egocentric_obs_tensor, rows, x_in_row"),
+        ("openspiel-parameter-type", {}, ["run", "--env", "openspiel:connect_four(rows=x)", "--out", "o"],
+         "rows='x' must be an integer"),
+        ("openspiel-no-parameters", {}, ["run", "--env", "openspiel:tic_tac_toe(rows=3)", "--out", "o"],
+         "tic_tac_toe takes no parameter 'rows'; valid: none"),
+        ("openspiel-unclosed", {}, ["run", "--env", "openspiel:connect_four(rows=5", "--out", "o"],
+         "expected GAME(name=value,...)"),
+    ]
 
 
 def _snapshot(root: Path) -> dict[str, tuple[bytes, int]]:

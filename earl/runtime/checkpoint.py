@@ -24,11 +24,14 @@ folder it did not write.
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 import random
 import re
+import resource
 import shutil
+import sys
 import uuid
 import warnings
 from contextlib import contextmanager
@@ -178,13 +181,58 @@ def save_checkpoint(out_dir: str | Path, step: int, *, params: dict[str, torch.T
             # Ctrl-C inside DCP arrives wrapped in its CheckpointException: stop as Ctrl-C (the
             # previous checkpoint and `latest` are untouched), not as a failed save
             raise KeyboardInterrupt from None
-        if not dist.is_initialized():
+        need = sum(t.numel() * t.element_size() for t in (*params.values(), *optimizer.values()))
+        full = _no_room(e, root, need)
+        if not dist.is_initialized() and full is None:
             raise
-        failed = f"{type(e).__name__}: {e}"
+        failed = f"{NO_ROOM}{full}" if full is not None else f"{type(e).__name__}: {e}"
     failed = _all_failures(failed)
+    if NO_ROOM in failed:
+        try:
+            prev = f"the previous checkpoint {find_checkpoint(out_dir)} is intact; free space and continue with " \
+                   f"earl run --resume {out_dir}"
+        except ValueError:
+            prev = "no earlier checkpoint exists; free space and start again"
+        why = failed.split(NO_ROOM, 1)[1].split(";")[0]
+        raise CheckpointSaveError(f"checkpoint at step {step} not written: no room on the disk ({why}); the partial "
+                                  f"one was removed and {prev}")
     if failed:
         raise RuntimeError(f"checkpoint at step {step} failed: {failed}")
     return root / name
+
+
+NO_ROOM = "no room: "
+_NO_ROOM_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+class CheckpointSaveError(ValueError):
+    """A save that could not be written for lack of room (the CLI's one line, exit code 2)."""
+
+
+def _no_room(e: BaseException, folder: Path, need_bytes: int) -> str | None:
+    """Why the save ran out of room (a full disk, a quota, a file-size limit), else None: the
+    OS's words when `e` (or what DCP wrapped in it) carries the errno, or, for torch.save's zip
+    writer, which reports a short write without it, what the disk and `ulimit -f` allow."""
+    seen, texts = [e], []
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict):
+        seen += [w[0] if isinstance(w, tuple) else w for w in failures.values()]  # (exception, traceback)
+    while seen:
+        x = seen.pop()
+        texts.append(str(x) if not isinstance(x, CheckpointException) else "")
+        if isinstance(x, OSError) and x.errno in _NO_ROOM_ERRNOS:
+            return os.strerror(x.errno)
+        seen += [n for n in (x.__cause__, x.__context__) if isinstance(n, BaseException)]
+    if not any(w in t for t in texts for w in ("unexpected pos", "No space left", "File too large")):
+        return None
+    free = shutil.disk_usage(folder).free if folder.exists() else 0
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if free < need_bytes:
+        return f"{free / 2**20:.1f} MiB free on {folder}, the checkpoint needs about {need_bytes / 2**20:.1f} MiB"
+    if limit != resource.RLIM_INFINITY and limit < need_bytes:
+        return (f"File too large: the file-size limit (ulimit -f) is {limit / 2**20:.2f} MiB, the checkpoint "
+                f"needs about {need_bytes / 2**20:.1f} MiB")
+    return "a short write: the disk is probably full"
 
 
 def _all_failures(mine: str) -> str:
@@ -244,13 +292,28 @@ def find_checkpoint(path: str | Path) -> Path:
         raise ValueError(f"--resume {str(path)!r}: no checkpoint there (expected a run folder with "
                          f"{CKPT_DIR}/ or a checkpoint folder with {META})")
     latest = root / LATEST
-    name = latest.read_text().strip() if latest.is_file() else ""
+    name = latest.read_text(errors="replace").strip() if latest.is_file() else ""
     if name and (root / name / META).is_file():
         return root / name
     found = sorted((s, d) for d in root.iterdir() if (s := _ours(d)) is not None)
     if not found:
         raise ValueError(f"--resume {str(path)!r}: {root} holds no complete checkpoint")
+    if latest.exists() and (root, name) not in _WARNED:  # a missing `latest` (an old run) is no news
+        _WARNED.add((root, name))
+        print(f"earl run: warning: {latest} names {name[:40]!r}, which is not a complete checkpoint; using "
+              f"the newest complete one, {found[-1][1]}", file=sys.stderr, flush=True)
     return found[-1][1]
+
+
+_WARNED: set = set()
+
+
+def intact_before(ckpt: Path) -> Path | None:
+    """The newest checkpoint of the same run older than `ckpt` whose meta.json reads, else None."""
+    step = _ours(ckpt)
+    older = sorted((s, d) for d in ckpt.parent.iterdir()
+                   if (s := _ours(d)) is not None and (step is None or s < step) and d != ckpt)
+    return older[-1][1] if older else None
 
 
 def read_meta(path: str | Path) -> dict:
@@ -309,8 +372,13 @@ def load_checkpoint(path: str | Path, *, shapes: dict[str, ParamShape], plan: Pa
         with _single_process_ok():
             dcp.load(state, checkpoint_id=ckpt)
     except (CheckpointException, Exception) as e:  # noqa: BLE001 - DCP wraps any read or parse failure
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise ValueError(f"checkpoint {ckpt} is corrupted: {type(e).__name__}: {first}") from None
+        failures = getattr(e, "failures", None)  # DCP's CheckpointException: {rank: the wrapped error}
+        inner = next(iter(failures.values()))[0] if isinstance(failures, dict) and failures else e
+        first = (str(inner).strip().splitlines() or [""])[0][:120]
+        prev = intact_before(ckpt)
+        hint = (f"the newest intact one before it is {prev}: continue from it with earl run --resume {prev}"
+                if prev is not None else "no earlier checkpoint of this run is left; start again with another --out")
+        raise ValueError(f"checkpoint {ckpt} is corrupted ({type(inner).__name__}: {first}); {hint}") from None
     local = {k: (v.to_local() if hasattr(v, "to_local") else v) for k, v in state.items()}
     return LoadedCheckpoint(params={n: local[f"params/{n}"] for n in params},
                             optimizer={k: local[f"optimizer/{k}"] for k in optimizer},

@@ -72,15 +72,39 @@ class EnvConfig:
     tool_timeout_s: float = 1.0  # calculator, jsonl: seconds before a tool call becomes an error
     reward: str = ""  # jsonl: the reward function, FILE.py:FUNC (FUNC(sample, messages) -> float)
     tools: tuple[str, ...] = ()  # jsonl: registered tools the model may call (calculator)
+    reward_timeout_s: float = 5.0  # jsonl: seconds per reward-function call before it is stopped (reward 0)
+    # jsonl: a step whose reward_error_rate reaches this fraction stops the run (1 = only when
+    # every episode's reward call failed)
+    max_reward_error_rate: float = 1.0
+
+    def __post_init__(self):
+        for key in ("tool_timeout_s", "reward_timeout_s"):
+            value = getattr(self, key)
+            if not 0 < value < float("inf"):
+                raise ValueError(f"env.{key} must be a finite number of seconds > 0, got {value}")
+        if not 0 < self.max_reward_error_rate <= 1:
+            raise ValueError(f"env.max_reward_error_rate must be in (0, 1] (1: stop only when every reward "
+                             f"call of a step failed), got {self.max_reward_error_rate}")
 
 
 @dataclass(frozen=True, kw_only=True)
 class SamplingConfig:
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0  # nucleus mass
-    max_new_tokens: int = 0  # per turn; 0 = the environment's default
+    max_new_tokens: int | None = None  # tokens per turn, >= 1; None = the environment's default
     stop: tuple[str, ...] = ()  # stop strings; empty = the environment's default
     max_context: int = 4096  # tokens per episode; longer episodes are cut (outcome "truncated")
+
+    def __post_init__(self):
+        if not 0 <= self.temperature < float("inf"):
+            raise ValueError(f"sampling.temperature must be a finite number >= 0 (0: greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"sampling.max_new_tokens must be >= 1 (or none: the environment's default), "
+                             f"got {self.max_new_tokens}")
+        if self.max_context < 2:
+            raise ValueError(f"sampling.max_context must be >= 2 tokens, got {self.max_context}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -88,7 +88,7 @@ def shutdown(code: int = 0) -> None:
     2.13's gloo/DTensor teardown can abort at interpreter exit; this path never reaches it)."""
     try:
         if dist.is_initialized():
-            if code == 0:
+            if code in (0, 143):  # 143: preempted, every rank stopped after the same step
                 dist.barrier()
             dist.destroy_process_group()
     finally:

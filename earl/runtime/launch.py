@@ -17,13 +17,15 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from earl.runtime.checkpoint import find_checkpoint
 from earl.runtime.config import RunConfig, to_dict
-from earl.runtime.run import LAUNCH_CONFIG, LAUNCH_LOG, check_config, check_out
+from earl.runtime.run import LAUNCH_CONFIG, LAUNCH_LOG, PREEMPTED_EXIT, check_config, check_out
 from earl.trace import atomic_write_text
 
 
@@ -44,7 +46,8 @@ def launch(cfg: RunConfig, out: str | Path, *, resume: str | Path | None = None,
            env: dict | None = None, stdout=None) -> int:
     """Check `cfg` and `out` here (ValueError: a one-line user error, nothing started), write the
     config into the run folder, run torchrun locally and wait; returns its exit code (0 ok, 2 bad
-    input, 3 a lost peer, 4 over the memory budget, 130 interrupted). torchrun's and the ranks'
+    input, 3 a lost peer, 4 over the memory budget, 130 interrupted, 143 stopped by SIGTERM after a
+    checkpointed step). torchrun's and the ranks'
     stderr (tracebacks, warnings) go to <out>/launch.log; the terminal gets the ranks' one-line
     messages once each, then the last complete checkpoint and a resume command when one exists.
     `stdout`: where the ranks' standard output goes (None: this process's; `earl validate`
@@ -59,8 +62,16 @@ def launch(cfg: RunConfig, out: str | Path, *, resume: str | Path | None = None,
     run_env.setdefault("OMP_NUM_THREADS", "1")
     run_env["EARL_LAUNCHER"] = "1"  # the ranks leave the resume hint to this process
     log_path = out / LAUNCH_LOG
+    terminated = []
+
+    def forward(signum, frame):  # a scheduler's SIGTERM to this process reaches torchrun, which passes it on
+        terminated.append(signum)
+        proc.send_signal(signal.SIGTERM)
+
     with open(log_path, "a") as log:
         proc = subprocess.Popen(cmd, env=run_env, stdout=stdout, stderr=log)
+        main_thread = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, forward) if main_thread else None
         try:
             code = proc.wait()
         except KeyboardInterrupt:  # the terminal sent SIGINT to torchrun and the ranks as well
@@ -71,10 +82,20 @@ def launch(cfg: RunConfig, out: str | Path, *, resume: str | Path | None = None,
                 proc.wait()
             _report(out, [], f"interrupted; the ranks' output is in {log_path}")
             return 130
+        finally:
+            if main_thread:
+                signal.signal(signal.SIGTERM, previous)
     text = log_path.read_text(errors="replace")
     messages = list(dict.fromkeys(line.rstrip() for line in text.splitlines() if RANK_MESSAGE.match(line)))
     if code == 0:
         return 0
+    stopped = [m for m in messages if "stopped by SIGTERM" in m]
+    if stopped:  # every rank finished the step and rank 0 wrote its checkpoint
+        print(stopped[0], file=sys.stderr, flush=True)
+        return PREEMPTED_EXIT
+    if terminated:
+        _report(out, [], f"stopped by SIGTERM before a step finished; the ranks' output is in {log_path}")
+        return PREEMPTED_EXIT
     if re.search(r"SignalException: Process \d+ got signal: (2|15)\b", text):  # Ctrl-C reached torchrun only
         _report(out, [], f"interrupted; the ranks' output is in {log_path}")
         return 130

@@ -4,9 +4,15 @@ model's shapes and compared with the free memory of the device the ranks run on,
 cannot fit is refused in one line with the numbers and a suggestion, instead of being built until
 the kernel's out-of-memory killer ends the process.
 
-The estimate is a lower bound of what the runtime allocates (the KV cache of rollout, the engine's
-buffers and allocator slack come on top), so a refusal is never a false alarm of the formula; the
-activation term is the cost model's (earl.cost_model.memory), in the runtime's dtype.
+The training terms are a lower bound of what the runtime allocates (the engine's buffers and
+allocator slack come on top); the activation term is the cost model's (earl.cost_model.memory),
+in the runtime's dtype. Rollout (the built-in engines; vLLM sizes its own cache) adds one step's
+KV cache and the trajectories' per-token records (episodes in flight x tokens x the model's KV
+bytes per token): at least each episode's first cache slot (the `pytorch` engine preallocates
+INITIAL_CAPACITY tokens per episode), which is refused with the numbers and the knobs
+(sampling.max_context, engine_batch, groups) before the first step when it cannot fit; at most
+every episode at `sampling.max_context`, which is a one-line warning when it cannot (episodes
+are usually far shorter than max_context, so that alone does not refuse a run).
 
     python -c "from earl.runtime.resources import estimate_bytes; from earl.runtime.config import \
 RunConfig; from earl.specs import ModelSpec; print(estimate_bytes(RunConfig(), \
@@ -16,32 +22,77 @@ ModelSpec.from_name('qwen2.5-72b'), 1))"
 from __future__ import annotations
 
 import os
+import sys
 
 from earl.cost_model.memory import korthikanti_activation_bytes
 from earl.specs import DTYPE_BYTES, ModelSpec
 
 GIB = 2**30
+_WARNED: set[str] = set()
+LOCAL_ROLLOUT = ("pytorch", "pytorch-static")  # engines whose KV cache is the runtime's (vLLM sizes its own)
+TRAJECTORY_BYTES_PER_TOKEN = 16  # a token's id (int64), log-prob (fp32) and mask/reward bookkeeping
 
 
-def estimate_bytes(cfg, spec: ModelSpec, world: int) -> dict[str, float]:
-    """Bytes all `world` ranks of this host hold together, by component (and "total"). Weights
-    are counted once per rank (each rank builds the model before sharding it), optimizer states
-    (AdamW: two per parameter) once overall when sharded, once per rank otherwise."""
+def estimate_bytes(cfg, spec: ModelSpec, world: int, *, per_device: bool = False) -> dict[str, float]:
+    """Bytes all `world` ranks of this host hold together, by component (and "total"); with
+    `per_device` (GPU runs), what one rank holds on its device. Weights are counted once per rank
+    (each rank builds the model before sharding it), optimizer states (AdamW: two per parameter)
+    once overall when sharded, once per rank otherwise; rollout at its lower bound."""
     dtype_bytes = DTYPE_BYTES.get(cfg.model.dtype, 4)
     params = spec.num_params
     sharded = world > 1
+    ranks = 1 if per_device else world
     tokens = max(1, min(cfg.trainer.token_budget, cfg.sampling.max_context))
     act = korthikanti_activation_bytes(tokens, 1, spec.hidden_size, spec.num_heads, 1, False, "selective")
     out = {
-        "weights": world * params * dtype_bytes,
-        "reference": world * params * dtype_bytes if cfg.trainer.kl_coef else 0.0,
-        "grads": world * params * dtype_bytes,
-        "optimizer": (1 if sharded else world) * 2 * params * dtype_bytes,
-        "activations": world * act * spec.num_layers * dtype_bytes / 2,  # Korthikanti counts 2-byte values
-        "logits": world * 2 * tokens * spec.vocab_size * 4,
+        "weights": ranks * params * dtype_bytes,
+        "reference": ranks * params * dtype_bytes if cfg.trainer.kl_coef else 0.0,
+        "grads": ranks * params * dtype_bytes,
+        "optimizer": (1 if sharded or per_device else world) * 2 * params * dtype_bytes,
+        "activations": ranks * act * spec.num_layers * dtype_bytes / 2,  # Korthikanti counts 2-byte values
+        "logits": ranks * 2 * tokens * spec.vocab_size * 4,
     }
+    if cfg.engine in LOCAL_ROLLOUT:
+        out.update(rollout_bytes(cfg, spec, world, per_device=per_device, at_most=False))
     out["total"] = sum(out.values())
     return out
+
+
+def rollout_bytes(cfg, spec: ModelSpec, world: int, *, per_device: bool, at_most: bool) -> dict[str, float]:
+    """One step's KV cache and trajectory records (all of this host's ranks, or one device's
+    share): every episode at sampling.max_context (`at_most`), else at its first cache slot (the
+    `pytorch` engine's preallocation; the static engine's cache grows from nothing)."""
+    episodes, in_flight = cfg.episodes_per_step, _in_flight(cfg, world)
+    share = world if per_device else 1
+    tokens = cfg.sampling.max_context if at_most else _first_slot(cfg)
+    return {"kv_cache": in_flight * tokens * kv_bytes_per_token(cfg, spec) / share,
+            "trajectories": episodes * tokens * TRAJECTORY_BYTES_PER_TOKEN / share}
+
+
+def _in_flight(cfg, world: int) -> int:
+    return min(cfg.episodes_per_step, cfg.engine_batch * world) if cfg.engine_batch else cfg.episodes_per_step
+
+
+def _first_slot(cfg) -> int:
+    from earl.runtime.engine.pytorch import INITIAL_CAPACITY
+
+    return min(cfg.sampling.max_context, INITIAL_CAPACITY) if cfg.engine == "pytorch" else 0
+
+
+def kv_bytes_per_token(cfg, spec: ModelSpec) -> int:
+    """K and V of one token over all layers, in the run's dtype."""
+    return 2 * spec.num_layers * spec.kv_dim * DTYPE_BYTES.get(cfg.model.dtype, 4)
+
+
+def _rollout_line(cfg, spec, world: int, need: dict, model: float, what: str, available: float, at_most: bool):
+    per_episode = f"sampling.max_context {cfg.sampling.max_context}" if at_most else \
+        f"a first cache slot of {_first_slot(cfg)}"
+    return (f"one rollout step needs {'up to' if at_most else 'at least'} {sum(need.values()) / GIB:.1f} GiB "
+            f"(KV cache {need['kv_cache'] / GIB:.1f} GiB: {_in_flight(cfg, world)} episodes in flight x "
+            f"{per_episode} tokens x {kv_bytes_per_token(cfg, spec) / 1024:.1f} KiB per token; trajectories "
+            f"{need['trajectories'] / GIB:.1f} GiB) on top of {model / GIB:.1f} GiB for the model, but {what} is "
+            f"{available / GIB:.1f} GiB; lower sampling.max_context, set engine_batch (episodes decoded at once), "
+            "or fewer groups")
 
 
 def available_bytes(device: str) -> tuple[float, str] | None:
@@ -70,7 +121,8 @@ def check_resources(cfg, spec: ModelSpec, world: int, *, available: float | None
     """ValueError with the numbers and a suggestion when the estimate exceeds the free memory
     (`available`, else measured); the estimate otherwise. GPU runs: per device, one rank each."""
     device = str(cfg.model.device)
-    est = estimate_bytes(cfg, spec, world if not device.startswith("cuda") else 1)
+    per_device = device.startswith("cuda")
+    est = estimate_bytes(cfg, spec, world, per_device=per_device)
     if available is None:
         got = available_bytes(device)
         if got is None:
@@ -78,6 +130,16 @@ def check_resources(cfg, spec: ModelSpec, world: int, *, available: float | None
         available, what = got
     else:
         what = "available memory"
+    low = {k: est[k] for k in ("kv_cache", "trajectories") if k in est}
+    model = est["total"] - sum(low.values())
+    if low and model <= available < est["total"]:
+        raise ValueError(_rollout_line(cfg, spec, world, low, model, what, available, at_most=False))
+    if low and model <= available:
+        high = rollout_bytes(cfg, spec, world, per_device=per_device, at_most=True)
+        line = _rollout_line(cfg, spec, world, high, model, what, available, at_most=True)
+        if model + sum(high.values()) > available and line not in _WARNED:
+            _WARNED.add(line)
+            print(f"earl run: warning: {line}", file=sys.stderr, flush=True)
     if est["total"] > available:
         parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in est.items() if k != "total" and v >= 0.05 * GIB)
         raise ValueError(
@@ -88,4 +150,4 @@ def check_resources(cfg, spec: ModelSpec, world: int, *, available: float | None
     return est
 
 
-__all__ = ["available_bytes", "check_resources", "estimate_bytes"]
+__all__ = ["available_bytes", "check_resources", "estimate_bytes", "kv_bytes_per_token", "rollout_bytes"]

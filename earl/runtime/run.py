@@ -19,7 +19,9 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +70,45 @@ class RunResult:
     last_step: int  # last step completed
     metrics: list[dict]  # all rows of metrics.jsonl (including earlier runs when resumed)
     last_checkpoint: Path | None
+    preempted: bool = False  # stopped early by SIGTERM (after a finished, checkpointed step)
+
+
+PREEMPTED_EXIT = 143  # 128 + SIGTERM: what `earl run` exits with after a preemption
+
+
+class Preemption:
+    """SIGTERM (what schedulers send before they kill a job) asks the run to stop after the
+    current step: `requested` turns true, the loop checkpoints that step and returns. A second
+    SIGTERM abandons the step at once (KeyboardInterrupt: the last checkpoint stays). Installed
+    only on the main thread; the previous handler is restored on exit."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous = None
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+        return False
+
+
+def preempted_message(result: RunResult) -> str:
+    """The one line a preempted run ends with: where it stopped and the resume command."""
+    if result.last_checkpoint is None:
+        return (f"earl run: stopped by SIGTERM after step {result.last_step}; no checkpoint was written "
+                f"(checkpoints=false); start again with another --out")
+    return (f"earl run: stopped by SIGTERM after step {result.last_step}; checkpoint {result.last_checkpoint}; "
+            f"continue with earl run --resume {result.out_dir}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -80,7 +121,11 @@ def resolve_config(config_file: str | Path | None = None, *, resume: str | Path 
     if resume is not None:
         if config_file is not None:
             raise ValueError("give either a CONFIG file or --resume (the run's config is in its checkpoint)")
-        saved = from_dict(read_meta(find_checkpoint(resume))["config"])
+        data = read_meta(find_checkpoint(resume))["config"]
+        sampling = data.get("sampling") if isinstance(data, dict) else None
+        if isinstance(sampling, dict) and sampling.get("max_new_tokens") == 0:
+            sampling["max_new_tokens"] = None  # saved before 0 stopped meaning "the environment's default"
+        saved = from_dict(data)
         cfg = apply_overrides(_fit_world(saved, overrides or {}), overrides or {})
         for key, was, now in (("env.name", saved.env.name, cfg.env.name),
                               ("model.path", saved.model.path, cfg.model.path)):
@@ -401,18 +446,24 @@ def _train(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume
     last_ckpt, step = ckpt, start
     last = min(cfg.steps, stop_at or cfg.steps)
     failed = True  # until the loop ends without an exception (Ctrl-C included)
+    preemption = Preemption()
+    preempted = False
     try:
+        preemption.__enter__()
         for step in range(start + 1, last + 1):
             if os.environ.get("EARL_FAULT_RANK_STEP") == f"{rank}:{step}":  # fault-injection test hook
                 print(f"rank {rank}: injected fault at step {step}", file=sys.stderr, flush=True)
                 os._exit(17)
             row, prev, decisions, episodes = run_step(worker, ctx, step, prev)
             past = deadline_s is not None and time.perf_counter() - t_call > deadline_s
-            if world > 1:  # every rank stops after the same step: rank 0's clock decides
-                box = [past]
-                dist.broadcast_object_list(box, src=0)
-                past = box[0]
-            if past:
+            stop = preemption.requested
+            if world > 1:  # every rank stops after the same step: rank 0's clock, any rank's SIGTERM
+                votes: list = [None] * world
+                dist.all_gather_object(votes, (past, stop))
+                past, stop = votes[0][0], any(v[1] for v in votes)
+            if stop:
+                preempted = True
+            if past or stop:
                 last = step
             if rec is not None:
                 rec.spans.extend(row.pop("_spans"))
@@ -432,17 +483,19 @@ def _train(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume
                 break
         failed = False
     finally:
+        preemption.__exit__()
         bar.stop()
         worker.close_engine()  # an external engine's processes (vLLM) end with the run, not after it
         if rec is not None:
             rec.flush()
             rec.close(failed=failed)
-    if cfg.checkpoints:
+    if cfg.checkpoints and not preempted:  # a preempted job's grace period is for the checkpoint only
         export(worker, out / HF_EXPORT)
-    if rec is not None and cfg.plots:
+    if rec is not None and cfg.plots and not preempted:
         plot_run(out)
     return RunResult(out_dir=out, first_step=start + 1, last_step=step,
-                     metrics=rec.metrics.rows if rec is not None else [], last_checkpoint=last_ckpt)
+                     metrics=rec.metrics.rows if rec is not None else [], last_checkpoint=last_ckpt,
+                     preempted=preempted)
 
 
 def summarize(result: RunResult) -> str:
@@ -512,7 +565,11 @@ def worker_main(argv: list[str] | None = None) -> None:
         cfg = from_dict(json.loads(Path(a.config).read_text()))
         stage = "the run"
         result = train(cfg, a.out, resume=a.resume, progress=a.progress, echo=lambda m: print(m, flush=True))
-        if result.metrics:  # rank 0
+        if result.preempted:
+            code = PREEMPTED_EXIT
+            if result.metrics:  # rank 0 says it; the launcher relays the line
+                print(preempted_message(result), file=sys.stderr, flush=True)
+        elif result.metrics:  # rank 0
             print(summarize(result), flush=True)
     except ValueError as e:  # every rank says it (one may fail alone); the launcher shows each text once
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import resource
+import sys
 import time
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ from earl.policies.types import Layout, Sample
 from earl.runtime.advantages import AdvantageSpec, Store
 from earl.runtime.control import ControlBytes, all_gather_objects, gather_objects, reduce_scalars
 from earl.runtime.envs import OUTCOMES, env_options, make_env
+from earl.runtime.envs.dataset import LAST_REWARD_ERROR
 from earl.runtime.mismatch import SUM_KEYS, mismatch_metrics, mismatch_sums
 from earl.runtime.move_samples import HANDOFF_TENSORS, carry_along, execute_dispatch
 from earl.runtime.optim import train_step
@@ -123,6 +125,27 @@ def outcome_metrics(meta: list[SampleMeta]) -> dict:
     for o in OUTCOME_RATES:
         out[f"{o}_rate"] = sum(m.outcome == o for m in meta) / n
     return out
+
+
+_REPORTED: set[str] = set()
+
+
+def check_reward_errors(cfg, meta: list[SampleMeta], step: int) -> None:
+    """Stop the run (ValueError: exit code 2) when the step's reward_error_rate reaches
+    env.max_reward_error_rate, rather than train on zeros; every rank sees the same episodes."""
+    bad = sum(m.outcome == "reward_error" for m in meta)
+    if not bad:
+        return
+    last = LAST_REWARD_ERROR.get(cfg.env.reward, "on another rank")
+    if bad / len(meta) < cfg.env.max_reward_error_rate:
+        if last not in _REPORTED and len(_REPORTED) < 8:  # each distinct failure once per process
+            _REPORTED.add(last)
+            print(f"earl run: step {step}: the reward function {cfg.env.reward} failed on {bad} of {len(meta)} "
+                  f"episodes ({last}); reward 0, counted in reward_error_rate", file=sys.stderr, flush=True)
+        return
+    raise ValueError(f"step {step}: the reward function {cfg.env.reward} failed on {bad} of {len(meta)} episodes "
+                     f"(env.max_reward_error_rate={cfg.env.max_reward_error_rate:g}); last error: {last}; "
+                     "nothing of this step was trained on")
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -328,6 +351,7 @@ def run_step(w: Worker, ctx: StepContext, step: int,
     ordered = [meta[i] for i in sorted(meta)]
     samples = [Sample(id=m.id, tokens=m.tokens, group=m.group) for m in ordered]
     stats = workload_stats(ordered, step, cfg.sampling.max_context)
+    check_reward_errors(cfg, ordered, step)
 
     store, exp_layout, hand = experience(w, ctx, step, trajs, samples, meta)
     tstats, info, _local = train(w, ctx, step, store, exp_layout, samples, meta)

@@ -55,7 +55,7 @@ def sampling_params(cfg: RunConfig) -> SamplingParams:
     env_cls = make_env(cfg.env.name, **env_options(cfg.env.name, cfg.env))  # its defaults
     s = cfg.sampling
     return SamplingParams(temperature=s.temperature, top_p=s.top_p,
-                          max_new_tokens=s.max_new_tokens or env_cls.max_new_tokens,
+                          max_new_tokens=s.max_new_tokens if s.max_new_tokens is not None else env_cls.max_new_tokens,
                           stop=tuple(s.stop) or tuple(env_cls.stop))
 
 

@@ -8,6 +8,7 @@ and the HF export loaded back by transformers.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -205,3 +206,55 @@ def test_tp2_shards_gathered_to_rank0_export(tmp_path):
     ref = build_builtin("tiny", seed=4).model
     for (n, a), (_, b) in zip(back.named_parameters(), ref.named_parameters(), strict=True):
         assert torch.equal(a, b), n
+
+
+def test_corrupted_newest_names_the_intact_one_and_the_resume_command(tmp_path):
+    _save(tmp_path, ONE, 1, keep=3)
+    newest = Path(_save(tmp_path, ONE, 2, keep=3))
+    for f in newest.glob("*.distcp"):
+        f.write_bytes(b"\x00" * 64)
+    with pytest.raises(ValueError) as e:
+        ck.load_checkpoint(newest, shapes=SHAPES, plan=ONE)
+    prev = tmp_path / "checkpoints" / "step-000001"
+    msg = str(e.value)
+    assert f"continue from it with earl run --resume {prev}" in msg and "\n" not in msg
+    assert "CheckpointException" not in msg and "dict_keys" not in msg
+
+
+def test_broken_latest_pointer_warns_naming_the_checkpoint_used(tmp_path, capsys):
+    _save(tmp_path, ONE, 1, keep=3)
+    (tmp_path / "checkpoints" / "latest").write_text("step-000009\n")
+    assert ck.find_checkpoint(tmp_path).name == "step-000001"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'step-000009'" in err[0] and "step-000001" in err[0] and "warning" in err[0]
+
+
+def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(tmp_path):
+    """A real write failure: the resumed run's files may not grow past 256 KiB (RLIMIT_FSIZE, with
+    SIGXFSZ ignored the kernel answers EFBIG), so step 3's DCP file cannot be written."""
+    import os
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    base = [sys.executable, "-m", "earl.cli", "run", "--quiet"]
+    sets = ["--set", "groups=2", "--set", "group_size=2", "--set", "checkpoint_every=1", "--set", "plots=false"]
+    r = subprocess.run(base + ["--out", str(out), "--steps", "2", *sets], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
+
+    r = subprocess.run(base + ["--resume", str(out), "--steps", "3"], capture_output=True, text=True, env=env,
+                       timeout=120, preexec_fn=limit)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "checkpoint at step 3 not written: no room on the disk (File too large" in lines[0]
+    assert f"step-000002 is intact; free space and continue with earl run --resume {out}" in lines[0]
+    ck_dir = out / "checkpoints"
+    assert ck.find_checkpoint(out).name == "step-000002" and not list(ck_dir.glob(".tmp-*"))

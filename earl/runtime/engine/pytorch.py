@@ -105,6 +105,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
+INITIAL_CAPACITY = 256  # tokens of KV cache each episode's slot starts with (it doubles as needed)
+
 class _Row:
     """One episode's host-side state."""
 
@@ -404,7 +406,7 @@ class TorchEngine:
 
     def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, *, reuse_kv: bool = True,
                  max_batch: int = 64, step_tokens: int = 2048, compile: bool = False,
-                 decode_steps: int = 0, initial_capacity: int = 256):
+                 decode_steps: int = 0, initial_capacity: int = INITIAL_CAPACITY):
         check_supported(model)
         if max_batch < 1 or step_tokens < 1 or decode_steps < 0:
             raise ValueError(f"max_batch and step_tokens must be >= 1 and decode_steps >= 0 (0: by device), got "

@@ -24,7 +24,7 @@ GAME_OPTIONS = ("opponent", "agent_starts", "invalid_action", "invalid_reward", 
                 "valid_move_reward")
 TOOL_OPTIONS = ("max_turns", "tool_timeout_s")
 OPTIONS = {"tic-tac-toe": GAME_OPTIONS, "connect-four": GAME_OPTIONS, "openspiel": GAME_OPTIONS,
-           "calculator": TOOL_OPTIONS, "jsonl": ("reward", "tools", *TOOL_OPTIONS)}
+           "calculator": TOOL_OPTIONS, "jsonl": ("reward", "tools", "reward_timeout_s", *TOOL_OPTIONS)}
 
 
 def split_env_name(name: str) -> tuple[str, str | None]:

@@ -10,8 +10,12 @@ without a call ends the episode). The episode is scored by
     def FUNC(sample: dict, messages: list[dict]) -> float
 
 with the whole conversation (assistant messages carry their parsed `tool_calls`). A function
-that raises or returns a non-finite value gives reward 0 and outcome `reward_error` (counted in
-the metrics); the run goes on. Outcomes otherwise: `correct` if the reward is > 0, else `wrong`.
+runs in a helper process (earl.runtime.sandbox), each call bounded by `env.reward_timeout_s`. A
+call that raises, returns a non-finite value, runs past the timeout (the helper is killed and
+restarted) or crashes gives reward 0 and outcome `reward_error` (counted in the metrics); the run
+goes on, unless a step's `reward_error_rate` reaches `env.max_reward_error_rate` (default 1:
+every episode failed), which stops it naming the function and its last error (earl.runtime.step).
+Outcomes otherwise: `correct` if the reward is > 0, else `wrong`.
 
     earl run --env jsonl:prompts.jsonl --reward reward.py:score --steps 2
 """
@@ -19,15 +23,14 @@ the metrics); the run goes on. Outcomes otherwise: `correct` if the reward is > 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 from earl.runtime.envs.base import StepResult
 from earl.runtime.envs.tools import parse_tool_calls, run_tool_calls, tool_registry
+from earl.runtime.sandbox import UserCodeError, call_user, load_file_function
 
 DATASET_SUFFIXES = (".jsonl", ".parquet")
 
@@ -86,31 +89,20 @@ def load_dataset(path: str | Path) -> tuple[dict, ...]:
     return _load_rows(str(p.resolve()), p.stat().st_mtime_ns)
 
 
-@functools.lru_cache(maxsize=8)
-def _load_function(path: str, func: str, _mtime_ns: int):
-    spec = importlib.util.spec_from_file_location(f"earl_reward_{abs(hash(path))}", path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:  # noqa: BLE001 - the user's module failing to import is their error
-        raise ValueError(f"reward file {path} failed to import: {type(e).__name__}: {e}") from None
-    fn = getattr(module, func, None)
-    if not callable(fn):
-        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-        raise ValueError(f"reward function {func!r} not found in {path}; functions there: "
-                         f"{', '.join(names) or 'none'}")
-    return fn
-
-
-def load_reward(ref: str):
-    """`FILE.py:FUNC` -> the function (a one-line error for a missing file or function)."""
+def load_reward(ref: str) -> tuple[str, str, str]:
+    """`FILE.py:FUNC` -> its sandbox target ("file", PATH, FUNC), after importing it here once
+    (a one-line error for a missing file or function)."""
     file, sep, func = ref.rpartition(":")
     if not sep or not file or not func:
         raise ValueError(f"reward {ref!r}: expected FILE.py:FUNC (e.g. reward.py:score)")
     p = Path(file)
     if not p.is_file():
         raise ValueError(f"reward file {file!r} not found")
-    return _load_function(str(p.resolve()), func, p.stat().st_mtime_ns)
+    try:
+        load_file_function(p, func)
+    except ValueError as e:
+        raise ValueError(f"reward {e}") from None
+    return ("file", str(p.resolve()), func)
 
 
 class PromptDataset:
@@ -120,14 +112,16 @@ class PromptDataset:
     stop: tuple[str, ...] = ()  # the tokenizer's end of turn (EOS) ends a reply
 
     def __init__(self, path: str, *, reward: str = "", tools: tuple[str, ...] = (), max_turns: int = 4,
-                 tool_timeout_s: float = 1.0):
+                 tool_timeout_s: float = 1.0, reward_timeout_s: float = 5.0):
         if not reward:
             raise ValueError(f"env jsonl:{path} needs a reward function: --reward FILE.py:FUNC "
                              "(or env.reward in the config)")
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.rows = load_dataset(path)
+        self.reward = reward
         self.score = load_reward(reward)
+        self.reward_timeout_s = reward_timeout_s
         self.registry = tool_registry(tools)
         self.tool_schemas = [t.schema() for t in self.registry.values()]
         self.max_turns = max_turns if self.registry else 1
@@ -163,28 +157,27 @@ class PromptDataset:
             for r in results:
                 self.messages.append({"role": "tool", "content": r})
             return StepResult(observation="\n".join(results), reward=0.0, done=False, role="tool",
+                              invalid=any(r.startswith("error:") for r in results),  # counted in the metrics
                               info={"tool_s": time.perf_counter() - t0})
         return self._scored("truncated" if calls else "")
 
     def _scored(self, outcome: str) -> StepResult:
         try:
-            value = self.score(self.sample, [dict(m) for m in self.messages])
-            reward = float(value)
+            value = call_user(self.score, (self.sample, [dict(m) for m in self.messages]),
+                              timeout_s=self.reward_timeout_s)
+            try:
+                reward = float(value)
+            except (TypeError, ValueError):
+                raise UserCodeError(f"returned {value!r}, not a number") from None
             if not math.isfinite(reward):
-                raise ValueError(f"returned {value!r}")
-        except Exception as e:  # noqa: BLE001 - the user's function failing must not end the run
-            _warn_once(f"reward function failed ({type(e).__name__}: {e}); reward 0, counted as "
-                       "reward_error_rate")
+                raise UserCodeError(f"returned {value!r}")
+        except UserCodeError as e:  # the user's function failing gives reward 0 (step.py may stop the run)
+            why = str(e).splitlines()[0][:200] if str(e) else "failed"
+            LAST_REWARD_ERROR[self.reward] = why  # earl.runtime.step reports it once the step's rate is known
             return StepResult(observation="", reward=0.0, done=True, outcome="reward_error",
-                              info={"reward_error": f"{type(e).__name__}: {e}"[:200]})
+                              info={"reward_error": why})
         return StepResult(observation="", reward=reward, done=True,
                           outcome=outcome or ("correct" if reward > 0 else "wrong"))
 
 
-_WARNED: set[str] = set()
-
-
-def _warn_once(msg: str) -> None:
-    if msg not in _WARNED and len(_WARNED) < 8:
-        _WARNED.add(msg)
-        print(f"earl run: {msg}", file=sys.stderr, flush=True)
+LAST_REWARD_ERROR: dict[str, str] = {}  # reward FILE:FUNC -> its last failure on this process

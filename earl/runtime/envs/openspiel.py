@@ -17,9 +17,12 @@ action string ("x(1,1)"). Illegal or unparseable replies are handled as in the b
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
+import os
 import random
+import sys
 
 from earl.runtime.envs.base import BoardGameEnv, StepResult
 
@@ -47,12 +50,80 @@ def load_game(name: str):
         hint = f"close: {', '.join(close)}" if close else "none close"
         raise ValueError(f"unknown OpenSpiel game {base!r} ({hint}); list them with "
                          "python -c \"import pyspiel; print(pyspiel.registered_names())\"")
-    game = pyspiel.load_game(name)
+    check_game_parameters(name, base, pyspiel)
+    try:
+        with _quiet_stderr():  # OpenSpiel prints its exception's text on stderr as well
+            game = pyspiel.load_game(name)
+    except pyspiel.SpielError as e:
+        raise ValueError(f"OpenSpiel game {name!r}: {str(e).splitlines()[0]}") from None
     gt = game.get_type()
     if game.num_players() != 2 or gt.dynamics != pyspiel.GameType.Dynamics.SEQUENTIAL:
         raise ValueError(f"OpenSpiel game {name!r} has {game.num_players()} players and {gt.dynamics.name} "
                          "moves; earl plays two-player turn-based games")
     return game
+
+
+def _split_top(text: str) -> list[str]:
+    """'a=1,b=g(x=1,y=2)' -> ['a=1', 'b=g(x=1,y=2)'] (commas inside parentheses kept)."""
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return [*parts, cur] if cur or parts else []
+
+
+def check_game_parameters(name: str, base: str, pyspiel) -> None:
+    """GAME(k=v, ...) against the game's own parameter specification: the syntax, each name
+    (the valid ones listed) and each value's type; a one-line ValueError otherwise."""
+    if name == base:
+        return
+    rest = name[len(base):]
+    if not (rest.startswith("(") and rest.endswith(")")) or rest.count("(") != rest.count(")"):
+        raise ValueError(f"OpenSpiel game {name!r}: expected GAME(name=value,...), e.g. connect_four(rows=5)")
+    spec = next(g.parameter_specification for g in pyspiel.registered_games() if g.short_name == base)
+    valid = ", ".join(sorted(spec)) or "none"
+    for item in _split_top(rest[1:-1]):
+        key, eq, value = (x.strip() for x in item.partition("="))
+        if not eq or not key:
+            raise ValueError(f"OpenSpiel game {name!r}: parameter {item.strip()!r} is not name=value; "
+                             f"{base} takes: {valid}")
+        if key not in spec:
+            raise ValueError(f"OpenSpiel game {name!r}: {base} takes no parameter {key!r}; valid: {valid}")
+        default = spec[key]
+        if isinstance(default, bool):
+            ok = value in ("true", "false")
+        elif isinstance(default, int):
+            ok = value.lstrip("-").isdigit()
+        elif isinstance(default, float):
+            try:
+                float(value)
+                ok = True
+            except ValueError:
+                ok = False
+        else:
+            ok = True
+        if not ok:
+            kind = {bool: "true or false", int: "an integer", float: "a number"}[type(default)]
+            raise ValueError(f"OpenSpiel game {name!r}: {key}={value!r} must be {kind} "
+                             f"(the default is {str(default).lower() if isinstance(default, bool) else default})")
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 to /dev/null for the duration (C++ code writing there directly)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 class OpenSpielEnv(BoardGameEnv):

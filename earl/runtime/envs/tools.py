@@ -6,10 +6,10 @@ chat template (`tools=`), and the model calls a tool by writing
     <tool_call>{"name": "calculator", "arguments": {"expression": "37*12+5"}}</tool_call>
 
 which `parse_tool_calls` reads with `json.loads` (never `eval`: nothing the model writes runs as
-code). `run_tool_calls` runs each call on a worker thread with a timeout; malformed calls,
-unknown tools, bad arguments, exceptions and timeouts all come back as result text for a
-`tool` message. The calculator tool is a small recursive-descent parser (numbers, + - * /,
-parentheses).
+code). `run_tool_calls` runs each call in the rank's helper process (earl.runtime.sandbox) under
+`env.tool_timeout_s`, killing it when a call overruns; malformed calls, unknown tools, bad
+arguments, exceptions, crashes and timeouts all come back as result text for a `tool` message.
+The calculator tool is a small recursive-descent parser (numbers, + - * /, parentheses).
 
     python -c "from earl.runtime.envs.tools import TOOLS; print(TOOLS['calculator'].schema())"
 """
@@ -19,14 +19,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+
+from earl.runtime.sandbox import UserCodeError, call_user
 
 MAX_EXPR_CHARS = 64
 MAX_DEPTH = 16
 MAX_ABS = 1e12
-_EXECUTOR = ThreadPoolExecutor(max_workers=4, thread_name_prefix="earl-tool")
 
 
 class ToolError(Exception):
@@ -96,15 +95,16 @@ def format_number(x: float) -> str:
 
 def run_tool(fn: Callable[..., object], args: tuple = (), kwargs: dict | None = None, *,
              timeout_s: float) -> tuple[str, bool]:
-    """Call a tool on a worker thread; (result text, ok). Errors and timeouts are results too.
-    A timed-out call keeps its worker thread until it returns (threads cannot be killed)."""
-    future = _EXECUTOR.submit(fn, *args, **(kwargs or {}))
+    """Call a tool bounded by `timeout_s` (earl.runtime.sandbox: in the rank's helper process,
+    killed when it overruns; a closure on a thread); (result text, ok). Errors, crashes and
+    timeouts are results too."""
     try:
-        return str(future.result(timeout=timeout_s)), True
-    except FutureTimeout:
-        return f"error: tool timed out after {timeout_s:g}s", False
-    except Exception as e:  # noqa: BLE001 - any tool failure becomes an observation
-        return f"error: {e}"[:80], False
+        return str(call_user(fn, args, kwargs, timeout_s=timeout_s)), True
+    except UserCodeError as e:
+        text = str(e)
+        if text.startswith("timed out"):
+            return f"error: tool timed out after {timeout_s:g}s", False
+        return f"error: {text.split(': ', 1)[-1] if ': ' in text else text}"[:80], False
 
 
 MAX_CALLS_PER_TURN = 4  # tool calls run per reply; more become an error result
@@ -116,7 +116,9 @@ class Tool:
     name: str  # what the model writes in "name"
     description: str  # shown to the model in the tools' JSON schema
     parameters: dict  # JSON schema of the "arguments" object
-    fn: Callable[..., object]  # called with the arguments as keywords; its str() is the result
+    # called with the arguments as keywords, its str() the result: a callable, or a user file's
+    # function ("file", PATH, FUNC) (both run in the sandbox process; closures on a thread)
+    fn: Callable[..., object] | tuple[str, str, str]
 
     def schema(self) -> dict:
         """The OpenAI-style function schema chat templates take."""
@@ -124,12 +126,17 @@ class Tool:
                                                  "parameters": self.parameters}}
 
 
+def calculator_tool(expression) -> str:
+    """The registry's calculator (module level, so it can be sent to the sandbox process)."""
+    return calculate(str(expression))
+
+
 TOOLS = {
     "calculator": Tool(name="calculator", description="Evaluate an arithmetic expression: decimal numbers, "
                        "+ - * / and parentheses.",
                        parameters={"type": "object", "properties": {"expression": {"type": "string"}},
                                    "required": ["expression"]},
-                       fn=lambda expression: calculate(str(expression))),
+                       fn=calculator_tool),
 }
 
 
