@@ -140,9 +140,12 @@ def test_earl_run_jsonl_with_a_failing_reward(data, tmp_path):
     r = CliRunner().invoke(app, ["run", "--env", f"jsonl:{data / 'p.jsonl'}", "--reward", f"{data / 'reward.py'}:boom",
                                  "--steps", "2", "--quiet", "--out", str(out), "--set", "groups=2",
                                  "--set", "plots=false", "--set", "sampling.max_new_tokens=4"])
-    # every episode's reward failed: the run stops in one line rather than train on zeros
+    # every episode's reward failed: the run stops in one line (before training) rather than train on zeros
     assert r.exit_code == 2, r.output
-    assert "reward.py:boom failed on 2 of 2 episodes" in r.stderr and "Traceback" not in r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: step 1: the reward function"), r.stderr
+    assert "reward.py:boom failed on 2 of 2 episodes" in lines[0] and "Traceback" not in r.output
+    assert not (out / "metrics.jsonl").is_file() or not (out / "metrics.jsonl").read_text().strip()
 
 
 def test_tool_calling_episode_with_a_chat_model(data, tmp_path):
