@@ -6,6 +6,7 @@ HF checkpoint directory with a tokenizer). CI runs the `vllm` tests in a venv wi
     VLLM_CPU_KVCACHE_SPACE=1 python -m pytest -q -m vllm tests/runtime/test_engine_vllm.py
 """
 
+import dataclasses
 import os
 
 import pytest
@@ -243,8 +244,30 @@ def test_vllm_weight_update_changes_outputs_and_restores_them(vllm_engine):
     eng.update_weights((n, p.detach() * 0.5) for n, p in model.named_parameters())
     after = eng.open(1).generate({0: prompt}, params)[0]
     assert after.logprobs != before.logprobs
+    # the engine now runs the halved model, all of it (on the CPU the tied LM head once kept the old one)
+    half = load_policy_copy(pol, scale=0.5)
+    want = _trainer_logprobs(half, prompt, after.token_ids, temperature=1.0)
+    assert torch.allclose(torch.tensor(after.logprobs), want, atol=1e-4), (torch.tensor(after.logprobs) - want)
     eng.update_weights((n, p.detach()) for n, p in model.named_parameters())
     assert eng.open(1).generate({0: prompt}, params)[0].token_ids == before.token_ids
+
+
+def load_policy_copy(pol, *, scale: float):
+    """A copy of `pol`'s model with every parameter times `scale` (on the CPU)."""
+    import copy
+
+    model = copy.deepcopy(pol.model).cpu()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(scale)
+    return dataclasses.replace(pol, model=model)
+
+
+def _trainer_logprobs(pol, prompt: list[int], tokens: list[int], temperature: float) -> torch.Tensor:
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        logits = pol.model.cpu()(ids).logits[0, len(prompt) - 1:-1].float()[:, :pol.tokenizer.vocab_size]
+    return torch.log_softmax(logits / temperature, -1).gather(-1, ids[0, len(prompt):, None]).squeeze(-1)
 
 
 # ---- earl run with vLLM: one process, and one engine per rank under --nproc 2 ------------------
@@ -289,3 +312,6 @@ def test_earl_run_with_vllm_on_one_and_two_processes(tmp_path_factory, tmp_path)
         for key in ("episodes", "reward_mean", "tokens", "gen_tokens_mean", "context_mean"):
             assert a[key] == b[key], (key, a[key], b[key])
         assert float(a["gen_tokens_mean"]) > 0
+    # vLLM's log-probs are the trainer's at every step, after each weight push too (fp32)
+    for r in one + two:
+        assert float(r["logprob_diff_max"]) < 1e-4, (r["step"], r["logprob_diff_max"])

@@ -58,8 +58,30 @@ class WorkerExtension:
         """Load the buckets received since the last call; returns the names loaded (HF names)."""
         named = [t for bucket in getattr(self, "_earl_pending", None) or [] for t in bucket]
         self._earl_pending = []
+        model = self.model_runner.model
         if hasattr(self, "reload_weights"):
             self.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)
+            refresh_cpu_gemms(model)
         else:  # an older vLLM: its loader writes the unprocessed (GPU, unquantized) parameters
-            self.model_runner.model.load_weights(weights=named)
+            model.load_weights(weights=named)
         return [n for n, _ in named]
+
+
+def refresh_cpu_gemms(model: torch.nn.Module) -> None:
+    """Re-pack the CPU GEMMs of layers that keep their weight (the embedding, and the LM head
+    tied to it). vLLM's layerwise reload processes one of two tied parents only (its documented
+    limit): on the CPU the tied LM head kept a oneDNN copy of the *old* embedding, so after an
+    update vLLM's log-probs were those of the new body with the old head (0.02 nats off the
+    trainer's after one step; tests/runtime/test_engine_vllm.py now compares them). Layers whose
+    weight vLLM moved into a packed kernel (weight emptied) were re-processed by the reload."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if hasattr(module, "cpu_linear") and isinstance(weight, torch.Tensor) and weight.ndim == 2 \
+                and weight.numel() > 0:
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
