@@ -64,8 +64,9 @@ def runnable(plan: ParallelPlan, world: int, config, shapes: dict[str, ParamShap
     """'' if the runtime can run `plan` for `stage` on `world` processes, else why not (a
     training plan on FSDP2 also needs dp to divide the tensors FSDP2 cuts off dim 0; a rollout
     plan, the engine's own limits)."""
-    if stage is Stage.ROLLOUT and engine_plan_error(engine, plan):
-        return engine_plan_error(engine, plan)
+    why = engine_plan_error(engine, plan) if stage is Stage.ROLLOUT else ""
+    if why:
+        return why
     if plan.pp != 1 or plan.cp != 1:
         return "pp/cp > 1 are not supported by the runtime yet"
     if plan.world_size != world:
