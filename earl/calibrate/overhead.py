@@ -32,7 +32,8 @@ from earl.cost_model.profile import EfficiencyCurve, HardwareProfile
 from earl.specs import MODEL_CATALOG
 
 CPU_CASES = {"models": ("tiny", "tiny-wide"),
-             "prefill": ((1, 1), (1, 16), (4, 8), (2, 64), (16, 32), (8, 128), (16, 256)),  # (batch, tokens)
+             # (batch, tokens); the extremes first: a budget-cut run still fits on a spread of sizes
+             "prefill": ((1, 1), (16, 256), (2, 64), (1, 16), (8, 128), (4, 8), (16, 32)),
              "decode": ((1, 16), (4, 32), (16, 64))}  # (batch, cached prefix)
 CUDA_CASES = {"models": ("qwen2.5-0.5b", "qwen2.5-1.5b"),
               "prefill": ((1, 1), (1, 128), (4, 512), (1, 2048), (16, 2048)),
@@ -63,6 +64,12 @@ class OverheadFit:
     points: tuple[ForwardPoint, ...]
     heldout_median_err: float  # each point predicted by a fit to the others (leave-one-out)
     elem_factor: float = 1.0  # elementwise ops take this many times the copy curve's time
+    floor_s: float = 0.0  # the fit's lower bound on op_overhead_s (a bare operator's cost)
+
+    @property
+    def at_floor(self) -> bool:
+        """The forwards showed no cost per operator beyond the floor: the fit says nothing."""
+        return self.op_overhead_s <= self.floor_s * (1 + 1e-9)
 
     def elementwise_curve(self, memory: EfficiencyCurve) -> EfficiencyCurve | None:
         """The profile's `elementwise` curve: `memory` slowed `elem_factor`-fold (None: same)."""
@@ -73,6 +80,7 @@ class OverheadFit:
 
     def quality(self) -> dict:
         return {"op_overhead_s": self.op_overhead_s, "elem_factor": self.elem_factor, "n": len(self.points),
+                "floor_s": self.floor_s, "at_floor": self.at_floor,
                 "heldout_median_err": round(self.heldout_median_err, 4),
                 "points": [{"label": p.label, "time_s": p.time_s, "explained_s": p.explained_s}
                            for p in self.points]}
@@ -139,32 +147,36 @@ def measure_forward_points(*, device: torch.device, dtype: torch.dtype, prof: Ha
     return points
 
 
-def fit_overhead(points: list[ForwardPoint]) -> OverheadFit:
+def fit_overhead(points: list[ForwardPoint], *, floor_s: float = 0.0) -> OverheadFit:
+    """Fit `op_overhead_s >= floor_s` (a counted operator of a real forward costs at least a
+    bare operator's launch: pass the measured one) and the elementwise factor to `points`.
+    On a noisy host, or when the earlier fitted curves over-explain the small forwards, the
+    unbounded fit can land on zero; the floor keeps the profile physical and `at_floor` says so."""
     if len(points) < 3:
         raise ValueError(f"op overhead fit: only {len(points)} forward passes timed, need 3 "
                          "(raise --budget-s)")
     errs = []
     for i, p in enumerate(points):  # leave-one-out: predict each point from a fit to the others
-        ov, k = _fit_forward(points[:i] + points[i + 1:])
+        ov, k = _fit_forward(points[:i] + points[i + 1:], floor_s)
         errs.append(abs(p.predict(ov, k) - p.time_s) / p.time_s)
-    ov, k = _fit_forward(points)
-    return OverheadFit(op_overhead_s=ov, elem_factor=k, points=tuple(points),
+    ov, k = _fit_forward(points, floor_s)
+    return OverheadFit(op_overhead_s=ov, elem_factor=k, points=tuple(points), floor_s=floor_s,
                        heldout_median_err=statistics.median(errs))
 
 
-def _fit_forward(points: list[ForwardPoint]) -> tuple[float, float]:
-    """(op_overhead_s, elementwise factor) minimising the relative error, both >= 0; a factor
-    of 1 (the copy curve) when the points carry no elementwise time to fit it on."""
+def _fit_forward(points: list[ForwardPoint], floor_s: float = 0.0) -> tuple[float, float]:
+    """(op_overhead_s >= floor_s, elementwise factor >= 0) minimising the relative error; a
+    factor of 1 (the copy curve) when the points carry no elementwise time to fit it on."""
     from scipy.optimize import nnls
 
     t = np.array([p.time_s for p in points])
-    rest = np.array([p.explained_s - p.elementwise_s for p in points])
+    rest = np.array([p.explained_s - p.elementwise_s + floor_s * p.ops for p in points])
     cols = np.array([[p.ops, p.elementwise_s] for p in points], dtype=float)
     if not (cols[:, 1] > 0.02 * t).any():  # elementwise time nowhere visible: keep the copy curve
         x, _ = nnls((cols[:, :1] / t[:, None]), (t - rest - cols[:, 1]) / t)
-        return float(x[0]), 1.0
+        return floor_s + float(x[0]), 1.0
     x, _ = nnls(cols / t[:, None], (t - rest) / t)
-    return float(x[0]), float(x[1]) if x[1] > 0 else 1.0
+    return floor_s + float(x[0]), float(x[1]) if x[1] > 0 else 1.0
 
 
 # model, (batch, prompt tokens) of the timed engine turns

@@ -85,8 +85,9 @@ def quality_table(res: CalibrationResult) -> Table:
     if res.overhead:
         o = res.overhead
         t.add_row("op overhead (eager forwards)", f"{len(o.points)} (leave-one-out)",
-                  f"{o.op_overhead_s * 1e6:.1f} us per counted op, elementwise x{o.elem_factor:.2f} "
-                  "the copy curve", "-", _pct(o.heldout_median_err), "-", "-")
+                  f"{o.op_overhead_s * 1e6:.1f} us per counted op"
+                  f"{' (at its floor, the bare op: the forwards showed no more)' if o.at_floor else ''}, "
+                  f"elementwise x{o.elem_factor:.2f} the copy curve", "-", _pct(o.heldout_median_err), "-", "-")
     if res.engine:
         e = res.engine
         t.add_row("engine (runtime's own)", f"{len(e.points)} turns",

@@ -238,7 +238,7 @@ def _fit_forward_overhead(res: CalibrationResult, dev, dt, budget_s: float,
     points = overhead.measure_forward_points(
         device=dev, dtype=dt, prof=res.profile, budget_s=budget_s,
         on_case=lambda p: progress.step("overhead", p.label if p else "skipped"))
-    fit = overhead.fit_overhead(points)
+    fit = overhead.fit_overhead(points, floor_s=res.profile.op_overhead_s)
     prof = dataclasses.replace(res.profile, op_overhead_s=fit.op_overhead_s,
                                elementwise=fit.elementwise_curve(res.profile.memory))
     engine = overhead.measure_engine(device=dev, dtype=dt, prof=prof)

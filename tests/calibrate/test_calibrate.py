@@ -44,8 +44,10 @@ def test_tiny_calibration_writes_a_loadable_stamped_profile(calibration, tmp_pat
     assert loaded.matmul.peak_frac == pytest.approx(1.0)
     assert loaded.hardware.hbm_bw_bytes_s == pytest.approx(res.fits["memory"].rate)
     assert loaded.attention_decode is not None
-    # the effective per-operator cost of real eager forwards exceeds a bare operator's
-    assert loaded.op_overhead_s > loaded.fit_quality["op_overhead"]["bare_op_s"] > 0
+    # a counted operator of a real eager forward costs at least a bare operator (the fit's
+    # floor; whether it costs more is a noisy 8-second fit here, test_hostcost checks the fit)
+    q = loaded.fit_quality["op_overhead"]
+    assert loaded.op_overhead_s >= q["bare_op_s"] == q["floor_s"] > 0
     # the runtime's engine does work beyond the forward each iteration; its stage code beyond
     # the forwards (phase runtime): every host cost measured, each point of it recorded
     assert loaded.step_overhead_s == res.engine.step_overhead_s

@@ -106,6 +106,14 @@ def test_forward_fit_recovers_op_overhead_and_elementwise_factor():
     assert fit.heldout_median_err == pytest.approx(0.0, abs=1e-9)
     curve = fit.elementwise_curve(EfficiencyCurve(peak_frac=0.9, half_size=1e5))
     assert curve.peak_frac == pytest.approx(0.3) and curve.half_size == 1e5
+    # a floor below the truth does not move the fit; forwards the curves over-explain (nothing
+    # left per operator) give the floor, flagged, not zero
+    floored = fit_overhead(pts, floor_s=3e-6)
+    assert floored.op_overhead_s == pytest.approx(40e-6, rel=1e-6) and not floored.at_floor
+    over = [dataclasses.replace(p, explained_s=p.time_s * 1.2, elementwise_s=0.0) for p in pts]
+    assert fit_overhead(over).op_overhead_s == 0.0
+    stuck = fit_overhead(over, floor_s=3e-6)
+    assert stuck.op_overhead_s == pytest.approx(3e-6) and stuck.at_floor and stuck.quality()["at_floor"]
 
 
 def test_synthetic_trajectories_collate_like_rollouts():
