@@ -61,7 +61,9 @@ class PolicyConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class EnvConfig:
-    name: str = "tic-tac-toe"  # tic-tac-toe | connect-four | calculator | openspiel:GAME | jsonl:PATH
+    # tic-tac-toe | connect-four | calculator | openspiel:GAME | jsonl:PATH | reasoning-gym:TASK |
+    # a user's class FILE.py:Class or package.module:Class (docs/environments.md)
+    name: str = "tic-tac-toe"
     opponent: str = "random"  # games: random | lookahead (built-in) | mcts (openspiel)
     agent_starts: str = "always"  # games: always | never | alternate
     invalid_action: str = "end"  # games: end the episode, or "retry"
@@ -76,9 +78,11 @@ class EnvConfig:
     # jsonl: a step whose reward_error_rate reaches this fraction stops the run (1 = only when
     # every episode's reward call failed)
     max_reward_error_rate: float = 1.0
+    options: tuple[str, ...] = ()  # user classes, reasoning-gym: constructor keywords "KEY=VALUE" (JSON values)
+    env_timeout_s: float = 10.0  # user classes: seconds per reset/step call before the episode is an env_error
 
     def __post_init__(self):
-        for key in ("tool_timeout_s", "reward_timeout_s"):
+        for key in ("tool_timeout_s", "reward_timeout_s", "env_timeout_s"):
             value = getattr(self, key)
             if not 0 < value < float("inf"):
                 raise ValueError(f"env.{key} must be a finite number of seconds > 0, got {value}")

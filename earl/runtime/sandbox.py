@@ -9,6 +9,10 @@ overruns its timeout kills the helper (SIGKILL) and reports a timeout; a helper 
 (os._exit, a segfault) reports its exit code; either way the next call starts a fresh helper.
 The helper exits on its own when the caller's end of the pipe closes or the caller dies.
 
+A helper can also hold objects between calls (a user's environment instance): `hold` builds one
+under a key, `apply_held` calls a function on it. A restart loses them; `Sandbox.generation`
+counts starts, so their owner can tell and rebuild (earl.runtime.envs.user replays its episode).
+
 Callables that cannot be pickled (closures, lambdas) run on a worker thread with the same
 timeout instead (the thread is abandoned, not stopped: use module-level functions to be bounded).
 
@@ -18,6 +22,7 @@ timeout instead (the thread is abandoned, not stopped: use module-level function
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 import os
 import pickle
@@ -40,13 +45,27 @@ class UserCodeError(Exception):
 
 
 @functools.lru_cache(maxsize=16)
-def _load_function(path: str, func: str, _mtime_ns: int):
+def _load_module(path: str, _mtime_ns: int):
     spec = importlib.util.spec_from_file_location(f"earl_user_{abs(hash(path))}", path)
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
     except Exception as e:  # noqa: BLE001 - the user's module failing to import is their error
         raise ValueError(f"file {path} failed to import: {type(e).__name__}: {e}") from None
+    return module
+
+
+def load_file_module(path: str | Path):
+    """The Python file at `path` as a module (imported once while unchanged); ValueError if it
+    fails to import."""
+    p = Path(path).resolve()
+    return _load_module(str(p), p.stat().st_mtime_ns)
+
+
+def load_file_function(path: str | Path, func: str):
+    """FUNC from the Python file at `path` (imported once while unchanged); ValueError if the
+    file fails to import or holds no such function."""
+    module = load_file_module(path)
     fn = getattr(module, func, None)
     if not callable(fn):
         names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
@@ -54,17 +73,33 @@ def _load_function(path: str, func: str, _mtime_ns: int):
     return fn
 
 
-def load_file_function(path: str | Path, func: str):
-    """FUNC from the Python file at `path` (imported once while unchanged); ValueError if the
-    file fails to import or holds no such function."""
-    p = Path(path).resolve()
-    return _load_function(str(p), func, p.stat().st_mtime_ns)
-
-
 def _resolve(target):
+    """A callable from a target: ("file", PATH, NAME), ("module", MODULE, NAME) or itself."""
     if isinstance(target, tuple) and len(target) == 3 and target[0] == "file":
         return load_file_function(target[1], target[2])
+    if isinstance(target, tuple) and len(target) == 3 and target[0] == "module":
+        return getattr(importlib.import_module(target[1]), target[2])
     return target
+
+
+_HELD: dict[str, object] = {}  # objects this helper holds between calls, by their owner's key
+
+
+def hold(key: str, factory, args: tuple = (), kwargs: dict | None = None, drop: tuple = ()) -> None:
+    """Build `factory(*args, **kwargs)` (a target, as in `call`) and keep it under `key`; the
+    keys in `drop` are released first."""
+    for k in drop:
+        _HELD.pop(k, None)
+    _HELD[key] = _resolve(factory)(*args, **(kwargs or {}))
+
+
+def apply_held(key: str, fn, args: tuple = (), drop: tuple = ()):
+    """fn(the object held under `key`, *args); the keys in `drop` are released first."""
+    for k in drop:
+        _HELD.pop(k, None)
+    if key not in _HELD:
+        raise LookupError(f"no object held under {key!r} (the helper restarted)")
+    return fn(_HELD[key], *args)
 
 
 def serve(read_fd: int, write_fd: int) -> None:
@@ -105,6 +140,7 @@ class Sandbox:
         self.recv: Connection | None = None
         self.lock = threading.Lock()
         self.restarts = 0  # helpers killed or lost (timeouts and crashes)
+        self.generation = 0  # helpers started so far (objects held by an older one are gone)
 
     def _start(self) -> None:
         to_child_r, to_child_w = os.pipe()
@@ -116,6 +152,7 @@ class Sandbox:
                                      pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, env=env)
         os.close(to_child_r)
         os.close(from_child_w)
+        self.generation += 1
         self.send, self.recv = Connection(to_child_w, readable=False), Connection(from_child_r, writable=False)
         # the call's timeout starts once the helper is up (its start is not the user's time)
         try:
@@ -139,6 +176,14 @@ class Sandbox:
     def close(self) -> None:
         with self.lock:
             self._stop()
+
+    def ensure_started(self) -> int:
+        """Start the helper unless it runs; its generation (UserCodeError if it cannot start)."""
+        with self.lock:
+            if self.proc is None or self.proc.poll() is not None:
+                self._stop()
+                self._start()
+            return self.generation
 
     def call(self, target, args: tuple = (), kwargs: dict | None = None, *, timeout_s: float):
         """target(*args, **kwargs) in the helper; its value, or UserCodeError saying why not.

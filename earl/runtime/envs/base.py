@@ -10,11 +10,13 @@ penalty, a retry or the end of the episode, never an exception.
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
 from typing import Protocol
 
-OUTCOMES = ("win", "draw", "loss", "invalid", "correct", "wrong", "truncated", "reward_error")
+# "env_error": a user environment class raised, returned a wrong type or hung (earl.runtime.envs.user)
+OUTCOMES = ("win", "draw", "loss", "invalid", "correct", "wrong", "truncated", "reward_error", "env_error")
 OPPONENTS = ("random", "lookahead")
 AGENT_STARTS = ("always", "never", "alternate")
 INVALID_MODES = ("end", "retry")
@@ -42,6 +44,22 @@ class Env(Protocol):
     def reset(self, seed: int) -> str: ...
 
     def step(self, action: str) -> StepResult: ...
+
+
+def parse_options(options: tuple[str, ...], where: str) -> dict:
+    """`env.options` ("KEY=VALUE" strings, e.g. ("size=4", "word=cat")) as constructor keywords;
+    a VALUE that reads as JSON (4, 0.5, true, "x", [1, 2]) is that value, else the text itself."""
+    out = {}
+    for item in options:
+        key, eq, value = str(item).partition("=")
+        key = key.strip()
+        if not eq or not key.isidentifier():
+            raise ValueError(f"{where}: option {item!r} is not KEY=VALUE (e.g. size=4)")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value.strip()
+    return out
 
 
 def check_choice(kind: str, value: str, valid: tuple[str, ...]) -> str:
