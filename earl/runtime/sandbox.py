@@ -147,7 +147,8 @@ class Sandbox:
         from_child_r, from_child_w = os.pipe()
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])  # the earl checkout this module came from
-        env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+        # and this process's import path, so `package.module` targets import there as here
+        env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, sys.path), *filter(None, [env.get("PYTHONPATH")])])
         self.proc = subprocess.Popen([sys.executable, "-c", _SERVE, str(to_child_r), str(from_child_w)],
                                      pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, env=env)
         os.close(to_child_r)
