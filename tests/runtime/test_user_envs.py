@@ -219,7 +219,7 @@ def test_earl_run_trains_on_a_user_class_that_sometimes_fails(tmp_path, flaky):
     """Some episodes raise, one group hangs: counted in env_error_rate, the run completes."""
     out = tmp_path / "run"
     r = CliRunner().invoke(app, ["run", "--env", flaky, "--steps", "2", "--out", str(out), *RUN,
-                                 "--set", "groups=6", "--set", "env.options=mode=hangs,bad_seed=-2",
+                                 "--set", "groups=3", "--set", "env.options=mode=hangs,bad_seed=-2",
                                  "--set", "env.env_timeout_s=0.3"])
     assert r.exit_code == 0, r.output
     rows = rows_of(out)
