@@ -224,7 +224,8 @@ def run_cmd(
                                            "tiny model playing Tic-Tac-Toe vs a random opponent)"),
     env: Optional[str] = typer.Option(None, "--env", help="connect-four | tic-tac-toe | calculator | "
                                       "openspiel:GAME (e.g. openspiel:connect_four) | jsonl:PATH "
-                                      "(.jsonl or .parquet prompts; needs --reward)"),
+                                      "(.jsonl or .parquet prompts; needs --reward) | reasoning-gym:TASK | "
+                                      "your class FILE.py:Class or package.module:Class (docs/environments.md)"),
     reward: Optional[str] = typer.Option(None, "--reward", help="reward function FILE.py:FUNC, called as "
                                          "FUNC(sample, messages) -> float (= env.reward)"),
     model: Optional[str] = typer.Option(None, "--model", help="local HF checkpoint dir, or tiny"),
