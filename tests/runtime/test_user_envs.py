@@ -28,7 +28,7 @@ EXAMPLE = f"{ROOT / 'examples' / 'guess_number.py'}:GuessNumber"
 RUN = ["--quiet", "--set", "plots=false", "--set", "checkpoints=false", "--set", "group_size=2"]
 
 FLAKY = '''
-import random, time
+import os, random, time
 from earl.runtime.envs import StepResult
 
 class Flaky:
@@ -58,6 +58,8 @@ class Flaky:
             return StepResult(observation="x", reward=float("nan"), done=True)
         if bad and self.mode == "hangs":
             time.sleep(3600)
+        if bad and self.mode == "exits":
+            os._exit(3)
         if self.mode == "random-obs":
             return StepResult(observation=f"{random.random()}\\n", reward=0.0, done=False)
         done = self.turn >= self.seed % 3 + 1
@@ -158,6 +160,7 @@ def test_a_package_module_class(tmp_path, monkeypatch):
 @pytest.mark.parametrize("mode, why", [("raises", "step: KeyError: 'boom'"),
                                        ("type", "step returned dict, not a StepResult"),
                                        ("nan", "step's reward is nan"),
+                                       ("exits", "step: its process died (exit code 3)"),
                                        ("reset-raises", "reset: RuntimeError: no board today")])
 def test_a_failing_class_ends_the_episode_as_env_error(flaky, mode, why, capsys):
     bad, good = make_env(flaky, options=(f"mode={json.dumps(mode)}", "bad_seed=4")), make_env(flaky)
