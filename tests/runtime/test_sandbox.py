@@ -111,3 +111,22 @@ def test_earl_run_tolerates_errors_below_the_rate(data, tmp_path):
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["reward_error_rate"] == 0.5
     assert "failed on 1 of 2 episodes (timed out after 0.5s (stopped)); reward 0" in r.stderr
+
+
+def test_held_objects_live_in_the_helper_until_it_restarts():
+    from earl.runtime.sandbox import apply_held, hold
+
+    box = Sandbox()
+    try:
+        gen = box.ensure_started()
+        box.call(hold, ("k", ("module", "collections", "Counter"), ("abca",)), timeout_s=10)
+        assert box.call(apply_held, ("k", dict.__getitem__, ("a",)), timeout_s=10) == 2
+        box.call(hold, ("j", ("module", "collections", "Counter"), ("x",), None, ("k",)), timeout_s=10)
+        with pytest.raises(UserCodeError, match="LookupError: no object held under 'k'"):
+            box.call(apply_held, ("k", dict.__getitem__, ("a",)), timeout_s=10)  # dropped
+        box.close()
+        assert box.ensure_started() == gen + 1  # a new helper: what the old one held is gone
+        with pytest.raises(UserCodeError, match="no object held under 'j'"):
+            box.call(apply_held, ("j", dict.__getitem__, ("x",)), timeout_s=10)
+    finally:
+        box.close()
