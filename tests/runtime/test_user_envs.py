@@ -145,6 +145,13 @@ def test_bad_specs_are_one_line_errors(tmp_path, flaky):
         assert r.exit_code == 2 and spec.split("/")[-1] in r.output and "Traceback" not in r.output, r.output
 
 
+def test_a_file_whose_path_holds_a_colon(tmp_path):
+    d = tmp_path / "a:b"
+    d.mkdir()
+    (d / "game.py").write_text((ROOT / "examples" / "guess_number.py").read_text())
+    assert make_env(f"{d / 'game.py'}:GuessNumber").reset(1) == "guess 1-8\n"
+
+
 def test_a_package_module_class(tmp_path, monkeypatch):
     pkg = tmp_path / "mygames_xyz"
     pkg.mkdir()

@@ -40,8 +40,9 @@ def split_env_name(name: str) -> tuple[str, str | None]:
     'game.py:Game' -> ('user', 'game.py:Game'). Unknown kinds, and a missing or unexpected
     argument, are one-line errors."""
     kind, sep, arg = name.partition(":")
-    top = kind.split(".")[0]
-    if kind not in ENVS and is_user_spec(name) and (kind.endswith(".py") or importlib.util.find_spec(top)):
+    where = name.rpartition(":")[0]  # a user's file (its path may hold a colon) or module
+    if kind not in ENVS and is_user_spec(name) and (where.endswith(".py") or
+                                                    importlib.util.find_spec(where.split(".")[0])):
         return "user", name
     if kind not in ENVS or kind == "user":
         raise unknown_name_error("env", name, [*(k for k in ENVS if k not in (*ARG_ENVS, "user")),
