@@ -72,6 +72,11 @@ class NotAnEnv:
 '''
 
 
+@pytest.fixture(autouse=True)
+def fresh_reports():
+    user._REPORTED.clear()  # each distinct failure is printed once per process, 8 at most
+
+
 @pytest.fixture
 def flaky(tmp_path):
     p = tmp_path / "flaky.py"
