@@ -8,6 +8,7 @@ stays a front page (<= 12 KB), and docs/configuration.md lists every config key.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import re
 import shlex
@@ -86,11 +87,16 @@ def _commands(path: Path) -> list[list[str]]:
     return out
 
 
-def _check_command(words: list[str]) -> str | None:
-    """None when `words` names an existing subcommand and only its options; else why not."""
+@functools.cache
+def _cli():
     from earl.cli import app
 
-    group = typer.main.get_command(app)
+    return typer.main.get_command(app)
+
+
+def _check_command(words: list[str]) -> str | None:
+    """None when `words` names an existing subcommand and only its options; else why not."""
+    group = _cli()
     if len(words) == 1 or words[1].startswith("--"):
         known = {o for p in group.params for o in p.opts}
         extra = [w for w in words[1:] if w.startswith("--") and w.split("=")[0] not in known]
