@@ -133,6 +133,16 @@ def test_readme_names_the_ci_test_command():
     assert ".ci/run" in text and ".ci/lock" in text
 
 
+def test_readme_file_tree_names_existing_files():
+    """Every `name.py` / `name.sh` in the README's file tree is a file of the repository (a
+    rename elsewhere must update the tree)."""
+    tree = README.read_text().split("<!-- file-tree begin")[1].split("<!-- file-tree end")[0]
+    have = {p.name for d in ("earl", "studies", "benchmarks") for p in (ROOT / d).rglob("*") if p.is_file()}
+    names = set(re.findall(r"[\w*]+\.(?:py|sh)\b", tree))
+    missing = sorted(n for n in names if not any(Path(h).match(n) for h in have))
+    assert names and not missing, f"README.md's file tree names files that do not exist: {missing}"
+
+
 # ---- docs/configuration.md: every key of the run config and the scenario ---------------------
 def _field_notes(cls: type) -> dict[str, str]:
     """field name -> its comment in the class source (trailing, or the comment lines above)."""
