@@ -1,5 +1,5 @@
 """Study 9: fidelity: the cost model's predictions next to published measurements, with the
-error of each and the assumptions it rests on (the README's fidelity table comes from here).
+error of each and the assumptions it rests on (docs/fidelity.md's table comes from here).
 
 Rows:
 - EARL (Tan et al. 2025, arXiv 2510.05943), Fig. 4: centralized / layout-aware dispatch latency

@@ -1,23 +1,12 @@
 """Fit the profile's dispatch path (`HardwareProfile.dispatch_path`) from gloo runs of the
 runtime's own dispatch executor, through the one dispatch price.
 
-Each point runs both dispatchers (earl.runtime.move_samples.execute_dispatch) on `procs` local gloo
-processes: experience was data-parallel on every process (tp1-dpN, round-robin), training uses
-tp2-dp(N/2) with token-balanced placement; the time of one dispatch is the slowest rank's, the
-median of `repeats` after a warm-up (the runtime's dispatches are single shots, not the
-luckiest of several: at 2 processes, 1 x 512 tokens, the fastest of 15 repeats was 0.6-0.8 ms
-where the median was 0.9-1.3 ms), then the median over a few fresh process groups. Then each
-case runs again cold, as the runtime's dispatch does right after its log-prob passes: before
-each repeat every rank writes EVICT_BYTES, and the time includes the executor's start barrier
-(2 processes, 16 samples of 128 tokens: 2.3 ms warm, 3.8 ms after writing 32 MiB, 3.6 ms after
-8 ms of 1 MiB matmuls; the runtime's own dispatch of that size 3-5.5 ms).
-Per-piece, per-byte and per-sample costs come from timing the executor's own packing and
-advantage code in one process (`measure_host`: quiet and exact); bytes between processes go on
-the profile's intra link (fitted by the collectives phase); the gloo runs then fit the
-per-message cost and the two oversubscription terms (`sync_s`, `oversubscribed_exp`) minimising the squared log error of
-`price_transfer_plan` on the very plans that ran; host_parallel is the number of CPUs this
-process may use (the processes share them). benchmarks/bench_dispatch.py uses the same layouts
-and workers.
+Each point runs both dispatchers (earl.runtime.move_samples.execute_dispatch) on local gloo
+processes, warm and cold (as the runtime's dispatch runs right after its log-prob passes);
+host costs come from timing the executor's own packing in one process; the gloo runs then fit
+the per-message cost and the oversubscription terms by least squared log error of
+`price_transfer_plan` on the plans that ran. benchmarks/bench_dispatch.py uses the same layouts
+and workers. Layouts, medians and the cold-cache figures: docs/calibration.md, "Design notes".
 
     OMP_NUM_THREADS=1 python -m earl.calibrate.dispatchfit     # measure at 2 and 4, fit, print
 """

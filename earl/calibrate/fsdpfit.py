@@ -1,26 +1,11 @@
 """Fit the host costs of the multi-process runtime's FSDP2 path (calibration phase "fsdp"):
 `HardwareProfile.fsdp_unit_s`, `fsdp_tensor_s` and `reshard_tensor_s`.
 
-On N gloo ranks the runtime trains a `zero` plan as FSDP2 and syncs its weights to the rollout
-copy by gathering the fp32 shards (earl.runtime.optim.FSDPAdamW.weights, then
-earl.runtime.move_weights.execute_reshard). The cost model prices those moves' bytes and
-link latencies (unit all-gathers and reduce-scatters, per-tensor gathers, the step's small
-all-reduces), but on a CPU host most of the time is elsewhere: FSDP2's per-unit hooks and
-DTensor host work, each collective waiting for its peer in lockstep, and per tensor the cast,
-concatenation and copy of the weight sync. This phase runs the runtime's own code on spawned
-local ranks (the tiny model, plan tp1-dpN-zero, as `earl run --nproc N` starts) and fits what
-the cost model leaves unexplained as counted quantities:
-
-  fsdp_unit_s       training step: per FSDP unit x micro-batch of the busiest rank  } one fit: the
-  fsdp_tensor_s     training step: per parameter tensor (the optimizer on DTensors) } step at 1, 2
-                    and 4 micro-batches per rank and at two model depths (26 and 50 tensors)
-  reshard_tensor_s  weight sync: per parameter tensor and gathered peer shard (tensors x (N - 1);
-                    both depths)
-
-Each point is the slowest rank's wall time, the median over repeats after a warm-up; at N
-ranks on fewer cores (host_parallel, the CPUs this process may use) the measurement is divided
-by N / host_parallel, the stretch `earl validate` applies to its prediction. Each fit is
-non-negative least squares of the residual on the counts (constants times counts, no intercept).
+On a CPU host most of an FSDP2 step's time is not the bytes the cost model prices but FSDP2's
+per-unit hooks, DTensor host work, collectives waiting in lockstep, and the weight sync's
+per-tensor copies. This phase runs the runtime's own code on spawned gloo ranks (the tiny model,
+plan tp1-dpN-zero) and fits what the cost model leaves unexplained as constants times counted
+quantities. The points, the fit and the host stretch: docs/calibration.md, "Design notes".
 
     OMP_NUM_THREADS=1 python -m earl.calibrate.fsdpfit      # measure at 2 and 4 ranks, fit, print
 """

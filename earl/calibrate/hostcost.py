@@ -1,31 +1,13 @@
 """Host-side costs of the runtime's own stage code, beyond the model forwards the cost model
 prices (calibration phase "runtime").
 
-The runtime spends real time outside the model: handing the episodes to the experience layout
-and building padded tensors (experience), slicing each micro-batch and taking
-log-softmax/gather over the vocabulary (log-prob passes), the loss, its backward and the stats
-of each training micro-batch, the optimizer's per-step and per-parameter-tensor work (zero_grad,
-gradient clipping, AdamW), and planning plus executing a dispatch with its advantages. This
-phase calls the runtime's own stage functions (`earl.runtime.step.play`, `experience`, `train`
-on a one-process `Worker`) on synthetic trajectories of several sizes, subtracts what the cost
-model already prices (forwards, optimizer bytes), and fits what remains:
-
-  experience_seq_s, experience_token_s   hand-off + batch building ~ seqs, tokens (>= 0 least squares)
-  logprob_pass_s, logprob_token_s        residual of a log-prob micro-batch ~ 1, padded tokens
-  optimizer_step_s, optimizer_tensor_s   clip + AdamW step ~ 1, parameter tensors (3 model depths)
-  train_pass_s, train_token_s            residual of a training micro-batch ~ 1, padded tokens
-  dispatch_fixed_s, dispatch_seq_s       dispatch plan + execution + advantages ~ 1, samples
-  rollout_fixed_s, rollout_batch_s,      `step.play` (real env, real engine; all episodes in one
-  rollout_episode_s                      engine batch or in 4) less the simulator's engine model
-                                         of the same episodes ~ 1, engine batches, episodes: env
-                                         set-up, tokenising, trajectory bookkeeping, and the
-                                         first forward after the other stages (cold caches)
-
-Timing: each stage function on `earl.calibrate.timing.host_clock` (CPU: the process's CPU time
-with one thread; CUDA: synchronised host wall time, since these are host-bound mixes of Python
-and kernels), called in the runtime's order so caches are as the runtime leaves them; a stage
-function that holds two parts (hand-off + log-probs, dispatch + training step) is split by the
-shares of its own spans.
+The runtime spends real time outside the model (hand-off and batch building, log-softmax over
+the vocabulary, the loss and its stats, the optimizer's per-tensor work, dispatch, rollout
+bookkeeping). This phase calls the runtime's own stage functions on a one-process `Worker` with
+synthetic trajectories of several sizes, subtracts what the cost model already prices, and fits
+what remains into the profile's `experience_*`, `logprob_*`, `optimizer_*`, `train_*`,
+`dispatch_*` and `rollout_*` terms. Which term is fitted on what, and how it is timed:
+docs/calibration.md, "Design notes".
 
     python -m earl.calibrate.hostcost       # CPU, tiny models, a few seconds
 """

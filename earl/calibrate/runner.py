@@ -1,39 +1,12 @@
 """`run_calibration`: measure this device within a time budget, fit the cost model's
 parameters and build a version-stamped `HardwareProfile`.
 
-Phases (each gets a share of the budget): matmul (GEMM efficiency curve), attention (SDPA
-prefill curve; decode attention is priced by the memory roofline and only checked), memory
-(large copies: bandwidth curve), collectives (2+ local processes: the intra-node link),
-overhead (whole eager forwards of random-initialised catalog models: the effective per-operator
-cost the cost model adds and the elementwise ops' speed, see earl.calibrate.overhead), runtime
-(host costs of the runtime's own stage code: collating, log-prob and training passes, the
-optimizer's per-tensor work, dispatch; see earl.calibrate.hostcost), dispatch (the runtime's
-dispatch executor on 2 and 4 gloo processes: the profile's dispatch path, see
-earl.calibrate.dispatchfit), fsdp (the runtime's FSDP2 training step and weight sync on 2 and 4
-gloo processes, CPU only: per-unit, per-tensor host costs, see earl.calibrate.fsdpfit).
-Parameters not measured (e.g. the link on a one-GPU machine) come from the `base` profile.
-
-How fitted numbers map onto the profile, matching `earl.cost_model.compute` (which prices an
-operator as max(compute, memory) time plus `op_overhead_s`):
-  op_overhead_s  effective seconds per counted operator of a real eager forward (phase
-                 "overhead"); without it, host seconds per bare operator (tiny ops);
-  step_overhead_s, step_seq_overhead_s  the runtime engine's seconds per iteration (prefill or
-                 decode forward) beyond the forward: fixed, and per running sequence;
-  elementwise    copy curve slowed by the factor fitted on real forwards (phase overhead);
-  *_pass_s, optimizer_*, experience_*, dispatch_*  host costs (phase runtime);
-  matmul         fit of (t - op_overhead_s) against GEMM FLOPs under the memory roofline;
-  attention      the same for causal prefill attention (x: FLOPs of one call);
-  attention_decode  the same for decode attention (one query token per sequence);
-  memory         fit of (t - op_overhead_s) of copies against bytes read + written;
-  intra          alpha-beta of point-to-point messages (ping-pong / 2);
-  collective_links  per-op links fitted through earl.cost_model.comm's formulas;
-  dispatch_path  per-message, per-piece, per-byte, per-sample and oversubscription costs of the
-                 dispatch executor, fitted through earl.cost_model.dispatch (phase dispatch);
-  fsdp_unit_s, fsdp_tensor_s, reshard_tensor_s  FSDP2 host costs per unit x micro-batch, per
-                 parameter tensor of an optimizer step, per tensor x gathered shard (phase fsdp).
-On CPU there is no datasheet: the peak FLOP/s and bandwidth are set to the fitted asymptotes
-(matmul and memory peak_frac = 1); on a GPU the datasheet peaks stay and peak_frac is what
-was achieved.
+The cost model prices with a profile; this is where a profile's numbers come from. Phases, each
+with a share of the budget: matmul, attention, memory, collectives, overhead (whole eager
+forwards), runtime (the runtime's own host costs, earl.calibrate.hostcost), dispatch
+(earl.calibrate.dispatchfit) and fsdp (earl.calibrate.fsdpfit). Parameters not measured come
+from the `base` profile. How each fitted number maps onto the profile: docs/calibration.md,
+"Design notes".
 
     earl calibrate --device cpu --budget-s 60 --out /tmp/cpu.json
 """

@@ -3,49 +3,11 @@ workload trace with a calibrated profile (and with the datasheet profile, for co
 report predicted vs. measured time per stage, peak memory, and whether the simulator ranks
 several config variants in the measured order (Kendall tau).
 
-The runtime is the single-process one (`--nproc 1`, the default: one CPU core or one GPU, every
-plan tp1-dp1, dispatch local) or the multi-process one (`--nproc 2|4`: each variant runs under
-torchrun as `earl run --nproc N` does). The simulator prices the same job: N devices of the
-profile's hardware on one node joined by loopback (earl.calibrate.dispatchfit.local_cluster, the
-topology the profile's dispatch path was fitted on, whatever its gpus_per_node says), starting
-from the runtime's own initial plans with the run's selector; a step whose simulated plans
-differ from the ones the runtime ran is listed in the report (`plan_mismatches`). A stage's
-measured time comes from every rank's spans (trace.json): per step, each rank's seconds in the
-stage summed, then the largest over ranks (the slowest rank, as the simulator's stage lasts as
-long as its slowest group) for rollout, experience and train, and the smallest over ranks for
-the collective moves, dispatch and reshard (the others' spans also hold their wait for the last
-rank to arrive, which is the previous stage's imbalance, counted there). Dispatch is the
-TransferPlan executor (experience -> training layout) over gloo, priced by the profile's
-`dispatch_path`; reshard is the training weights moved to the rollout / experience copies (the
-runtime's `reshard` spans), priced as the simulator's `sync_s` + `reshard_s`. The simulator
-prices the runtime's own moves: `zero` plans with dp > 1 as FSDP2 (`fsdp=True`: unit gathers and
-gradient reduce-scatters per micro-batch, the dp gather of weights on every sync, and the FSDP2
-host costs of the profile's phase fsdp) and the rollout -> experience hand-off through the
-dispatcher (`handoff=True`, part of experience); its dispatch starts from the hand-off's layout
-and places the training samples as the runtime does (`train_placement="balanced"`).
-
-The simulator replays step k of the trace as its step k-1 with the same selector, dispatcher,
-engine batch and log-prob passes; the first `warmup_steps` steps (allocator, lazy init) are
-reported but not scored. The simulator models
-this runtime's own mechanics: its engine plays turns in lockstep over padded rows
-(`Simulation(engine="turn-sync")`), its micro-batches are right-padded and packed up to the
-config's token budget, and a calibrated profile adds the host costs of its code (see
-earl.calibrate.hostcost). On a CPU shared with other processes a stage's wall time also holds
-their time slices, which a simulated dedicated device does not: each stage is therefore also
-scored against the CPU time it got (wall x its step's CPU share, from the runtime's
-step_cpu_s / step_s). That estimate holds for stages longer than a scheduler slice; a
-sub-millisecond stage (dispatch) usually runs unpreempted, and its wall-time error is the one
-to read.
-
-N processes on a host with fewer cores (`dispatch_path.host_parallel`) time-share them: the
-simulator's devices are dedicated, so the wall-time prediction of every compute and copy stage
-(rollout, experience, train, reshard) is stretched by N / host_parallel (`host_stretch`);
-dispatch is priced with its own fitted oversubscription terms (`oversubscribed_exp`, `sync_s`).
-The CPU-time column compares the unstretched prediction with wall x rank 0's CPU share (the
-runtime's step_cpu_s / step_s of rank 0), which folds in both the oversubscription and other
-tenants' load; with N > 1 it is a lower bound, as rank 0's blocking waits for its peers (gloo
-collectives) are not CPU time either, so at low host load (`uptime`) the wall-time error is the
-one to read.
+It is how the simulator earns trust: one run, one replay, a per-stage error. The runtime is the
+single-process one or, with `--nproc 2|4`, the multi-process one under torchrun; the simulator
+prices the same job on N devices of one node, from the runtime's own plans. How stage times are
+measured and scored (slowest rank, CPU share, the N / host_parallel stretch):
+docs/calibration.md, "Design notes".
 
     earl validate --steps 4 --hardware earl/cost_model/profiles/cpu-measured.json --out /tmp/val
     earl validate --nproc 2 --steps 4 --set env.name=calculator --out /tmp/v2

@@ -2,32 +2,10 @@
 
 `earl estimate dispatch`, the studies, the simulator and the dispatch benchmark all call
 `price_transfer_plan` on the plan `dispatcher.plan(...)` returned (earl.policies.dispatch_cost
-builds the layouts and the plan); nothing else prices a dispatch.
-
-Per phase of the plan (phases run one after another; transfers of a phase run at once):
-- each rank pays host work: `message_s` per message it sends or receives, `object_s` per
-  (sample, tensor) piece it packs, unpacks or copies, and its packed + unpacked + copied bytes
-  at `copy_bw_bytes_s`; the centralized controller also pays its serialisation path
-  (`controller_bw_bytes_s`, `controller_object_s`) on every byte and piece it moves;
-- plus its intra-node traffic on its NVLink port (the busier direction; both directions on a
-  host whose loopback sends and receives cost CPU time alike) and one link latency;
-- a node's ranks share its CPU: the node takes max(slowest rank, sum of its ranks / host_parallel),
-  the slowest rank stretched by (processes / host_parallel) ** oversubscribed_exp when the node
-  runs more processes than host_parallel (waiting peers poll and take CPU from it);
-- each node's NICs carry its inter-node bytes (the busier direction); the receiving side's rate
-  drops to the network's `incast_efficiency` when more than one other node sends to it;
-- the phase lasts as long as its slowest node (host or NIC), plus `sync_s` when a node runs more
-  processes than `host_parallel` (a descheduled partner costs a scheduler slice per round).
-Then advantages: centralized, the controller computes all of them between its two phases;
-layout-aware, each producer computes its own and one all-reduce of per-group scalars follows.
-Then metadata through the controller, the fixed planning cost (`dispatch_fixed_s`) and, where
-the fit measured it, the executor's synchronising rounds started on cold caches (`cold_round_s`
-per round of `sync_rounds`; a training step's dispatch follows its log-prob passes). On one
-process no executor runs (the runtime re-orders rows in place): the calibrated host cost of that
-path (`dispatch_fixed_s` + `dispatch_seq_s` per sample) is the price.
-
-Parameters live in the profile (`HardwareProfile.dispatch_path`, fitted by `earl calibrate`) and
-the network (`NetworkSpec`).
+builds the layouts and the plan); nothing else prices a dispatch. Each phase lasts as long as
+its slowest node (host work or NIC); then advantages, metadata and fixed costs. Parameters live
+in the profile (`HardwareProfile.dispatch_path`, fitted by `earl calibrate`) and the network
+(`NetworkSpec`). The per-phase terms one by one: docs/cost-model.md, "Design notes".
 
     earl estimate dispatch --model qwen2.5-72b --gpus 128 --tp 4 --batch 1024 --context 8192 \
         --dispatcher centralized --network tcp-200g

@@ -1,29 +1,11 @@
 """The `cost-model` selector: per stage, the plan with the best predicted throughput that
 still fits memory, with a safety margin, at the context the workload is heading to.
 
-Going past the EARL table (which keys on the average context only):
-
-* Robust to noise. Predicted stage time is the mean over the last `history` steps' average
-  contexts, not the latest observation alone; under steady growth (a significant fit over the
-  last `trend_steps`), over the recent ones carried forward along the trend.
-* Tail and trend. Memory is checked at the projected tail: the larger of the observed max and
-  the p95 / max extrapolated `lookahead_steps` ahead along their least-squares growth over the
-  last `trend_steps` steps (capped by the configured `max_context`). A plan is dropped *before*
-  context growth makes it run out of memory, not after.
-* Switch cost. Moving to another plan costs a weight re-shard (training: weights and optimizer
-  states), `cm.reshard`, amortised over `amortize_steps` steps, or over only `lookahead_steps`
-  when the plan would itself stop fitting within `amortize_steps` at the current growth, so a
-  forced switch prefers a plan that lasts over one the next steps push out again.
-* Hysteresis. Unless the current plan is about to stop fitting, a better plan must win by more
-  than `hysteresis` (relative stage time, after the switch cost) on `patience` consecutive calls
-  for the same stage, so noisy statistics near a crossover do not make the plan flap.
-* Weight sync. Rollout and experience receive the weights from the training layout every
-  step, so a plan there is charged that per-step sync (`cm.reshard`, weights only) and a
-  training plan the sync to the plans in use for both (`charge_sync`).
-* Training picks tp/pp/cp/dp, micro-batch, recompute and optimizer sharding together (every
-  combination `enumerate_plans` yields is scored).
-* A measured `memory_headroom_frac` (runtime) that shows more use than predicted for the
-  current plan scales every memory prediction of that stage up by the same ratio.
+It goes past the EARL table (which keys on the average context only): it smooths noisy
+statistics, checks memory at the projected tail so it switches before an OOM, charges the
+re-shard of a switch and the per-step weight sync, uses hysteresis so it does not flap, and for
+training picks tp/pp/cp/dp, micro-batch, recompute and optimizer sharding together. Each of
+these rules and its parameters: docs/policies.md, "Design notes".
 
     python -c "from earl.policies.explain import demo; demo('cost-model')"
 """

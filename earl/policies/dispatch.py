@@ -1,29 +1,12 @@
 """Data dispatchers: who sends which intermediate tensors to whom between experience
 preparation (the `src` layout) and training (the `dst` layout).
 
-Both dispatchers deliver exactly the same bytes to every rank; they differ in the path.
-
-* `centralized` (the single-controller pattern of verl and ROLL): phase 1 gathers every
-  produced tensor and the rewards to one controller rank, which computes the advantages;
-  phase 2 scatters to each consumer rank what its layout needs. The controller's link carries
-  all the data twice.
-* `layout-aware`: each consumer rank receives its share straight from a producer that holds it
-  (a local copy when the producer is the consumer itself). Only per-sample metadata goes
-  through the controller. Advantages are normalised in place: producers all-reduce per-group
-  scalar statistics (sum, sum of squares, count) and compute advantages locally, so rewards
-  and advantages never gather anywhere (`reduce_bytes`).
-
-What a rank needs, given its coordinates in the dst plan (`consumer_tensors`, `cp_token_range`):
-tp peers each need the full tokens of their cp share; with cp > 1 a rank needs only its
-contiguous `cp` share of each sample's tokens; with pp > 1 the first stage needs the token ids
-and the last stage the ids (labels), mask, log-probs and advantages; middle stages need nothing.
-Producers are the last pipeline stage of the src dp group holding the sample; any of its tp
-peers holds a full copy of its cp share.
-
-The final phase of a TransferPlan delivers; earlier phases stage data at the controller.
-`received_sets` turns a plan into per-rank {(sample id, tensor): token ranges} and raises on a
-duplicate delivery, so tests and the runtime can check exactly-once delivery against
-`required_sets`.
+Both dispatchers deliver exactly the same bytes to every rank; they differ in the path:
+`centralized` (verl's and ROLL's single controller) gathers everything to one rank and scatters
+it; `layout-aware` sends each consumer its share straight from a producer, with only metadata
+through the controller and advantages normalised in place. A `TransferPlan` is a pure list of
+phases and transfers, executed by the runtime and priced by the cost model. What each rank
+needs under tp / cp / pp, and the exactly-once checks: docs/policies.md, "Design notes".
 
     python -c "from earl.policies import make_dispatcher, Layout, Sample; from earl.specs import \
 ParallelPlan as P; s=[Sample(i, 100) for i in range(4)]; \

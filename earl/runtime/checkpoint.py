@@ -1,22 +1,11 @@
 """Sharded, layout-independent checkpoints on torch.distributed.checkpoint (DCP), and the HF
 export of the policy.
 
-Every rank saves its own shards: its tensor-parallel weight slices and its optimizer slices
-(cut over dp for a `zero` plan) are wrapped as DTensors on the plan's device mesh with the
-placements earl.parallel derives from the same shard bounds, so DCP records exactly which part
-of each full tensor a file holds. Loading asks DCP for this rank's parts under the NEW plan and world, so a
-checkpoint written by 1 process loads into 2, tp2 into tp1, dp2-zero into dp1 and back. A
-single process without a process group saves and loads full tensors (DCP's no-dist mode).
-
-On disk (`run/checkpoints/`):
-    step-000004/   .metadata, __<rank>_0.distcp (DCP) and meta.json (step, config, plans,
-                   workload stats, RNG states, model source, tensor shapes, format version)
-    latest         the name of the newest complete checkpoint
-A save is atomic: rank 0 makes `.tmp-step-NNNNNN-<id>/`, every rank writes into it, rank 0
-adds meta.json, renames the folder into place and only then rewrites `latest` (atomically).
-An interrupted save leaves `latest` and the previous checkpoint untouched. Clean-up keeps the
-newest `keep` checkpoints by step number, never the one `latest` names, and never touches a
-folder it did not write.
+Every rank saves its own weight and optimizer shards as DTensors with the placements
+earl.parallel derives, so a checkpoint loads into any world size and plan (1 process into 2,
+tp2 into tp1, dp2-zero into dp1 and back). A save is atomic (a temp folder renamed into place,
+then `latest` rewritten); an interrupted save leaves the previous checkpoint untouched. The
+on-disk layout and the clean-up rules: docs/runtime.md, "Design notes".
 
     OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_checkpoint.py
 """

@@ -2,20 +2,12 @@
 from the trainer's log-probs of the same tokens, and truncated importance sampling (TIS) that
 corrects the policy gradient for it.
 
-The engine samples token y with log-prob e = log pi_engine(y) (Trajectory.logprobs); the
-experience stage recomputes t = log pi_trainer_old(y) with the training model (the "old"
-log-probs). Kernels, dtypes, batching and vocabulary handling make e != t even for the same
-weights, so the tokens were drawn from pi_engine, not from the policy the loss assumes. Per
-generated token, delta = t - e:
-
-- `logprob_diff_mean` / `logprob_diff_max`: mean and max of |delta|;
-- `rollout_kl`: the k3 estimate of KL(pi_engine || pi_trainer_old), mean of exp(delta) - 1 - delta
-  (>= 0 per token; unbiased because the tokens were sampled from pi_engine);
-- TIS (`trainer.tis_cap` = C > 0): each token's policy-gradient loss is multiplied by the detached
-  weight w = min(exp(delta), C), the engine being the behaviour policy (as verl and slime do);
-  `tis_weight_mean` and `tis_clip_frac` (tokens whose ratio exceeded C) are recorded.
-
+Per generated token, delta = log pi_trainer_old(y) - log pi_engine(y). Recorded:
+`logprob_diff_mean` / `logprob_diff_max` (|delta|), `rollout_kl` (the k3 estimate of
+KL(pi_engine || pi_trainer_old)), and with `trainer.tis_cap` = C > 0 the weight
+min(exp(delta), C) on each token's policy-gradient loss (`tis_weight_mean`, `tis_clip_frac`).
 Sums are returned rather than means, so data-parallel shards add up to the global figures.
+Why e != t and the estimators: docs/engines.md, "Design notes".
 
     OMP_NUM_THREADS=1 python benchmarks/bench_mismatch.py
 """

@@ -1,21 +1,12 @@
 """Execute a dispatcher's TransferPlan on torch.distributed: the experience tensors of every
 sample move from the ranks that produced them to the training ranks that need them.
 
-Both dispatchers of `earl.policies.dispatch` run here, from the same executor:
-- `centralized`: phase 1 gathers input_ids, masks, log-probs and rewards on the controller
-  (for REINFORCE++ also the per-token step rewards / turn ids it needs, counted in the bytes
-  sent), which computes the advantages; phase 2 scatters each rank's share.
-- `layout-aware`: producers first compute advantages in place (one reduction of per-group
-  scalar statistics: sum, sum of squares, count; earl.runtime.advantages), then every
-  consumer receives its share
-  straight from a producer (point-to-point; a local copy when producer == consumer).
-Each phase posts all of its receives and sends at once (isend/irecv), one message per
-transfer. What a rank ends up holding is checked against the plan: exactly once, exactly what
-its layout needs.
-
-Tensors the dispatchers' plans do not price can ride along (`extra`, `carry_along`): the
-engine's log-probs go wherever the old log-probs go when the trainer corrects for the
-rollout/trainer mismatch (`trainer.tis_cap`, earl.runtime.mismatch).
+Both dispatchers of `earl.policies.dispatch` run here, from the same executor: `centralized`
+gathers on the controller (which computes the advantages) and scatters; `layout-aware`
+computes advantages in place and sends each consumer its share point-to-point. Each phase posts
+all its sends and receives at once; what a rank ends up holding is checked against the plan
+(exactly once, exactly what its layout needs). Tensors the plans do not price can ride along
+(`extra`, `carry_along`). More: docs/runtime.md, "Design notes".
 
     OMP_NUM_THREADS=1 python benchmarks/bench_dispatch.py
 """

@@ -3,22 +3,10 @@ apply tensor parallelism (DTensor `parallelize_module`, every training plan with
 activation checkpointing, then FSDP2 (`fully_shard`) over the plan's dp dimension (plans with
 `zero` and dp > 1: `uses_fsdp`). The model code never knows. A training plan without `zero` is
 replicated over dp (optim.ReplicatedAdamW all-reduces its gradients); the rollout engine's and
-the log-prob copies keep the hand-written TP of earl.runtime.tp (why: its docstring).
+the log-prob copies keep the hand-written TP of earl.runtime.tp.
 
-Layouts stay earl.parallel's, so the re-shard planner, the checkpoints and the optimizer-state
-export keep working unchanged:
-- TP (ColwiseParallel on q/k/v/gate/up, RowwiseParallel on o/down) shards along `tp_dim` with
-  `torch.chunk` semantics: a rank's local shard is `shard_bounds` chunk t, as in earl.runtime.tp.
-- FSDP2 shards every parameter along its `ParamShape.shard_dim` (`shard_placement_fn`; dim 0 for
-  tp-replicated tensors, `tp_dim` for tp-sharded ones, cut again inside the tp shard), so a
-  rank's local shard is exactly the ZeRO optimizer slice `local_bounds(..., optimizer=True)`
-  of a `sharded_optimizer` plan. The sharded parameters are the fp32 master weights; compute
-  runs in the model's dtype (`MixedPrecisionPolicy(param_dtype=<model dtype>,
-  reduce_dtype=fp32)`), gradients are reduce-scattered in fp32 (FSDP2 averages over dp; the
-  loss is already a mean over the global batch's tokens, so the optimizer strategy multiplies
-  by dp: gloo has no pre-multiplied sum to set a divide factor of 1 with).
-- Activation checkpointing wraps each decoder layer's forward ("full": every layer;
-  "selective": every second layer), parameter names unchanged.
+Layouts stay earl.parallel's, so re-shard plans, checkpoints and the optimizer-state export keep
+working; how TP, FSDP2 and checkpointing line up with them: docs/runtime.md, "Design notes".
 
     OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_fsdp.py
 """

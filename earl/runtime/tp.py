@@ -1,27 +1,12 @@
 """Tensor parallelism for already-built HF Qwen2 / Llama models (the model code never knows).
 
 `apply_tp(model, groups)` swaps each decoder layer's projections for sharded linears holding
-only this rank's slice (Megatron layout): q/k/v and gate/up are column-parallel (output
-features split, whole heads per rank), o and down are row-parallel (input features split; the
-partial outputs are summed with one all_reduce). Norms, embeddings and the LM head stay
-replicated. The attention module reshapes with -1 heads, so it runs on its local heads as is;
-its KV cache holds local heads only. Parameter names are unchanged, so state dicts, re-shard
-plans and checkpoints name the same tensors with and without TP.
-
-Who uses which: training, for every plan with tp > 1, shards with DTensor instead
-(`earl.runtime.parallelize.apply_dtensor_tp`, `parallelize_module`; with FSDP2 on top for a
-`zero` plan with dp > 1), so its optimizer, gradient clipping and the dp all-reduce work on
-DTensor local shards. These hand-written layers stay for the copies that never train: the
-rollout engine's, the log-prob (experience) copy and the frozen KL reference. Their KV-cached
-decode runs hundreds of tiny forward passes per turn, where DTensor's per-op dispatch and
-placement checks cost more than the matmuls on small batches, and the engine's slot cache must
-hold plain local-head tensors. Plain tensors re-shard by slicing (bit-exact), and the local
-shards equal DTensor's (`torch.chunk` bounds), so training's DTensor shards and these copies
-meet in the same re-shard plans (earl.runtime.move_weights). What DTensor costs training on
-this CPU box (gloo, 2 shared cores, loads 2-5; benchmarks/bench_tp_train.py, tp2, alternating
-rounds, equal losses): 1.29-1.72x per step on the 0.1M-parameter `tiny` model, where per-op
-overhead is the whole step, and 0.97-1.18x on a 29M-parameter one; the overhead is per op, so
-it shrinks as the matmuls grow.
+only this rank's slice (Megatron layout: q/k/v and gate/up column-parallel, o and down
+row-parallel with one all_reduce). Parameter names are unchanged, so state dicts, re-shard
+plans and checkpoints name the same tensors with and without TP. Training shards with DTensor
+instead (earl.runtime.parallelize); these layers serve the copies that never train (the rollout
+engine's, the log-prob copy, the KL reference), where DTensor's per-op cost is too high for
+tiny decode passes. Why, and what DTensor costs: docs/runtime.md, "Design notes".
 
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 -m pytest -q tests/runtime/test_dist_tp.py
 """

@@ -1,27 +1,12 @@
 """Asynchronous RL: a rollout pool streams episodes while a training pool trains.
 
-`schedule.mode = "async"` splits the cluster into a rollout pool running the
-rollout plan's engines without pause and a training pool that prepares experience and trains
-(the disaggregated design of AReaL, verl's fully-async mode and slime). Policy versions:
-
-- the rollout pool starts with version 0; training step s produces version s + 1, pushed to the
-  rollout engines over the network (`weight_push_s`);
-- the batch drawn for step j enters the engines once version j - K is out
-  (K = `schedule.max_staleness`), so rollout runs at most K versions ahead;
-- training step s waits for as many finished episodes as a batch holds and for every episode
-  that entered at version s - K or earlier; it takes those, then the earliest finished others.
-  A sample's staleness is s minus the version its episode started on, at most K;
-- on a weight update an engine either interrupts its episodes (`schedule.partial_rollout`: they
-  resume on the new weights, recomputing their context) or stops admitting new episodes until
-  every episode in flight has ended on the old weights, then loads the new ones.
-
-K = 0 is synchronous training on separate pools. The rollout plan stays fixed (engines stream);
-the selector plans log-probs and training on the training pool; `schedule.rollout_gpus = 0`
-lets the cost model choose the split (`earl.policies.pools.choose_pool_split`, priced on a few
-steps of the run's workload). Feeds and weight
-updates reach an engine at once (a decode segment in flight stops after its current iteration).
-Above `ASYNC_REPLICAS` rollout replicas, evenly spaced replicas stand for the rest (replica
-classes): the batch is their finished episodes, repeated to size.
+`schedule.mode = "async"` splits the cluster into a rollout pool running the rollout plan's
+engines without pause and a training pool that prepares experience and trains (the
+disaggregated design of AReaL, verl's fully-async mode and slime). Rollout runs at most
+K = `schedule.max_staleness` policy versions ahead; K = 0 is synchronous training on separate
+pools; `schedule.rollout_gpus = 0` lets the cost model choose the split
+(earl.policies.pools). The version rules, weight pushes and partial rollouts:
+docs/simulator.md, "Design notes".
 
     earl simulate --set schedule.mode=async --set schedule.max_staleness=2 --steps 20
 """

@@ -1,22 +1,12 @@
 """The rollout engine of one replica: continuous batching of multi-turn episodes.
 
 One `Replica` per data-parallel group of the rollout plan (tp GPUs each) runs as a SimPy
-process. Sequences wait, are admitted while KV-cache tokens allow (capacity from the cost
-model's `kv_capacity_tokens`), are prefilled (the running batch pauses, as in vLLM's default
-scheduler), then decode together; at a turn boundary a sequence leaves the batch for its
-environment latency, keeping its KV cache resident but evictable, and comes back with the
-observation tokens to prefill. When the cache is full the engine first evicts caches of
-sequences that are not running (oldest first; they recompute their context on return), then
-preempts the most recently admitted running sequence (vLLM's recompute preemption). A
-sequence whose turn cannot fit even alone in the replica's cache is an OOM event: the episode
-is dropped.
-
-Time: events happen only when the batch changes (admission, turn end, arrival, preemption).
-Between them the running set is fixed and each decode iteration adds one token per sequence,
-so the time of k iterations is sum_j decode_step_time_s(tp, n, C + j*n). `DecodeClock` sums
-that in closed form on the affine pieces of the cost model's step time (checked at the
-midpoint, split where it is not affine) and solves for the iteration at which the next
-arrival lands. `fine=True` advances one decode iteration per SimPy event instead (for tests).
+process: sequences are admitted while KV-cache tokens allow, prefilled, decoded together, leave
+for their environment at a turn boundary and come back; a full cache evicts idle caches, then
+preempts (vLLM's recompute preemption); a turn that cannot fit alone is an OOM event. Events
+happen only when the batch changes; between them `DecodeClock` sums the decode iterations in
+closed form (`fine=True`: one event per iteration). Scheduling and time in detail:
+docs/simulator.md, "Design notes".
 
     python -m pytest tests/sim/test_replica.py -q
 """

@@ -2,23 +2,10 @@
 
 One `Simulation` runs one (selector, dispatcher) pair over the scenario's steps on a SimPy
 clock. Each step walks the iteration the runtime walks (ARCHITECTURE.md), calling the selector
-at the same points with the same statistics:
-
-1. `select(ROLLOUT, stats of the previous step)`; weights sync from the training layout to the
-   rollout plan (`cm.reshard`, zero when the layouts match).
-2. Rollout: one continuous-batching `Replica` per rollout dp group, episodes dealt round-robin.
-3. `select(EXPERIENCE, stats of this rollout)`; weights re-shard train -> experience layout;
-   reference and old-policy log-probs priced by `cm.logprob`.
-4. `select(TRAIN, ...)`; optimizer states re-shard when the training plan changes; the
-   dispatcher's TransferPlan from the experience layout to the training layout is priced by
-   the cost model's one dispatch price (earl.cost_model.dispatch: per-node link and NIC
-   contention, host paths); one optimizer step priced by `cm.train`.
-
-Training state (weights, optimizer) lives in the training layout. Sequences of mixed lengths
-are priced in a few length buckets (equal counts, each priced at its mean length) and the
-slowest dp group's token share (the token-balanced assignment's imbalance) stretches the
-stage. A sequence longer than the plan can hold (`cm.memory` at micro-batch size) is an OOM
-event for that stage and leaves the batch; a rollout OOM comes from the engine.
+at the same points with the same statistics; rollout runs one continuous-batching `Replica` per
+rollout dp group, experience and training are priced by the cost model, and the dispatcher's
+TransferPlan by the one dispatch price. The four steps in detail, length buckets and OOM
+events: docs/simulator.md, "Design notes".
 
     python -c "from earl.sim.simulation import Simulation; from earl.sim.scenario import load_scenario; \
 s = Simulation(load_scenario(None, {'scenario.steps': '2'}), 'static', 'centralized'); s.run(); print(s.rows[-1])"

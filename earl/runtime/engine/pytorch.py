@@ -1,45 +1,13 @@
 """The built-in PyTorch engine: a preallocated slot KV cache, continuous batching, sampling on
 the device, and an optional compiled decode step.
 
-Each episode owns one slot of a preallocated cache (`[slots, capacity, kv heads, head dim]` per
-layer; the capacity doubles when an episode outgrows it), so its KV stays put across turns and
-a turn prefills only the tokens new since the last one. Episodes are driven step by step
-(`submit`, `step`): every step runs one forward over the running episodes' next tokens and the
-new tokens of waiting episodes admitted under the token budget (`step_tokens`) and the decode
-width (`max_batch`). An episode whose turn ends leaves the decode batch at once, and a waiting
-one (another episode, or the same one with its next observation) joins in the next step, so the
+Each episode owns one slot of a preallocated cache, so its KV stays put across turns and a turn
+prefills only its new tokens. Episodes are driven step by step (`submit`, `step`); an episode
+whose turn ends leaves the decode batch at once and a waiting one joins the next step, so the
 batch never idles on the longest turn. `generate` (one whole turn) is `submit` + `step` until
-done.
-
-Why our own attention over the HF weights, not an HF `Cache` subclass: HF's caches take one
-`cache_position` for the whole batch, while here every row sits at its own position in its own
-slot, and one forward mixes decode rows with prefill segments of any length (packed: no padding
-through the linear layers). The forward reuses the model's own modules (embedding, rotary
-tables, norms, projections, MLP, LM head) and only replaces the attention call, so tensor
-parallel projections (`earl.runtime.tp`) and any weights the trainer updates in place run as
-they are. It serves the Qwen2 / Llama decoder families (the ones `hf_model` loads); others run on
-`engine="pytorch-static"`, which drives any HF causal LM.
-
-Sampling is `sample_tokens` on the device with counter-based noise, so an episode samples the
-same tokens whatever else shares its step: continuous batching equals the static engine token
-for token. When no waiting row joins, a step runs a block of up to `decode_steps` decode steps
-on the device with no host sync in between: each step's forward, sampling at each row's next
-position and the sampled token written as the next step's input stay on the device; the host
-reads the block's [steps, rows] tokens and log-probs once (`EngineStats.host_syncs` counts these
-reads) and then applies the finish reasons (eos, stop strings, length) in order, dropping the
-tokens a row sampled after its turn ended (their KV, past the row's `length`, is never attended
-and is overwritten by its next turn). Since the noise depends only on (seed, position), every
-`decode_steps` samples the very same tokens; a block never runs past the longest remaining turn,
-and a waiting row joins at the next block boundary. `compile=True` runs that decode step
-(forward + sampling + feed-back, one graph: no graph break,
-tests/runtime/test_engine_continuous.py) through `torch.compile` at static shapes (the decode
-width padded to a power of two, attention over the whole slot capacity) with CUDA graphs on a
-GPU (`mode="reduce-overhead"`, the cache marked as a static address); one graph per (width,
-cache capacity, sampling settings), up to `COMPILED_SHAPES` of them (`EngineStats.extra`
-counts them as "compiled_shapes"). On the CPU, Inductor's
-vectorised kernels crash on the sampling (see `_compile`), so the CPU compiles it without SIMD.
-Measured on the CPU only (benchmarks/bench_engine.py); the fast path has not run on a GPU yet
-(benchmarks/bench_decode_roofline.py measures it there).
+done. It runs the HF model's own modules with our attention over the slots (Qwen2 / Llama);
+other models run on `engine="pytorch-static"`. Why our own attention, decode blocks
+(`decode_steps`), the compiled step and what was measured: docs/engines.md, "Design notes".
 
     python benchmarks/bench_engine.py
 """

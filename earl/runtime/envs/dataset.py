@@ -1,21 +1,14 @@
 """Prompt datasets scored by the user's reward function (`--env jsonl:PATH --reward FILE.py:FUNC`).
 
-Each row of a JSONL file (or a Parquet file, read with pandas) is one sample: a dict with
-`prompt` (text) or `messages` (a chat list of {"role", "content"}, the last one the prompt),
-plus any fields the reward function wants (an answer, test cases, ...). An episode is one
-sample: single-turn, or multi-turn when `env.tools` names registered tools (the model calls
-them in the Hermes/Qwen `<tool_call>` format; results come back as `tool` messages, and a reply
-without a call ends the episode). The episode is scored by
+Each row of a JSONL file (or a Parquet file, read with pandas) is one sample: `prompt` (text)
+or `messages` (a chat list), plus any fields the reward function wants. An episode is one
+sample, single-turn or multi-turn with `env.tools`, scored by
 
     def FUNC(sample: dict, messages: list[dict]) -> float
 
-with the whole conversation (assistant messages carry their parsed `tool_calls`). A function
-runs in a helper process (earl.runtime.sandbox), each call bounded by `env.reward_timeout_s`. A
-call that raises, returns a non-finite value, runs past the timeout (the helper is killed and
-restarted) or crashes gives reward 0 and outcome `reward_error` (counted in the metrics); the run
-goes on, unless a step's `reward_error_rate` reaches `env.max_reward_error_rate` (default 1:
-every episode failed), which stops it naming the function and its last error (earl.runtime.step).
-Outcomes otherwise: `correct` if the reward is > 0, else `wrong`.
+in a helper process (earl.runtime.sandbox) bounded by `env.reward_timeout_s`; a call that fails
+gives reward 0 and outcome `reward_error`, and a step whose `reward_error_rate` reaches
+`env.max_reward_error_rate` stops the run. The rules in full: docs/runtime.md, "Design notes".
 
     earl run --env jsonl:prompts.jsonl --reward reward.py:score --steps 2
 """
