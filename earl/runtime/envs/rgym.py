@@ -1,19 +1,14 @@
 """Procedural task suites of the reasoning-gym package (`--env reasoning-gym:TASK`): generated
 questions, scored by the package's own scorer; nothing to download.
 
-An episode is one question: the task's dataset item for the episode's seed (item `seed` of the
-task's generator, itself seeded with `seed` from `env.options`, default 0), so every episode of a
-group sees the same question. The reply is the answer: the text inside the last
-`<answer>...</answer>` when the reply has one, else the whole reply. The reward is the task's
-score in [0, 1] (`score_answer`, which may give partial credit); the outcome is `correct` for a
-full score, else `wrong`. `env.options` ("KEY=VALUE") configure the generator, e.g. easy chain
-sums (two one-digit terms):
+An episode is one question, item `seed` of the task's generator (seeded with the option `seed`,
+default 0); the reply (or the text inside its last `<answer>...</answer>`) is the answer and the
+task's score in [0, 1] the reward. `env.options` configure the generator. The package is
+imported on first use; absent, the env is a one-line error naming the install command. More:
+docs/environments.md.
 
     pip install 'earl[rgym]'
     earl run --env reasoning-gym:chain_sum --set env.options=max_terms=2,max_digits=1 --steps 20
-
-The package is imported on first use (it needs Python >= 3.11); absent, the env is a one-line
-error naming the install command.
 """
 
 from __future__ import annotations

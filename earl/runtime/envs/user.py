@@ -1,22 +1,13 @@
 """A user's environment class (`--env FILE.py:Class` or `--env package.module:Class`), run in
 a helper process with every call bounded.
 
-The class implements the same `Env` protocol as the built-ins (earl.runtime.envs.base):
-`reset(seed) -> str`, `step(action) -> StepResult`, class attributes `max_new_tokens` and `stop`
-(defaults 64 and none) and, optionally, `tool_schemas` and `context` read after `reset`. It is
-built with the keywords of `env.options` ("KEY=VALUE" strings). `UserEnv` is that protocol on
-this side: each instance holds one instance of the class in this rank's env helper process
-(earl.runtime.sandbox; one helper per rank, apart from the reward functions' one), and each
-`reset` / `step` is one call there bounded by `env.env_timeout_s`.
-
-A call that raises, returns the wrong type (reset: not a str; step: not a StepResult with a str
-observation, a finite reward and a bool done) or runs past the timeout ends that episode with
-reward 0 and outcome `env_error` (the rate is in the metrics as env_error_rate, and each distinct
-error is printed once); the run goes on. A timeout kills the helper; the next call starts a new
-one, and the other episodes that lived there are rebuilt by replaying their seed and actions
-(exact for a class that is deterministic given its seed; an episode whose replay shows a
-different observation ends as `env_error`). A bad spec (no such file, module or class; not an
-Env; a constructor that rejects the options) is a ValueError at startup (CLI exit 2).
+The class implements the built-ins' `Env` protocol (earl.runtime.envs.base) and is built with
+the keywords of `env.options`. `UserEnv` is that protocol on the trainer's side: each instance
+holds one instance of the class in this rank's env helper (earl.runtime.sandbox) and each
+`reset` / `step` is one call there, bounded by `env.env_timeout_s`. A call that raises, returns
+the wrong type or hangs ends that episode as `env_error` (reward 0, counted); after a timeout the
+helper restarts and the other episodes are replayed from their seed and actions. A bad spec is a
+ValueError at startup. The rules in full: docs/environments.md.
 
     earl run --env examples/guess_number.py:GuessNumber --steps 20
 """
