@@ -106,6 +106,25 @@ def rank_coords(plan: ParallelPlan, base_rank: int = 0) -> list[RankCoord]:
 
 
 # --------------------------------------------------------------------------------------------
+# Dealing items (episodes) to replicas
+# --------------------------------------------------------------------------------------------
+def deal(n_items: int, n_bins: int) -> list[list[int]]:
+    """Items 0..n_items-1 dealt round-robin to `n_bins` bins: item i goes to bin i mod n_bins.
+    The one rule by which rollout episodes reach rollout replicas (dp groups): the runtime plays
+    what it deals, the simulator simulates it and dispatch pricing prices it."""
+    if n_bins < 1 or n_items < 0:
+        raise ValueError(f"deal needs n_items >= 0 and n_bins >= 1, got {n_items}, {n_bins}")
+    return [list(range(b, n_items, n_bins)) for b in range(n_bins)]
+
+
+def serving_peer(first_rank: int, tp: int, consumer: int) -> int:
+    """The rank of the tp group starting at `first_rank` (ranks first_rank..first_rank+tp-1, all
+    holding the same data) that sends to `consumer`: the consumer itself when it is one of them
+    (a local copy), else the peer at the consumer's tp offset, so consumers spread over peers."""
+    return consumer if 0 <= consumer - first_rank < tp else first_rank + consumer % tp
+
+
+# --------------------------------------------------------------------------------------------
 # Shard bounds
 # --------------------------------------------------------------------------------------------
 def shard_bounds(n: int, parts: int, i: int) -> tuple[int, int]:

@@ -36,6 +36,7 @@ import numpy as np
 from earl.cost_model.dispatch import price_transfer_plan, sync_rounds
 from earl.cost_model.model import CostModel
 from earl.cost_model.profile import DispatchPath, HardwareProfile
+from earl.parallel import coord_of
 from earl.policies.balance import balance_samples, round_robin_samples
 from earl.policies.dispatch import CentralizedDispatcher, LayoutAwareDispatcher
 from earl.policies.types import Layout, Sample, Transfer
@@ -92,7 +93,7 @@ def _store(samples, src, rank):
     import torch
 
     out = {}
-    for i in src.assignment[rank // src.plan.tp]:
+    for i in src.assignment[coord_of(src.plan, rank).dp]:
         n = samples[i].tokens
         out[i] = {"input_ids": torch.randint(0, 1000, (n,)), "loss_mask": torch.ones(n, dtype=torch.bool),
                   "old_logprobs": torch.randn(n), "ref_logprobs": torch.randn(n), "rewards": torch.rand(1)}

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from earl.parallel import deal
 from earl.policies import Dispatcher, Selector
 from earl.policies.balance import balance_aligned, balance_samples
 from earl.policies.types import Layout, Sample
@@ -184,7 +185,7 @@ def play(w: Worker, step: int) -> tuple[list[Trajectory], dict]:
     cfg, rg = w.cfg, w.roll_groups
     w.sync_weights(Stage.ROLLOUT, step)
     n = cfg.groups * cfg.group_size
-    mine = [e for e in range(n) if e % w.plans.rollout.dp == rg.dp_rank]
+    mine = deal(n, w.plans.rollout.dp)[rg.dp_rank]
     groups = [e // cfg.group_size for e in mine]
     t0 = time.perf_counter()
     es0 = dataclasses.replace(w.engine.stats)
@@ -262,7 +263,7 @@ def experience(w: Worker, ctx: StepContext, step: int, trajs: list[Trajectory], 
     its layout and stats (the gap as this rank's `mismatch_sums`, counted on tp rank 0 only)."""
     cfg = w.cfg
     roll_plan, exp_plan = w.plans.rollout, w.plans.experience
-    roll_assign = tuple(tuple(s.id for s in samples if s.id % roll_plan.dp == d) for d in range(roll_plan.dp))
+    roll_assign = tuple(tuple(b) for b in deal(len(samples), roll_plan.dp))  # samples are episodes 0..n-1
     src = Layout(roll_plan, roll_assign)
     dst = Layout(exp_plan, balance_aligned(samples, exp_plan.dp, roll_assign)[0])
     t0 = time.perf_counter()
