@@ -11,7 +11,7 @@ or is driven step by step (`submit` rows, then `step` until they finish, in any 
 rollout loop uses the second, so an episode whose turn ends steps its environment and rejoins
 while others still decode. `as_stepper` gives a turn-synchronous batch that second face.
 
-Sampling (`sample_tokens`) is Gumbel-max with counter-based noise (`counter_uniform`): a
+Sampling (`sample_tokens`) is Gumbel-max with counter-based noise (`earl.runtime.seeds`): a
 token's noise depends only on its episode's seed and position, so an episode samples the same
 tokens alone, in any batch, on one process or many.
 
@@ -26,6 +26,7 @@ from typing import Protocol
 
 import torch
 
+from earl.runtime.seeds import counter_uniform
 from earl.runtime.tokenizer import Tokenizer
 from earl.specs import ParallelPlan
 
@@ -159,46 +160,6 @@ def copy_weights(model: torch.nn.Module, named_tensors: Iterable[tuple[str, torc
             raise ValueError(f"update_weights: unknown parameter {name!r}")
         if params[name].data_ptr() != t.data_ptr():
             params[name].copy_(t)
-
-
-_MASK64 = (1 << 64) - 1
-
-
-def _as_i64(c: int) -> int:
-    """An unsigned 64-bit constant as the signed int64 torch stores (same bits)."""
-    c &= _MASK64
-    return c - (1 << 64) if c >= 1 << 63 else c
-
-
-_GOLDEN = _as_i64(0x9E3779B97F4A7C15)
-_MIX1 = _as_i64(0xBF58476D1CE4E5B9)
-_MIX2 = _as_i64(0x94D049BB133111EB)
-
-
-def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
-    """Logical right shift of int64 bits (torch's >> is arithmetic)."""
-    return (x >> k) & ((1 << (64 - k)) - 1)
-
-
-def _mix64(x: torch.Tensor) -> torch.Tensor:
-    """splitmix64's finaliser on int64 tensors (wrapping arithmetic)."""
-    x = (x ^ _shr(x, 30)) * _MIX1
-    x = (x ^ _shr(x, 27)) * _MIX2
-    return x ^ _shr(x, 31)
-
-
-def counter_uniform(seeds_A: torch.Tensor, positions_A: torch.Tensor, width: int) -> torch.Tensor:
-    """[A, width] float64 uniforms in (0, 1), a pure function of (row seed, position, column).
-
-    Counter-based randomness: a token's noise depends only on its episode's seed and where it
-    sits in the episode, never on which other episodes share the batch, which process plays the
-    episode, or how many tokens were drawn before. So a run samples the same tokens on one
-    process or many, with any engine batch size."""
-    dev = seeds_A.device
-    row = _mix64(_mix64(seeds_A.long() * _GOLDEN + 1) + positions_A.long() * _MIX1)
-    cols = torch.arange(width, device=dev, dtype=torch.long) * _GOLDEN
-    bits = _shr(_mix64(row[:, None] + cols[None, :]), 11)  # 53 random bits
-    return (bits.double() + 0.5) / float(1 << 53)
 
 
 def sample_tokens(logits_AV: torch.Tensor, params: SamplingParams, seeds_A: torch.Tensor | None = None,
