@@ -46,7 +46,7 @@ from earl.runtime.checkpoint import (
 from earl.runtime.config import RunConfig, apply_overrides, from_dict, load_config_file, to_dict
 from earl.runtime.defaults import describe_defaults, model_defaults
 from earl.runtime.dist import comm_device, init_distributed, shutdown
-from earl.runtime.engine.base import ENGINES, LOCAL_ENGINES, engine_plan_error
+from earl.runtime.engine import ENGINES, LOCAL_ENGINES, engine_plan_error
 from earl.runtime.envs import env_options, make_env
 from earl.runtime.hf_model import check_dtype, check_model_path, model_shapes
 from earl.runtime.metrics import RunRecorder, plot_run

@@ -3,8 +3,8 @@
 An engine takes token ids in and gives token ids and log-probs out, keeping each episode's KV
 cache across turns. Backends: `earl.runtime.engine.pytorch` (built in: slot
 KV cache, continuous batching), `earl.runtime.engine.static` (the first built-in engine, turn
-synchronous) and `earl.runtime.engine.vllm` (optional, imported only when configured).
-`make_engine` picks one.
+synchronous) and `earl.runtime.engine.vllm` (optional: the vllm package is imported only when one is built).
+`earl.runtime.engine.make_engine` picks one by name from the `ENGINES` registry.
 
 An episode batch either generates whole turns (`generate`: every requested row's turn, together)
 or is driven step by step (`submit` rows, then `step` until they finish, in any order): the
@@ -28,7 +28,6 @@ import torch
 
 from earl.runtime.seeds import counter_uniform
 from earl.runtime.tokenizer import Tokenizer
-from earl.specs import ParallelPlan
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,41 +187,9 @@ def sample_tokens(logits_AV: torch.Tensor, params: SamplingParams, seeds_A: torc
     return tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-ENGINES = ("pytorch", "pytorch-static", "vllm")
 # engine "pytorch": decode steps per host sync by default, by device type. On the CPU a host sync
 # costs nothing and the tokens a row samples after its turn ended cost compute: 8 steps per sync
 # played mixed multi-turn rollouts at 0.88-0.94x of one (benchmarks/bench_engine.py). On a GPU a
 # sync stalls the launch queue and a decode step is memory-bound (extra rows are nearly free):
 # 8 is the design choice there, not yet measured (benchmarks/bench_decode_roofline.py compares).
 DECODE_STEPS = {"cpu": 1, "cuda": 8}
-LOCAL_ENGINES = ("pytorch", "pytorch-static")  # run the module they are given (no weight copy)
-
-
-def engine_plan_error(name: str, rollout: ParallelPlan) -> str:
-    """'' if engine `name` can play under the rollout plan, else why not. An external engine
-    (vLLM) is one engine per rank with its own parallelism: each rank is a rollout replica."""
-    if name not in LOCAL_ENGINES and rollout.tp != 1:
-        return f"engine {name!r} runs one engine per rank, so it needs rollout tp 1, not tp {rollout.tp}"
-    return ""
-
-
-def make_engine(name: str, model: torch.nn.Module, tokenizer: Tokenizer, *, reuse_kv: bool = True,
-                model_path: str | None = None, decode_steps: int = 0, compile: bool = False,
-                dtype: torch.dtype | None = None) -> Engine:
-    """`decode_steps`: decode steps the built-in `pytorch` engine runs per host sync (0: by device,
-    `DECODE_STEPS`); `compile`: its decode steps through torch.compile (the other engines ignore
-    both); `dtype`: the precision an external engine (vLLM) runs, by default `model`'s."""
-    if name == "pytorch":
-        from earl.runtime.engine.pytorch import TorchEngine
-
-        return TorchEngine(model, tokenizer, reuse_kv=reuse_kv, decode_steps=decode_steps, compile=compile)
-    if name == "pytorch-static":
-        from earl.runtime.engine.static import StaticTorchEngine
-
-        return StaticTorchEngine(model, tokenizer, reuse_kv=reuse_kv)
-    if name == "vllm":
-        from earl.runtime.engine.vllm import VLLMEngine
-
-        # the trainer's dtype: vLLM would otherwise load the checkpoint in its config's (bf16)
-        return VLLMEngine(model_path=model_path, tokenizer=tokenizer, dtype=dtype or next(model.parameters()).dtype)
-    raise ValueError(f"engine {name!r} unknown; valid: {', '.join(ENGINES)}")

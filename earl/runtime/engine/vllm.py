@@ -244,6 +244,13 @@ class VLLMEngine:
 
     model = None  # no in-process torch module: the runtime pushes weights with update_weights
 
+    @classmethod
+    def build(cls, model: torch.nn.Module, tokenizer: Tokenizer, *, model_path: str | None,
+              dtype: torch.dtype | None, **_ignored) -> VLLMEngine:
+        """`make_engine`'s constructor: the checkpoint directory, in the trainer's dtype (vLLM
+        would otherwise load it in its config's, bf16)."""
+        return cls(model_path=model_path, tokenizer=tokenizer, dtype=dtype or next(model.parameters()).dtype)
+
     def __init__(self, *, model_path: str | None, tokenizer: Tokenizer, dtype: torch.dtype = torch.float32,
                  **llm_kwargs):
         try:
