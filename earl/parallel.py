@@ -19,6 +19,7 @@ print(rank_coords(P(tp=2, dp=2))[3], shard_bounds(10, 4, 3))"
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from earl.specs import ModelSpec, ParallelPlan
@@ -197,11 +198,13 @@ def local_shape(p: ParamShape, plan: ParallelPlan, rank: int, *, optimizer: bool
     return tuple(shape)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def model_slice(plan: ParallelPlan, rank: int, *, num_layers: int, width: int,
                 optimizer: bool = False) -> tuple[tuple[int, int], tuple[int, int]]:
     """The part of a whole model a rank holds, for pricing: its layer range (pp chunk of
     `num_layers`) and its range of `width` elements per layer (tp chunk; with `optimizer` and a
-    sharded optimizer cut again among the dp x cp ranks sharing the weights, ZeRO)."""
+    sharded optimizer cut again among the dp x cp ranks sharing the weights, ZeRO). Cached: a
+    selector prices the same candidate plans' re-shards every step."""
     c = coord_of(plan, rank)
     layers = shard_bounds(num_layers, plan.pp, c.pp)
     lo, hi = shard_bounds(width, plan.tp, c.tp)
