@@ -5,7 +5,7 @@
 Each command only declares its options and calls into the layer that owns the work; that layer
 returns results (or rich tables) and raises ValueError for a user mistake. `user_errors` is the
 one place that turns such an error into one line on stderr and exit code 2, without a traceback.
-Configuration (files, `--set key=value`, key and type checks) is earl.config.
+Configuration (files, `--set key=value`, key and type checks) is earl.config_machinery.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from earl import __version__
-from earl.config import parse_sets
+from earl.config_machinery import parse_sets
 
 # plain (click) help: typer's rich help prints a `<bool>` placeholder after every flag
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,

@@ -126,11 +126,11 @@ def worker(cases, repeats: int) -> dict:
 
     from earl.parallel import build_plan_groups
     from earl.policies.reshard import plan_reshard
-    from earl.runtime.config import TrainerConfig
     from earl.runtime.hf_model import Policy, empty_like_policy, hf_config_from_spec
     from earl.runtime.move_weights import execute_reshard
     from earl.runtime.optim import FSDPAdamW, train_step
     from earl.runtime.parallelize import parallelize
+    from earl.runtime.run_config import TrainerConfig
     from earl.runtime.tokenizer import CharTokenizer
     from earl.runtime.tp import param_shapes
     from earl.runtime.trainer import Trainer

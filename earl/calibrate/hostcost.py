@@ -146,7 +146,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
     from earl.cost_model import CostModel
     from earl.policies import make_dispatcher
     from earl.policies.types import Sample
-    from earl.runtime.config import EnvConfig, RunConfig, TrainerConfig
+    from earl.runtime.run_config import EnvConfig, RunConfig, TrainerConfig
     from earl.specs import ClusterSpec, ParallelPlan
 
     cases = CASES[device.type]
@@ -192,8 +192,8 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
     # 2. the runtime's own stage functions (earl.runtime.step) on a one-process worker
     import tempfile
 
-    from earl.runtime.config import ModelConfig, PolicyConfig
     from earl.runtime.run import process_group
+    from earl.runtime.run_config import ModelConfig, PolicyConfig
     from earl.runtime.step import SampleMeta, StepContext, experience, play
     from earl.runtime.step import train as train_stage
     from earl.runtime.worker import ONE, Worker

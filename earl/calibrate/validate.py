@@ -62,7 +62,7 @@ from pathlib import Path
 import numpy as np
 
 from earl.calibrate.dispatchfit import local_cluster
-from earl.config import parse_sets
+from earl.config_machinery import parse_sets
 from earl.cost_model import CostModel
 from earl.cost_model.profile import HardwareProfile, check_stamp, datasheet_profile, load_profile
 from earl.specs import MODEL_CATALOG, ModelSpec, ParallelPlan, Stage
@@ -384,8 +384,8 @@ def run_validation(*, config, profile: str, steps: int = 4, warmup_steps: int = 
     `model`: a runtime model (built-in name or checkpoint dir) or any catalog name, for which
     a random-initialised checkpoint of that shape is written under `out_dir/model`. `nproc`: the
     runtime's processes (1, or 2 / 4 under torchrun); the simulator prices as many devices."""
-    from earl.runtime.config import apply_overrides
     from earl.runtime.hf_model import BUILTIN_MODELS
+    from earl.runtime.run_config import apply_overrides
 
     check_nproc(nproc)
     if steps < warmup_steps + 1:

@@ -23,10 +23,10 @@ import torch
 import torch.utils.checkpoint
 
 from earl.cost_model.model import micro_batches
-from earl.runtime.config import TrainerConfig
 from earl.runtime.dist import comm_device
 from earl.runtime.mismatch import tis_weights
 from earl.runtime.rollout import Trajectory
+from earl.runtime.run_config import TrainerConfig
 
 
 @dataclass
