@@ -17,7 +17,7 @@ import random
 import tempfile
 import time
 
-from earl.config import parse_sets
+from earl.config_machinery import parse_sets
 from earl.runtime.envs import make_env
 from earl.runtime.run import resolve_config, train
 from earl.runtime.tokenizer import CharTokenizer, Conversation

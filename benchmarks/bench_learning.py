@@ -13,7 +13,7 @@ import argparse
 import tempfile
 import time
 
-from earl.config import parse_sets
+from earl.config_machinery import parse_sets
 from earl.runtime.run import resolve_config, train
 
 

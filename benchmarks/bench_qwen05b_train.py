@@ -2,7 +2,7 @@
 seconds per step, one process and two, before and after the FSDP2 / bf16-master / chunked
 log-prob work, same configuration, side by side.
 
-The model folder is built once by earl.calibrate.validate.random_checkpoint (bf16 safetensors,
+The model folder is built once by earl.calibrate.host.random_checkpoint (bf16 safetensors,
 the built-in character tokenizer). "before" is an older revision exported with `git archive`
 into a temporary folder (default 9b11102, the runtime before this work), "after" this tree.
 Every run gets the same explicit settings (so the size-dependent defaults of the new tree do
@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--model-dir", default=None, help="where to keep the random model (default: a temp folder)")
     a = ap.parse_args()
-    from earl.calibrate.validate import random_checkpoint
+    from earl.calibrate.host import random_checkpoint
 
     with tempfile.TemporaryDirectory(prefix="earl-bench-05b-") as tmp:
         model = random_checkpoint("qwen2.5-0.5b", Path(a.model_dir or Path(tmp) / "qwen05b"), "bf16")

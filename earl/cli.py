@@ -5,7 +5,7 @@
 Each command only declares its options and calls into the layer that owns the work; that layer
 returns results (or rich tables) and raises ValueError for a user mistake. `user_errors` is the
 one place that turns such an error into one line on stderr and exit code 2, without a traceback.
-Configuration (files, `--set key=value`, key and type checks) is earl.config.
+Configuration (files, `--set key=value`, key and type checks) is earl.config_machinery.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from earl import __version__
-from earl.config import parse_sets
+from earl.config_machinery import parse_sets
 
 # plain (click) help: typer's rich help prints a `<bool>` placeholder after every flag
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -173,44 +173,105 @@ def simulate(
     steps: Optional[int] = typer.Option(None, "--steps", help="training steps (scenario.steps)"),
     out: Optional[str] = typer.Option(None, "--out", help="output folder (default runs/sim-<time>)"),
     compare: bool = typer.Option(False, "--compare", help="run every policy of policy.compare"),
+    single: bool = typer.Option(False, "--single", help="run only the scenario's policy (policy.selector/"
+                                "policy.dispatcher); default: it and EARL's cost-model/layout-aware side "
+                                "by side"),
     fine: bool = typer.Option(False, "--fine", help="one event per decode iteration (slow)"),
     exact: bool = typer.Option(False, "--exact", help="simulate every rollout replica and transfer "
                                "(no replica classes; slow at thousands of GPUs)"),
-    jobs: Optional[str] = typer.Option(None, "--jobs", help="processes for --compare's policies: "
+    jobs: Optional[str] = typer.Option(None, "--jobs", help="processes for the policies: "
                                        "N, 'ray', default the core count"),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="write PNG plots"),
 ) -> None:
-    """Discrete-event simulation of agentic RL training on a GPU cluster."""
+    """Discrete-event simulation of agentic RL training on a GPU cluster. By default the
+    scenario's policy (the baseline) and EARL's selector + dispatcher run side by side on the same
+    seeded workload, and the gain is explained; --single runs one policy, --compare them all."""
     import time
 
     started = time.perf_counter()
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from earl.sim import report
-    from earl.sim.run import check_out_dir, write_outputs
-    from earl.sim.run import simulate as run_simulation
-    from earl.sim.sweep import parse_jobs, require_ray
+    from earl.sim.run import check_out_dir, simulate_job, simulate_policy, write_outputs
+    from earl.sim.sweep import parse_jobs, require_ray, run_jobs
 
+    if compare and single:
+        raise ValueError("--compare runs every policy of policy.compare and --single only the scenario's: "
+                         "choose one")
     n_jobs = parse_jobs(jobs)
     if n_jobs == "ray":
         require_ray()
     sc, pairs = report.prepare(scenario, parse_sets(set_), steps=steps, fine=fine, exact=exact, compare=compare)
-    n_jobs = 1 if len(pairs) == 1 else n_jobs
+    if not compare and not single:
+        pairs = policy_duel(pairs[0])
+    # a small scenario runs here: starting a process costs more than simulating it
+    n_jobs = 1 if len(pairs) == 1 or (n_jobs != "ray" and sc.steps * sc.workload.episodes_per_step
+                                      < PARALLEL_EPISODES) else n_jobs
     out_dir = check_out_dir(out or report.default_out_dir())
     console.print(report.headline(sc, pairs))
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=True) as bar:
         task = bar.add_task("simulating", total=sc.steps * len(pairs))
-
-        def done(res) -> None:  # parallel variants report once, when they finish
-            if n_jobs != 1:
-                bar.update(task, advance=sc.steps, description=f"{res.label} done")
-
-        results = run_simulation(sc, compare=compare, jobs=n_jobs, done=done, progress=lambda label, step: bar.update(
-            task, advance=1, description=f"{label} step {step + 1}/{sc.steps}"))
+        if n_jobs == 1:
+            results = [simulate_policy(sc, sel, disp, progress=lambda label, step: bar.update(
+                task, advance=1, description=f"{label} step {step + 1}/{sc.steps}")) for sel, disp in pairs]
+        else:  # parallel variants report once, when they finish
+            results = run_jobs(simulate_job, [(sc, sel, disp, None) for sel, disp in pairs], n_jobs,
+                               done=lambda i, res: bar.update(task, advance=sc.steps, description=f"{res.label} done"))
     console.print(report.results_table(sc, results))
+    if not compare and not single and len(results) == 2:
+        console.print(explain_gain(results[0].summary, results[1].summary, results[0].rows, results[1].rows))
     console.print(report.outputs_line(write_outputs(sc, results, out_dir, plots=plots), results, plots,
                                       jobs=n_jobs, wall_s=time.perf_counter() - started))
+
+
+PARALLEL_EPISODES = 512  # simulated episodes (steps x per step) from which the policies run in parallel
+GAIN_STAGES = ("rollout_s", "experience_s", "dispatch_s", "train_s", "reshard_s", "sync_s", "restart_s")
+
+
+def policy_duel(baseline: tuple[str, str]) -> list[tuple[str, str]]:
+    """`earl simulate`'s default policies: the scenario's (the baseline), then EARL's selector and
+    dispatcher; one policy when the scenario's already is EARL's."""
+    from earl.policies.registry import EARL_POLICY
+
+    return [baseline] if tuple(baseline) == EARL_POLICY else [tuple(baseline), EARL_POLICY]
+
+
+def explain_gain(base: dict, earl: dict, base_rows: list[dict], earl_rows: list[dict]) -> str:
+    """What EARL's policy gained over the baseline and what caused it: throughput, OOM events
+    avoided, and the stages whose time moved most (mean seconds per step)."""
+    b_tp, e_tp = base["throughput_tokens_per_gpu_s"], earl["throughput_tokens_per_gpu_s"]
+    ratio = f"{e_tp / b_tp:.2f}x" if b_tp else "n/a"
+    lines = [f"[bold]gain[/]: {earl['policy']} trains {e_tp:.1f} tokens/s/GPU vs {b_tp:.1f} for "
+             f"{base['policy']} ({ratio}); s/step {base['step_time_mean_s']:.1f} -> {earl['step_time_mean_s']:.1f}"]
+
+    def per_step(rows: list[dict], col: str) -> float:
+        return sum(r[col] for r in rows) / len(rows) if rows else 0.0
+
+    causes = []
+    if base["oom_events"] != earl["oom_events"]:
+        causes.append(f"OOM events {base['oom_events']} -> {earl['oom_events']}"
+                      f" (steps with one: {base['oom_steps']} -> {earl['oom_steps']})")
+    moved = sorted(((per_step(base_rows, c) - per_step(earl_rows, c), c) for c in GAIN_STAGES),
+                   key=lambda x: -abs(x[0]))
+    for delta, col in moved[:3]:
+        if abs(delta) >= 0.005:
+            causes.append(f"{col.removesuffix('_s')} {per_step(base_rows, col):.2f} -> "
+                          f"{per_step(earl_rows, col):.2f} s/step ({'saved' if delta > 0 else 'added'} "
+                          f"{abs(delta):.2f})")
+    if earl["plan_switches"]:
+        n = earl["plan_switches"]
+        causes.append(f"{n} plan switch{'es' if n != 1 else ''} by the selector")
+    lines.append("  caused by: " + ("; ".join(causes) if causes else "nothing measurable: the policies "
+                                    "chose the same plans on this workload"))
+    used = [c for c in GAIN_STAGES if per_step(base_rows, c) or per_step(earl_rows, c)]
+
+    def stage_cells(rows: list[dict]) -> str:
+        return ", ".join(f"{c.removesuffix('_s')} {per_step(rows, c):.2f}" for c in used)
+
+    lines.append(f"  stage s/step, {base['policy']}: {stage_cells(base_rows)}")
+    lines.append(f"  stage s/step, {earl['policy']}: {stage_cells(earl_rows)}")
+    return "\n".join(lines)
 # </simulate>
 
 # ============================================================================================

@@ -19,6 +19,7 @@ print(rank_coords(P(tp=2, dp=2))[3], shard_bounds(10, 4, 3))"
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from earl.specs import ModelSpec, ParallelPlan
@@ -106,6 +107,25 @@ def rank_coords(plan: ParallelPlan, base_rank: int = 0) -> list[RankCoord]:
 
 
 # --------------------------------------------------------------------------------------------
+# Dealing items (episodes) to replicas
+# --------------------------------------------------------------------------------------------
+def deal(n_items: int, n_bins: int) -> list[list[int]]:
+    """Items 0..n_items-1 dealt round-robin to `n_bins` bins: item i goes to bin i mod n_bins.
+    The one rule by which rollout episodes reach rollout replicas (dp groups): the runtime plays
+    what it deals, the simulator simulates it and dispatch pricing prices it."""
+    if n_bins < 1 or n_items < 0:
+        raise ValueError(f"deal needs n_items >= 0 and n_bins >= 1, got {n_items}, {n_bins}")
+    return [list(range(b, n_items, n_bins)) for b in range(n_bins)]
+
+
+def serving_peer(first_rank: int, tp: int, consumer: int) -> int:
+    """The rank of the tp group starting at `first_rank` (ranks first_rank..first_rank+tp-1, all
+    holding the same data) that sends to `consumer`: the consumer itself when it is one of them
+    (a local copy), else the peer at the consumer's tp offset, so consumers spread over peers."""
+    return consumer if 0 <= consumer - first_rank < tp else first_rank + consumer % tp
+
+
+# --------------------------------------------------------------------------------------------
 # Shard bounds
 # --------------------------------------------------------------------------------------------
 def shard_bounds(n: int, parts: int, i: int) -> tuple[int, int]:
@@ -178,11 +198,13 @@ def local_shape(p: ParamShape, plan: ParallelPlan, rank: int, *, optimizer: bool
     return tuple(shape)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def model_slice(plan: ParallelPlan, rank: int, *, num_layers: int, width: int,
                 optimizer: bool = False) -> tuple[tuple[int, int], tuple[int, int]]:
     """The part of a whole model a rank holds, for pricing: its layer range (pp chunk of
     `num_layers`) and its range of `width` elements per layer (tp chunk; with `optimizer` and a
-    sharded optimizer cut again among the dp x cp ranks sharing the weights, ZeRO)."""
+    sharded optimizer cut again among the dp x cp ranks sharing the weights, ZeRO). Cached: a
+    selector prices the same candidate plans' re-shards every step."""
     c = coord_of(plan, rank)
     layers = shard_bounds(num_layers, plan.pp, c.pp)
     lo, hi = shard_bounds(width, plan.tp, c.tp)

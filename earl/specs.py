@@ -162,7 +162,7 @@ class ModelSpec:
     def from_hf_dict(cfg: dict, *, name: str, source: str = "<dict>") -> ModelSpec:
         """The shapes of an HF config dict; every value type- and range-checked, each error
         naming `source`, the key, the value and what is allowed."""
-        from earl.config import convert
+        from earl.config_machinery import convert
 
         if not isinstance(cfg, dict):
             raise ValueError(f"{source}: a model config must be a JSON object of keys to values, got "

@@ -332,7 +332,7 @@ def test_random_model_config_values_raise_only_value_error(key, value):
 @given(data=st.dictionaries(st.sampled_from(["trainer", "model", "env", "plan", "steps", "seed", "sampling"]),
                             JSON_VALUES, max_size=3))
 def test_random_run_config_shapes_raise_only_value_error(data):
-    from earl.runtime.config import from_dict
+    from earl.runtime.run_config import from_dict
 
     try:
         from_dict(data, where="c.toml")

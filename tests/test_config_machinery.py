@@ -1,4 +1,4 @@
-"""earl.config: one machinery for files, `--set`, keys and types, for any frozen dataclass tree.
+"""earl.config_machinery: one machinery for files, `--set`, keys and types, for any frozen dataclass tree.
 
 Property tests: a random key and value either applies (the field then holds a value of its
 declared type) or raises ValueError naming the key; never another exception type.
@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from earl import config
-from earl.config import apply_overrides, from_mapping, keys_of, load, parse_sets, to_flat
-from earl.runtime.config import RunConfig
+from earl import config_machinery as config
+from earl.config_machinery import apply_overrides, from_mapping, keys_of, load, parse_sets, to_flat
+from earl.runtime.run_config import RunConfig
 from earl.sim import scenario
 
 
@@ -217,8 +217,8 @@ def test_config_imports_without_torch_or_simpy():
     import sys
 
     code = ("import sys\nsys.modules['torch'] = None\nsys.modules['simpy'] = None\n"
-            "import earl.config, earl.runtime.config\n"
-            "from earl.runtime.config import RunConfig\n"
-            "earl.config.apply_overrides(RunConfig(), {'lr': '0.1'})\n")
+            "import earl.config_machinery, earl.runtime.run_config\n"
+            "from earl.runtime.run_config import RunConfig\n"
+            "earl.config_machinery.apply_overrides(RunConfig(), {'lr': '0.1'})\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

@@ -197,3 +197,25 @@ def test_fsdp_shard_error_lists_a_big_model_valid_dp_briefly():
     msg = fsdp_shard_error(ParallelPlan(dp=3, sharded_optimizer=True), shapes)
     assert msg.endswith("valid dp with tp=1 and `zero`: 1, 2, 4, 7, 8, 14, 16, 28, 32, 56, 64, 112, ... "
                         "(20 values: the divisors of 3584) (or drop `zero`)"), msg
+
+
+def test_deal_is_round_robin_and_covers_every_item_once():
+    from earl.parallel import deal
+
+    assert deal(7, 3) == [[0, 3, 6], [1, 4], [2, 5]]
+    assert deal(2, 4) == [[0], [1], [], []]
+    assert deal(0, 2) == [[], []]
+    for n, k in ((10, 1), (33, 8), (5, 5)):
+        bins = deal(n, k)
+        assert sorted(i for b in bins for i in b) == list(range(n))
+        assert all(i % k == b for b, items in enumerate(bins) for i in items)
+    with pytest.raises(ValueError, match="n_bins >= 1"):
+        deal(3, 0)
+
+
+def test_serving_peer_prefers_the_consumer_then_spreads_by_tp_offset():
+    from earl.parallel import serving_peer
+
+    assert serving_peer(4, 2, 5) == 5  # the consumer holds the data itself
+    assert [serving_peer(4, 2, r) for r in (0, 1, 2, 3, 8)] == [4, 5, 4, 5, 4]
+    assert serving_peer(0, 1, 7) == 0

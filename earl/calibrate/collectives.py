@@ -21,6 +21,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+
+from earl.calibrate.fit import fit_affine
+
 OPS = ("p2p", "all_reduce", "all_gather", "all_to_all")
 CPU_SIZES = tuple(2 ** e for e in range(10, 25))  # 1 KiB .. 16 MiB
 CUDA_SIZES = tuple(2 ** e for e in range(10, 31))  # 1 KiB .. 1 GiB
@@ -51,8 +56,6 @@ def bus_bandwidth(op: str, world: int, nbytes: float, time_s: float) -> float:
 
 def _worker(rank: int, world: int, backend: str, store_path: str, sizes: list[int],
             budget_s: float, result_path: str) -> None:
-    import torch
-    import torch.distributed as dist
 
     torch.set_num_threads(1)
     cuda = backend == "nccl"
@@ -163,7 +166,6 @@ def run_collectives(*, backend: str = "gloo", world: int = 2, sizes: tuple[int, 
 
 
 if __name__ == "__main__":
-    from earl.calibrate.fit import fit_affine
 
     res = run_collectives(budget_s=4.0)
     print(f"{res.backend}, {res.world} ranks, {res.wall_s:.1f} s")

@@ -21,14 +21,21 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+import torch.distributed as dist
+from scipy.optimize import least_squares
 
+from earl.calibrate.host import local_cost_model
 from earl.cost_model.dispatch import price_transfer_plan, sync_rounds
-from earl.cost_model.model import CostModel
-from earl.cost_model.profile import DispatchPath, HardwareProfile
+from earl.cost_model.profile import DispatchPath, HardwareProfile, load_profile
+from earl.parallel import coord_of
 from earl.policies.balance import balance_samples, round_robin_samples
 from earl.policies.dispatch import CentralizedDispatcher, LayoutAwareDispatcher
 from earl.policies.types import Layout, Sample, Transfer
-from earl.specs import MODEL_CATALOG, NETWORK_CATALOG, ClusterSpec, ModelSpec, ParallelPlan
+from earl.runtime.advantages import AdvantageSpec, fill_advantages, local_stats
+from earl.runtime.dist import run_local
+from earl.runtime.move_samples import execute_dispatch, pack_transfer, unpack_transfer
+from earl.specs import ParallelPlan
 
 KINDS = ("centralized", "layout-aware")
 # (samples per process, context tokens) measured by `earl calibrate`: small to large payloads
@@ -78,10 +85,9 @@ def transfer_plans(nproc: int, per_rank: int, context: int) -> dict:
 
 
 def _store(samples, src, rank):
-    import torch
 
     out = {}
-    for i in src.assignment[rank // src.plan.tp]:
+    for i in src.assignment[coord_of(src.plan, rank).dp]:
         n = samples[i].tokens
         out[i] = {"input_ids": torch.randint(0, 1000, (n,)), "loss_mask": torch.ones(n, dtype=torch.bool),
                   "old_logprobs": torch.randn(n), "ref_logprobs": torch.randn(n), "rewards": torch.rand(1)}
@@ -92,10 +98,7 @@ def worker(cases, repeats):
     """Runs on every gloo rank: both dispatchers alternating, per case, warm then cold; rank 0's
     answer is {(per_rank, context): {kind: (median slowest-rank seconds, busiest-rank bytes,
     median slowest-rank seconds cold)}}."""
-    import torch
-    import torch.distributed as dist
 
-    from earl.runtime.move_samples import execute_dispatch
 
     rank, world = dist.get_rank(), dist.get_world_size()
     evict = torch.empty(EVICT_BYTES // 4)
@@ -140,7 +143,6 @@ def measure(procs=(2, 4), cases=CASES, repeats: int = 5, trials: int = 3) -> lis
     that had just run the other calibration phases, the centralized controller ran 1.5x faster
     than in any fresh process (8.0 vs 12.0 ms at 4 x 16K), so the fit depended on what ran
     before it."""
-    from earl.runtime.dist import run_local
 
     seen: dict[tuple, list[tuple[float, float, float]]] = {}
     for _ in range(trials):
@@ -153,19 +155,6 @@ def measure(procs=(2, 4), cases=CASES, repeats: int = 5, trials: int = 3) -> lis
                           seconds=statistics.median(s for s, _, _ in v), busiest_bytes=v[0][1],
                           cold_seconds=statistics.median(c for _, _, c in v))
             for (n, per_rank, ctx, k), v in seen.items()]
-
-
-def local_cluster(profile: HardwareProfile, nproc: int) -> ClusterSpec:
-    """`nproc` processes on this one host: one 'node' of `nproc` devices (whatever the profile's
-    gpus_per_node says) joined by loopback: the topology the dispatch path is fitted on, and the
-    one `earl validate --nproc N` simulates."""
-    return ClusterSpec(hardware=profile.hardware, nodes=1, gpus_per_node=nproc, network=NETWORK_CATALOG["loopback"])
-
-
-def local_cost_model(profile: HardwareProfile, nproc: int, spec: ModelSpec | None = None) -> CostModel:
-    """The cost model of `nproc` processes on this one host (one 'node', loopback network)
-    training `spec` (the tiny model by default)."""
-    return CostModel(spec or MODEL_CATALOG["tiny"], local_cluster(profile, nproc), profile)
 
 
 def predict(profile: HardwareProfile, nproc: int, per_rank: int, context: int) -> dict[str, float]:
@@ -186,10 +175,7 @@ def measure_host(repeats: int = 15) -> dict[str, float]:
     """In one process, the executor's own packing and unpacking (per piece and per byte) and
     advantage computation (per sample), fastest of `repeats`: {object_s, copy_bw_bytes_s,
     sample_s}. Quiet and exact where the gloo runs are noisy."""
-    import time
 
-    from earl.runtime.advantages import AdvantageSpec, fill_advantages, local_stats
-    from earl.runtime.move_samples import _pack, _unpack
 
     def fastest(fn) -> float:
         best = math.inf
@@ -208,10 +194,10 @@ def measure_host(repeats: int = 15) -> dict[str, float]:
         ids = tuple(s.id for s in samples)
         names = ("input_ids", "loss_mask", "old_logprobs", "ref_logprobs")
         tr = Transfer(0, 1, ids, names, sum(tokens.values()) * 17, tuple((0, tokens[i]) for i in ids))
-        buf = _pack(tr, store, tokens)
+        buf = pack_transfer(tr, store, tokens)
         # a sent piece is packed and a received one unpacked; a local one is copied once
-        t = (fastest(lambda tr=tr, st=store, tk=tokens: _pack(tr, st, tk))
-             + fastest(lambda tr=tr, b=buf, tk=tokens: _unpack(tr, b, tk, {}, {}))) / 2
+        t = (fastest(lambda tr=tr, st=store, tk=tokens: pack_transfer(tr, st, tk))
+             + fastest(lambda tr=tr, b=buf, tk=tokens: unpack_transfer(tr, b, tk, {}, {}))) / 2
         rows.append((len(ids) * len(names), float(buf.numel()), t))
         per_sample.append(fastest(lambda st=store, sm=samples: fill_advantages(st, sm, local_stats(st, sm, spec), spec))
                           / len(samples))
@@ -231,7 +217,6 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
     centralized controller's extra per-byte cost and the executor's wire bandwidth (with
     `message_only`, the per-message cost alone; the others stay `profile`'s). Returns it and
     its quality {fit_median_err, fit_max_err, n, host_parallel, points}."""
-    from scipy.optimize import least_squares
 
     if not points:
         raise ValueError("fit_dispatch_path needs measured points")
@@ -295,7 +280,6 @@ def calibrate_dispatch(profile: HardwareProfile, budget_s: float = 60.0) -> Hard
 
 
 if __name__ == "__main__":
-    from earl.cost_model.profile import load_profile
 
     prof = load_profile("cpu-measured")
     pts = measure()

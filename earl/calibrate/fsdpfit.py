@@ -19,11 +19,27 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+import torch.distributed as dist
+from scipy.optimize import nnls
+from transformers import AutoModelForCausalLM
 
-from earl.calibrate.dispatchfit import local_cost_model
+from earl.calibrate.host import local_cost_model
 from earl.cost_model.compute import param_tensors
 from earl.cost_model.model import pack_micro_batches
-from earl.cost_model.profile import HardwareProfile
+from earl.cost_model.profile import HardwareProfile, load_profile
+from earl.parallel import build_plan_groups
+from earl.policies.reshard import plan_reshard
+from earl.runtime.dist import run_local
+from earl.runtime.hf_model import Policy, empty_like_policy, hf_config_from_spec
+from earl.runtime.move_weights import execute_reshard
+from earl.runtime.optim import FSDPAdamW, train_step
+from earl.runtime.parallelize import parallelize
+from earl.runtime.rollout import Trajectory
+from earl.runtime.run_config import TrainerConfig
+from earl.runtime.tokenizer import CharTokenizer
+from earl.runtime.tp import param_shapes
+from earl.runtime.trainer import Trainer, collate
 from earl.specs import MODEL_CATALOG, ParallelPlan
 
 MODEL = "tiny"  # the runtime's default model, the one `earl validate --nproc N` runs
@@ -76,10 +92,7 @@ def rank_share(seqs: int, procs: int, rank: int) -> list[int]:
 
 
 def _batch(seqs: int, longest: int, vocab: int):
-    import torch
 
-    from earl.runtime.rollout import Trajectory
-    from earl.runtime.trainer import collate
 
     gen = torch.Generator().manual_seed(0)
     trajs = [Trajectory(episode_id=i, group_id=i // 4,
@@ -105,20 +118,7 @@ def worker(cases, repeats: int) -> dict:
     """One rank (under earl.runtime.dist.run_local): per model depth, the runtime's FSDP2
     training step on each case, then its weight sync to a rollout copy; seconds per repeat
     (the first one a warm-up)."""
-    import torch
-    import torch.distributed as dist
-    from transformers import AutoModelForCausalLM
 
-    from earl.parallel import build_plan_groups
-    from earl.policies.reshard import plan_reshard
-    from earl.runtime.config import TrainerConfig
-    from earl.runtime.hf_model import Policy, empty_like_policy, hf_config_from_spec
-    from earl.runtime.move_weights import execute_reshard
-    from earl.runtime.optim import FSDPAdamW, train_step
-    from earl.runtime.parallelize import parallelize
-    from earl.runtime.tokenizer import CharTokenizer
-    from earl.runtime.tp import param_shapes
-    from earl.runtime.trainer import Trainer
 
     torch.set_num_threads(1)
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -167,7 +167,6 @@ def label(case) -> str:
 
 def measure(procs=PROCS, cases=TRAIN_CASES, repeats: int = REPEATS) -> list[FsdpPoint]:
     """Spawn `procs` local gloo ranks (each count in turn) and measure every case and the sync."""
-    from earl.runtime.dist import run_local
 
     points = []
     for n in procs:
@@ -214,7 +213,6 @@ def fit_constants(points: list[FsdpPoint], fields: tuple[str, ...]) -> dict[str,
     """Non-negative least squares of residual = sum of constant x count over `fields`."""
     if not points:
         return dict.fromkeys(fields, 0.0)
-    from scipy.optimize import nnls
 
     x, _ = nnls(np.array([[p.counts[f] for f in fields] for p in points], dtype=float),
                 np.array([p.residual_s() for p in points], dtype=float))
@@ -254,7 +252,6 @@ def calibrate_fsdp(profile: HardwareProfile, budget_s: float = 30.0) -> Hardware
 
 
 if __name__ == "__main__":
-    from earl.cost_model.profile import load_profile
 
     prof = load_profile("cpu-measured")
     fields, q = fit_fsdp_costs(prof, measure())

@@ -17,17 +17,34 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import simpy
 import torch
+from scipy.optimize import nnls
+from transformers import AutoModelForCausalLM
 
+from earl.calibrate.host import random_checkpoint
 from earl.calibrate.timing import host_clock, synchronize
+from earl.cost_model import CostModel
 from earl.cost_model.compute import param_tensors
-from earl.cost_model.profile import HardwareProfile
-from earl.specs import MODEL_CATALOG, ModelSpec
+from earl.cost_model.profile import HardwareProfile, load_profile
+from earl.policies import make_dispatcher
+from earl.policies.types import Sample
+from earl.runtime.hf_model import hf_config_from_spec
+from earl.runtime.rollout import Trajectory, Turn
+from earl.runtime.run import process_group
+from earl.runtime.run_config import EnvConfig, ModelConfig, PolicyConfig, RunConfig, TrainerConfig
+from earl.runtime.step import SampleMeta, StepContext, experience, play
+from earl.runtime.step import train as train_stage
+from earl.runtime.worker import ONE, Worker
+from earl.sim.replica import TurnSyncReplica
+from earl.sim.workload import Episode
+from earl.specs import MODEL_CATALOG, ClusterSpec, ModelSpec, ParallelPlan, StagePlan
 
 # (seqs, mean length) of the synthetic batches; model for the passes; optimizer depths
 CASES = {
@@ -70,7 +87,6 @@ class HostCostFit:
 def synthetic_trajectories(n: int, length: int, vocab: int, gen: torch.Generator):
     """`n` episodes of about `length` tokens (0.75x-1.25x), TURNS model turns each, in groups of
     GROUP, shaped like the runtime's rollouts (prompt, then generated / observation segments)."""
-    from earl.runtime.rollout import Trajectory, Turn
 
     out = []
     lengths = (length * (0.75 + 0.5 * torch.rand(n, generator=gen))).long().clamp(min=4 * TURNS).tolist()
@@ -92,9 +108,7 @@ def synthetic_trajectories(n: int, length: int, vocab: int, gen: torch.Generator
 
 
 def _model(spec: ModelSpec, device: torch.device, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM
 
-    from earl.runtime.hf_model import hf_config_from_spec
 
     cfg = hf_config_from_spec(spec, {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype])
     with torch.random.fork_rng(devices=[]), torch.device(device):
@@ -103,7 +117,6 @@ def _model(spec: ModelSpec, device: torch.device, dtype: torch.dtype):
 
 
 def _nnls(rows: list[list[float]], y: list[float]) -> list[float]:
-    from scipy.optimize import nnls
 
     x, _ = nnls(np.array(rows, dtype=float), np.array(y, dtype=float))
     return [float(v) for v in x]
@@ -125,11 +138,6 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
     dispatch, training step) a few times and keeps each part's median: every part then meets
     the caches the previous stages left, as in `earl run` (timing one function in a tight loop
     finds them warm and reads ~2x low for small host-bound work)."""
-    from earl.cost_model import CostModel
-    from earl.policies import make_dispatcher
-    from earl.policies.types import Sample
-    from earl.runtime.config import EnvConfig, RunConfig, TrainerConfig
-    from earl.specs import ClusterSpec, ParallelPlan
 
     cases = CASES[device.type]
     deadline = time.perf_counter() + budget_s
@@ -172,14 +180,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
     opt_step_s, opt_tensor_s = _nnls(rows, ys)
 
     # 2. the runtime's own stage functions (earl.runtime.step) on a one-process worker
-    import tempfile
 
-    from earl.runtime.config import ModelConfig, PolicyConfig
-    from earl.runtime.run import process_group
-    from earl.runtime.step import SampleMeta, StepContext, experience, play
-    from earl.runtime.step import train as train_stage
-    from earl.runtime.worker import ONE, Worker
-    from earl.specs import StagePlan
 
     with contextlib.ExitStack() as stack:  # the one-rank process group and the temp folder end here
         stack.enter_context(process_group())
@@ -187,7 +188,6 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="earl-hostcost-"))
         path = cases["model"]
         if path not in ("tiny",):
-            from earl.calibrate.validate import random_checkpoint
 
             path = str(random_checkpoint(cases["model"], Path(tmp) / "model", dtype_name, device.type))
         run_cfg = RunConfig(model=ModelConfig(path=path, dtype=dtype_name, device=device.type),
@@ -271,10 +271,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
 def _sim_rollout(cm, trajs, engine_batch: int) -> float:
     """Seconds the simulator's model of the runtime engine (TurnSyncReplica) gives these
     episodes, without the rollout-level terms being fitted."""
-    import simpy
 
-    from earl.sim.replica import TurnSyncReplica
-    from earl.sim.workload import Episode
 
     bare = cm.with_profile(dataclasses.replace(cm.profile, rollout_fixed_s=0.0, rollout_batch_s=0.0,
                                                rollout_episode_s=0.0))
@@ -292,7 +289,6 @@ def cases_count(device: torch.device) -> int:
 
 
 if __name__ == "__main__":
-    from earl.cost_model.profile import load_profile
 
     torch.set_num_threads(1)
     fit = measure_host_costs(device=torch.device("cpu"), dtype=torch.float32,

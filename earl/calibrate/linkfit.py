@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import least_squares
 
-from earl.calibrate.collectives import OPS, CollectiveResult
+from earl.calibrate.collectives import OPS, CollectiveResult, run_collectives
 from earl.calibrate.fit import fit_affine, split_holdout
 from earl.cost_model import comm
 from earl.cost_model.profile import LinkParams
@@ -109,7 +109,6 @@ def fit_link(res: CollectiveResult) -> LinkFit:
 
 
 if __name__ == "__main__":
-    from earl.calibrate.collectives import run_collectives
 
     lf = fit_link(run_collectives(budget_s=4.0))
     for op, ol in lf.ops.items():

@@ -25,11 +25,17 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from scipy.optimize import nnls
+from transformers import AutoModelForCausalLM
 
 from earl.calibrate.timing import time_calls, time_host
+from earl.cost_model import CostModel
 from earl.cost_model.compute import OPS_PER_LAYER, causal_pairs, forward_pass
-from earl.cost_model.profile import EfficiencyCurve, HardwareProfile
-from earl.specs import MODEL_CATALOG
+from earl.cost_model.profile import EfficiencyCurve, HardwareProfile, load_profile
+from earl.runtime.engine import SamplingParams, TorchEngine
+from earl.runtime.hf_model import cache_kwarg, hf_config_from_spec
+from earl.runtime.tokenizer import CharTokenizer
+from earl.specs import MODEL_CATALOG, ClusterSpec
 
 CPU_CASES = {"models": ("tiny", "tiny-wide"),
              # (batch, tokens); the extremes first: a budget-cut run still fits on a spread of sizes
@@ -87,9 +93,7 @@ class OverheadFit:
 
 
 def _build(name: str, device: torch.device, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM
 
-    from earl.runtime.hf_model import hf_config_from_spec
 
     spec = MODEL_CATALOG[name]
     cfg = hf_config_from_spec(spec, {torch.float32: "fp32", torch.bfloat16: "bf16",
@@ -103,7 +107,6 @@ def _build(name: str, device: torch.device, dtype: torch.dtype):
 def measure_forward_points(*, device: torch.device, dtype: torch.dtype, prof: HardwareProfile,
                            budget_s: float, on_case=None) -> list[ForwardPoint]:
     """Time prefill and decode forwards of the device's models until `budget_s` is spent."""
-    from earl.runtime.hf_model import cache_kwarg
 
     cases = CPU_CASES if device.type == "cpu" else CUDA_CASES
     bare = dataclasses.replace(prof, op_overhead_s=0.0, elementwise=None)
@@ -167,7 +170,6 @@ def fit_overhead(points: list[ForwardPoint], *, floor_s: float = 0.0) -> Overhea
 def _fit_forward(points: list[ForwardPoint], floor_s: float = 0.0) -> tuple[float, float]:
     """(op_overhead_s >= floor_s, elementwise factor >= 0) minimising the relative error; a
     factor of 1 (the copy curve) when the points carry no elementwise time to fit it on."""
-    from scipy.optimize import nnls
 
     t = np.array([p.time_s for p in points])
     rest = np.array([p.explained_s - p.elementwise_s + floor_s * p.ops for p in points])
@@ -215,12 +217,7 @@ def measure_engine(*, device: torch.device, dtype: torch.dtype, prof: HardwarePr
     and all): a turn of ENGINE_NEW tokens less a turn of one gives the decode iterations, the
     turn of one (a prefill and a sample) gives the per-turn cost; each is compared with the
     cost model's forwards at that batch and context."""
-    from scipy.optimize import nnls
 
-    from earl.cost_model import CostModel
-    from earl.runtime.engine import SamplingParams, TorchEngine
-    from earl.runtime.tokenizer import CharTokenizer
-    from earl.specs import ClusterSpec
 
     name, cases = ENGINE_CASES[device.type]
     spec, model = _build(name, device, dtype)
@@ -266,7 +263,6 @@ def cases_count(device: torch.device) -> int:
 
 
 if __name__ == "__main__":
-    from earl.cost_model.profile import load_profile
 
     torch.set_num_threads(1)
     pts = measure_forward_points(device=torch.device("cpu"), dtype=torch.float32,

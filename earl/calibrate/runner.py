@@ -15,21 +15,23 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import platform
-import subprocess
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as RichBars
 
-from earl.calibrate import bench, hostcost, overhead
+from earl.calibrate import bench, dispatchfit, fsdpfit, hostcost, overhead
 from earl.calibrate.collectives import CPU_SIZES, CUDA_SIZES, CollectiveResult, run_collectives
 from earl.calibrate.fit import AffineFit, fit_affine
+from earl.calibrate.host import current_stamp
 from earl.calibrate.linkfit import LinkFit, fit_link
-from earl.calibrate.report import roofline_checks
+from earl.calibrate.report import roofline_checks, write_measurements
 from earl.calibrate.timing import resolve_device, resolve_dtype
-from earl.cost_model.profile import HardwareProfile, datasheet_profile, environment_stamp, load_profile
+from earl.cost_model.profile import HardwareProfile, datasheet_profile, load_profile
+from earl.outputs import check_out_file
 from earl.specs import HARDWARE_CATALOG, HardwareSpec
 
 PHASES = ("matmul", "attention", "memory", "collectives", "overhead", "runtime", "dispatch", "fsdp")
@@ -66,38 +68,6 @@ class Progress:
 
     def step(self, name: str, label: str) -> None:
         """One step of phase `name` finished (or was skipped for lack of budget)."""
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
-
-
-def driver_version(device: torch.device) -> str:
-    if device.type != "cuda":
-        return "n/a"
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10, check=True).stdout
-        return out.splitlines()[0].strip() if out.strip() else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def current_stamp(device: str = "cpu", attention_backend: str = "unknown") -> dict:
-    """The stamp a profile measured here and now would carry (compare with `check_stamp`)."""
-    dev = resolve_device(device)
-    stamp = environment_stamp(device_name(dev), attention_backend)
-    stamp["driver"] = driver_version(dev)
-    return stamp
 
 
 def base_hardware(device: torch.device) -> HardwareSpec:
@@ -239,7 +209,6 @@ def _fit_dispatch_path(res: CalibrationResult, budget_s: float, progress: Progre
     """The dispatch path (earl.calibrate.dispatchfit): the runtime's dispatch executor on 2 and
     4 local gloo processes (CPU tensors, whatever the device), fitted through the one dispatch
     price on the links measured so far."""
-    from earl.calibrate import dispatchfit
 
     progress.phase("dispatch", 1)
     prof = dispatchfit.calibrate_dispatch(res.profile, budget_s)
@@ -252,7 +221,6 @@ def _fit_fsdp(res: CalibrationResult, dev, budget_s: float, progress: Progress) 
     """The multi-process runtime's FSDP2 host costs (earl.calibrate.fsdpfit): its training step
     and weight sync on 2 and 4 local gloo ranks, fitted on the profile measured so far. CPU
     only (on CUDA the ranks would run NCCL, one GPU each); elsewhere the terms stay 0."""
-    from earl.calibrate import fsdpfit
 
     progress.phase("fsdp", 1)
     if dev.type != "cpu":
@@ -381,16 +349,12 @@ def calibrate_to_file(*, device: str = "cpu", budget_s: float = 90.0, out: str |
                       force: bool = False) -> tuple[CalibrationResult, str]:
     """`earl calibrate`: measure, fit, save the profile to `out` (default ./earl-profile-<device>.json)
     and the raw points to `measurements` if given; progress bars on the rich `console`."""
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-    from rich.progress import Progress as RichBars
 
-    from earl.calibrate.report import write_measurements
 
     chosen = parse_phases(phases)
     out_path = out or default_out(device)
     if not out_path.endswith(".json"):
         raise ValueError(f"--out {out_path!r} must name a .json file")
-    from earl.outputs import check_out_file
 
     check_out_file(out_path, force=force)  # before measuring: nothing replaced unless --force
     if measurements:

@@ -16,19 +16,34 @@ docs/calibration.md, "Design notes".
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import math
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
+from rich.table import Table
+from scipy.stats import kendalltau
 
-from earl.calibrate.dispatchfit import local_cluster
-from earl.config import parse_sets
+from earl.calibrate.host import current_stamp, local_cluster, random_checkpoint, sim_engine
+from earl.config_machinery import parse_sets
 from earl.cost_model import CostModel
 from earl.cost_model.profile import HardwareProfile, check_stamp, datasheet_profile, load_profile
-from earl.specs import MODEL_CATALOG, ModelSpec, ParallelPlan, Stage
-from earl.trace import atomic_write_text
+from earl.outputs import check_out_dir
+from earl.runtime.hf_model import BUILTIN_MODELS
+from earl.runtime.launch import launch
+from earl.runtime.metrics import read_metrics
+from earl.runtime.resources import check_resources
+from earl.runtime.run import initial_plans, resolve_config, train
+from earl.runtime.run_config import apply_overrides
+from earl.sim.scenario import Scenario
+from earl.sim.simulation import Simulation
+from earl.sim.workload import WorkloadSpec, load_trace
+from earl.specs import HARDWARE_CATALOG, MODEL_CATALOG, ModelSpec, ParallelPlan, Stage
+from earl.trace import atomic_write_text, read_chrome_trace
 
 STAGES = ("rollout", "experience", "dispatch", "train", "reshard")  # the runtime's span stages
 # stages whose ranks wait for one another at their start (collective moves): each rank's span
@@ -116,31 +131,9 @@ def stage_table(variants: list[VariantResult]) -> list[dict]:
 def kendall_tau(a: list[float], b: list[float]) -> float | None:
     if len(a) < 2:
         return None
-    from scipy.stats import kendalltau
 
     tau = kendalltau(a, b).statistic
     return None if tau is None or math.isnan(tau) else float(tau)
-
-
-def random_checkpoint(name: str, directory: Path, dtype: str, device: str = "cpu") -> Path:
-    """A random-initialised HF checkpoint of a catalog model's shapes (no weights downloaded),
-    with the runtime's built-in tokenizer, so the runtime can load a real-size model. The
-    weights are initialised on `device` (a GPU does a 1.5B model in a second)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from earl.runtime.hf_model import TORCH_DTYPES, Policy, hf_config_from_spec, save_hf
-    from earl.runtime.tokenizer import CharTokenizer
-
-    if (directory / "config.json").is_file():
-        return directory
-    spec = MODEL_CATALOG[name]
-    cfg = hf_config_from_spec(spec, dtype)
-    with torch.random.fork_rng(devices=[]), torch.device(device):
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(cfg, dtype=TORCH_DTYPES[dtype])
-    save_hf(Policy(model=model, tokenizer=CharTokenizer(), spec=spec, source=name), directory)
-    return directory
 
 
 def check_nproc(nproc) -> int:
@@ -153,7 +146,6 @@ def check_nproc(nproc) -> int:
 
 def initial_run_plans(cfg, nproc: int) -> dict[str, ParallelPlan]:
     """stage -> the plan the runtime starts each stage on (earl.runtime.run.initial_plans)."""
-    from earl.runtime.run import initial_plans
 
     plans = initial_plans(cfg, nproc)
     return {s.value: plans.for_stage(s) for s in Stage}
@@ -181,9 +173,6 @@ def plan_mismatches(measured: list[dict[str, ParallelPlan]], sim_rows: list[dict
 
 
 def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: int, nproc: int = 1) -> list[dict]:
-    from earl.sim.scenario import Scenario
-    from earl.sim.simulation import Simulation
-    from earl.sim.workload import WorkloadSpec, load_trace
 
     cm = CostModel(spec, local_cluster(prof, nproc), prof)
     episodes = cfg.episodes_per_step
@@ -205,10 +194,10 @@ def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: i
                   selector=cfg.policy.selector, dispatcher=cfg.policy.dispatcher,
                   max_num_seqs=cfg.engine_batch or episodes,
                   logprob_passes=2 if cfg.trainer.kl_coef else 1)
-    # the PyTorch runtime's engine plays turns in lockstep; its micro-batches are padded
-    engine = "turn-sync" if cfg.engine == "pytorch" else "continuous"
-    sim = Simulation(sc, cfg.policy.selector, cfg.policy.dispatcher, cost_model=cm, engine=engine, padded=True,
-                     token_budget=cfg.trainer.token_budget, fsdp=True, handoff=True,
+    # the runtime engine's simulator model (continuous batching unless pytorch-static); the
+    # runtime's micro-batches are padded
+    sim = Simulation(sc, cfg.policy.selector, cfg.policy.dispatcher, cost_model=cm, engine=sim_engine(cfg.engine),
+                     padded=True, token_budget=cfg.trainer.token_budget, fsdp=True, handoff=True,
                      head_on="generated", train_placement="balanced").run()
     return sim.rows
 
@@ -240,13 +229,9 @@ def measured_stages(spans, steps: list[int]) -> list[dict]:
 def _run_runtime(cfg, run_dir: Path, nproc: int) -> list[dict]:
     """The runtime's metrics rows: in this process (one), or under torchrun as `earl run --nproc`."""
     if nproc == 1:
-        from earl.runtime.run import train
 
         return train(cfg, run_dir, progress=False, echo=lambda *_: None).metrics
-    import subprocess
 
-    from earl.runtime.launch import launch
-    from earl.runtime.metrics import read_metrics
 
     code = launch(dataclasses.replace(cfg, nproc=nproc), run_dir, stdout=subprocess.DEVNULL)
     if code != 0:
@@ -263,14 +248,11 @@ def host_stretch(prof: HardwareProfile, nproc: int, device: str) -> float:
 
 def run_variant(cfg, name: str, overrides: dict, out_dir: Path, prof: HardwareProfile,
                 sheet: HardwareProfile, warmup_steps: int, nproc: int = 1) -> VariantResult:
-    from earl.trace import read_chrome_trace
 
     run_dir = out_dir / "runs" / name.replace("=", "-").replace(",", "_")
     device = "cuda" if str(cfg.model.device).startswith("cuda") else "cpu"
     if device == "cuda":
-        import gc
 
-        import torch
 
         gc.collect()
         torch.cuda.empty_cache()
@@ -319,7 +301,6 @@ def validation_config(config_file: str | None = None, sets: dict | None = None, 
                       dtype: str | None = None):
     """`earl validate`'s run config: the file (or the default), `--set`s, then `--device` (cuda
     defaults the dtype to bf16) and `--dtype`; a cuda device must be present."""
-    from earl.runtime.run import resolve_config
 
     overrides = dict(sets or {})
     if device is not None:
@@ -332,7 +313,6 @@ def validation_config(config_file: str | None = None, sets: dict | None = None, 
         overrides["model.dtype"] = dtype
     cfg = resolve_config(config_file, overrides=overrides)
     if str(cfg.model.device).startswith("cuda"):
-        import torch
 
         if not torch.cuda.is_available():
             raise ValueError("device 'cuda' is not available here; use --device cpu")
@@ -346,21 +326,17 @@ def run_validation(*, config, profile: str, steps: int = 4, warmup_steps: int = 
     `model`: a runtime model (built-in name or checkpoint dir) or any catalog name, for which
     a random-initialised checkpoint of that shape is written under `out_dir/model`. `nproc`: the
     runtime's processes (1, or 2 / 4 under torchrun); the simulator prices as many devices."""
-    from earl.runtime.config import apply_overrides
-    from earl.runtime.hf_model import BUILTIN_MODELS
 
     check_nproc(nproc)
     if steps < warmup_steps + 1:
         raise ValueError(f"--steps {steps} leaves nothing to score after {warmup_steps} warm-up "
                          f"step(s); use --steps >= {warmup_steps + 1}")
-    from earl.outputs import check_out_dir
 
     out = check_out_dir(out_dir)
     prof = load_profile(profile)
     for _, ov in variants or []:
         apply_overrides(config, ov, where="--variants")  # a typo in a variant fails before anything runs
     if model and model.lower() in MODEL_CATALOG and model.lower() not in BUILTIN_MODELS:
-        from earl.runtime.resources import check_resources
 
         check_resources(config, MODEL_CATALOG[model.lower()], nproc)  # before writing a random checkpoint
         model = str(random_checkpoint(model.lower(), out / "model", config.model.dtype,
@@ -368,7 +344,6 @@ def run_validation(*, config, profile: str, steps: int = 4, warmup_steps: int = 
     if model:
         config = apply_overrides(config, {"model.path": model})
     device = "cuda" if str(config.model.device).startswith("cuda") else "cpu"
-    from earl.calibrate.runner import current_stamp
 
     check_stamp(prof, current_stamp(device))  # a mismatch warns; it never silently guesses
     if device == "cpu" and prof.stamp.get("threads") and config.threads != prof.stamp["threads"]:
@@ -376,7 +351,6 @@ def run_validation(*, config, profile: str, steps: int = 4, warmup_steps: int = 
         config = apply_overrides(config, {"threads": prof.stamp["threads"]})
     sheet_name = prof.hardware.name if prof.hardware.name in ("cpu", "a100-sxm-80gb", "h100-sxm-80gb",
                                                               "h200-sxm-141gb") else "h100-sxm-80gb"
-    from earl.specs import HARDWARE_CATALOG
 
     sheet = datasheet_profile(HARDWARE_CATALOG[sheet_name])
     results = []
@@ -398,7 +372,6 @@ def run_validation(*, config, profile: str, steps: int = 4, warmup_steps: int = 
 
 def validation_table(res: ValidationResult, hardware: str, scored_steps: int):
     """Predicted vs measured time per stage and peak memory per variant (what the CLI prints)."""
-    from rich.table import Table
 
     t = Table(title=f"earl validate ({res.device} x{res.nproc}, profile {hardware}, {len(res.variants)} variant(s), "
                     f"{scored_steps} scored step(s) each)")

@@ -30,7 +30,6 @@ FSDP_STEP_ALLREDUCES = 4
 SCALAR_BYTES = 16  # bytes of one of those all-reduces (a few fp64 scalars)
 
 STAGES = ("prefill", "decode", "logprob", "train", "reshard", "dispatch")
-DISPATCHERS = ("centralized", "layout-aware")  # priced by earl.cost_model.dispatch on their TransferPlan
 
 
 @dataclass
@@ -544,20 +543,27 @@ class CostModel:
                         extras={"bytes_per_gpu": worst, "bytes_total": moved, "link_bw_bytes_s": link.bw_bytes_s})
 
 
-def pack_micro_batches(lengths, token_budget: int) -> list[list[int]]:
-    """Lengths grouped as the PyTorch runtime packs micro-batches (earl.runtime.trainer.
-    micro_batches): longest first, a row joins while rows x longest row <= token_budget (a
-    longer row goes alone). Each group is sorted ascending."""
+def micro_batches(lengths, token_budget: int) -> list[list[int]]:
+    """The one micro-batch packing rule (the PyTorch runtime's trainer packs by it, the cost
+    model prices it): row indices grouped so that rows x longest row <= token_budget (a longer
+    row goes alone). Rows are taken longest first (ties by index), which keeps padding low."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     out: list[list[int]] = []
     cur: list[int] = []
-    for n in sorted(lengths, reverse=True):
-        if cur and (len(cur) + 1) * cur[0] > token_budget:
-            out.append(sorted(cur))
+    for i in order:
+        if cur and (len(cur) + 1) * lengths[cur[0]] > token_budget:  # cur[0] is its longest row
+            out.append(cur)
             cur = []
-        cur.append(n)
+        cur.append(i)
     if cur:
-        out.append(sorted(cur))
+        out.append(cur)
     return out
+
+
+def pack_micro_batches(lengths, token_budget: int) -> list[list[int]]:
+    """The lengths of each of `micro_batches`' groups, each sorted ascending."""
+    lengths = list(lengths)
+    return [sorted(lengths[i] for i in g) for g in micro_batches(lengths, token_budget)]
 
 
 def head_tokens(tokens: float, head_frac: float | None) -> float:

@@ -239,7 +239,7 @@ class HardwareProfile:
     def from_dict(d: dict, source: str = "<dict>") -> HardwareProfile:
         """A profile from its JSON form; every section, key, type and range checked, each error
         one line naming `source`, the key, the bad value and what is allowed."""
-        from earl.config import build, convert
+        from earl.config_machinery import build, convert
 
         if not isinstance(d, dict):
             raise ValueError(f"{source}: a hardware profile must be a JSON object of keys to values, got "
@@ -305,7 +305,7 @@ def _dispatch_path(d: dict | None, source: str = "<dict>") -> DispatchPath:
     """A profile's dispatch path, checked like every other section (a missing or null
     controller_bw_bytes_s is "no extra controller cost"); defaults for profiles written before
     it existed."""
-    from earl.config import build, convert
+    from earl.config_machinery import build, convert
 
     if not d:
         return DispatchPath()

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from earl.parallel import deal
 from earl.policies.types import Sample
 
 Assignment = tuple[tuple[int, ...], ...]
@@ -118,12 +119,9 @@ def assignment_of(owner, tokens, dp: int, ids) -> Assignment:
 def round_robin_samples(samples: Sequence[Sample], dp: int) -> tuple[Assignment, float]:
     """The baseline: sample i goes to group i mod dp, whatever its length."""
     _check(samples, dp)
-    groups: list[list[int]] = [[] for _ in range(dp)]
-    loads = [0] * dp
-    for i, s in enumerate(samples):
-        groups[i % dp].append(s.id)
-        loads[i % dp] += s.tokens
-    return tuple(tuple(g) for g in groups), imbalance_ratio(loads)
+    bins = deal(len(samples), dp)
+    return (tuple(tuple(samples[i].id for i in b) for b in bins),
+            imbalance_ratio([sum(samples[i].tokens for i in b) for b in bins]))
 
 
 def balance_aligned(samples: Sequence[Sample], dp: int, src_assignment: Assignment

@@ -21,6 +21,7 @@ import gc
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 
+from earl.parallel import rank_of, serving_peer
 from earl.policies.types import (
     TENSOR_BYTES_PER_SAMPLE,
     TENSOR_BYTES_PER_TOKEN,
@@ -103,7 +104,7 @@ def share_ranks(dst: Layout, d: int, c: int) -> Iterator[tuple[int, tuple[str, .
     for p in range(plan.pp):
         tensors = consumer_tensors(plan.pp, p)
         if tensors:
-            first = dst.base_rank + ((d * plan.pp + p) * plan.cp + c) * plan.tp
+            first = rank_of(plan, dp=d, pp=p, cp=c, base_rank=dst.base_rank)
             for t in range(plan.tp):
                 yield first + t, tensors
 
@@ -131,7 +132,7 @@ def _transfer(src: int, dst: int, ids: list[int], ranges: list[tuple[int, int]],
 def _producer_first_rank(src: Layout, group: int, cp_index: int) -> int:
     """The tp-0 rank of the last pipeline stage holding cp share `cp_index` of dp `group`."""
     p = src.plan
-    return src.base_rank + ((group * p.pp + p.pp - 1) * p.cp + cp_index) * p.tp
+    return rank_of(p, dp=group, pp=p.pp - 1, cp=cp_index, base_rank=src.base_rank)
 
 
 class Dispatcher:
@@ -216,7 +217,7 @@ class LayoutAwareDispatcher(Dispatcher):
                 for first, g_ids, g_ranges, ntok in groups:
                     # Any tp peer of the producer holds the share: take the consumer itself when
                     # it is one (a local copy), else spread consumers over the peers.
-                    s = rank if 0 <= rank - first < sp.tp else first + rank % sp.tp
+                    s = serving_peer(first, sp.tp, rank)
                     transfers.append(Transfer(s, rank, g_ids, tensors, ntok * bpt, g_ranges))
         groups = len({s.group for s in samples})
         return TransferPlan(kind=self.name, controller=ctrl, phases=[transfers],

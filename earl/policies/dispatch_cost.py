@@ -4,9 +4,10 @@ studies call `estimate_dispatch`; the simulator and the benchmark build their ow
 call the pricing function on the plan they make.
 
 Layouts for a what-if (`dispatch_layouts`): `batch` samples of `context` tokens, GRPO groups of
-`group_size`; producer dp group d holds a contiguous block of them (rollout hands each replica a
-run of prompts); the training layout places sample i on dp group i mod dp (token-balanced for
-equal lengths, and independent of who produced it: the general case a re-shard creates).
+`group_size`; producer dp group d holds what rollout deals it (`earl.parallel.deal`: sample i on
+replica i mod dp, as the runtime and the simulator deal episodes); the training layout gives dp
+group d a contiguous block of them (token-balanced for equal lengths, and independent of who
+produced them: the general case a re-shard creates, where most samples change hands).
 
     earl estimate dispatch --model qwen2.5-72b --gpus 128 --tp 4 --batch 1024 --context 16384 \
         --dispatcher layout-aware --network tcp-200g
@@ -18,7 +19,7 @@ from functools import lru_cache
 
 from earl.cost_model.dispatch import price_transfer_plan
 from earl.cost_model.model import CostModel, Estimate
-from earl.parallel import validate_plan
+from earl.parallel import deal, validate_plan
 from earl.policies.registry import make_dispatcher
 from earl.policies.types import Layout, Sample
 from earl.specs import ParallelPlan
@@ -30,9 +31,9 @@ def dispatch_layouts(src: ParallelPlan, dst: ParallelPlan, batch: int, context: 
     if batch < 1 or context < 1:
         raise ValueError(f"dispatch needs batch >= 1 and context >= 1, got {batch}, {context}")
     samples = [Sample(id=i, tokens=context, group=i // group_size) for i in range(batch)]
-    block = -(-batch // src.dp)
-    src_assign = tuple(tuple(range(d * block, min(batch, (d + 1) * block))) for d in range(src.dp))
-    dst_assign = tuple(tuple(range(d, batch, dst.dp)) for d in range(dst.dp))
+    src_assign = tuple(tuple(b) for b in deal(batch, src.dp))
+    block = -(-batch // dst.dp)
+    dst_assign = tuple(tuple(range(d * block, min(batch, (d + 1) * block))) for d in range(dst.dp))
     return samples, Layout(src, src_assign), Layout(dst, dst_assign)
 
 

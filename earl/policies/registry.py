@@ -18,6 +18,7 @@ DISPATCHERS: dict[str, type[Dispatcher]] = {
     "centralized": CentralizedDispatcher,
     "layout-aware": LayoutAwareDispatcher,
 }
+EARL_POLICY = ("cost-model", "layout-aware")  # EARL's (selector, dispatcher): what `earl simulate` shows
 
 
 def _lookup(kind: str, registry: dict, name: str):

@@ -19,6 +19,18 @@ from earl.specs import ParallelPlan
 OPT_SEP = "/"  # optimizer-state tensors are named "<param>/<state>", e.g. "w/exp_avg"
 
 
+def opt_name(param: str, state: str) -> str:
+    """The name of optimizer state `state` of parameter `param`: "w", "exp_avg" -> "w/exp_avg"."""
+    return f"{param}{OPT_SEP}{state}"
+
+
+def param_of(name: str) -> tuple[str, bool]:
+    """The parameter a tensor name belongs to, and whether it is optimizer state:
+    "w/exp_avg" -> ("w", True); "w" -> ("w", False)."""
+    param, sep, _ = name.partition(OPT_SEP)
+    return param, bool(sep)
+
+
 def _plan_tensor(name: str, p: ParamShape, src: dict[int, tuple[int, int]],
                  dst: dict[int, tuple[int, int]], load: dict[int, int]) -> list[SliceTransfer]:
     """Cover every destination range from source ranges; prefer a local copy, else the least
@@ -63,7 +75,7 @@ def plan_reshard(param_shapes: dict[str, ParamShape], src_plan: ParallelPlan,
         q = p if optimizer_itemsize is None else ParamShape(shape=p.shape, tp_dim=p.tp_dim,
                                                             itemsize=optimizer_itemsize)
         for state in optimizer_states:
-            transfers += _plan_tensor(f"{name}{OPT_SEP}{state}", q,
+            transfers += _plan_tensor(opt_name(name, state), q,
                                       holdings(q, src_plan, optimizer=True),
                                       holdings(q, dst_plan, optimizer=True), load)
     return ReshardPlan(src_plan=src_plan, dst_plan=dst_plan, transfers=transfers)

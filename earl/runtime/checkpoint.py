@@ -33,6 +33,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from earl.parallel import ParamShape, build_mesh, check_tp_dp, local_bounds, local_shape, placements
+from earl.policies.reshard import param_of
 from earl.specs import ParallelPlan
 from earl.trace import atomic_write_text
 
@@ -42,7 +43,6 @@ LATEST = "latest"
 META = "meta.json"
 STEP_RE = re.compile(r"^step-(\d{6,})$")
 RESERVED = ("format_version", "step", "optimizer_step", "layout")
-OPT_SEP = "/"  # optimizer tensors are "<param>/<state>", e.g. "model.norm.weight/exp_avg"
 
 
 @dataclass
@@ -81,10 +81,6 @@ def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def _param_of(key: str) -> str:
-    return key.split(OPT_SEP, 1)[0]
-
-
 def _dcp_state(params: dict, optimizer: dict, shapes: dict[str, ParamShape], plan: ParallelPlan,
                rank: int) -> dict:
     """DCP's state dict: local tensors, as DTensors on the plan's mesh under a process group,
@@ -93,7 +89,7 @@ def _dcp_state(params: dict, optimizer: dict, shapes: dict[str, ParamShape], pla
     for prefix, tensors, opt in (("params", params, False), ("optimizer", optimizer, True)):
         for key in sorted(tensors):
             t = tensors[key]
-            name = _param_of(key) if opt else key
+            name = param_of(key)[0] if opt else key
             if name not in shapes:
                 raise ValueError(f"tensor {key!r} has no entry in `shapes`")
             p = shapes[name]
@@ -354,7 +350,7 @@ def load_checkpoint(path: str | Path, *, shapes: dict[str, ParamShape], plan: Pa
     opt_keys = sorted(layout["optimizer"]) if with_optimizer else []
     params = {n: torch.empty(local_shape(shapes[n], plan, rank, optimizer=False), dtype=dtypes[n], device=device)
               for n in sorted(shapes)}
-    optimizer = {k: torch.empty(local_shape(shapes[_param_of(k)], plan, rank, optimizer=True),
+    optimizer = {k: torch.empty(local_shape(shapes[param_of(k)[0]], plan, rank, optimizer=True),
                                 dtype=getattr(torch, layout["optimizer"][k]), device=device) for k in opt_keys}
     state = _dcp_state(params, optimizer, shapes, plan, rank)
     try:

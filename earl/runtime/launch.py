@@ -2,7 +2,7 @@
 `earl.runtime.run.worker_main` on the configuration the CLI resolved (written as JSON into the
 run folder, so no command-line option is parsed twice).
 
-    python -c "from earl.runtime.launch import launch; from earl.runtime.config import RunConfig; \
+    python -c "from earl.runtime.launch import launch; from earl.runtime.run_config import RunConfig; \
 launch(RunConfig(nproc=2, steps=2), 'runs/d')"
 
 Multi-node: write the resolved config once (`earl run --nproc N` leaves it in the run folder as
@@ -24,8 +24,8 @@ import threading
 from pathlib import Path
 
 from earl.runtime.checkpoint import find_checkpoint
-from earl.runtime.config import RunConfig, to_dict
 from earl.runtime.run import LAUNCH_CONFIG, LAUNCH_LOG, PREEMPTED_EXIT, check_config, check_out
+from earl.runtime.run_config import RunConfig, to_dict
 from earl.trace import atomic_write_text
 
 

@@ -78,7 +78,9 @@ def _nbytes(name: str, a: int, b: int) -> int:
     return (b - a) * torch.empty((), dtype=TENSOR_DTYPES[name]).element_size()
 
 
-def _pack(transfer, store: Store, tokens: dict[int, int]) -> torch.Tensor:
+def pack_transfer(transfer, store: Store, tokens: dict[int, int]) -> torch.Tensor:
+    """One transfer's pieces of `store` (its samples' token ranges of its tensors) as one flat
+    buffer, the message the executor sends (`unpack_transfer` reads it back)."""
     parts = []
     for i, (a, b) in _pieces(transfer, tokens):
         for name in transfer.tensors:
@@ -88,8 +90,10 @@ def _pack(transfer, store: Store, tokens: dict[int, int]) -> torch.Tensor:
     return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
 
 
-def _unpack(transfer, buf: torch.Tensor, tokens: dict[int, int], out: Store,
-            counts: dict[tuple[int, str], int]) -> None:
+def unpack_transfer(transfer, buf: torch.Tensor, tokens: dict[int, int], out: Store,
+                    counts: dict[tuple[int, str], int]) -> None:
+    """Write the pieces of a `pack_transfer` buffer into `out` (`counts`: pieces received per
+    (sample, tensor))."""
     off = 0
     for i, (a, b) in _pieces(transfer, tokens):
         for name in transfer.tensors:
@@ -184,7 +188,7 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
             tag = tag_of[(tr.src, tr.dst)]
             tag_of[(tr.src, tr.dst)] += 1
             if tr.src == rank and tr.dst != rank:
-                buf = _pack(tr, held, tokens).to(device)
+                buf = pack_transfer(tr, held, tokens).to(device)
                 works.append(dist.isend(buf, dst=tr.dst, tag=tag))
                 sent += buf.numel()
                 msgs += 1
@@ -193,7 +197,7 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
         for w in works:
             w.wait()
         for tr, buf in inbox:
-            _unpack(tr, buf, tokens, out, phase_counts)
+            unpack_transfer(tr, buf, tokens, out, phase_counts)
         if not final and tplan.kind == "centralized" and rank == tplan.controller and tensors is None:
             t1 = time.perf_counter()
             fill_advantages(held, samples, local_stats(held, samples, advantages), advantages)

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from earl import parallel
 from earl.parallel import ParamShape, local_bounds
-from earl.policies.reshard import OPT_SEP
+from earl.policies.reshard import param_of
 from earl.policies.types import ReshardPlan, SliceTransfer
 from earl.specs import ParallelPlan
 
@@ -38,23 +38,16 @@ class ReshardStats:
     messages: int  # buckets sent plus received
 
 
-def _param_of(name: str) -> tuple[str, bool]:
-    """("w/exp_avg") -> ("w", True); ("w") -> ("w", False)."""
-    if OPT_SEP in name:
-        return name.split(OPT_SEP, 1)[0], True
-    return name, False
-
-
 def local_range(shapes: dict[str, ParamShape], plan: ParallelPlan, rank: int,
                 name: str) -> tuple[int, int]:
     """(start, stop) along the shard dim of the full tensor `name` that `rank` holds."""
-    param, opt = _param_of(name)
+    param, opt = param_of(name)
     return local_bounds(shapes[param], plan, rank, optimizer=opt)
 
 
 def local_shape(shapes: dict[str, ParamShape], plan: ParallelPlan, rank: int,
                 name: str) -> tuple[int, ...]:
-    param, opt = _param_of(name)
+    param, opt = param_of(name)
     return parallel.local_shape(shapes[param], plan, rank, optimizer=opt)
 
 

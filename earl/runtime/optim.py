@@ -38,8 +38,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from earl.parallel import ParamShape, PlanGroups, local_bounds, shard_bounds
-from earl.runtime.config import TrainerConfig
 from earl.runtime.dist import comm_device
+from earl.runtime.run_config import TrainerConfig
 from earl.runtime.trainer import ExperienceBatch, Trainer
 
 STATES = ("exp_avg", "exp_avg_sq")

@@ -14,7 +14,7 @@ INITIAL_CAPACITY tokens per episode), which is refused with the numbers and the 
 every episode at `sampling.max_context`, which is a one-line warning when it cannot (episodes
 are usually far shorter than max_context, so that alone does not refuse a run).
 
-    python -c "from earl.runtime.resources import estimate_bytes; from earl.runtime.config import \
+    python -c "from earl.runtime.resources import estimate_bytes; from earl.runtime.run_config import \
 RunConfig; from earl.specs import ModelSpec; print(estimate_bytes(RunConfig(), \
 ModelSpec.from_name('qwen2.5-72b'), 1))"
 """

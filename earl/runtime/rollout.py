@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from earl.runtime.engine import Engine, SamplingParams, as_stepper
 from earl.runtime.envs import Env
+from earl.runtime.seeds import default_stream
 from earl.runtime.tokenizer import Conversation
 
 
@@ -121,7 +122,7 @@ def rollout(engine: Engine, make_env: Callable[[], Env], *, seeds: list[int], gr
     environment seed, never their stream), so what an episode plays never depends on the batch."""
     n = len(seeds)
     ids = list(range(n)) if episode_ids is None else list(episode_ids)
-    streams = [s * 1_000_003 + e for s, e in zip(seeds, ids, strict=True)] if sample_seeds is None \
+    streams = [default_stream(s, e) for s, e in zip(seeds, ids, strict=True)] if sample_seeds is None \
         else list(sample_seeds)
     chunk = engine_batch or n
     out: list[Trajectory] = []

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from earl import config
+from earl import config_machinery as config
 from earl.cost_model.resolve import make_cost_model
 from earl.parallel import check_tp_dp, validate_plan
 from earl.policies import make_dispatcher, make_selector
@@ -43,15 +43,15 @@ from earl.runtime.checkpoint import (
     rng_state,
     save_checkpoint,
 )
-from earl.runtime.config import RunConfig, apply_overrides, from_dict, load_config_file, to_dict
 from earl.runtime.defaults import describe_defaults, model_defaults
 from earl.runtime.dist import comm_device, init_distributed, shutdown
-from earl.runtime.engine.base import ENGINES, LOCAL_ENGINES, engine_plan_error
+from earl.runtime.engine import ENGINES, LOCAL_ENGINES, engine_plan_error
 from earl.runtime.envs import env_options, make_env
 from earl.runtime.hf_model import check_dtype, check_model_path, model_shapes
 from earl.runtime.metrics import RunRecorder, plot_run
 from earl.runtime.parallelize import fsdp_shard_error
 from earl.runtime.resources import check_resources
+from earl.runtime.run_config import RunConfig, apply_overrides, from_dict, load_config_file, to_dict
 from earl.runtime.step import StepContext, run_step
 from earl.runtime.worker import MemoryBudgetExceeded, Worker, runnable, sampling_params
 from earl.specs import MODEL_CATALOG, ModelSpec, ParallelPlan, Stage, StagePlan, WorkloadStats

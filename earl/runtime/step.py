@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from earl.parallel import deal
 from earl.policies import Dispatcher, Selector
 from earl.policies.balance import balance_aligned, balance_samples
 from earl.policies.types import Layout, Sample
@@ -42,20 +43,12 @@ from earl.runtime.mismatch import SUM_KEYS, mismatch_metrics, mismatch_sums
 from earl.runtime.move_samples import HANDOFF_TENSORS, carry_along, execute_dispatch
 from earl.runtime.optim import train_step
 from earl.runtime.rollout import Trajectory, rollout
+from earl.runtime.seeds import SAMPLE_STREAM, SHUFFLE_STREAM, mix_seed
 from earl.runtime.trainer import ExperienceBatch, batch_logprobs
 from earl.runtime.worker import MemoryBudgetExceeded, Worker, runnable
 from earl.specs import ParallelPlan, Stage, WorkloadStats
 
 OUTCOME_RATES = OUTCOMES
-
-
-def mix_seed(*parts: int) -> int:
-    """A deterministic 63-bit seed from integers (splitmix64 rounds)."""
-    x = 0x9E3779B97F4A7C15
-    for p in parts:
-        x = (x ^ (p & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
-        x ^= x >> 31
-    return x & 0x7FFFFFFFFFFFFFFF
 
 
 @dataclass(frozen=True)
@@ -184,14 +177,14 @@ def play(w: Worker, step: int) -> tuple[list[Trajectory], dict]:
     cfg, rg = w.cfg, w.roll_groups
     w.sync_weights(Stage.ROLLOUT, step)
     n = cfg.groups * cfg.group_size
-    mine = [e for e in range(n) if e % w.plans.rollout.dp == rg.dp_rank]
+    mine = deal(n, w.plans.rollout.dp)[rg.dp_rank]
     groups = [e // cfg.group_size for e in mine]
     t0 = time.perf_counter()
     es0 = dataclasses.replace(w.engine.stats)
     env_factory = lambda: make_env(cfg.env.name, **env_options(cfg.env.name, cfg.env))
     trajs = rollout(w.engine, env_factory, seeds=[mix_seed(cfg.seed, step, g) % (2**31) for g in groups],
                     group_ids=groups, episode_ids=mine, params=w.params,
-                    sample_seeds=[mix_seed(cfg.seed, step, 1_000_001, e) for e in mine],
+                    sample_seeds=[mix_seed(cfg.seed, step, SAMPLE_STREAM, e) for e in mine],
                     max_context=cfg.sampling.max_context, engine_batch=cfg.engine_batch)
     w.played = trajs  # rank 0 writes transcripts of the episodes it played itself
     es = w.engine.stats
@@ -262,7 +255,7 @@ def experience(w: Worker, ctx: StepContext, step: int, trajs: list[Trajectory], 
     its layout and stats (the gap as this rank's `mismatch_sums`, counted on tp rank 0 only)."""
     cfg = w.cfg
     roll_plan, exp_plan = w.plans.rollout, w.plans.experience
-    roll_assign = tuple(tuple(s.id for s in samples if s.id % roll_plan.dp == d) for d in range(roll_plan.dp))
+    roll_assign = tuple(tuple(b) for b in deal(len(samples), roll_plan.dp))  # samples are episodes 0..n-1
     src = Layout(roll_plan, roll_assign)
     dst = Layout(exp_plan, balance_aligned(samples, exp_plan.dp, roll_assign)[0])
     t0 = time.perf_counter()
@@ -320,7 +313,7 @@ def train(w: Worker, ctx: StepContext, step: int, store: Store, src: Layout, sam
             w.switch_train(nxt, f"memory budget: {e}", step)
             continue
         t0 = time.perf_counter()
-        gen = torch.Generator().manual_seed(mix_seed(cfg.seed, step, 2_000_003, tg.dp_rank))
+        gen = torch.Generator().manual_seed(mix_seed(cfg.seed, step, SHUFFLE_STREAM, tg.dp_rank))
         stats = train_step(w.trainer, w.optim, local, progress=(step - 1) / max(cfg.steps - 1, 1), generator=gen)
         w.span("train_step", "train", t0, step, tokens=int(stats["train_tokens"]))
         info = {"dispatcher": tplan.kind, "dispatch_transfers": len(tplan.transfers),

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 import torch
 import torch.utils.checkpoint
 
-from earl.runtime.config import TrainerConfig
+from earl.cost_model.model import micro_batches
 from earl.runtime.dist import comm_device
 from earl.runtime.mismatch import tis_weights
 from earl.runtime.rollout import Trajectory
+from earl.runtime.run_config import TrainerConfig
 
 
 @dataclass
@@ -195,23 +196,6 @@ def full_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Te
         return lp, None
     ent = -(logp_all.exp() * logp_all).sum(-1)
     return lp, torch.nn.functional.pad(ent, (1, 0))
-
-
-def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
-    """Group row indices so that rows x longest row <= token_budget (a longer row goes alone).
-    Rows are taken longest first, which keeps padding low."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    out: list[list[int]] = []
-    cur: list[int] = []
-    for i in order:
-        width = max([lengths[j] for j in cur] + [lengths[i]])
-        if cur and (len(cur) + 1) * width > token_budget:
-            out.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        out.append(cur)
-    return out
 
 
 @torch.no_grad()

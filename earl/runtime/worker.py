@@ -29,15 +29,14 @@ import torch.distributed as dist
 
 from earl.parallel import ParamShape, build_plan_groups
 from earl.policies.reshard import plan_reshard
-from earl.runtime.config import RunConfig
 from earl.runtime.dist import comm_device, print0
-from earl.runtime.engine import SamplingParams, make_engine
-from earl.runtime.engine.base import LOCAL_ENGINES, engine_plan_error
+from earl.runtime.engine import LOCAL_ENGINES, SamplingParams, engine_plan_error, make_engine
 from earl.runtime.envs import env_options, make_env
 from earl.runtime.hf_model import empty_like_policy, load_policy
 from earl.runtime.move_weights import allocate_local, execute_reshard
 from earl.runtime.optim import FSDPAdamW, ReplicatedAdamW, local_tensor, state_names
 from earl.runtime.parallelize import fsdp_shard_error, parallelize, uses_dtensor, uses_fsdp
+from earl.runtime.run_config import RunConfig
 from earl.runtime.tp import apply_tp, check_tp, param_shapes
 from earl.runtime.trainer import Trainer
 from earl.specs import ParallelPlan, Stage, StagePlan

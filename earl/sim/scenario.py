@@ -4,7 +4,7 @@ A scenario names the model, the cluster, the workload, the initial plan per RL s
 policies to evaluate. Files are sectioned (`[cluster]`, `[workload]`, ...); every key is also
 addressable in dotted form (`--set cluster.nodes=4`, `--set workload.gen_tokens=300`) or, in
 `--set`, by a unique leaf name (`--set nodes=4`). Unknown keys are errors naming the closest
-valid keys. Files, keys and types are handled by earl.config. Built-in scenarios live in
+valid keys. Files, keys and types are handled by earl.config_machinery. Built-in scenarios live in
 `earl/sim/scenarios/*.toml` and load by name (`earl simulate tool-use`).
 
     python -c "from earl.sim.scenario import load_scenario; print(load_scenario(None, {'scenario.steps': '3'}))"
@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from earl.config import flatten, keys_of, read_mapping, replace_keys, resolve_values, to_flat
+from earl.config_machinery import flatten, keys_of, read_mapping, replace_keys, resolve_values, to_flat
 from earl.cost_model.resolve import resolve_network
 from earl.parallel import validate_plan
 from earl.specs import (

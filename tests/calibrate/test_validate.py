@@ -9,7 +9,7 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from earl.calibrate.dispatchfit import local_cluster
+from earl.calibrate.host import local_cluster
 from earl.calibrate.overhead import ForwardPoint, fit_overhead
 from earl.calibrate.validate import (
     NPROCS,
@@ -196,3 +196,46 @@ def test_validation_on_two_processes(tmp_path, monkeypatch):
     v = report["variants"][0]
     assert v["nproc"] == 2 and v["plan_mismatches"] == [] and v["host_stretch"] == 1.0
     assert (tmp_path / "v" / "runs" / "base" / "launch-config.json").is_file()  # ran under torchrun
+
+
+def test_each_runtime_engine_has_one_simulator_model_and_it_is_the_right_one():
+    """earl.calibrate.host.SIM_ENGINE is the one mapping validate uses: the built-in `pytorch`
+    engine and vLLM batch continuously, only `pytorch-static` plays turns in lockstep."""
+    from earl.calibrate import validate
+    from earl.calibrate.host import SIM_ENGINE, sim_engine
+    from earl.runtime.engine import ENGINES as RUNTIME_ENGINES
+    from earl.sim.simulation import ENGINES as SIM_ENGINES
+
+    assert set(SIM_ENGINE) == set(RUNTIME_ENGINES) and set(SIM_ENGINE.values()) <= set(SIM_ENGINES)
+    assert sim_engine("pytorch") == "continuous" and sim_engine("vllm") == "continuous"
+    assert sim_engine("pytorch-static") == "turn-sync"
+    assert validate.sim_engine is sim_engine
+    with pytest.raises(ValueError, match="valid: pytorch, pytorch-static, vllm"):
+        sim_engine("tgi")
+
+
+def test_calibrate_has_no_import_cycle_and_imports_at_the_top():
+    """Helpers several calibrate modules share live one floor down (earl.calibrate.host), so no
+    module imports a sibling that imports it back; imports sit at module level except the few
+    lazy on purpose (matplotlib for the plot, a torch-version probe, type-only names)."""
+    import ast
+    from pathlib import Path
+
+    import earl.calibrate
+
+    root = Path(earl.calibrate.__file__).parent
+    deps, local = {}, []
+    for p in root.glob("*.py"):
+        tree = ast.parse(p.read_text())
+        deps[p.stem] = {n.module.rsplit(".", 1)[1] for n in tree.body
+                        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("earl.calibrate.")}
+        deps[p.stem] |= {a.name for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "earl.calibrate"
+                         for a in n.names}
+        top = {id(n) for n in tree.body}
+        local += [p.stem for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in top]
+
+    def reaches(a, b, seen=()):
+        return any(d == b or (d not in seen and reaches(d, b, (*seen, d))) for d in deps.get(a, ()))
+
+    assert not [m for m in deps if reaches(m, m)]
+    assert sorted(local) == ["__init__", "bench", "report", "report", "validate", "validate"]

@@ -212,3 +212,17 @@ def test_cold_start_is_rounds_times_a_fitted_constant():
     # points measured without cold runs keep the profile's constant
     plain = [dataclasses.replace(p, cold_seconds=float("nan")) for p in points]
     assert dispatchfit.fit_dispatch_path(cold, plain, host, host_parallel=2)[0].cold_round_s == 5e-4
+
+
+def test_what_if_producers_hold_what_rollout_deals():
+    """The what-if's producer layout is the one dealing rule (earl.parallel.deal) the runtime
+    plays and the simulator simulates: sample i on rollout replica i mod dp, not in blocks."""
+    from earl.parallel import deal
+    from earl.policies.balance import round_robin_samples
+
+    src, dst = ParallelPlan(tp=2, dp=4), ParallelPlan(tp=1, dp=8)
+    samples, s_layout, d_layout = dispatch_layouts(src, dst, 10, 64)
+    assert s_layout.assignment == ((0, 4, 8), (1, 5, 9), (2, 6), (3, 7))
+    assert [list(g) for g in s_layout.assignment] == deal(10, 4)
+    assert s_layout.assignment == round_robin_samples(samples, 4)[0]
+    assert sorted(i for g in d_layout.assignment for i in g) == list(range(10))

@@ -107,8 +107,8 @@ def test_one_process_run_on_cuda(tmp_path):
 def test_nccl_world_one_equals_in_process_run(tmp_path):
     """The torchrun path with an NCCL process group (one GPU) computes what the in-process run
     (its own one-rank group) computes."""
-    from earl.runtime.config import to_dict
     from earl.runtime.run import resolve_config, train
+    from earl.runtime.run_config import to_dict
 
     cfg = resolve_config(overrides={"model.device": "cuda", "groups": 4, "group_size": 2, "steps": 2,
                                     "plots": "false"})
@@ -133,9 +133,9 @@ def test_training_step_on_cuda_equals_cpu(cuda_tiny):
     import torch
 
     from earl.parallel import build_plan_groups
-    from earl.runtime.config import TrainerConfig
     from earl.runtime.optim import ReplicatedAdamW, train_step
     from earl.runtime.run import process_group
+    from earl.runtime.run_config import TrainerConfig
     from earl.runtime.tp import param_shapes
     from earl.runtime.trainer import ExperienceBatch, Trainer
     from earl.specs import ParallelPlan

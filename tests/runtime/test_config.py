@@ -2,7 +2,7 @@
 
 import pytest
 
-from earl.runtime.config import RunConfig, TrainerConfig, apply_overrides, from_dict, load_config_file
+from earl.runtime.run_config import RunConfig, TrainerConfig, apply_overrides, from_dict, load_config_file
 from earl.runtime.trainer import Trainer
 
 

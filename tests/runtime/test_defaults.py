@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from earl.runtime.config import RunConfig
 from earl.runtime.defaults import model_defaults
 from earl.runtime.run import resolve_config
+from earl.runtime.run_config import RunConfig
 from earl.specs import MODEL_CATALOG
 
 

@@ -18,12 +18,12 @@ from earl.parallel import build_plan_groups, holdings
 from earl.policies.balance import balance_samples
 from earl.policies.types import Layout, Sample
 from earl.runtime.advantages import AdvantageSpec, distributed_advantages
-from earl.runtime.config import TrainerConfig
 from earl.runtime.dist import run_local
 from earl.runtime.hf_model import build_builtin
 from earl.runtime.optim import ReplicatedAdamW, train_step
 from earl.runtime.parallelize import parallelize
 from earl.runtime.rollout import Trajectory
+from earl.runtime.run_config import TrainerConfig
 from earl.runtime.tp import param_shapes
 from earl.runtime.trainer import ExperienceBatch, Trainer, batch_logprobs, collate
 from earl.specs import ParallelPlan

@@ -379,3 +379,22 @@ def test_compiled_decode_compiles_past_dynamo_default_limit(tiny):
         assert torch.equal(tc, te) and torch.allclose(lc, le, atol=1e-4)
     assert counters["stats"]["unique_graphs"] - graphs0 == len(shapes)
     assert eng.stats.extra["compiled_shapes"] == len(shapes)
+
+
+def test_the_engine_registry_is_one_dict_and_base_imports_no_backend(tiny):
+    """`ENGINES` (earl.runtime.engine) maps each name to its class; make_engine builds by it with
+    the options each backend takes; the interface module never imports its own backends."""
+    from earl.runtime.engine import ENGINES, VLLMEngine
+
+    assert ENGINES == {"pytorch": TorchEngine, "pytorch-static": StaticTorchEngine, "vllm": VLLMEngine}
+    built = make_engine("pytorch", tiny.model, tiny.tokenizer, reuse_kv=False, decode_steps=3)
+    assert type(built) is TorchEngine and built.decode_steps == 3 and not built.reuse_kv
+    assert type(make_engine("pytorch-static", tiny.model, tiny.tokenizer)) is StaticTorchEngine
+    import ast
+
+    import earl.runtime.engine.base as base
+
+    tree = ast.parse(open(base.__file__).read())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not {m for m in imported if m.startswith("earl.runtime.engine.") or m == "vllm"}, imported

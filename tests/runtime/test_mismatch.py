@@ -17,11 +17,11 @@ import pytest
 import torch
 from test_trainer import fake_trajs, prepare
 
-from earl.runtime.config import ALGOS, TrainerConfig
 from earl.runtime.dist import run_local
 from earl.runtime.engine import TorchEngine
 from earl.runtime.mismatch import mismatch_metrics, mismatch_sums, tis_weights
 from earl.runtime.run import resolve_config, train
+from earl.runtime.run_config import ALGOS, TrainerConfig
 from earl.runtime.trainer import Trainer, collate
 
 # 4 groups: the smallest batch of this seed whose first step has a policy gradient (rewards differ)

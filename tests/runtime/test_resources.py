@@ -9,8 +9,8 @@ import dataclasses
 
 import pytest
 
-from earl.runtime.config import RunConfig
 from earl.runtime.resources import GIB, check_resources, estimate_bytes, kv_bytes_per_token
+from earl.runtime.run_config import RunConfig
 from earl.specs import MODEL_CATALOG
 
 SPEC = MODEL_CATALOG["tiny"]

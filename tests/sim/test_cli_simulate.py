@@ -89,3 +89,55 @@ def test_failure_while_writing_leaves_nothing(runner, tmp_path, monkeypatch):
     res = runner.invoke(app, ["simulate", *FAST, "--out", str(out)])
     assert res.exit_code == 2 and "plotting failed" in res.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_default_puts_the_baseline_and_earl_side_by_side_and_explains_the_gain(runner, tmp_path):
+    """No policy flag: the scenario's policy and EARL's cost-model/layout-aware on the same seeded
+    workload, then the gain and what caused it; --single is the one-policy run it used to be."""
+    out = tmp_path / "duel"
+    res = runner.invoke(app, ["simulate", *FAST, "--no-plots", "--out", str(out)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "2 policies" in res.output and "gain: cost-model/layout-aware trains" in res.output
+    assert "caused by:" in res.output and "stage s/step, static/centralized: rollout" in res.output
+    rows = list(csv.DictReader((out / "metrics.csv").open()))
+    assert [r["policy"] for r in rows] == ["static/centralized"] * 2 + ["cost-model/layout-aware"] * 2
+    assert {r["episodes"] for r in rows} == {"16"}  # the same seeded workload for both
+
+    one = tmp_path / "one"
+    res = runner.invoke(app, ["simulate", *FAST, "--single", "--no-plots", "--out", str(one)])
+    assert res.exit_code == 0, res.output
+    assert "1 policy" in res.output and "gain:" not in res.output
+    assert {r["policy"] for r in csv.DictReader((one / "metrics.csv").open())} == {"static/centralized"}
+
+
+def test_default_with_earls_policy_as_the_scenarios_runs_it_once(runner, tmp_path):
+    res = runner.invoke(app, ["simulate", *FAST, "--no-plots", "--set", "policy.selector=cost-model",
+                              "--set", "policy.dispatcher=layout-aware", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0, res.output
+    assert "1 policy" in res.output and "gain:" not in res.output
+
+
+def test_single_and_compare_together_is_one_line_exit_2(runner, tmp_path):
+    res = runner.invoke(app, ["simulate", *FAST, "--single", "--compare", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "choose one" in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_explain_gain_names_the_oom_events_avoided_and_the_stages_that_moved():
+    from earl.cli import explain_gain, policy_duel
+
+    assert policy_duel(("static", "centralized")) == [("static", "centralized"), ("cost-model", "layout-aware")]
+    assert policy_duel(("cost-model", "layout-aware")) == [("cost-model", "layout-aware")]
+    stages = dict.fromkeys(("rollout_s", "experience_s", "dispatch_s", "train_s", "reshard_s", "sync_s",
+                            "restart_s"), 0.0)
+    base_rows = [{**stages, "rollout_s": 10.0, "train_s": 4.0, "restart_s": 30.0}]
+    earl_rows = [{**stages, "rollout_s": 10.0, "train_s": 3.0, "sync_s": 0.5}]
+    base = {"policy": "static/centralized", "throughput_tokens_per_gpu_s": 80.0, "step_time_mean_s": 44.0,
+            "oom_events": 5, "oom_steps": 4, "plan_switches": 0}
+    earl = {"policy": "cost-model/layout-aware", "throughput_tokens_per_gpu_s": 100.0, "step_time_mean_s": 13.5,
+            "oom_events": 0, "oom_steps": 0, "plan_switches": 2}
+    text = explain_gain(base, earl, base_rows, earl_rows)
+    assert "(1.25x)" in text and "OOM events 5 -> 0 (steps with one: 4 -> 0)" in text
+    assert "restart 30.00 -> 0.00 s/step (saved 30.00)" in text and "train 4.00 -> 3.00" in text
+    assert "sync 0.00 -> 0.50 s/step (added 0.50)" in text and "2 plan switches" in text
+    assert "experience" not in text  # a stage neither policy spent time in is left out

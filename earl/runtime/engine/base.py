@@ -3,15 +3,15 @@
 An engine takes token ids in and gives token ids and log-probs out, keeping each episode's KV
 cache across turns. Backends: `earl.runtime.engine.pytorch` (built in: slot
 KV cache, continuous batching), `earl.runtime.engine.static` (the first built-in engine, turn
-synchronous) and `earl.runtime.engine.vllm` (optional, imported only when configured).
-`make_engine` picks one.
+synchronous) and `earl.runtime.engine.vllm` (optional: the vllm package is imported only when one is built).
+`earl.runtime.engine.make_engine` picks one by name from the `ENGINES` registry.
 
 An episode batch either generates whole turns (`generate`: every requested row's turn, together)
 or is driven step by step (`submit` rows, then `step` until they finish, in any order): the
 rollout loop uses the second, so an episode whose turn ends steps its environment and rejoins
 while others still decode. `as_stepper` gives a turn-synchronous batch that second face.
 
-Sampling (`sample_tokens`) is Gumbel-max with counter-based noise (`counter_uniform`): a
+Sampling (`sample_tokens`) is Gumbel-max with counter-based noise (`earl.runtime.seeds`): a
 token's noise depends only on its episode's seed and position, so an episode samples the same
 tokens alone, in any batch, on one process or many.
 
@@ -26,8 +26,8 @@ from typing import Protocol
 
 import torch
 
+from earl.runtime.seeds import counter_uniform
 from earl.runtime.tokenizer import Tokenizer
-from earl.specs import ParallelPlan
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,46 +161,6 @@ def copy_weights(model: torch.nn.Module, named_tensors: Iterable[tuple[str, torc
             params[name].copy_(t)
 
 
-_MASK64 = (1 << 64) - 1
-
-
-def _as_i64(c: int) -> int:
-    """An unsigned 64-bit constant as the signed int64 torch stores (same bits)."""
-    c &= _MASK64
-    return c - (1 << 64) if c >= 1 << 63 else c
-
-
-_GOLDEN = _as_i64(0x9E3779B97F4A7C15)
-_MIX1 = _as_i64(0xBF58476D1CE4E5B9)
-_MIX2 = _as_i64(0x94D049BB133111EB)
-
-
-def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
-    """Logical right shift of int64 bits (torch's >> is arithmetic)."""
-    return (x >> k) & ((1 << (64 - k)) - 1)
-
-
-def _mix64(x: torch.Tensor) -> torch.Tensor:
-    """splitmix64's finaliser on int64 tensors (wrapping arithmetic)."""
-    x = (x ^ _shr(x, 30)) * _MIX1
-    x = (x ^ _shr(x, 27)) * _MIX2
-    return x ^ _shr(x, 31)
-
-
-def counter_uniform(seeds_A: torch.Tensor, positions_A: torch.Tensor, width: int) -> torch.Tensor:
-    """[A, width] float64 uniforms in (0, 1), a pure function of (row seed, position, column).
-
-    Counter-based randomness: a token's noise depends only on its episode's seed and where it
-    sits in the episode, never on which other episodes share the batch, which process plays the
-    episode, or how many tokens were drawn before. So a run samples the same tokens on one
-    process or many, with any engine batch size."""
-    dev = seeds_A.device
-    row = _mix64(_mix64(seeds_A.long() * _GOLDEN + 1) + positions_A.long() * _MIX1)
-    cols = torch.arange(width, device=dev, dtype=torch.long) * _GOLDEN
-    bits = _shr(_mix64(row[:, None] + cols[None, :]), 11)  # 53 random bits
-    return (bits.double() + 0.5) / float(1 << 53)
-
-
 def sample_tokens(logits_AV: torch.Tensor, params: SamplingParams, seeds_A: torch.Tensor | None = None,
                   positions_A: torch.Tensor | None = None,
                   vocab_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -227,41 +187,9 @@ def sample_tokens(logits_AV: torch.Tensor, params: SamplingParams, seeds_A: torc
     return tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-ENGINES = ("pytorch", "pytorch-static", "vllm")
 # engine "pytorch": decode steps per host sync by default, by device type. On the CPU a host sync
 # costs nothing and the tokens a row samples after its turn ended cost compute: 8 steps per sync
 # played mixed multi-turn rollouts at 0.88-0.94x of one (benchmarks/bench_engine.py). On a GPU a
 # sync stalls the launch queue and a decode step is memory-bound (extra rows are nearly free):
 # 8 is the design choice there, not yet measured (benchmarks/bench_decode_roofline.py compares).
 DECODE_STEPS = {"cpu": 1, "cuda": 8}
-LOCAL_ENGINES = ("pytorch", "pytorch-static")  # run the module they are given (no weight copy)
-
-
-def engine_plan_error(name: str, rollout: ParallelPlan) -> str:
-    """'' if engine `name` can play under the rollout plan, else why not. An external engine
-    (vLLM) is one engine per rank with its own parallelism: each rank is a rollout replica."""
-    if name not in LOCAL_ENGINES and rollout.tp != 1:
-        return f"engine {name!r} runs one engine per rank, so it needs rollout tp 1, not tp {rollout.tp}"
-    return ""
-
-
-def make_engine(name: str, model: torch.nn.Module, tokenizer: Tokenizer, *, reuse_kv: bool = True,
-                model_path: str | None = None, decode_steps: int = 0, compile: bool = False,
-                dtype: torch.dtype | None = None) -> Engine:
-    """`decode_steps`: decode steps the built-in `pytorch` engine runs per host sync (0: by device,
-    `DECODE_STEPS`); `compile`: its decode steps through torch.compile (the other engines ignore
-    both); `dtype`: the precision an external engine (vLLM) runs, by default `model`'s."""
-    if name == "pytorch":
-        from earl.runtime.engine.pytorch import TorchEngine
-
-        return TorchEngine(model, tokenizer, reuse_kv=reuse_kv, decode_steps=decode_steps, compile=compile)
-    if name == "pytorch-static":
-        from earl.runtime.engine.static import StaticTorchEngine
-
-        return StaticTorchEngine(model, tokenizer, reuse_kv=reuse_kv)
-    if name == "vllm":
-        from earl.runtime.engine.vllm import VLLMEngine
-
-        # the trainer's dtype: vLLM would otherwise load the checkpoint in its config's (bf16)
-        return VLLMEngine(model_path=model_path, tokenizer=tokenizer, dtype=dtype or next(model.parameters()).dtype)
-    raise ValueError(f"engine {name!r} unknown; valid: {', '.join(ENGINES)}")

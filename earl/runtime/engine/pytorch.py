@@ -372,6 +372,12 @@ class TorchEngine:
     the model's device, `DECODE_STEPS`);
     `compile`: pure decode steps (forward + sampling) through `torch.compile` (CUDA graphs on a GPU)."""
 
+    @classmethod
+    def build(cls, model: torch.nn.Module, tokenizer: Tokenizer, *, reuse_kv: bool, decode_steps: int,
+              compile: bool, **_ignored) -> TorchEngine:
+        """`make_engine`'s constructor: the options this backend takes."""
+        return cls(model, tokenizer, reuse_kv=reuse_kv, decode_steps=decode_steps, compile=compile)
+
     def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, *, reuse_kv: bool = True,
                  max_batch: int = 64, step_tokens: int = 2048, compile: bool = False,
                  decode_steps: int = 0, initial_capacity: int = INITIAL_CAPACITY):

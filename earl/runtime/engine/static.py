@@ -172,6 +172,11 @@ class StaticTorchEngine:
     """The static PyTorch backend. It runs the module it is given (on one process, the very
     module the trainer updates, so weight sync is free)."""
 
+    @classmethod
+    def build(cls, model: torch.nn.Module, tokenizer: Tokenizer, *, reuse_kv: bool, **_ignored) -> StaticTorchEngine:
+        """`make_engine`'s constructor: the options this backend takes."""
+        return cls(model, tokenizer, reuse_kv=reuse_kv)
+
     def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, *, reuse_kv: bool = True):
         self.model = model
         self.tokenizer = tokenizer

@@ -20,7 +20,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from earl.runtime.engine.base import _GOLDEN, _MIX1, EngineStats, Generation, SamplingParams, _mix64
+from earl.runtime.engine.base import EngineStats, Generation, SamplingParams
+from earl.runtime.seeds import request_seed
 from earl.runtime.tokenizer import Tokenizer
 
 WORKER_EXTENSION = "earl.runtime.engine.vllm_worker.WorkerExtension"  # qualified name vLLM imports
@@ -34,15 +35,6 @@ GPU_MEMORY_UTILIZATION = 0.4  # vLLM's share of the GPU (weights + KV): the trai
 
 
 # ---- pure helpers: plain data in, plain data out (tested without vllm) -------------------------------
-def request_seed(episode_seed: int, position: int) -> int:
-    """The vLLM seed of one request: a splitmix64 hash of the episode's sampling stream and the
-    episode length at which this turn starts (the same row hash `counter_uniform` uses), so two
-    episodes or two turns of one episode never share a seed. In [0, 2**63)."""
-    s = torch.tensor([int(episode_seed)], dtype=torch.long)
-    p = torch.tensor([int(position)], dtype=torch.long)
-    return int(_mix64(_mix64(s * _GOLDEN + 1) + p * _MIX1).item()) & ((1 << 63) - 1)
-
-
 def padding_start(tokenizer_vocab: int, model_vocab: int) -> int:
     """The first of the model's padding ids (those at or past the tokenizer's size) that
     `PaddingMask` keeps the sampler off; `model_vocab` when there are none."""
@@ -251,6 +243,13 @@ class VLLMEngine:
     platform has it). `dtype`: the trainer's model dtype, so both run the same precision."""
 
     model = None  # no in-process torch module: the runtime pushes weights with update_weights
+
+    @classmethod
+    def build(cls, model: torch.nn.Module, tokenizer: Tokenizer, *, model_path: str | None,
+              dtype: torch.dtype | None, **_ignored) -> VLLMEngine:
+        """`make_engine`'s constructor: the checkpoint directory, in the trainer's dtype (vLLM
+        would otherwise load it in its config's, bf16)."""
+        return cls(model_path=model_path, tokenizer=tokenizer, dtype=dtype or next(model.parameters()).dtype)
 
     def __init__(self, *, model_path: str | None, tokenizer: Tokenizer, dtype: torch.dtype = torch.float32,
                  **llm_kwargs):

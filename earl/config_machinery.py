@@ -1,6 +1,6 @@
 """One configuration machinery for every command: files, `--set`, key resolution, type coercion.
 
-A configuration is a tree of frozen dataclasses (`earl.runtime.config.RunConfig`,
+A configuration is a tree of frozen dataclasses (`earl.runtime.run_config.RunConfig`,
 `earl.sim.scenario.Scenario`, ...). Its keys are derived from the tree: a nested dataclass
 field is a section (`trainer.lr`), a plain field of the root is a top-level key (`steps`).
 A tree may rename keys (the scenario's `cluster.nodes` is its `nodes` attribute).
@@ -14,7 +14,7 @@ Values are coerced to the field's type (bool, int, float, str, tuples, `X | None
 does not fit is a ValueError naming the key, the value, where it came from and the expected type.
 Pure Python: no torch or simpy import.
 
-    python -c "from earl.config import parse_sets; print(parse_sets(['trainer.lr=3e-4']))"
+    python -c "from earl.config_machinery import parse_sets; print(parse_sets(['trainer.lr=3e-4']))"
 """
 
 from __future__ import annotations

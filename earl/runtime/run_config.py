@@ -3,7 +3,7 @@
 Sources, later ones winning: the built-in default (tiny model, Tic-Tac-Toe vs a random
 opponent), a TOML/YAML file (sections [model], [env], [sampling], [trainer], top-level run keys),
 CLI flags, then `--set key=value` (dotted `trainer.lr=3e-4`, or a leaf name that is unique).
-A typo is an error naming the close matches. The machinery (files, keys, types) is earl.config.
+A typo is an error naming the close matches. The machinery (files, keys, types) is earl.config_machinery.
 
     earl run --set trainer.lr=3e-3 --set steps=50
 """
@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from earl import config
+from earl import config_machinery as config
 from earl.policies.registry import DISPATCHERS, SELECTORS
 
 ALGOS = ("grpo", "reinforce++")
