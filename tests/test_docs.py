@@ -165,7 +165,7 @@ def _field_notes(cls: type) -> dict[str, str]:
 
 
 def _key_rows(cls: type, rename: dict[str, str]) -> list[tuple[str, str, str, str]]:
-    from earl.config import type_name
+    from earl.config_machinery import type_name
 
     rows = []
 
@@ -188,7 +188,7 @@ def _key_rows(cls: type, rename: dict[str, str]) -> list[tuple[str, str, str, st
 
 
 def _tables() -> dict[str, str]:
-    from earl.runtime.config import RunConfig
+    from earl.runtime.run_config import RunConfig
     from earl.sim.scenario import KEY_NAMES, Scenario
 
     out = {}
@@ -208,8 +208,8 @@ def _write_tables() -> None:
 
 
 def test_configuration_page_lists_every_key():
-    from earl import config
-    from earl.runtime.config import RunConfig
+    from earl import config_machinery as config
+    from earl.runtime.run_config import RunConfig
     from earl.sim.scenario import KEYS
 
     text = CONFIG_PAGE.read_text()
