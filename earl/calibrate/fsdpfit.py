@@ -129,11 +129,11 @@ def worker(cases, repeats: int) -> dict:
     from earl.runtime.config import TrainerConfig
     from earl.runtime.hf_model import Policy, empty_like_policy, hf_config_from_spec
     from earl.runtime.move_weights import execute_reshard
-    from earl.runtime.optim import FSDPAdamW, train_step
+    from earl.runtime.optim import FSDPAdamW
     from earl.runtime.parallelize import parallelize
     from earl.runtime.tokenizer import CharTokenizer
     from earl.runtime.tp import param_shapes
-    from earl.runtime.trainer import Trainer
+    from earl.runtime.trainer import Trainer, train_step
 
     torch.set_num_threads(1)
     world, rank = dist.get_world_size(), dist.get_rank()

@@ -65,10 +65,10 @@ from earl.calibrate.dispatchfit import local_cluster
 from earl.config import parse_sets
 from earl.cost_model import CostModel
 from earl.cost_model.profile import HardwareProfile, check_stamp, datasheet_profile, load_profile
-from earl.specs import MODEL_CATALOG, ModelSpec, ParallelPlan, Stage
+from earl.specs import MODEL_CATALOG, STEP_PHASES, ModelSpec, ParallelPlan, Stage
 from earl.trace import atomic_write_text
 
-STAGES = ("rollout", "experience", "dispatch", "train", "reshard")  # the runtime's span stages
+STAGES = STEP_PHASES  # the runtime's span stages, the rows of every table
 # stages whose ranks wait for one another at their start (collective moves): each rank's span
 # holds its wait for the slowest peer's previous stage, which the simulator already charges
 # there (its stages last as long as their slowest group); the rank that arrived last, the one

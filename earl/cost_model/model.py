@@ -19,17 +19,17 @@ from earl.cost_model.compute import PassCost, causal_pairs, forward_pass, param_
 from earl.cost_model.memory import MemoryBreakdown
 from earl.cost_model.profile import HardwareProfile, LinkParams, datasheet_profile
 from earl.parallel import model_slice, validate_plan
-from earl.specs import ClusterSpec, ModelSpec, ParallelPlan
+from earl.specs import PRICED_STAGES, ClusterSpec, ModelSpec, ParallelPlan
 
 FSDP_SHARD_BYTES = 4  # bytes per parameter of the fp32 shards FSDP2 keeps (and gathers)
 # small all-reduces over dp per optimizer step of the runtime's FSDP2 training step
-# (earl.runtime.optim.train_step, Trainer.backward, FSDPAdamW.grad_norm): the loss-token count,
+# (earl.runtime.trainer.train_step, Trainer.backward, FSDPAdamW.grad_norm): the loss-token count,
 # the lockstep micro-batch count, the gradient norm and the loss statistics (+1 over tp for the
 # gradient norm when tp > 1)
 FSDP_STEP_ALLREDUCES = 4
 SCALAR_BYTES = 16  # bytes of one of those all-reduces (a few fp64 scalars)
 
-STAGES = ("prefill", "decode", "logprob", "train", "reshard", "dispatch")
+STAGES = PRICED_STAGES  # re-exported as earl.cost_model.STAGES
 DISPATCHERS = ("centralized", "layout-aware")  # priced by earl.cost_model.dispatch on their TransferPlan
 
 

@@ -134,10 +134,10 @@ def test_training_step_on_cuda_equals_cpu(cuda_tiny):
 
     from earl.parallel import build_plan_groups
     from earl.runtime.config import TrainerConfig
-    from earl.runtime.optim import ReplicatedAdamW, train_step
+    from earl.runtime.optim import ReplicatedAdamW
     from earl.runtime.run import process_group
     from earl.runtime.tp import param_shapes
-    from earl.runtime.trainer import ExperienceBatch, Trainer
+    from earl.runtime.trainer import ExperienceBatch, Trainer, train_step
     from earl.specs import ParallelPlan
 
     pol, _ = cuda_tiny
