@@ -190,8 +190,8 @@ def check_nproc(nproc) -> int:
 
 
 def initial_run_plans(cfg, nproc: int) -> dict[str, ParallelPlan]:
-    """stage -> the plan the runtime starts each stage on (earl.runtime.run.initial_plans)."""
-    from earl.runtime.run import initial_plans
+    """stage -> the plan the runtime starts each stage on (earl.runtime.resolve.initial_plans)."""
+    from earl.runtime.resolve import initial_plans
 
     plans = initial_plans(cfg, nproc)
     return {s.value: plans.for_stage(s) for s in Stage}
@@ -278,9 +278,9 @@ def measured_stages(spans, steps: list[int]) -> list[dict]:
 def _run_runtime(cfg, run_dir: Path, nproc: int) -> list[dict]:
     """The runtime's metrics rows: in this process (one), or under torchrun as `earl run --nproc`."""
     if nproc == 1:
-        from earl.runtime.run import train
+        from earl.runtime.run import run_training
 
-        return train(cfg, run_dir, progress=False, echo=lambda *_: None).metrics
+        return run_training(cfg, run_dir, progress=False, echo=lambda *_: None).metrics
     import subprocess
 
     from earl.runtime.launch import launch
@@ -357,7 +357,7 @@ def validation_config(config_file: str | None = None, sets: dict | None = None, 
                       dtype: str | None = None):
     """`earl validate`'s run config: the file (or the default), `--set`s, then `--device` (cuda
     defaults the dtype to bf16) and `--dtype`; a cuda device must be present."""
-    from earl.runtime.run import resolve_config
+    from earl.runtime.resolve import resolve_config
 
     overrides = dict(sets or {})
     if device is not None:

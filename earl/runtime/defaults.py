@@ -2,7 +2,7 @@
 sized for it, not the tiny model's (fp32, lr 2e-3, 128 groups, 16K-token micro-batches).
 
 `model_defaults(spec, device)` is a pure function of the model's size and the device; the run's
-config resolution (earl.runtime.run.resolve_config) applies it to the keys the user did not set
+config resolution (earl.runtime.resolve.resolve_config) applies it to the keys the user did not set
 (an explicit `--set`, flag or config-file value always wins), and `earl run` prints the values in
 force at start. The built-in tiny models (and anything under `SMALL_MODEL_PARAMS`) keep today's
 defaults, so existing runs and tests are unchanged.

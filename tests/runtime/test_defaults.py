@@ -8,7 +8,7 @@ import pytest
 
 from earl.runtime.config import RunConfig
 from earl.runtime.defaults import model_defaults
-from earl.runtime.run import resolve_config
+from earl.runtime.resolve import resolve_config
 from earl.specs import MODEL_CATALOG
 
 

@@ -19,7 +19,7 @@ from earl.policies import make_selector
 from earl.runtime.config import RunConfig
 from earl.runtime.hf_model import hf_config_from_spec, model_shapes
 from earl.runtime.launch import torchrun_command
-from earl.runtime.run import check_config, initial_plans, resolve_config, selector_cost_model
+from earl.runtime.resolve import check_config, initial_plans, resolve_config, selector_cost_model
 from earl.runtime.worker import runnable
 from earl.specs import MODEL_CATALOG, ParallelPlan, Stage
 from earl.trace import read_chrome_trace
