@@ -108,8 +108,8 @@ def _run(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume, 
     if start >= cfg.steps:
         raise ValueError(f"the checkpoint is at step {start} and steps={cfg.steps}: nothing to do (raise --steps)")
     hw, how = resolve_hardware(cfg)
-    ctx = _step_context(worker, hw)
-    prev = prev or _first_stats(worker)
+    ctx = step_context(worker, hw)
+    prev = prev or first_stats(worker)
     rec = None
     if rank == 0:
         echo(f"earl run: {cfg.model.path} on {cfg.env.name}, {world} process{'es' if world > 1 else ''}, "
@@ -178,7 +178,7 @@ def _run(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume, 
                      preempted=preempted)
 
 
-def _step_context(worker: Worker, hardware: str) -> StepContext:
+def step_context(worker: Worker, hardware: str) -> StepContext:
     """The run's selector (pricing plans on `hardware` with the job's topology), dispatcher and
     scripted plan switches."""
     cfg, world = worker.cfg, worker.world
@@ -191,7 +191,7 @@ def _step_context(worker: Worker, hardware: str) -> StepContext:
                        schedule=parse_schedule(cfg.plan.schedule))
 
 
-def _first_stats(worker: Worker) -> WorkloadStats:
+def first_stats(worker: Worker) -> WorkloadStats:
     """The workload the selector plans the first step for: every episode at the first prompt's
     length plus the sampling budget."""
     cfg = worker.cfg
