@@ -86,8 +86,9 @@ class CostModel:
     """Analytical time / memory model of one model on one cluster."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, profile: HardwareProfile | None = None,
-                 *, flash_attention: bool = True):
+                 *, flash_attention: bool = True, precision: memory.TrainPrecision = memory.MIXED_PRECISION):
         self.model = model
+        self.precision = precision  # the training memory layout priced (earl.cost_model.memory)
         self.cluster = cluster
         self.profile = profile or datasheet_profile(cluster.hardware)
         self.flash_attention = flash_attention
@@ -100,7 +101,8 @@ class CostModel:
         self.kv_capacity_tokens = lru_cache(maxsize=256)(self._kv_capacity_tokens)
 
     def with_profile(self, profile: HardwareProfile) -> CostModel:
-        return CostModel(self.model, self.cluster, profile, flash_attention=self.flash_attention)
+        return CostModel(self.model, self.cluster, profile, flash_attention=self.flash_attention,
+                         precision=self.precision)
 
     # ---- links ------------------------------------------------------------------------------
     def link_of(self, src: int, dst: int) -> str:
@@ -196,7 +198,8 @@ class CostModel:
     def memory(self, stage: str, plan: ParallelPlan, batch: int, context: int) -> MemoryBreakdown:
         cap, res = self.capacity, self.reserve
         if stage == "train":
-            return memory.train_memory(self.model, plan, context, cap, res, self.flash_attention)
+            return memory.train_memory(self.model, plan, context, cap, res, self.flash_attention,
+                                       precision=self.precision)
         if stage == "logprob":
             return memory.forward_memory(self.model, plan, context, cap, res)
         if stage in ("prefill", "decode"):

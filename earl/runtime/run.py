@@ -184,7 +184,7 @@ def step_context(worker: Worker, hardware: str) -> StepContext:
     cfg, world = worker.cfg, worker.world
     config = worker.policy.model.config
     selector = make_selector(
-        cfg.policy.selector, cost_model=selector_cost_model(worker.policy.spec, hardware, world),
+        cfg.policy.selector, cost_model=selector_cost_model(worker.policy.spec, hardware, world, cfg.model.dtype),
         initial=worker.plans, stage_gpus=world,
         can_run=lambda stage, plan: runnable(plan, world, config, worker.shapes, stage, cfg.engine))
     return StepContext(selector=selector, dispatcher=make_dispatcher(cfg.policy.dispatcher),

@@ -1,7 +1,8 @@
 """One RL step (earl.runtime.step.run_step) on a world of one process: a real one-rank gloo
 group, a real HF checkpoint written to a temp folder and loaded back, the real engine, game and
 trainer. The step's row, statistics and decisions are checked against what the rank played, and
-the training weights against the ones before the step.
+the training weights against the ones before the step; the budget check's memory figure against
+the selector's cost model and the pre-launch resource check.
 
     OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_step.py
 """
@@ -13,11 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from earl.runtime.resolve import initial_plans, resolve_config, resolve_hardware
+from earl.cost_model.memory import MemoryBreakdown
+from earl.runtime.resolve import initial_plans, resolve_config, resolve_hardware, selector_cost_model
+from earl.runtime.resources import estimate_bytes
 from earl.runtime.run import first_stats, process_group, step_context
 from earl.runtime.step import run_step
 from earl.runtime.worker import Worker
-from earl.specs import STEP_PHASES, Stage
+from earl.specs import STEP_PHASES, ParallelPlan, Stage
 
 sys.path.insert(0, str(Path(__file__).parent))
 from chat_model import build_chat_model  # noqa: E402
@@ -80,3 +83,30 @@ def test_the_step_trained_the_weights(one_step):
     assert changed and all(torch.isfinite(after[n]).all() for n in after)
     assert worker.optim.step_count == one_step["cfg"].trainer.minibatches
     assert one_step["row"]["lr"] == pytest.approx(one_step["cfg"].trainer.lr)  # progress 0: the initial lr
+
+
+def test_the_budget_check_and_the_selector_price_one_memory_figure(one_step):
+    """One memory account: the runtime's budget check (Worker.memory) is the selector's cost
+    model (earl run's, in the runtime's precision) to the byte, on a replicated and an FSDP2
+    plan; only the device's reserve (selector) and the resident copies (runtime) are apart."""
+    w, cfg, row = one_step["worker"], one_step["cfg"], one_step["row"]
+    assert w.ref_model is None  # no KL term: no reference copy
+    cm = selector_cost_model(w.policy.spec, resolve_hardware(cfg)[0], 1, cfg.model.dtype)
+    tokens = 300
+    whole_copy = w.policy.spec.num_params * 4  # fp32: the rollout copy an FSDP2 plan trains beside
+    for plan, resident in ((ParallelPlan(), 0.0), (ParallelPlan(dp=2, sharded_optimizer=True), whole_copy)):
+        runtime, selector = w.memory(plan, tokens, tokens), cm.memory("train", plan, plan.dp, tokens)
+        for c in MemoryBreakdown.COMPONENTS[:-1]:
+            want = getattr(selector, c) + (resident if c == "weights" else 0.0)
+            assert getattr(runtime, c) == pytest.approx(want, rel=1e-12), (plan.describe(), c)
+        assert w.memory_bytes(plan, tokens, tokens) == pytest.approx(selector.total - cm.reserve + resident)
+    fsdp = w.memory(ParallelPlan(dp=2, sharded_optimizer=True), tokens, tokens)
+    assert fsdp.optimizer == pytest.approx(w.memory(ParallelPlan(), tokens, tokens).optimizer / 2)  # sharded
+    # the step's row reports the same account for the batch it trained on
+    longest = max(len(t.token_ids) for t in w.played)
+    assert row["memory_accounted_bytes"] == w.memory_bytes(w.plans.train, row["tokens"], longest)
+    # and the pre-launch resource check holds one rank's whole copy, at its micro-batch, by the same terms
+    micro_batch = min(cfg.trainer.token_budget, cfg.sampling.max_context)
+    est, one = estimate_bytes(cfg, w.policy.spec, 1), w.memory(ParallelPlan(), micro_batch, 1)
+    for c in ("weights", "grads", "optimizer", "activations", "logits"):
+        assert est[c] == pytest.approx(getattr(one, c)), c
