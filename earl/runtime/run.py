@@ -199,3 +199,9 @@ def first_stats(worker: Worker) -> WorkloadStats:
     n = len(worker.policy.tokenizer.encode(prompt)) + worker.params.max_new_tokens
     return WorkloadStats(step=0, num_responses=cfg.episodes_per_step, context_mean=n, context_p95=n,
                          context_max=n, max_context=cfg.sampling.max_context)
+
+
+if __name__ == "__main__":  # the rank entry point moved; an old torchrun command must not exit 0 having done nothing
+    print("error: a rank of `earl run` is `python -m earl.runtime.launch --config FILE --out DIR` "
+          "(earl.runtime.run has no command line)", file=sys.stderr)
+    sys.exit(2)
