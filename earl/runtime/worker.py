@@ -12,7 +12,8 @@ rollout's copy when the tps agree. Copies are refreshed from training every step
 pure re-shard planner (earl.policies.reshard) and its executor (earl.runtime.move_weights).
 
 Plan switches happen in flight: training moves weights and optimizer state to the new plan, no
-restart. The worker also keeps the per-rank memory account the CPU budget is enforced from.
+restart. The per-rank memory budget is checked against the cost model's training account
+(earl.cost_model.memory.train_memory in the runtime's precision), the selector's own figure.
 The source weights are read once per rank; other copies are built empty and filled by re-shards.
 
     OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_step.py
