@@ -16,6 +16,8 @@ Per step, on every rank (the same points at which the simulator calls the same p
 7. training: the loss and the optimizer strategy on this rank's share (a memory-budget check
    first; over budget, re-plan to a sparing plan and retry on the same samples);
 8. metrics: rank 0 builds the row from metadata and reduced scalars and gathers the spans.
+The stage functions are `select_plans` (1), `play` (2), `prepare_experience` (4-5) and `train`
+(6-7); `run_step` calls them in that order. Their spans use earl.specs.STEP_PHASES.
 
     OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_step.py
 """
