@@ -19,7 +19,8 @@ import time
 
 from earl.config_machinery import parse_sets
 from earl.runtime.envs import make_env
-from earl.runtime.run import resolve_config, train
+from earl.runtime.resolve import resolve_config
+from earl.runtime.run import run_training
 from earl.runtime.tokenizer import CharTokenizer, Conversation
 
 ENVS = ("tic-tac-toe", "openspiel:tic_tac_toe")
@@ -30,7 +31,7 @@ def learn(name: str, minutes: float, steps: int, sets: list[str]) -> tuple[list[
     cfg = resolve_config(overrides=over)
     out = tempfile.mkdtemp(prefix="earl-bench-envs-")
     t0, c0 = time.perf_counter(), time.process_time()
-    res = train(cfg, out, progress=False, echo=lambda s: None, deadline_s=60 * minutes)
+    res = run_training(cfg, out, progress=False, echo=lambda s: None, deadline_s=60 * minutes)
     return res.metrics, time.perf_counter() - t0, time.process_time() - c0
 
 

@@ -14,7 +14,8 @@ import tempfile
 import time
 
 from earl.config_machinery import parse_sets
-from earl.runtime.run import resolve_config, train
+from earl.runtime.resolve import resolve_config
+from earl.runtime.run import run_training
 
 
 def main() -> None:
@@ -35,7 +36,7 @@ def main() -> None:
     def echo(line: str) -> None:
         print(f"[{time.perf_counter() - t0:6.0f}s] {line}", flush=True)
 
-    res = train(cfg, out, progress=False, echo=echo, deadline_s=60 * args.minutes)
+    res = run_training(cfg, out, progress=False, echo=echo, deadline_s=60 * args.minutes)
     rows = res.metrics
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
 

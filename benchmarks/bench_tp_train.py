@@ -23,10 +23,10 @@ from benchmarks.bench_train_fsdp import _model as wide_model
 from earl.parallel import build_plan_groups
 from earl.runtime.dist import run_local
 from earl.runtime.hf_model import build_builtin
-from earl.runtime.optim import ReplicatedAdamW, train_step
+from earl.runtime.optim import ReplicatedAdamW
 from earl.runtime.parallelize import parallelize
 from earl.runtime.tp import apply_tp, param_shapes
-from earl.runtime.trainer import Trainer
+from earl.runtime.trainer import Trainer, train_step
 from earl.specs import ParallelPlan
 
 PLAN = ParallelPlan(tp=2)

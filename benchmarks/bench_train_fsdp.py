@@ -35,12 +35,12 @@ from earl.parallel import build_plan_groups
 from earl.policies.balance import balance_samples
 from earl.policies.types import Sample
 from earl.runtime.dist import run_local
-from earl.runtime.optim import FSDPAdamW, train_step
+from earl.runtime.optim import FSDPAdamW
 from earl.runtime.parallelize import parallelize
 from earl.runtime.rollout import Trajectory
 from earl.runtime.run_config import TrainerConfig
 from earl.runtime.tp import param_shapes
-from earl.runtime.trainer import Trainer, collate
+from earl.runtime.trainer import Trainer, collate, train_step
 from earl.specs import ParallelPlan
 
 ROOT = Path(__file__).resolve().parents[1]

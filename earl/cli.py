@@ -315,7 +315,9 @@ def run_cmd(
     per-stage parallel plans that the selector may switch in flight. The same step runs either way."""
     import os
 
-    from earl.runtime.run import check_config, default_out_dir, resolve_config, summarize, train
+    from earl.runtime.console import summarize
+    from earl.runtime.resolve import check_config, default_out_dir, resolve_config
+    from earl.runtime.run import run_training
 
     overrides: dict = parse_sets(sets)
     for key, value in (("env.name", env), ("env.reward", reward), ("model.path", model), ("steps", steps),
@@ -339,7 +341,7 @@ def run_cmd(
     if not under_torchrun:
         check_config(cfg, 1)
     try:
-        result = train(cfg, out_dir, resume=resume, progress=not quiet and console.is_terminal,
+        result = run_training(cfg, out_dir, resume=resume, progress=not quiet and console.is_terminal,
                        echo=console.print)
     except KeyboardInterrupt:
         from earl.runtime.checkpoint import find_checkpoint
@@ -352,7 +354,8 @@ def run_cmd(
                           f"earl run --resume {out_dir}")
         raise typer.Exit(code=130) from None
     if result.preempted:
-        from earl.runtime.run import PREEMPTED_EXIT, preempted_message
+        from earl.runtime.console import preempted_message
+        from earl.runtime.run import PREEMPTED_EXIT
 
         err_console.print(preempted_message(result), markup=False, highlight=False)
         raise typer.Exit(code=PREEMPTED_EXIT)

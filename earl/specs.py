@@ -42,6 +42,17 @@ class Stage(str, enum.Enum):
     TRAIN = "train"
 
 
+# The one stage vocabulary. A step's timed phases, in order: the three planned stages and the two
+# moves between their layouts (trajectories to training, weights back to rollout). The runtime's
+# and the simulator's spans, the step rows' `<phase>_s` columns and validate's tables use these.
+STEP_PHASES = (Stage.ROLLOUT.value, Stage.EXPERIENCE.value, "dispatch", Stage.TRAIN.value, "reshard")
+# A span's stage: a step phase, or the bookkeeping around them
+SPAN_STAGES = (*STEP_PHASES, "sync", "select", "other")
+# The operations the cost model prices (earl.cost_model.CostModel.estimate): rollout is priced as
+# prefill + decode and experience as logprob; the first four take a plan, the last two a move
+PRICED_STAGES = ("prefill", "decode", "logprob", Stage.TRAIN.value, "reshard", "dispatch")
+
+
 def unknown_name_error(kind: str, name: str, known) -> ValueError:
     """A one-line error for an unknown catalog name, listing the known ones."""
     known = sorted(known)

@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SPAN_STAGES = ("rollout", "experience", "dispatch", "train", "reshard", "sync", "select", "other")
+from earl.specs import SPAN_STAGES
 
 
 @dataclass(frozen=True, kw_only=True)

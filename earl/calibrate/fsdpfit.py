@@ -33,13 +33,13 @@ from earl.policies.reshard import plan_reshard
 from earl.runtime.dist import run_local
 from earl.runtime.hf_model import Policy, empty_like_policy, hf_config_from_spec
 from earl.runtime.move_weights import execute_reshard
-from earl.runtime.optim import FSDPAdamW, train_step
+from earl.runtime.optim import FSDPAdamW
 from earl.runtime.parallelize import parallelize
 from earl.runtime.rollout import Trajectory
 from earl.runtime.run_config import TrainerConfig
 from earl.runtime.tokenizer import CharTokenizer
 from earl.runtime.tp import param_shapes
-from earl.runtime.trainer import Trainer, collate
+from earl.runtime.trainer import Trainer, collate, train_step
 from earl.specs import MODEL_CATALOG, ParallelPlan
 
 MODEL = "tiny"  # the runtime's default model, the one `earl validate --nproc N` runs

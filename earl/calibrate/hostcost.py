@@ -39,8 +39,7 @@ from earl.runtime.hf_model import hf_config_from_spec
 from earl.runtime.rollout import Trajectory, Turn
 from earl.runtime.run import process_group
 from earl.runtime.run_config import EnvConfig, ModelConfig, PolicyConfig, RunConfig, TrainerConfig
-from earl.runtime.step import SampleMeta, StepContext, experience, play
-from earl.runtime.step import train as train_stage
+from earl.runtime.step import SampleMeta, StepContext, play, prepare_experience, train
 from earl.runtime.worker import ONE, Worker
 from earl.sim.replica import TurnSyncReplica
 from earl.sim.workload import Episode
@@ -215,11 +214,11 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
                 worker.cfg = dataclasses.replace(run_cfg, groups=n, group_size=1, engine_batch=chunk)
                 (played, _), t_ro = _timed(lambda w=worker, r=rep: play(w, r + 1), device)
                 # experience = the hand-off and the log-prob pass; timed apart: the pass's forward is priced
-                (store, layout, _), t_exp = _timed(lambda w=worker, tr=trajs, sa=samples, me=meta: experience(
+                (store, layout, _), t_exp = _timed(lambda w=worker, tr=trajs, sa=samples, me=meta: prepare_experience(
                     w, ctx, 1, tr, sa, me), device)
                 spans = {sp.name: sp.duration_s for sp in worker.spans}
                 t_lp = t_exp * spans["logprob"] / max(spans["logprob"] + spans["handoff"], 1e-12)
-                _, t_train_all = _timed(lambda w=worker, st=store, lay=layout, sa=samples, me=meta: train_stage(
+                _, t_train_all = _timed(lambda w=worker, st=store, lay=layout, sa=samples, me=meta: train(
                     w, ctx, 1, st, lay, sa, me), device)
                 spans = {sp.name: sp.duration_s for sp in worker.spans}
                 disp_share = spans["layout-aware"] / max(spans["layout-aware"] + spans["train_step"], 1e-12)

@@ -36,16 +36,17 @@ from earl.outputs import check_out_dir
 from earl.runtime.hf_model import BUILTIN_MODELS
 from earl.runtime.launch import launch
 from earl.runtime.metrics import read_metrics
+from earl.runtime.resolve import initial_plans, resolve_config
 from earl.runtime.resources import check_resources
-from earl.runtime.run import initial_plans, resolve_config, train
+from earl.runtime.run import run_training
 from earl.runtime.run_config import apply_overrides
 from earl.sim.scenario import Scenario
 from earl.sim.simulation import Simulation
 from earl.sim.workload import WorkloadSpec, load_trace
-from earl.specs import HARDWARE_CATALOG, MODEL_CATALOG, ModelSpec, ParallelPlan, Stage
+from earl.specs import HARDWARE_CATALOG, MODEL_CATALOG, STEP_PHASES, ModelSpec, ParallelPlan, Stage
 from earl.trace import atomic_write_text, read_chrome_trace
 
-STAGES = ("rollout", "experience", "dispatch", "train", "reshard")  # the runtime's span stages
+STAGES = STEP_PHASES  # the runtime's span stages, the rows of every table
 # stages whose ranks wait for one another at their start (collective moves): each rank's span
 # holds its wait for the slowest peer's previous stage, which the simulator already charges
 # there (its stages last as long as their slowest group); the rank that arrived last, the one
@@ -145,8 +146,7 @@ def check_nproc(nproc) -> int:
 
 
 def initial_run_plans(cfg, nproc: int) -> dict[str, ParallelPlan]:
-    """stage -> the plan the runtime starts each stage on (earl.runtime.run.initial_plans)."""
-
+    """stage -> the plan the runtime starts each stage on (earl.runtime.resolve.initial_plans)."""
     plans = initial_plans(cfg, nproc)
     return {s.value: plans.for_stage(s) for s in Stage}
 
@@ -229,10 +229,7 @@ def measured_stages(spans, steps: list[int]) -> list[dict]:
 def _run_runtime(cfg, run_dir: Path, nproc: int) -> list[dict]:
     """The runtime's metrics rows: in this process (one), or under torchrun as `earl run --nproc`."""
     if nproc == 1:
-
-        return train(cfg, run_dir, progress=False, echo=lambda *_: None).metrics
-
-
+        return run_training(cfg, run_dir, progress=False, echo=lambda *_: None).metrics
     code = launch(dataclasses.replace(cfg, nproc=nproc), run_dir, stdout=subprocess.DEVNULL)
     if code != 0:
         raise ValueError(f"the {nproc}-process runtime run failed (exit code {code}); its output is in "

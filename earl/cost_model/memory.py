@@ -30,6 +30,32 @@ WEIGHT_BYTES = 2
 GRAD_BYTES = 2
 OPTIMIZER_BYTES = 12
 LOGIT_BYTES = 4  # logits are upcast to fp32 for the softmax / log-prob
+FP32_BYTES = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainPrecision:
+    """Bytes per parameter a training step keeps, by component, and how a `zero` plan shards them.
+    The one memory account's knobs: the simulator and `earl estimate` use ZeRO's mixed precision
+    (`MIXED_PRECISION`); `earl run`'s selector and its budget check use `runtime_precision`."""
+
+    weights: float = WEIGHT_BYTES  # the training model's copy
+    grads: float = GRAD_BYTES
+    optimizer: float = OPTIMIZER_BYTES  # moments (+ fp32 master weights)
+    activation: float = 2  # bytes of one saved activation value (Korthikanti counts 2)
+    fsdp_fp32: bool = False  # a zero plan with dp > 1 holds fp32 weight and grad shards (FSDP2)
+
+
+MIXED_PRECISION = TrainPrecision()
+
+
+def runtime_precision(dtype_bytes: int) -> TrainPrecision:
+    """The PyTorch runtime's layout (earl.runtime.optim): the model and its gradients in the
+    model's dtype, fp32 AdamW moments, and fp32 master weights when the model is not fp32; under
+    FSDP2 (zero, dp > 1) fp32 weight and gradient shards, the shards being the masters."""
+    states = 2 if dtype_bytes == FP32_BYTES else 3
+    return TrainPrecision(weights=dtype_bytes, grads=dtype_bytes, optimizer=FP32_BYTES * states,
+                          activation=dtype_bytes, fsdp_fp32=True)
 
 
 def korthikanti_activation_bytes(s: int, b: int, h: int, a: int, t: int, sp: bool,
@@ -107,22 +133,34 @@ def reserve_bytes(capacity: float, reserve_frac: float, reserve_fixed: float) ->
     return capacity * reserve_frac + reserve_fixed
 
 
+def activation_bytes_per_token(model: ModelSpec, plan: ParallelPlan, context: int, *,
+                               flash_attention: bool = True, value_bytes: float = 2) -> float:
+    """Saved activations of one token of a `context`-token micro-batch, all layers, in bytes
+    (Korthikanti's per-layer figure for 2-byte values, scaled to `value_bytes`)."""
+    s = -(-context // plan.cp)
+    mode = "selective" if (flash_attention and plan.recompute == "none") else plan.recompute
+    per_layer = korthikanti_activation_bytes(s, 1, model.hidden_size, model.num_heads, plan.tp, plan.tp > 1, mode)
+    return per_layer * model.num_layers / s * value_bytes / 2
+
+
 def train_memory(model: ModelSpec, plan: ParallelPlan, context: int, capacity: float,
-                 reserve: float, flash_attention: bool = True) -> MemoryBreakdown:
+                 reserve: float, flash_attention: bool = True, *, precision: TrainPrecision = MIXED_PRECISION,
+                 resident_bytes: float = 0.0) -> MemoryBreakdown:
     """Per-GPU memory of a training step with 1F1B pipelining (the first stage keeps pp
-    micro-batches in flight, i.e. all layers' worth of activations)."""
+    micro-batches in flight, i.e. all layers' worth of activations), under `precision`;
+    `resident_bytes`: other weight copies held meanwhile (counted with the weights)."""
     p = params_per_gpu(model, plan)
     shard = plan.dp * plan.cp if plan.sharded_optimizer else 1  # cp ranks hold the same weights
     s = -(-context // plan.cp)
-    mode = "selective" if (flash_attention and plan.recompute == "none") else plan.recompute
-    per_layer = korthikanti_activation_bytes(s, plan.micro_batch, model.hidden_size, model.num_heads,
-                                             plan.tp, plan.tp > 1, mode)
-    act = per_layer * model.num_layers  # L/pp layers x pp micro-batches in flight
+    act = plan.micro_batch * s * activation_bytes_per_token(model, plan, context, flash_attention=flash_attention,
+                                                            value_bytes=precision.activation)
     # logits and their gradient, fp32, vocab-parallel, one micro-batch at a time
     logits = 2 * plan.micro_batch * s * model.vocab_size / plan.tp * LOGIT_BYTES
-    return MemoryBreakdown(weights=p * WEIGHT_BYTES, grads=p * GRAD_BYTES / shard,
-                           optimizer=p * OPTIMIZER_BYTES / shard, activations=act, logits=logits,
-                           reserve=reserve, capacity=capacity)
+    weights, grads, opt = p * precision.weights, p * precision.grads / shard, p * precision.optimizer / shard
+    if precision.fsdp_fp32 and plan.sharded_optimizer and plan.dp > 1:  # the fp32 shards are the masters
+        weights, grads, opt = p * FP32_BYTES / shard, p * FP32_BYTES / shard, p * 2 * FP32_BYTES / shard
+    return MemoryBreakdown(weights=weights + resident_bytes, grads=grads, optimizer=opt, activations=act,
+                           logits=logits, reserve=reserve, capacity=capacity)
 
 
 def forward_memory(model: ModelSpec, plan: ParallelPlan, context: int, capacity: float,

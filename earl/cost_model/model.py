@@ -19,17 +19,17 @@ from earl.cost_model.compute import PassCost, causal_pairs, forward_pass, param_
 from earl.cost_model.memory import MemoryBreakdown
 from earl.cost_model.profile import HardwareProfile, LinkParams, datasheet_profile
 from earl.parallel import model_slice, validate_plan
-from earl.specs import ClusterSpec, ModelSpec, ParallelPlan
+from earl.specs import PRICED_STAGES, ClusterSpec, ModelSpec, ParallelPlan
 
 FSDP_SHARD_BYTES = 4  # bytes per parameter of the fp32 shards FSDP2 keeps (and gathers)
 # small all-reduces over dp per optimizer step of the runtime's FSDP2 training step
-# (earl.runtime.optim.train_step, Trainer.backward, FSDPAdamW.grad_norm): the loss-token count,
+# (earl.runtime.trainer.train_step, Trainer.backward, FSDPAdamW.grad_norm): the loss-token count,
 # the lockstep micro-batch count, the gradient norm and the loss statistics (+1 over tp for the
 # gradient norm when tp > 1)
 FSDP_STEP_ALLREDUCES = 4
 SCALAR_BYTES = 16  # bytes of one of those all-reduces (a few fp64 scalars)
 
-STAGES = ("prefill", "decode", "logprob", "train", "reshard", "dispatch")
+STAGES = PRICED_STAGES  # re-exported as earl.cost_model.STAGES
 
 
 @dataclass
@@ -85,8 +85,9 @@ class CostModel:
     """Analytical time / memory model of one model on one cluster."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, profile: HardwareProfile | None = None,
-                 *, flash_attention: bool = True):
+                 *, flash_attention: bool = True, precision: memory.TrainPrecision = memory.MIXED_PRECISION):
         self.model = model
+        self.precision = precision  # the training memory layout priced (earl.cost_model.memory)
         self.cluster = cluster
         self.profile = profile or datasheet_profile(cluster.hardware)
         self.flash_attention = flash_attention
@@ -99,7 +100,8 @@ class CostModel:
         self.kv_capacity_tokens = lru_cache(maxsize=256)(self._kv_capacity_tokens)
 
     def with_profile(self, profile: HardwareProfile) -> CostModel:
-        return CostModel(self.model, self.cluster, profile, flash_attention=self.flash_attention)
+        return CostModel(self.model, self.cluster, profile, flash_attention=self.flash_attention,
+                         precision=self.precision)
 
     # ---- links ------------------------------------------------------------------------------
     def link_of(self, src: int, dst: int) -> str:
@@ -195,7 +197,8 @@ class CostModel:
     def memory(self, stage: str, plan: ParallelPlan, batch: int, context: int) -> MemoryBreakdown:
         cap, res = self.capacity, self.reserve
         if stage == "train":
-            return memory.train_memory(self.model, plan, context, cap, res, self.flash_attention)
+            return memory.train_memory(self.model, plan, context, cap, res, self.flash_attention,
+                                       precision=self.precision)
         if stage == "logprob":
             return memory.forward_memory(self.model, plan, context, cap, res)
         if stage in ("prefill", "decode"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from earl.cost_model.memory import MIXED_PRECISION, TrainPrecision
 from earl.cost_model.model import CostModel
 from earl.cost_model.profile import load_profile
 from earl.specs import (
@@ -73,12 +74,13 @@ def resolve_preset(preset: str | None, hardware: str | None, network: str | None
 
 
 def make_cost_model(model: str | ModelSpec, hardware: str, gpus: int, network: str | None = None, *,
-                    gpus_per_node: int | None = None) -> CostModel:
+                    gpus_per_node: int | None = None, precision: TrainPrecision = MIXED_PRECISION) -> CostModel:
     """CostModel for `gpus` GPUs of `hardware` (profile name or JSON path), `gpus_per_node` per
     node (default: the hardware's); without `network`, the cluster's default
-    (ClusterSpec.for_gpus: rdma-200g), which every command names in its output."""
+    (ClusterSpec.for_gpus: rdma-200g), which every command names in its output. `precision`: the
+training memory layout priced (`earl run`'s selector: the runtime's, earl.cost_model.memory)."""
     spec = model if isinstance(model, ModelSpec) else resolve_model(model)
     profile = load_profile(hardware)
     net = resolve_network(network) if network else None
     cluster = ClusterSpec.for_gpus(profile.hardware, gpus, net, gpus_per_node)
-    return CostModel(spec, cluster, profile)
+    return CostModel(spec, cluster, profile, precision=precision)

@@ -13,6 +13,7 @@ on-disk layout and the clean-up rules: docs/runtime.md, "Design notes".
 from __future__ import annotations
 
 import base64
+import dataclasses
 import errno
 import json
 import os
@@ -34,7 +35,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from earl.parallel import ParamShape, build_mesh, check_tp_dp, local_bounds, local_shape, placements
 from earl.policies.reshard import param_of
-from earl.specs import ParallelPlan
+from earl.runtime.dist import comm_device
+from earl.runtime.run_config import to_dict
+from earl.specs import ParallelPlan, Stage, WorkloadStats
 from earl.trace import atomic_write_text
 
 FORMAT_VERSION = 1
@@ -464,3 +467,49 @@ def export_hf(folder: str | Path, full_state_dict: dict[str, torch.Tensor], mode
     elif tokenizer is not None:
         raise TypeError(f"export_hf: unknown tokenizer type {type(tokenizer).__name__}")
     return d
+
+
+# --------------------------------------------------------------------------------------------
+# earl run's checkpoints: a worker's training state and the run's metadata
+# --------------------------------------------------------------------------------------------
+def save_run(w, out: Path, step: int, stats: WorkloadStats) -> Path:
+    """`earl run`'s checkpoint of worker `w` (earl.runtime.worker.Worker) after `step`: every
+    rank writes its training shards (weights and optimizer slices) with DCP; the
+    checkpoint loads into any world size and plan (earl.runtime.checkpoint)."""
+    meta = {"config": to_dict(w.cfg), "plans": {s.value: w.plans.for_stage(s).describe() for s in Stage},
+            "world": w.world, "model_source": w.policy.source, "stats": dataclasses.asdict(stats),
+            "rng": rng_state()}
+    dev = comm_device()  # tensors where the process group's backend takes them (gloo: the CPU)
+    return save_checkpoint(out, step, params={n: t.to(dev) for n, t in w.train_weights().items()},
+                           optimizer={k: v.to(dev) for k, v in w.optim.state_tensors().items()},
+                           optimizer_step=w.optim.step_count, shapes=w.shapes,
+                           plan=w.plans.train, meta=meta, keep=w.cfg.keep_checkpoints)
+
+
+def load_run(w, ckpt: Path) -> tuple[int, WorkloadStats]:
+    """Each rank reads its shards under the current training plan, whatever it was saved on."""
+    got = load_checkpoint(ckpt, shapes=w.shapes, plan=w.plans.train, rank=w.rank, world=w.world,
+                          device=comm_device())
+    w.restore({**got.params, **got.optimizer}, got.optimizer_step)
+    if got.meta.get("rng") and got.meta.get("world") == w.world:
+        restore_rng(got.meta["rng"])
+    return int(got.meta["step"]), WorkloadStats(**got.meta["stats"])
+
+
+def export_policy(w, folder: Path) -> Path | None:
+    """The policy as an HF folder (config.json, safetensors in the model's dtype, tokenizer) on
+    rank 0, written next to its final place and renamed in. Collective."""
+    full = gather_full_params({n: t.to(comm_device()) for n, t in w.train_weights().items()},
+                              w.shapes, w.plans.train)
+    if full is None:
+        return None
+    tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}")
+    export_hf(tmp, full, w.policy.model.config, w.policy.tokenizer)
+    if folder.exists():
+        old = folder.with_name(f".old-{folder.name}-{os.getpid()}")
+        os.replace(folder, old)
+        os.replace(tmp, folder)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, folder)
+    return folder

@@ -5,7 +5,7 @@ counted (`ControlBytes`), so a test can show that rank 0's share does not grow w
 
 One process is a world of size 1: the same calls run, and move nothing.
 
-    OMP_NUM_THREADS=1 python -m pytest -q -m slow tests/runtime/test_step.py -k control
+    OMP_NUM_THREADS=1 python -m pytest -q -m slow tests/runtime/test_run_multiprocess.py -k control_bytes
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 sized for it, not the tiny model's (fp32, lr 2e-3, 128 groups, 16K-token micro-batches).
 
 `model_defaults(spec, device)` is a pure function of the model's size and the device; the run's
-config resolution (earl.runtime.run.resolve_config) applies it to the keys the user did not set
+config resolution (earl.runtime.resolve.resolve_config) applies it to the keys the user did not set
 (an explicit `--set`, flag or config-file value always wins), and `earl run` prints the values in
 force at start. The built-in tiny models (and anything under `SMALL_MODEL_PARAMS`) keep today's
 defaults, so existing runs and tests are unchanged.
@@ -13,14 +13,14 @@ print(model_defaults(ModelSpec.from_name('qwen2.5-0.5b'), 'cpu'))"
 
 from __future__ import annotations
 
-from earl.specs import ModelSpec
+from earl.cost_model.memory import activation_bytes_per_token
+from earl.specs import ModelSpec, ParallelPlan
 
 SMALL_MODEL_PARAMS = 50e6  # parameters; below this the built-in defaults stand (tiny models)
 LARGE_MODEL_PARAMS = 3e9  # parameters; from here the learning rate halves and batches shrink
 # bytes of saved activations one micro-batch may hold (the token budget is sized from it): a
 # CPU run shares host memory with weights and optimizer, a GPU has HBM to spare
 ACTIVATION_BYTES = {"cpu": 2 * 2**30, "cuda": 16 * 2**30}
-ACTIVATIONS_PER_LAYER = 16  # hidden-sized tensors saved per layer and token (the memory account's figure)
 MIN_TOKEN_BUDGET, MAX_TOKEN_BUDGET = 512, 16384  # padded tokens per micro-batch
 
 
@@ -34,7 +34,7 @@ def model_defaults(spec: ModelSpec, device: str = "cpu") -> dict[str, object]:
     if n < SMALL_MODEL_PARAMS:
         return {}
     large = n >= LARGE_MODEL_PARAMS
-    per_token = spec.num_layers * ACTIVATIONS_PER_LAYER * spec.hidden_size * 2  # bf16 bytes
+    per_token = activation_bytes_per_token(spec, ParallelPlan(), MAX_TOKEN_BUDGET)  # bf16, the memory account's
     budget = ACTIVATION_BYTES["cuda" if device.startswith("cuda") else "cpu"] // per_token
     tokens = MIN_TOKEN_BUDGET
     while tokens * 2 <= min(budget, MAX_TOKEN_BUDGET):

@@ -1,5 +1,5 @@
-"""`earl run --nproc N`: start N local processes under torchrun, each running
-`earl.runtime.run.worker_main` on the configuration the CLI resolved (written as JSON into the
+"""`earl run --nproc N`: start N local processes under torchrun, each running `worker_main`
+(one rank: earl.runtime.run.run_training) on the configuration the CLI resolved (written as JSON into the
 run folder, so no command-line option is parsed twice).
 
     python -c "from earl.runtime.launch import launch; from earl.runtime.run_config import RunConfig; \
@@ -7,12 +7,13 @@ launch(RunConfig(nproc=2, steps=2), 'runs/d')"
 
 Multi-node: write the resolved config once (`earl run --nproc N` leaves it in the run folder as
 launch-config.json) and run torchrun yourself on every node:
-    torchrun --nnodes 2 --nproc_per_node 8 --rdzv-endpoint HOST:PORT -m earl.runtime.run \
+    torchrun --nnodes 2 --nproc_per_node 8 --rdzv-endpoint HOST:PORT -m earl.runtime.launch \
         --config DIR/launch-config.json --out DIR
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -23,9 +24,15 @@ import sys
 import threading
 from pathlib import Path
 
+import torch.distributed as dist
+
 from earl.runtime.checkpoint import find_checkpoint
-from earl.runtime.run import LAUNCH_CONFIG, LAUNCH_LOG, PREEMPTED_EXIT, check_config, check_out
-from earl.runtime.run_config import RunConfig, to_dict
+from earl.runtime.console import preempted_message, summarize
+from earl.runtime.dist import shutdown
+from earl.runtime.resolve import LAUNCH_CONFIG, LAUNCH_LOG, check_config, check_out
+from earl.runtime.run import PREEMPTED_EXIT, run_training
+from earl.runtime.run_config import RunConfig, from_dict, to_dict
+from earl.runtime.worker import MemoryBudgetExceeded
 from earl.trace import atomic_write_text
 
 
@@ -35,7 +42,7 @@ def torchrun_command(nproc: int, config_file: Path, out: Path, resume: Path | No
         raise ValueError(f"--nproc must be an integer >= 2 for a multi-process run, got {nproc!r} "
                          "(leave it out for one process)")
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            "--max-restarts=0", "-m", "earl.runtime.run", "--config", str(config_file), "--out", str(out),
+            "--max-restarts=0", "-m", "earl.runtime.launch", "--config", str(config_file), "--out", str(out),
             *(["--resume", str(resume)] if resume is not None else []), *(["--progress"] if progress else [])]
 
 
@@ -119,3 +126,60 @@ def _report(out: Path, messages: list[str], what: str) -> None:
     except ValueError:
         hint = "no checkpoint was written; start again with another --out"
     print(f"earl run: {what}; {hint}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Under torchrun
+# --------------------------------------------------------------------------------------------
+def worker_main(argv: list[str] | None = None) -> None:
+    """One rank of a multi-process run: `python -m earl.runtime.launch --config FILE --out DIR
+    [--resume DIR]`, where FILE is the configuration the CLI resolved."""
+    ap = argparse.ArgumentParser(prog="earl.runtime.launch")
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--resume", default=None)
+    ap.add_argument("--progress", action="store_true")
+    a = ap.parse_args(argv)
+    code, stage = 0, "setup"
+    try:
+        cfg = from_dict(json.loads(Path(a.config).read_text()))
+        stage = "the run"
+        result = run_training(cfg, a.out, resume=a.resume, progress=a.progress, echo=lambda m: print(m, flush=True))
+        if result.preempted:
+            code = PREEMPTED_EXIT
+            if result.metrics:  # rank 0 says it; the launcher relays the line
+                print(preempted_message(result), file=sys.stderr, flush=True)
+        elif result.metrics:  # rank 0
+            print(summarize(result), flush=True)
+    except ValueError as e:  # every rank says it (one may fail alone); the launcher shows each text once
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
+        code = 2
+    except (RuntimeError, ConnectionError) as e:
+        if isinstance(e, MemoryBudgetExceeded):
+            print(f"earl run: {e}", file=sys.stderr, flush=True)
+            code = 4
+        else:
+            last = _last_checkpoint(Path(a.out))
+            hint = "" if os.environ.get("EARL_LAUNCHER") else (  # `earl run --nproc` reports it once
+                f" Last complete checkpoint: {last or 'none'}" + (f"; continue with --resume {a.out}" if last else ""))
+            # a peer's death reaches the others as a connection or backend error; anything else
+            # failed on this rank itself (e.g. an unsupported layout), and is named as such
+            peer = isinstance(e, (ConnectionError, getattr(dist, "DistError", ConnectionError))) or \
+                any(w in str(e).lower() for w in ("connection", "peer", "timed out", "timeout"))
+            what = "lost contact with a peer" if peer else "failed"
+            print(f"earl run: rank {os.environ.get('RANK', '?')} {what} during {stage} "
+                  f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); stopping.{hint}",
+                  file=sys.stderr, flush=True)
+            code = 3
+    shutdown(code)
+
+
+def _last_checkpoint(out: Path) -> str:
+    try:
+        return str(find_checkpoint(out))
+    except ValueError:
+        return ""
+
+
+if __name__ == "__main__":
+    worker_main()

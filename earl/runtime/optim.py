@@ -1,5 +1,5 @@
-"""The optimizer strategies of the training step and `train_step`, which runs the loss
-(earl.runtime.trainer) and the optimizer for one training step on any world size.
+"""The optimizer strategies of the training step (earl.runtime.trainer.train_step runs the loss
+and one of these for one training step on any world size).
 
 Two strategies behind one interface (step, zero_grad, dp_sum, weights, state_tensors,
 load_state_tensors, step_count, state_names), one per kind of training model
@@ -40,7 +40,6 @@ from torch.distributed.tensor import DTensor
 from earl.parallel import ParamShape, PlanGroups, local_bounds, shard_bounds
 from earl.runtime.dist import comm_device
 from earl.runtime.run_config import TrainerConfig
-from earl.runtime.trainer import ExperienceBatch, Trainer
 
 STATES = ("exp_avg", "exp_avg_sq")
 MASTER = "master"  # fp32 master weights of a low-precision model, laid out like the moments
@@ -172,46 +171,6 @@ def _step_count(opt: torch.optim.Optimizer) -> int:
         if "step" in st:
             return int(st["step"])
     return 0
-
-
-def train_step(trainer: Trainer, optim: ReplicatedAdamW | FSDPAdamW, local: ExperienceBatch, *, progress: float = 0.0,
-               generator: torch.Generator | None = None) -> dict:
-    """One training step: `minibatches` optimizer steps over the global batch, given this rank's
-    dp share `local` (every tp rank of a dp group passes the same share). Each rank splits its
-    share the same number of ways, so all dp ranks step together. Returns global token-weighted
-    stats (identical on every rank)."""
-    lr = trainer.lr_at(progress)
-    for group in optim.inner.param_groups:
-        group["lr"] = lr
-    k = trainer.cfg.minibatches
-    n = local.size
-    perm = torch.randperm(n, generator=generator) if k > 1 else torch.arange(n)
-    chunks = [perm[i * n // k:(i + 1) * n // k].tolist() for i in range(k)]
-    keys = ("loss", "pg_loss", "kl", "clip_frac", "entropy")
-    totals = dict.fromkeys(keys, 0.0)
-    norms, tokens, steps = [], 0.0, 0
-    for idx in chunks:
-        sub = local.select(idx) if idx else None
-        n_local = float(sub.loss_mask.sum()) if sub is not None else 0.0
-        optim.zero_grad(set_to_none=True)
-        n_global = optim.dp_sum([n_local])[0]
-        if n_global == 0:
-            continue
-        if (sub is not None and n_local) or trainer.lockstep is not None:
-            sums = trainer.backward(sub if n_local else None, n_global)
-        else:
-            sums = dict.fromkeys(keys, 0.0)
-        norms.append(optim.step())
-        reduced = optim.dp_sum([sums[key] for key in keys])
-        for key, v in zip(keys, reduced, strict=True):
-            totals[key] += v / n_global
-        tokens += n_global
-        steps += 1
-    out = {key: v / max(steps, 1) for key, v in totals.items()}
-    out["grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
-    out["train_tokens"] = tokens
-    out["lr"] = lr
-    return out
 
 
 class FSDPAdamW:

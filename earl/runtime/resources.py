@@ -5,9 +5,9 @@ cannot fit is refused in one line with the numbers and a suggestion, instead of 
 the kernel's out-of-memory killer ends the process.
 
 The training terms are a lower bound of what the runtime allocates (the engine's buffers and
-allocator slack come on top); the activation term is the cost model's (earl.cost_model.memory),
-in the runtime's dtype. Rollout (the built-in engines; vLLM sizes its own cache) adds one step's
-KV cache and the trajectories' per-token records (episodes in flight x tokens x the model's KV
+allocator slack come on top): the cost model's training account in the runtime's precision
+(earl.cost_model.memory.train_memory). Rollout (the built-in engines; vLLM sizes its own cache)
+adds one step's KV cache and the trajectories' per-token records (episodes in flight x tokens x the model's KV
 bytes per token): at least each episode's first cache slot (the `pytorch` engine preallocates
 INITIAL_CAPACITY tokens per episode), which is refused with the numbers and the knobs
 (sampling.max_context, engine_batch, groups) before the first step when it cannot fit; at most
@@ -24,8 +24,8 @@ from __future__ import annotations
 import os
 import sys
 
-from earl.cost_model.memory import korthikanti_activation_bytes
-from earl.specs import DTYPE_BYTES, ModelSpec
+from earl.cost_model.memory import runtime_precision, train_memory
+from earl.specs import DTYPE_BYTES, ModelSpec, ParallelPlan
 
 GIB = 2**30
 _WARNED: set[str] = set()
@@ -36,21 +36,22 @@ TRAJECTORY_BYTES_PER_TOKEN = 16  # a token's id (int64), log-prob (fp32) and mas
 def estimate_bytes(cfg, spec: ModelSpec, world: int, *, per_device: bool = False) -> dict[str, float]:
     """Bytes all `world` ranks of this host hold together, by component (and "total"); with
     `per_device` (GPU runs), what one rank holds on its device. Weights are counted once per rank
-    (each rank builds the model before sharding it), optimizer states (AdamW: two per parameter)
-    once overall when sharded, once per rank otherwise; rollout at its lower bound."""
-    dtype_bytes = DTYPE_BYTES.get(cfg.model.dtype, 4)
-    params = spec.num_params
+    (each rank builds the model before sharding it), optimizer states (fp32 AdamW moments, and
+    fp32 masters for a low-precision model) once overall when sharded, once per rank otherwise;
+    the terms are the cost model's training account (earl.cost_model.memory.train_memory) in the
+    runtime's precision for one whole copy; rollout at its lower bound."""
     sharded = world > 1
     ranks = 1 if per_device else world
     tokens = max(1, min(cfg.trainer.token_budget, cfg.sampling.max_context))
-    act = korthikanti_activation_bytes(tokens, 1, spec.hidden_size, spec.num_heads, 1, False, "selective")
+    one = train_memory(spec, ParallelPlan(), tokens, 0.0, 0.0,  # one rank's whole copy, the runtime's account
+                       precision=runtime_precision(DTYPE_BYTES.get(cfg.model.dtype, 4)))
     out = {
-        "weights": ranks * params * dtype_bytes,
-        "reference": ranks * params * dtype_bytes if cfg.trainer.kl_coef else 0.0,
-        "grads": ranks * params * dtype_bytes,
-        "optimizer": (1 if sharded or per_device else world) * 2 * params * dtype_bytes,
-        "activations": ranks * act * spec.num_layers * dtype_bytes / 2,  # Korthikanti counts 2-byte values
-        "logits": ranks * 2 * tokens * spec.vocab_size * 4,
+        "weights": ranks * one.weights,
+        "reference": ranks * one.weights if cfg.trainer.kl_coef else 0.0,
+        "grads": ranks * one.grads,
+        "optimizer": (1 if sharded or per_device else world) * one.optimizer,
+        "activations": ranks * one.activations,
+        "logits": ranks * one.logits,
     }
     if cfg.engine in LOCAL_ROLLOUT:
         out.update(rollout_bytes(cfg, spec, world, per_device=per_device, at_most=False))

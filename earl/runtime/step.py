@@ -16,6 +16,8 @@ Per step, on every rank (the same points at which the simulator calls the same p
 7. training: the loss and the optimizer strategy on this rank's share (a memory-budget check
    first; over budget, re-plan to a sparing plan and retry on the same samples);
 8. metrics: rank 0 builds the row from metadata and reduced scalars and gathers the spans.
+The stage functions are `select_plans` (1), `play` (2), `prepare_experience` (4-5) and `train`
+(6-7); `run_step` calls them in that order. Their spans use earl.specs.STEP_PHASES.
 
     OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_step.py
 """
@@ -41,12 +43,11 @@ from earl.runtime.envs import OUTCOMES, env_options, make_env
 from earl.runtime.envs.dataset import LAST_REWARD_ERROR
 from earl.runtime.mismatch import SUM_KEYS, mismatch_metrics, mismatch_sums
 from earl.runtime.move_samples import HANDOFF_TENSORS, carry_along, execute_dispatch
-from earl.runtime.optim import train_step
 from earl.runtime.rollout import Trajectory, rollout
 from earl.runtime.seeds import SAMPLE_STREAM, SHUFFLE_STREAM, mix_seed
-from earl.runtime.trainer import ExperienceBatch, batch_logprobs
+from earl.runtime.trainer import ExperienceBatch, batch_logprobs, train_step
 from earl.runtime.worker import MemoryBudgetExceeded, Worker, runnable
-from earl.specs import ParallelPlan, Stage, WorkloadStats
+from earl.specs import STEP_PHASES, ParallelPlan, Stage, WorkloadStats
 
 OUTCOME_RATES = OUTCOMES
 
@@ -248,7 +249,7 @@ def _batch(store: Store, ids: list[int], meta: dict[int, SampleMeta], pad_id: in
                            rewards=torch.tensor([meta[i].reward for i in ids], dtype=torch.float32), **rows)
 
 
-def experience(w: Worker, ctx: StepContext, step: int, trajs: list[Trajectory], samples: list[Sample],
+def prepare_experience(w: Worker, ctx: StepContext, step: int, trajs: list[Trajectory], samples: list[Sample],
                meta: dict[int, SampleMeta]) -> tuple[Store, Layout, dict]:
     """Hand the episodes to the experience layout (a TransferPlan), then old / reference
     log-probs of this rank's share and their gap to the engine's. Returns the experience store,
@@ -346,7 +347,7 @@ def run_step(w: Worker, ctx: StepContext, step: int,
     stats = workload_stats(ordered, step, cfg.sampling.max_context)
     check_reward_errors(cfg, ordered, step)
 
-    store, exp_layout, hand = experience(w, ctx, step, trajs, samples, meta)
+    store, exp_layout, hand = prepare_experience(w, ctx, step, trajs, samples, meta)
     tstats, info, _local = train(w, ctx, step, store, exp_layout, samples, meta)
 
     # metrics: scalars reduced over ranks; spans gathered on rank 0
@@ -361,7 +362,7 @@ def run_step(w: Worker, ctx: StepContext, step: int,
     w.spans = []
     if dist.get_rank() != 0:
         return None, stats, decisions, []
-    stage_s = {s: 0.0 for s in ("rollout", "experience", "dispatch", "train", "reshard")}
+    stage_s = dict.fromkeys(STEP_PHASES, 0.0)
     mine = [sp for sp in spans[0] if sp.step == step]
     for sp in mine:
         if sp.stage in stage_s:

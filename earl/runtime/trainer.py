@@ -7,8 +7,9 @@ logits never exist for a whole micro-batch); `Trainer.backward` runs the clipped
 (entropy bonus, GRPO's k3 KL term, optionally truncated importance sampling against the engine's
 log-probs: earl.runtime.mismatch) with token-budget micro-batching. The loss is a token-mean
 over the whole global (mini)batch, so any split into micro-batches or data-parallel shards gives
-the same gradient. Advantages come from earl.runtime.advantages; the optimizer step from
-earl.runtime.optim.train_step.
+the same gradient. `train_step` is one training step: the loss over mini-batches, each followed by
+an optimizer step (the strategies are earl.runtime.optim's). Advantages come from
+earl.runtime.advantages.
 
     pytest tests/runtime/test_trainer.py
 """
@@ -287,3 +288,43 @@ class Trainer:
             sums["clip_frac"] += float((clipped * mask).sum())
             sums["entropy"] += float((ent.detach() * mask).sum())
         return sums
+
+
+def train_step(trainer: Trainer, optim, local: ExperienceBatch, *, progress: float = 0.0,
+               generator: torch.Generator | None = None) -> dict:
+    """One training step: `minibatches` optimizer steps of `optim` (an earl.runtime.optim
+    strategy) over the global batch, given this rank's dp share `local` (every tp rank of a dp
+    group passes the same share). Each rank splits its share the same number of ways, so all dp
+    ranks step together. Returns global token-weighted stats (identical on every rank)."""
+    lr = trainer.lr_at(progress)
+    for group in optim.inner.param_groups:
+        group["lr"] = lr
+    k = trainer.cfg.minibatches
+    n = local.size
+    perm = torch.randperm(n, generator=generator) if k > 1 else torch.arange(n)
+    chunks = [perm[i * n // k:(i + 1) * n // k].tolist() for i in range(k)]
+    keys = ("loss", "pg_loss", "kl", "clip_frac", "entropy")
+    totals = dict.fromkeys(keys, 0.0)
+    norms, tokens, steps = [], 0.0, 0
+    for idx in chunks:
+        sub = local.select(idx) if idx else None
+        n_local = float(sub.loss_mask.sum()) if sub is not None else 0.0
+        optim.zero_grad(set_to_none=True)
+        n_global = optim.dp_sum([n_local])[0]
+        if n_global == 0:
+            continue
+        if (sub is not None and n_local) or trainer.lockstep is not None:
+            sums = trainer.backward(sub if n_local else None, n_global)
+        else:
+            sums = dict.fromkeys(keys, 0.0)
+        norms.append(optim.step())
+        reduced = optim.dp_sum([sums[key] for key in keys])
+        for key, v in zip(keys, reduced, strict=True):
+            totals[key] += v / n_global
+        tokens += n_global
+        steps += 1
+    out = {key: v / max(steps, 1) for key, v in totals.items()}
+    out["grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
+    out["train_tokens"] = tokens
+    out["lr"] = lr
+    return out

@@ -12,7 +12,8 @@ rollout's copy when the tps agree. Copies are refreshed from training every step
 pure re-shard planner (earl.policies.reshard) and its executor (earl.runtime.move_weights).
 
 Plan switches happen in flight: training moves weights and optimizer state to the new plan, no
-restart. The worker also keeps the per-rank memory account the CPU budget is enforced from.
+restart. The per-rank memory budget is checked against the cost model's training account
+(earl.cost_model.memory.train_memory in the runtime's precision), the selector's own figure.
 The source weights are read once per rank; other copies are built empty and filled by re-shards.
 
     OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_step.py
@@ -21,12 +22,13 @@ The source weights are read once per rank; other copies are built empty and fill
 from __future__ import annotations
 
 import copy
-import math
+import dataclasses
 import time
 
 import torch
 import torch.distributed as dist
 
+from earl.cost_model.memory import MemoryBreakdown, params_per_gpu, runtime_precision, train_memory
 from earl.parallel import ParamShape, build_plan_groups
 from earl.policies.reshard import plan_reshard
 from earl.runtime.dist import comm_device, print0
@@ -34,7 +36,7 @@ from earl.runtime.engine import LOCAL_ENGINES, SamplingParams, engine_plan_error
 from earl.runtime.envs import env_options, make_env
 from earl.runtime.hf_model import empty_like_policy, load_policy
 from earl.runtime.move_weights import allocate_local, execute_reshard
-from earl.runtime.optim import FSDPAdamW, ReplicatedAdamW, local_tensor, state_names
+from earl.runtime.optim import FSDPAdamW, ReplicatedAdamW, local_tensor
 from earl.runtime.parallelize import fsdp_shard_error, parallelize, uses_dtensor, uses_fsdp
 from earl.runtime.run_config import RunConfig
 from earl.runtime.tp import apply_tp, check_tp, param_shapes
@@ -288,33 +290,26 @@ class Worker:
                                t_end=time.perf_counter() - self.origin, step=step, **kw))
 
     # ---- memory accounting -----------------------------------------------------------------
-    def memory_bytes(self, plan: ParallelPlan, local_tokens: int, longest: int) -> float:
-        """This rank's bytes under train `plan`: the model copies, grads, AdamW slices, and the
-        activations of the largest micro-batch (hidden states per layer + fp32 logits)."""
-        spec = self.policy.spec
-        item = next(iter(self.shapes.values())).itemsize  # parameter dtype bytes
-
-        def shard_bytes(tp: int) -> float:
-            return sum(math.prod(s.shape) // (tp if s.tp_dim is not None else 1) * s.itemsize
-                       for s in self.shapes.values())
-
-        weights = shard_bytes(plan.tp)  # and as many for the gradients
-        # fp32 AdamW moments (+ fp32 master weights for a low-precision model)
-        states = len(state_names(torch.float32 if item == 4 else torch.bfloat16))
-        opt = weights / item * 4 * states  # replicated over dp
+    def memory(self, plan: ParallelPlan, local_tokens: int, longest: int) -> MemoryBreakdown:
+        """This rank's training memory under train `plan`, by the cost model's account
+        (earl.cost_model.memory.train_memory) in the runtime's precision: the training copy, its
+        gradients and AdamW state, the activations and logits of the largest micro-batch, and,
+        with the weights, the other stages' copies the plan keeps resident."""
         copies = [p for p in (self.plans.rollout, self.plans.experience) if p.tp != plan.tp]
-        if uses_fsdp(plan):  # fp32 masters, grads and moments all sharded over dp
-            weights, opt = weights / item * 4 / plan.dp, weights / item * 4 * 2 / plan.dp
         if uses_dtensor(plan):  # stages run on copies
             copies = [self.plans.rollout] + ([self.plans.experience]
                                              if self.plans.experience.tp != self.plans.rollout.tp else [])
         if self.ref_model is not None:
             copies.append(self.ref_plan)
-        others = sum(shard_bytes(c.tp) for c in copies)
+        spec, dtype_bytes = self.policy.spec, self.model_dtype.itemsize
+        resident = sum(params_per_gpu(spec, c) * dtype_bytes for c in copies)
         mb_tokens = min(max(local_tokens, longest), max(self.cfg.trainer.token_budget, longest))
-        # saved activations ~16 hidden-sized tensors per layer and token (tp-sharded), fp32 logits x3
-        act = mb_tokens * (spec.num_layers * 16 * spec.hidden_size / plan.tp * item + 3 * spec.vocab_size * 4)
-        return weights * 2 + opt + others + act
+        return train_memory(spec, dataclasses.replace(plan, micro_batch=1), max(mb_tokens, 1), 0.0, 0.0,
+                            precision=runtime_precision(dtype_bytes), resident_bytes=resident)
+
+    def memory_bytes(self, plan: ParallelPlan, local_tokens: int, longest: int) -> float:
+        """The total of `memory`: what the budget check compares with plan.memory_budget_mb."""
+        return self.memory(plan, local_tokens, longest).total
 
     def check_budget(self, local_tokens: int, longest: int) -> None:
         budget = self.memory_budget_bytes

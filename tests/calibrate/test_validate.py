@@ -26,7 +26,7 @@ from earl.calibrate.validate import (
 )
 from earl.cli import app
 from earl.cost_model.profile import load_profile
-from earl.runtime.run import resolve_config
+from earl.runtime.resolve import resolve_config
 from earl.specs import MODEL_CATALOG, ClusterSpec, ParallelPlan
 from earl.trace import Span
 

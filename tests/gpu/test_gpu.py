@@ -93,11 +93,12 @@ def test_compiled_decode_blocks_on_cuda_equal_eager(cuda_tiny):
 
 def test_one_process_run_on_cuda(tmp_path):
     """`earl run` on one GPU: two steps, finite losses, peak memory from max_memory_allocated."""
-    from earl.runtime.run import resolve_config, train
+    from earl.runtime.resolve import resolve_config
+    from earl.runtime.run import run_training
 
     cfg = resolve_config(overrides={"model.device": "cuda", "groups": 4, "group_size": 2, "steps": 2,
                                     "plots": "false"})
-    res = train(cfg, tmp_path / "run", progress=False, echo=lambda s: None)
+    res = run_training(cfg, tmp_path / "run", progress=False, echo=lambda s: None)
     assert [r["step"] for r in res.metrics] == [1, 2]
     for r in res.metrics:
         assert math.isfinite(r["loss"]) and r["peak_mem_bytes"] > 0 and r["world"] == 1
@@ -107,17 +108,18 @@ def test_one_process_run_on_cuda(tmp_path):
 def test_nccl_world_one_equals_in_process_run(tmp_path):
     """The torchrun path with an NCCL process group (one GPU) computes what the in-process run
     (its own one-rank group) computes."""
-    from earl.runtime.run import resolve_config, train
+    from earl.runtime.resolve import resolve_config
+    from earl.runtime.run import run_training
     from earl.runtime.run_config import to_dict
 
     cfg = resolve_config(overrides={"model.device": "cuda", "groups": 4, "group_size": 2, "steps": 2,
                                     "plots": "false"})
-    ref = train(cfg, tmp_path / "a", progress=False, echo=lambda s: None).metrics
+    ref = run_training(cfg, tmp_path / "a", progress=False, echo=lambda s: None).metrics
     conf = tmp_path / "cfg.json"
     conf.write_text(json.dumps(to_dict(cfg)))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
-                        "-m", "earl.runtime.run", "--config", str(conf), "--out", str(tmp_path / "b")],
+                        "-m", "earl.runtime.launch", "--config", str(conf), "--out", str(tmp_path / "b")],
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
@@ -133,11 +135,11 @@ def test_training_step_on_cuda_equals_cpu(cuda_tiny):
     import torch
 
     from earl.parallel import build_plan_groups
-    from earl.runtime.optim import ReplicatedAdamW, train_step
+    from earl.runtime.optim import ReplicatedAdamW
     from earl.runtime.run import process_group
     from earl.runtime.run_config import TrainerConfig
     from earl.runtime.tp import param_shapes
-    from earl.runtime.trainer import ExperienceBatch, Trainer
+    from earl.runtime.trainer import ExperienceBatch, Trainer, train_step
     from earl.specs import ParallelPlan
 
     pol, _ = cuda_tiny

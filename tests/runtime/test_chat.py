@@ -87,9 +87,10 @@ def test_sampling_never_draws_beyond_the_tokenizer():
 
 
 def test_run_with_a_chat_model(chat_dir, tmp_path):
-    from earl.runtime.run import resolve_config, train
+    from earl.runtime.resolve import resolve_config
+    from earl.runtime.run import run_training
 
     cfg = resolve_config(overrides={"model.path": str(chat_dir), "groups": 2, "group_size": 2, "steps": 1,
                                     "plots": "false", "sampling.max_new_tokens": "4"})
-    res = train(cfg, tmp_path / "run", progress=False, echo=lambda s: None)
+    res = run_training(cfg, tmp_path / "run", progress=False, echo=lambda s: None)
     assert res.metrics[0]["episodes"] == 4

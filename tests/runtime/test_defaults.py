@@ -7,7 +7,7 @@ import json
 import pytest
 
 from earl.runtime.defaults import model_defaults
-from earl.runtime.run import resolve_config
+from earl.runtime.resolve import resolve_config
 from earl.runtime.run_config import RunConfig
 from earl.specs import MODEL_CATALOG
 

@@ -20,12 +20,12 @@ from earl.policies.types import Layout, Sample
 from earl.runtime.advantages import AdvantageSpec, distributed_advantages
 from earl.runtime.dist import run_local
 from earl.runtime.hf_model import build_builtin
-from earl.runtime.optim import ReplicatedAdamW, train_step
+from earl.runtime.optim import ReplicatedAdamW
 from earl.runtime.parallelize import parallelize
 from earl.runtime.rollout import Trajectory
 from earl.runtime.run_config import TrainerConfig
 from earl.runtime.tp import param_shapes
-from earl.runtime.trainer import ExperienceBatch, Trainer, batch_logprobs, collate
+from earl.runtime.trainer import ExperienceBatch, Trainer, batch_logprobs, collate, train_step
 from earl.specs import ParallelPlan
 
 CFG = TrainerConfig(algo="grpo", lr=1e-2, grad_clip=0.5, token_budget=64, entropy_coef=0.01, lr_decay="none")

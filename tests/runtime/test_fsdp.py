@@ -16,10 +16,10 @@ from earl.policies.balance import balance_samples
 from earl.policies.types import Sample
 from earl.runtime.dist import run_local
 from earl.runtime.hf_model import build_builtin
-from earl.runtime.optim import FSDPAdamW, train_step
+from earl.runtime.optim import FSDPAdamW
 from earl.runtime.parallelize import parallelize
 from earl.runtime.tp import param_shapes
-from earl.runtime.trainer import Trainer
+from earl.runtime.trainer import Trainer, train_step
 from earl.specs import ParallelPlan
 from tests.runtime.test_dist_train import CFG, STEPS, check_ranks, make_batch, reference_run
 

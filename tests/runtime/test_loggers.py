@@ -136,7 +136,8 @@ def test_crash_and_resume_tensorboard_and_wandb(tmp_path, monkeypatch):
     like metrics.csv, then holds each step once, with the resumed run's values; wandb marks the
     first run crashed (exit code 1) and the resumed one, a second offline run, finished."""
     import earl.runtime.run as run_mod
-    from earl.runtime.run import resolve_config, train
+    from earl.runtime.resolve import resolve_config
+    from earl.runtime.run import run_training
 
     for k in [k for k in os.environ if k.startswith("WANDB_")]:
         monkeypatch.delenv(k)
@@ -154,13 +155,13 @@ def test_crash_and_resume_tensorboard_and_wandb(tmp_path, monkeypatch):
 
     monkeypatch.setattr(run_mod, "run_step", dies_at_4)
     with pytest.raises(RuntimeError, match="killed at step 4"):
-        train(cfg, out, progress=False, echo=lambda s: None)
+        run_training(cfg, out, progress=False, echo=lambda s: None)
     assert sorted(scalars(out / "tensorboard")["reward_mean"]) == [1, 2, 3]
     (crashed,) = out.glob("wandb/offline-run-*/run-*.wandb")
     assert sorted(wandb_history(crashed)) == [1, 2, 3] and exit_code(crashed) == 1
 
     monkeypatch.setattr(run_mod, "run_step", real_step)
-    res = train(resolve_config(resume=out), out, resume=out, progress=False, echo=lambda s: None)
+    res = run_training(resolve_config(resume=out), out, resume=out, progress=False, echo=lambda s: None)
     assert res.first_step == 3
     rows = read_metrics(out)
     assert [row["step"] for row in rows] == [1, 2, 3, 4]

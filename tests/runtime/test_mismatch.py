@@ -20,7 +20,8 @@ from test_trainer import fake_trajs, prepare
 from earl.runtime.dist import run_local
 from earl.runtime.engine import TorchEngine
 from earl.runtime.mismatch import mismatch_metrics, mismatch_sums, tis_weights
-from earl.runtime.run import resolve_config, train
+from earl.runtime.resolve import resolve_config
+from earl.runtime.run import run_training
 from earl.runtime.run_config import ALGOS, TrainerConfig
 from earl.runtime.trainer import Trainer, collate
 
@@ -75,7 +76,7 @@ def use_shifted_engine(monkeypatch, shift) -> None:
 
 
 def run(tmp_path, name: str, **overrides) -> list[dict]:
-    res = train(resolve_config(overrides={**SMALL, **overrides}), tmp_path / name, progress=False,
+    res = run_training(resolve_config(overrides={**SMALL, **overrides}), tmp_path / name, progress=False,
                 echo=lambda s: None)
     return res.metrics
 
@@ -157,7 +158,7 @@ def test_bad_tis_cap_is_a_one_line_error():
 
 
 def _two_rank_run(out: str, overrides: dict) -> list[dict] | None:
-    res = train(resolve_config(overrides=overrides), out, progress=False, echo=lambda s: None)
+    res = run_training(resolve_config(overrides=overrides), out, progress=False, echo=lambda s: None)
     return res.metrics if res is not None and res.metrics else None
 
 

@@ -8,7 +8,8 @@ from typer.testing import CliRunner
 
 from earl.cli import app
 from earl.runtime.checkpoint import find_checkpoint
-from earl.runtime.run import resolve_config, train
+from earl.runtime.resolve import resolve_config
+from earl.runtime.run import run_training
 
 SMALL = {"groups": 2, "group_size": 4, "checkpoint_every": 2, "plots": "false", "threads": 1}
 
@@ -25,7 +26,7 @@ def deterministic(row: dict) -> dict:
 @pytest.fixture(scope="module")
 def four_steps(tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "a"
-    return train(small(steps=4), out, progress=False, echo=lambda s: None)
+    return run_training(small(steps=4), out, progress=False, echo=lambda s: None)
 
 
 def test_run_writes_all_outputs(four_steps):
@@ -56,10 +57,10 @@ def test_run_writes_all_outputs(four_steps):
 
 def test_resume_is_exact(four_steps, tmp_path):
     out = tmp_path / "b"
-    first = train(small(steps=4), out, progress=False, echo=lambda s: None, stop_at=2)
+    first = run_training(small(steps=4), out, progress=False, echo=lambda s: None, stop_at=2)
     assert first.last_step == 2 and find_checkpoint(out).name == "step-000002"
     cfg = resolve_config(resume=out)
-    res = train(cfg, out, resume=out, progress=False, echo=lambda s: None)
+    res = run_training(cfg, out, resume=out, progress=False, echo=lambda s: None)
     assert res.first_step == 3
     assert [deterministic(r) for r in res.metrics] == [deterministic(r) for r in four_steps.metrics]
     wa = (four_steps.out_dir / "workload.jsonl").read_text().splitlines()
@@ -69,7 +70,7 @@ def test_resume_is_exact(four_steps, tmp_path):
 
 
 def test_reinforce_pp_with_kl_runs(tmp_path):
-    res = train(small(steps=2, **{"trainer.algo": "reinforce++", "trainer.kl_coef": "0.05",
+    res = run_training(small(steps=2, **{"trainer.algo": "reinforce++", "trainer.kl_coef": "0.05",
                                   "policy.selector": "earl-table",
                                   "policy.dispatcher": "centralized"}),
                 tmp_path / "c", progress=False, echo=lambda s: None)
@@ -78,7 +79,7 @@ def test_reinforce_pp_with_kl_runs(tmp_path):
 
 
 def test_calculator_env_runs(tmp_path):
-    res = train(small(steps=1, **{"env.name": "calculator", "sampling.max_new_tokens": "6",
+    res = run_training(small(steps=1, **{"env.name": "calculator", "sampling.max_new_tokens": "6",
                                   "trainer.algo": "grpo"}),
                 tmp_path / "d", progress=False, echo=lambda s: None)
     r = res.metrics[0]
@@ -119,14 +120,14 @@ def test_hardware_profile_reaches_the_selector(tmp_path):
     predicted = {}
     for hw in ("cpu-measured", "h100-sxm-80gb"):
         lines = []
-        train(small(steps=1, **{"policy.selector": "cost-model", "hardware.profile": hw}), tmp_path / hw,
+        run_training(small(steps=1, **{"policy.selector": "cost-model", "hardware.profile": hw}), tmp_path / hw,
               progress=False, echo=lines.append)
         assert f"hardware profile {hw} (given)" in lines[0]
         dec = [json.loads(x) for x in (tmp_path / hw / "decisions.jsonl").read_text().splitlines()]
         predicted[hw] = [d["predicted"] for d in dec if d["stage"] == "train"][0]
     assert predicted["cpu-measured"] != predicted["h100-sxm-80gb"]
     lines = []
-    train(small(steps=1), tmp_path / "auto", progress=False, echo=lines.append)
+    run_training(small(steps=1), tmp_path / "auto", progress=False, echo=lines.append)
     assert "hardware profile cpu-measured (calibrated, shipped)" in lines[0]
     help_text = CliRunner().invoke(app, ["run", "--help"], terminal_width=200).output
     assert "--hardware" in help_text
@@ -140,7 +141,7 @@ def test_compiled_decode_run_equals_eager(tmp_path):
     eager engine does: the same episodes, rewards and token counts; losses to float noise. The
     calculator env, since its turns run decode blocks (a Tic-Tac-Toe move is one token)."""
     calc = {"env.name": "calculator", "sampling.max_new_tokens": "6", "trainer.algo": "grpo"}
-    runs = [train(small(steps=2, compile_decode=c, **calc), tmp_path / c, progress=False, echo=lambda s: None)
+    runs = [run_training(small(steps=2, compile_decode=c, **calc), tmp_path / c, progress=False, echo=lambda s: None)
             for c in ("false", "true")]
     for a, b in zip(runs[0].metrics, runs[1].metrics, strict=True):
         a, b = deterministic(a), deterministic(b)

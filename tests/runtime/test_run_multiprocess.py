@@ -18,7 +18,7 @@ import pytest
 from earl.policies import make_selector
 from earl.runtime.hf_model import hf_config_from_spec, model_shapes
 from earl.runtime.launch import torchrun_command
-from earl.runtime.run import check_config, initial_plans, resolve_config, selector_cost_model
+from earl.runtime.resolve import check_config, initial_plans, resolve_config, selector_cost_model
 from earl.runtime.run_config import RunConfig
 from earl.runtime.worker import runnable
 from earl.specs import MODEL_CATALOG, ParallelPlan, Stage

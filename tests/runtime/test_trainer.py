@@ -10,11 +10,11 @@ import torch
 from earl.parallel import build_plan_groups
 from earl.policies.types import Layout, Sample
 from earl.runtime.advantages import AdvantageSpec, distributed_advantages
-from earl.runtime.optim import ReplicatedAdamW, train_step
+from earl.runtime.optim import ReplicatedAdamW
 from earl.runtime.rollout import Trajectory, Turn
 from earl.runtime.run_config import TrainerConfig
 from earl.runtime.tp import param_shapes
-from earl.runtime.trainer import ExperienceBatch, Trainer, batch_logprobs, collate, micro_batches
+from earl.runtime.trainer import ExperienceBatch, Trainer, batch_logprobs, collate, micro_batches, train_step
 from earl.specs import ParallelPlan
 
 ONE = ParallelPlan()  # tp1-dp1: one process, no process group

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from earl.cli import app
 from earl.runtime.envs import env_options, make_env, split_env_name, user
-from earl.runtime.run import resolve_config
+from earl.runtime.resolve import resolve_config
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = f"{ROOT / 'examples' / 'guess_number.py'}:GuessNumber"
