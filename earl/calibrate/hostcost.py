@@ -291,7 +291,7 @@ def _sim_rollout(cm, trajs, engine_batch: int) -> float:
     episodes, without the rollout-level terms being fitted."""
     import simpy
 
-    from earl.sim.replica import TurnSyncReplica
+    from earl.sim.rollout_engine import TurnSyncReplica
     from earl.sim.workload import Episode
 
     bare = cm.with_profile(dataclasses.replace(cm.profile, rollout_fixed_s=0.0, rollout_batch_s=0.0,

@@ -115,6 +115,14 @@ def assignment_of(owner, tokens, dp: int, ids) -> Assignment:
     return tuple(tuple(g.tolist()) for g in np.split(ids[placed], cuts))
 
 
+def deal(n_items: int, n_bins: int) -> list[list[int]]:
+    """Round-robin dealing, the one home of it: item i goes to bin i % n_bins (the rollout's
+    episodes to its replicas, the baseline's samples to dp groups)."""
+    if n_items < 0 or n_bins < 1:
+        raise ValueError(f"deal needs n_items >= 0 and n_bins >= 1, got {n_items}, {n_bins}")
+    return [list(range(b, n_items, n_bins)) for b in range(n_bins)]
+
+
 def round_robin_samples(samples: Sequence[Sample], dp: int) -> tuple[Assignment, float]:
     """The baseline: sample i goes to group i mod dp, whatever its length."""
     _check(samples, dp)

@@ -38,8 +38,8 @@ from earl.cost_model.memory import WEIGHT_BYTES
 from earl.policies.pools import PoolSplit, choose_pool_split
 from earl.specs import ParallelPlan, Stage
 
-from .replica import WAITING, Replica, Seq
-from .replicas import deal
+from .replica_classes import deal
+from .rollout_engine import WAITING, Replica, Seq
 from .workload import Workload
 
 ASYNC_REPLICAS = 16  # rollout replicas simulated in async mode; more are replica classes

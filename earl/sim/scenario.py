@@ -60,7 +60,7 @@ class Scenario:
     fine: bool = False  # one event per decode iteration (slow; for checking the fast mode)
     exact: bool = False  # simulate every rollout replica and every transfer (`--exact`)
     exact_up_to: int = 1024  # episodes per step up to which every replica is simulated anyway;
-    #                          above it, replica classes (earl/sim/replicas.py)
+    #                          above it, replica classes (earl/sim/replica_classes.py)
     oom_restart_s: float = 0.0  # s charged to a step with an OOM event (job restart from checkpoint)
     mode: str = "sync"  # schedule: "sync" (stages in turn on all GPUs) | "async" (rollout pool + training pool)
     max_staleness: int = 1  # async: policy versions a trained sample may lag the trained policy

@@ -43,8 +43,8 @@ from earl.trace import Span
 
 from .async_rl import choose_split, run_async
 from .cluster import Cluster
-from .replica import DecodeClock, Replica, TurnSyncReplica
-from .replicas import ReplicaChoice, choose_replicas, deal, kv_drops, scaled
+from .replica_classes import ReplicaChoice, choose_replicas, deal, kv_drops, scaled
+from .rollout_engine import DecodeClock, Replica, TurnSyncReplica
 from .scenario import Scenario
 from .workload import Draw, Workload, stats_of
 
@@ -76,7 +76,7 @@ class Simulation:
                  padded: bool = False, token_budget: int = 0, fsdp: bool = False, handoff: bool = False,
                  head_on: str = "all", train_placement: str = "aligned"):
         # `engine` "turn-sync", `padded` and `token_budget` model the single-process PyTorch
-        # runtime for `earl validate`: its engine plays turns in lockstep (sim.replica.
+        # runtime for `earl validate`: its engine plays turns in lockstep (sim.rollout_engine.
         # TurnSyncReplica); its log-prob / train micro-batches are right-padded to their longest
         # sequence and packed up to `token_budget` padded tokens (CostModel.mixed_batch); `fsdp`:
         # its `zero` plans with dp > 1 run FSDP2, weights sharded too (CostModel.train, .reshard);
@@ -233,7 +233,7 @@ class Simulation:
                         max_context=self.sc.workload.max_context)
 
     def aggregated(self, episodes: int) -> bool:
-        """Replica classes for a step of `episodes` episodes (see earl/sim/replicas.py)."""
+        """Replica classes for a step of `episodes` episodes (see earl/sim/replica_classes.py)."""
         return not self.sc.exact and episodes > self.sc.exact_up_to
 
     # ---- the iteration ----------------------------------------------------------------------
@@ -367,7 +367,7 @@ class Simulation:
 
     def _rollout(self, ro: ParallelPlan, drawn: Draw, aggregated: bool, step: int):
         """SimPy process: the rollout on `ro.dp` replicas (every one, or the classes of
-        earl/sim/replicas.py); returns the row's rollout columns plus `dropped` (per episode)."""
+        earl/sim/replica_classes.py); returns the row's rollout columns plus `dropped` (per episode)."""
         env, cm, sc = self.env, self.cm, self.sc
         t0 = env.now
         clock = self.clock(ro.tp)

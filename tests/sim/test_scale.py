@@ -15,8 +15,8 @@ import pytest
 import simpy
 
 from earl.cost_model import CostModel
-from earl.sim.replica import Replica
-from earl.sim.replicas import choose_replicas, deal, kv_drops
+from earl.sim.replica_classes import choose_replicas, deal, kv_drops
+from earl.sim.rollout_engine import Replica
 from earl.sim.scenario import load_scenario, parse_stage_plan
 from earl.sim.simulation import Simulation
 from earl.sim.workload import Draw, Workload, preset, truncate_turns
@@ -125,3 +125,12 @@ def test_choice_holds_the_longest_episode_and_deals_round_robin():
     assert longest % 64 in choice.simulated
     assert set(choice.representatives) <= set(choice.simulated) and len(choice.simulated) <= 6
     assert deal(draw, 64, 5).ids.tolist() == list(range(5, 512, 64))
+
+
+def test_deal_is_the_one_round_robin():
+    from earl.policies.balance import deal as deal_items
+    assert deal_items(7, 3) == [[0, 3, 6], [1, 4], [2, 5]]
+    draw = Workload(preset("connect-four")).draw(3).rows(slice(0, 50))
+    assert [deal(draw, 4, b).ids.tolist() for b in range(4)] == deal_items(50, 4)
+    with pytest.raises(ValueError, match="n_bins >= 1"):
+        deal_items(3, 0)

@@ -18,7 +18,7 @@ that in closed form on the affine pieces of the cost model's step time (checked 
 midpoint, split where it is not affine) and solves for the iteration at which the next
 arrival lands. `fine=True` advances one decode iteration per SimPy event instead (for tests).
 
-    python -m pytest tests/sim/test_replica.py -q
+    python -m pytest tests/sim/test_rollout_engine.py -q
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Rollout replicas of one plan are identical engines, and episodes are dealt to them round-robin
 from one i.i.d. draw, so their work is identically distributed. A step's rollout lasts as long
-as its slowest replica, so the aggregated mode runs the exact engine (`engine.Replica`) on
+as its slowest replica, so the aggregated mode runs the exact engine
+(`earl.sim.rollout_engine.Replica`) on
 
 - the stragglers' tail: the replicas holding the longest critical paths (an episode's
   generated tokens at the replica's opening decode speed plus its environment latencies),
@@ -21,9 +22,12 @@ time and throughput at 1,024 GPUs (tests/sim/test_scale.py).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
+
+from earl.policies import balance
 
 from .workload import Draw
 
@@ -45,9 +49,15 @@ class ReplicaChoice:
         return len(self.simulated) == self.replicas
 
 
+@functools.lru_cache(maxsize=8)
+def _dealt(n_items: int, replicas: int) -> tuple[np.ndarray, ...]:
+    return tuple(np.asarray(b, dtype=np.int64) for b in balance.deal(n_items, replicas))
+
+
 def deal(drawn: Draw, replicas: int, index: int) -> Draw:
-    """The episodes replica `index` of `replicas` serves: round-robin over the step's draw."""
-    return drawn.rows(slice(index, None, replicas))
+    """The episodes replica `index` of `replicas` serves: the round-robin dealing of
+    `earl.policies.balance.deal` over the step's draw."""
+    return drawn.rows(_dealt(len(drawn.ids), replicas)[index])
 
 
 def choose_replicas(drawn: Draw, replicas: int, seconds_per_token: float) -> ReplicaChoice:
