@@ -44,12 +44,13 @@ from earl.trace import Span
 from .async_rl import choose_split, run_async
 from .cluster import Cluster
 from .replica_classes import ReplicaChoice, choose_replicas, deal, kv_drops, scaled
-from .rollout_engine import DecodeClock, Replica, TurnSyncReplica
+from .rollout_engine import AffineCache, DecodeClock, Replica, TurnSyncReplica
 from .scenario import Scenario
 from .workload import Draw, Workload, stats_of
 
 MAX_BUCKETS = 8  # length buckets a mixed batch is priced in
 DISPATCH_CONTEXT_QUANTUM = 1024  # tokens: aggregated mode prices a what-if plan at the mean context rounded up to this
+DISPATCH_WIDE_TOKENS = 1 << 17  # context span (tokens) the affine what-if dispatch price is first checked over
 HEAD_ON = ("all", "generated")  # positions that get LM-head logits in log-prob / train passes
 ENGINES = ("continuous", "turn-sync")  # rollout engine models: vLLM-like, or the PyTorch runtime's
 # where a dispatch places the training samples: token-balanced keeping each experience group's
@@ -137,6 +138,10 @@ class Simulation:
         self._stats: WorkloadStats | None = None
         self._headroom: dict[Stage, float] = {}  # stage -> free memory fraction when it last ran
         self._placements: dict = {}  # this step's balance_tokens results
+        self.weight = 1.0  # episodes of the step each drawn episode stands for (sampled steps > 1)
+        self._what_if: dict = {}  # the last what-if dispatch priced
+        self._dispatch_s = AffineCache(self._what_if_dispatch_s, wide_hi=DISPATCH_WIDE_TOKENS)
+        self._dispatch_bytes = AffineCache(self._what_if_dispatch_bytes, wide_hi=DISPATCH_WIDE_TOKENS)
         if self.split is not None:
             sp = self.split
             self.decisions.append({
@@ -146,16 +151,23 @@ class Simulation:
                           f"{sp.rollout_s:.1f} s, log-probs + train {sp.train_s:.1f} s), fastest of "
                           f"{len(sp.table)} splits"})
 
-    # ---- helpers ----------------------------------------------------------------------------
+    # ---- stage services: the sync scheduler (`_step`) and the async one (earl/sim/async_rl.py)
+    # both call these: begin_step, select, reshard, play, learn (experience, dispatch, train),
+    # finish_step, step_done, span
+    def begin_step(self) -> None:
+        """Forget the previous step's placements and hand-off."""
+        self._placements = {}
+        self._exp_assign = None
+
     def clock(self, tp: int) -> DecodeClock:
         if tp not in self._clocks:
             self._clocks[tp] = DecodeClock(self.cm, tp, exact=self.fine)
         return self._clocks[tp]
 
-    def _span(self, name: str, stage: str, rank: int, t0: float, t1: float, step: int, **kw) -> None:
+    def span(self, name: str, stage: str, rank: int, t0: float, t1: float, step: int, **kw) -> None:
         self.spans.append(Span(name=name, stage=stage, rank=rank, t_start=t0, t_end=t1, step=step, **kw))
 
-    def _select(self, stage: Stage, stats: WorkloadStats, step: int) -> ParallelPlan:
+    def select(self, stage: Stage, stats: WorkloadStats, step: int) -> ParallelPlan:
         # the headroom this stage's plan left last time it ran (what the runtime measures); the
         # rollout engine fills its KV cache by design, so rollout reports none
         stats = dataclasses.replace(stats, memory_headroom_frac=self._headroom.get(stage))
@@ -164,12 +176,12 @@ class Simulation:
         now = self.env.now
         self.decisions.append({"policy": self.label, "step": step, "stage": stage.value,
                                "plan": plan.describe(), "switched": dec.switched, "reason": dec.reason})
-        self._span(f"select {stage.value}", "select", 0, now, now, step,
+        self.span(f"select {stage.value}", "select", 0, now, now, step,
                    args={"plan": plan.describe(), "switched": dec.switched, "reason": dec.reason})
         self.plans[stage] = plan
         return plan
 
-    def _reshard(self, name: str, stage: str, src: ParallelPlan, dst: ParallelPlan, step: int,
+    def reshard(self, name: str, stage: str, src: ParallelPlan, dst: ParallelPlan, step: int,
                  include_optimizer: bool = False):
         """SimPy process: charge a weight (and optimizer) re-shard; returns its seconds."""
         if src == dst:
@@ -178,7 +190,7 @@ class Simulation:
         t0 = self.env.now
         yield self.env.timeout(est.time_s)
         self.events += 1
-        self._span(name, stage, 0, t0, self.env.now, step,
+        self.span(name, stage, 0, t0, self.env.now, step,
                    bytes=int(est.extras.get("bytes_total", 0)),
                    args={"src": src.describe(), "dst": dst.describe()})
         return est.time_s
@@ -211,12 +223,18 @@ class Simulation:
     def stage_cost(self, stage: str, plan: ParallelPlan, ids: np.ndarray, tokens: np.ndarray) -> StageCost:
         """Price log-probs ('logprob') or one optimizer step ('train') of a mixed-length batch
         (`tokens[i]`: context tokens of sample `ids[i]`)."""
-        owner, loads = self._balance(plan.dp, ids, tokens)
+        # a sample stands for the batch: its episodes are balanced on as many dp groups as hold
+        # them in the whole batch, and each length counts `weight` times
+        owner, loads = self._balance(max(1, round(plan.dp / self.weight)), ids, tokens)
         imbalance = imbalance_ratio(loads.tolist())
         passes = self.sc.logprob_passes if stage == "logprob" else 1
         # token-budget packing: each dp group packs the sequences the placement gave it
         groups = [np.sort(tokens[owner == d]).tolist() for d in range(plan.dp)] if self.token_budget else None
-        est = self.cm.mixed_batch(stage, plan, np.sort(tokens).tolist(), buckets=MAX_BUCKETS, passes=passes,
+        lengths = np.sort(tokens)
+        if self.weight != 1.0:
+            edges = np.rint(np.arange(len(lengths) + 1) * self.weight).astype(np.int64)
+            lengths = np.repeat(lengths, np.diff(edges))
+        est = self.cm.mixed_batch(stage, plan, lengths.tolist(), buckets=MAX_BUCKETS, passes=passes,
                                   imbalance=imbalance, padded=self.padded, token_budget=self.token_budget,
                                   groups=groups, fsdp=self.fsdp, head_frac=self._head_frac)
         longest = int(tokens.max())
@@ -229,12 +247,37 @@ class Simulation:
     def _prompt_stats(self, drawn: Draw, step: int) -> WorkloadStats:
         """What is known before the first rollout: the prompts."""
         n = len(drawn.ids)
-        return stats_of(drawn.obs[:, 0], np.ones(n, np.int64), np.zeros(n, np.int64), step=step,
-                        max_context=self.sc.workload.max_context)
+        return self.stats(drawn.obs[:, 0], np.ones(n, np.int64), np.zeros(n, np.int64), step)
 
     def aggregated(self, episodes: int) -> bool:
         """Replica classes for a step of `episodes` episodes (see earl/sim/replica_classes.py)."""
         return not self.sc.exact and episodes > self.sc.exact_up_to
+
+    def sample_size(self) -> int:
+        """Episodes to draw for a step: a sample of `engine.sample_episodes` when the batch is
+        larger and replica classes run (not for a replayed trace or the runtime's packed
+        micro-batches), else 0 (the whole batch)."""
+        spec, m = self.workload.spec, self.sc.sample_episodes
+        if spec.trace or self.token_budget or not self.aggregated(spec.episodes_per_step):
+            return 0
+        return m if spec.episodes_per_step > m else 0
+
+    def draw(self, step: int) -> Draw:
+        """This step's episodes with a turn to play (a sample of them above
+        `engine.sample_episodes`); sets `weight`, the episodes each one stands for."""
+        m = self.sample_size()
+        drawn = self.workload.draw(step, m)
+        self.weight = self.workload.spec.episodes_per_step / m if m else 1.0
+        return drawn.rows(drawn.turns > 0)
+
+    def scale(self, count) -> int:
+        """A count over the drawn episodes as a count over the step's whole batch."""
+        return int(round(float(count) * self.weight))
+
+    def stats(self, context, turns, generated, step: int) -> WorkloadStats:
+        """`stats_of` the drawn episodes, counting the responses of the whole batch."""
+        st = stats_of(context, turns, generated, step=step, max_context=self.sc.workload.max_context)
+        return st if self.weight == 1.0 else dataclasses.replace(st, num_responses=self.scale(len(context)))
 
     # ---- the iteration ----------------------------------------------------------------------
     def run(self) -> Simulation:
@@ -252,25 +295,23 @@ class Simulation:
             self.progress(self, step)
 
     def _step(self, step: int):
-        """One synchronous step: every stage in turn on the whole cluster."""
+        """One synchronous step: every stage in turn on the whole cluster (the sync scheduler)."""
         env = self.env
         t_step = env.now
-        self._placements = {}
-        self._exp_assign = None
-        drawn = self.workload.draw(step)
-        drawn = drawn.rows(drawn.turns > 0)
-        n = len(drawn.ids)
+        self.begin_step()
+        drawn = self.draw(step)
+        n = self.scale(len(drawn.ids))
         aggregated = self.aggregated(n)
         stats_before = self._stats or self._prompt_stats(drawn, step)
-        row: dict = {"episodes": n, "truncated_episodes": int(drawn.truncated.sum())}
+        row: dict = {"episodes": n, "truncated_episodes": self.scale(drawn.truncated.sum())}
 
         # 1. rollout plan, weight sync from the training layout
-        ro = self._select(Stage.ROLLOUT, stats_before, step)
-        row["sync_s"] = yield from self._reshard("weight sync", "sync", self.train_layout, ro, step)
+        ro = self.select(Stage.ROLLOUT, stats_before, step)
+        row["sync_s"] = yield from self.reshard("weight sync", "sync", self.train_layout, ro, step)
 
         # 2. rollout
         t0 = env.now
-        rollout = yield from self._rollout(ro, drawn, aggregated, step)
+        rollout = yield from self.play(ro, drawn, aggregated, step)
         row["rollout_s"] = env.now - t0
         done = ~rollout.pop("dropped")
         row.update(rollout)
@@ -279,30 +320,29 @@ class Simulation:
         self.cluster.hold_all("rollout", ro_mem.total)
 
         # 3.-4. experience preparation, dispatch, training
-        yield from self._learn(drawn.ids[done], drawn.context[done], drawn.turns[done],
+        yield from self.learn(drawn.ids[done], drawn.context[done], drawn.turns[done],
                                drawn.generated[done], step, row, aggregated)
-        yield from self._finish_row(row, ro, drawn.context, t_step, step)
+        yield from self.finish_step(row, ro, drawn.context, t_step, step)
 
-    def _learn(self, ids: np.ndarray, ctx: np.ndarray, turns: np.ndarray, generated: np.ndarray,
+    def learn(self, ids: np.ndarray, ctx: np.ndarray, turns: np.ndarray, generated: np.ndarray,
                step: int, row: dict, aggregated: bool):
         """SimPy process: log-probs, dispatch and the optimizer step on the rolled-out episodes
         (`ctx[i]` context tokens of episode `ids[i]`); fills the row's stage columns."""
-        sc = self.sc
         row.update(experience_oom=0, train_oom=0, experience_s=0.0, dispatch_s=0.0, train_s=0.0,
                    reshard_s=0.0, trained_tokens=0, trained_episodes=0,
                    plan_experience=self.plans[Stage.EXPERIENCE].describe(),
                    plan_train=self.plans[Stage.TRAIN].describe())
         if not len(ids):
             return
-        stats = stats_of(ctx, turns, generated, step=step, max_context=sc.workload.max_context)
-        ex = self._select(Stage.EXPERIENCE, stats, step)
+        stats = self.stats(ctx, turns, generated, step)
+        ex = self.select(Stage.EXPERIENCE, stats, step)
         row["plan_experience"] = ex.describe()
-        row["reshard_s"] += yield from self._reshard("re-shard train->experience", "reshard",
+        row["reshard_s"] += yield from self.reshard("re-shard train->experience", "reshard",
                                                      self.train_layout, ex, step)
         keep = ctx <= self.max_fit_context("logprob", ex)
         if self.head_on == "generated":
             self._head_frac = min(1.0, float(generated[keep].sum()) / max(1.0, float(ctx[keep].sum())))
-        row["experience_oom"] = int((~keep).sum())
+        row["experience_oom"] = self.scale((~keep).sum())
         ids, ctx = ids[keep], ctx[keep]
         self._stats = stats
         if not len(ids):
@@ -311,17 +351,17 @@ class Simulation:
         if self.handoff:
             row["experience_s"] += yield from self._handoff(self.plans[Stage.ROLLOUT], ex, ids, ctx, step)
 
-        tr = self._select(Stage.TRAIN, stats, step)
+        tr = self.select(Stage.TRAIN, stats, step)
         row["plan_train"] = tr.describe()
-        row["reshard_s"] += yield from self._reshard("re-shard optimizer", "reshard", self.train_layout,
+        row["reshard_s"] += yield from self.reshard("re-shard optimizer", "reshard", self.train_layout,
                                                      tr, step, include_optimizer=True)
         self.train_layout = tr
         fits = ctx <= self.max_fit_context("train", tr)
-        row["train_oom"] = int((~fits).sum())
+        row["train_oom"] = self.scale((~fits).sum())
         row["dispatch_s"] = yield from self._dispatch(ex, tr, ids, ctx, fits, step, aggregated)
         if fits.any():
             yield from self._run_stage(Stage.TRAIN, tr, ids[fits], ctx[fits], step, row, aggregated)
-            row.update(trained_tokens=int(ctx[fits].sum()), trained_episodes=int(fits.sum()))
+            row.update(trained_tokens=self.scale(ctx[fits].sum()), trained_episodes=self.scale(fits.sum()))
 
     def _run_stage(self, stage: Stage, plan: ParallelPlan, ids: np.ndarray, ctx: np.ndarray, step: int,
                    row: dict, aggregated: bool):
@@ -336,7 +376,7 @@ class Simulation:
         row[f"headroom_{stage.value}"] = self._headroom[stage] = cost.headroom_frac
         self.cluster.hold_all(stage.value, cost.memory_bytes)
 
-    def _finish_row(self, row: dict, ro: ParallelPlan, context: np.ndarray, t_step: float, step: int):
+    def finish_step(self, row: dict, ro: ParallelPlan, context: np.ndarray, t_step: float, step: int):
         """SimPy process: an OOM restart if the step had OOM events, then the step's row."""
         env, sc = self.env, self.sc
         oom_events = row["rollout_oom"] + row["experience_oom"] + row["train_oom"]
@@ -346,7 +386,7 @@ class Simulation:
             t0 = env.now
             yield env.timeout(sc.oom_restart_s)
             restart_s = sc.oom_restart_s
-            self._span("restart after OOM", "other", 0, t0, env.now, step, args={"oom_events": oom_events})
+            self.span("restart after OOM", "other", 0, t0, env.now, step, args={"oom_events": oom_events})
         step_s = env.now - t_step
         ctx = context if len(context) else np.zeros(1, np.int64)
         heads = [row.get(k) for k in ("headroom_rollout", "headroom_experience", "headroom_train")]
@@ -365,20 +405,23 @@ class Simulation:
         row.setdefault("headroom_train", None)
         self.rows.append(row)
 
-    def _rollout(self, ro: ParallelPlan, drawn: Draw, aggregated: bool, step: int):
+    def play(self, ro: ParallelPlan, drawn: Draw, aggregated: bool, step: int):
         """SimPy process: the rollout on `ro.dp` replicas (every one, or the classes of
         earl/sim/replica_classes.py); returns the row's rollout columns plus `dropped` (per episode)."""
         env, cm, sc = self.env, self.cm, self.sc
         t0 = env.now
         clock = self.clock(ro.tp)
-        per_replica = min(-(-len(drawn.ids) // ro.dp), sc.max_num_seqs)
+        # a sample is dealt to as many replicas as hold it in the whole batch; they stand for all
+        replicas = max(1, round(ro.dp / self.weight))
+        per_replica = min(-(-len(drawn.ids) // replicas), sc.max_num_seqs)
         mean_ctx = float(drawn.context.mean()) if len(drawn.ids) else 0.0
         if aggregated:
-            choice = choose_replicas(drawn, ro.dp, clock.step(per_replica, per_replica * mean_ctx / 2))
+            choice = choose_replicas(drawn, replicas, clock.step(per_replica, per_replica * mean_ctx / 2))
+            choice = dataclasses.replace(choice, replicas=ro.dp)
         else:
             every = tuple(range(ro.dp))
             choice = ReplicaChoice(simulated=every, representatives=every, replicas=ro.dp)
-        reps = {i: self.replica_cls(env, cost_model=cm, tp=ro.tp, episodes=deal(drawn, ro.dp, i).episodes(),
+        reps = {i: self.replica_cls(env, cost_model=cm, tp=ro.tp, episodes=deal(drawn, replicas, i).episodes(),
                                     clock=clock, max_num_seqs=sc.max_num_seqs, fine=self.fine,
                                     log=self.log, name=f"replica{i}") for i in choice.simulated}
         yield env.all_of([r.process for r in reps.values()])
@@ -388,7 +431,7 @@ class Simulation:
         for i, r in reps.items():
             st = r.stats
             self.events += st.events
-            self._span("rollout", "rollout", i * ro.tp, t0, max(st.t_end, t0), step,
+            self.span("rollout", "rollout", i * ro.tp, t0, max(st.t_end, t0), step,
                        tokens=st.generated_tokens,
                        args={"plan": ro.describe(), "preemptions": st.preemptions,
                              "evictions": st.evictions, "oom": len(st.oom_episodes),
@@ -402,9 +445,9 @@ class Simulation:
             generated = sum(r.stats.generated_tokens for r in reps.values())
         else:
             dropped, gen = kv_drops(drawn, cap)
-            generated = int(gen.sum())
+            generated = self.scale(gen.sum())
         sample = [reps[i].stats for i in choice.representatives]
-        return {"dropped": dropped, "rollout_oom": int(dropped.sum()),
+        return {"dropped": dropped, "rollout_oom": self.scale(dropped.sum()),
                 "preemptions": scaled(sum(st.preemptions for st in sample), choice),
                 "evictions": scaled(sum(st.evictions for st in sample), choice),
                 "recompute_tokens": scaled(sum(st.recompute_tokens for st in sample), choice),
@@ -420,8 +463,23 @@ class Simulation:
         groups = [cost.group_tokens.index(top)] if aggregated else range(len(cost.group_tokens))
         for d in groups:
             tokens = cost.group_tokens[d]
-            self._span(name, stage, d * plan.model_parallel, t0, t0 + cost.time_s * tokens / top,
+            self.span(name, stage, d * plan.model_parallel, t0, t0 + cost.time_s * tokens / top,
                        step, tokens=tokens, args={"plan": plan.describe()})
+
+    def _what_if_dispatch(self, key: tuple, context: int):
+        if (key, context) not in self._what_if:  # the seconds and the bytes of one pricing
+            ex, tr, n = key
+            self._what_if = {(key, context): estimate_dispatch(self.cm, self.dispatcher_name, ex, tr, n, context)}
+        return self._what_if[(key, context)]
+
+    def _what_if_dispatch_s(self, key: tuple, context: float) -> float:
+        """The what-if dispatch price (seconds) of `key` = (src plan, dst plan, samples) at
+        `context` tokens per sample. Every sample's bytes grow with the context, so the price is
+        affine in it: `_dispatch_s` (an AffineCache) prices a few contexts and proves the line."""
+        return self._what_if_dispatch(key, int(context)).time_s
+
+    def _what_if_dispatch_bytes(self, key: tuple, context: float) -> float:
+        return float(self._what_if_dispatch(key, int(context)).extras.get("moved_bytes", 0))
 
     def _handoff(self, ro: ParallelPlan, ex: ParallelPlan, ids: np.ndarray, tokens: np.ndarray, step: int):
         """SimPy process: the PyTorch runtime's rollout -> experience hand-off (earl.runtime.step.
@@ -437,7 +495,7 @@ class Simulation:
                                   world=max(ro.world_size, ex.world_size), plan=ex)
         self.events += 1
         yield self.env.timeout(est.time_s)
-        self._span(f"hand-off ({tplan.kind})", "experience", tplan.controller, t0, self.env.now, step,
+        self.span(f"hand-off ({tplan.kind})", "experience", tplan.controller, t0, self.env.now, step,
                    bytes=tplan.total_bytes, args={"transfers": len(tplan.transfers)})
         return est.time_s
 
@@ -456,11 +514,12 @@ class Simulation:
         if aggregated:
             ctx = -(-int(tokens[fits].sum()) // n)
             ctx = -(-ctx // DISPATCH_CONTEXT_QUANTUM) * DISPATCH_CONTEXT_QUANTUM
-            est = estimate_dispatch(self.cm, self.dispatcher_name, ex, tr, n, ctx)
+            key = (ex, tr, self.scale(n))
+            time_s = self._dispatch_s(key, ctx)
             self.events += 1
-            yield self.env.timeout(est.time_s)
-            self._span(f"dispatch ({self.dispatcher_name}, what-if plan)", "dispatch", 0, t0, self.env.now, step,
-                       bytes=int(est.extras.get("moved_bytes", 0)), args={"breakdown_s": est.breakdown})
+            yield self.env.timeout(time_s)
+            self.span(f"dispatch ({self.dispatcher_name}, what-if plan)", "dispatch", 0, t0, self.env.now, step,
+                       bytes=int(round(self._dispatch_bytes(key, ctx))), args={"context_tokens": ctx})
             return self.env.now - t0
         kept_ids, kept_tok = ids[fits], tokens[fits]
         samples = [Sample(i, t) for i, t in zip(kept_ids.tolist(), kept_tok.tolist(), strict=True)]
@@ -479,7 +538,7 @@ class Simulation:
                                   world=max(ex.world_size, tr.world_size), plan=tr)
         self.events += 1
         yield self.env.timeout(est.time_s)
-        self._span(f"dispatch ({tplan.kind})", "dispatch", tplan.controller, t0, self.env.now, step,
+        self.span(f"dispatch ({tplan.kind})", "dispatch", tplan.controller, t0, self.env.now, step,
                    bytes=tplan.total_bytes,
                    args={"transfers": len(tplan.transfers), "phases": len(tplan.phases),
                          "metadata_bytes": tplan.metadata_bytes, "reduce_bytes": tplan.reduce_bytes,
