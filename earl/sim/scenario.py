@@ -61,8 +61,8 @@ class Scenario:
     exact: bool = False  # simulate every rollout replica and every transfer (`--exact`)
     exact_up_to: int = 1024  # episodes per step up to which every replica is simulated anyway;
     #                          above it, replica classes (earl/sim/replica_classes.py)
-    sample_episodes: int = 65536  # replica classes: a step of more episodes draws this many, each
-    #                               standing for (episodes / this) of them (earl/sim/replica_classes.py)
+    sample_episodes: int = 65536  # replica classes: log-probs and training of a larger batch are
+    #                               priced on an evenly strided sample of about this many samples
     oom_restart_s: float = 0.0  # s charged to a step with an OOM event (job restart from checkpoint)
     mode: str = "sync"  # schedule: "sync" (stages in turn on all GPUs) | "async" (rollout pool + training pool)
     max_staleness: int = 1  # async: policy versions a trained sample may lag the trained policy

@@ -37,7 +37,7 @@ from earl.cost_model.dispatch import price_transfer_plan
 from earl.cost_model.profile import load_profile
 from earl.policies import Layout, Sample, balance_aligned, make_dispatcher, make_selector
 from earl.policies.balance import assignment_of, balance_samples, balance_tokens, imbalance_ratio
-from earl.policies.dispatch_cost import estimate_dispatch
+from earl.policies.dispatch_cost import dispatch_layouts
 from earl.specs import ParallelPlan, Stage, WorkloadStats
 from earl.trace import Span
 
@@ -50,7 +50,7 @@ from .workload import Draw, Workload, stats_of
 
 MAX_BUCKETS = 8  # length buckets a mixed batch is priced in
 DISPATCH_CONTEXT_QUANTUM = 1024  # tokens: aggregated mode prices a what-if plan at the mean context rounded up to this
-DISPATCH_WIDE_TOKENS = 1 << 17  # context span (tokens) the affine what-if dispatch price is first checked over
+DISPATCH_WIDE_TOKENS = 1 << 15  # context (tokens) up to which the what-if dispatch price is first checked affine
 HEAD_ON = ("all", "generated")  # positions that get LM-head logits in log-prob / train passes
 ENGINES = ("continuous", "turn-sync")  # rollout engine models: vLLM-like, or the PyTorch runtime's
 # where a dispatch places the training samples: token-balanced keeping each experience group's
@@ -138,10 +138,10 @@ class Simulation:
         self._stats: WorkloadStats | None = None
         self._headroom: dict[Stage, float] = {}  # stage -> free memory fraction when it last ran
         self._placements: dict = {}  # this step's balance_tokens results
-        self.weight = 1.0  # episodes of the step each drawn episode stands for (sampled steps > 1)
-        self._what_if: dict = {}  # the last what-if dispatch priced
-        self._dispatch_s = AffineCache(self._what_if_dispatch_s, wide_hi=DISPATCH_WIDE_TOKENS)
-        self._dispatch_bytes = AffineCache(self._what_if_dispatch_bytes, wide_hi=DISPATCH_WIDE_TOKENS)
+        self._what_if: dict = {}  # what-if dispatches priced: (key, context) -> Estimate
+        wide = max(scenario.workload.max_context, DISPATCH_WIDE_TOKENS)
+        self._dispatch_s = AffineCache(self._what_if_dispatch_s, wide_hi=wide)
+        self._dispatch_bytes = AffineCache(self._what_if_dispatch_bytes, wide_hi=wide)
         if self.split is not None:
             sp = self.split
             self.decisions.append({
@@ -223,21 +223,24 @@ class Simulation:
     def stage_cost(self, stage: str, plan: ParallelPlan, ids: np.ndarray, tokens: np.ndarray) -> StageCost:
         """Price log-probs ('logprob') or one optimizer step ('train') of a mixed-length batch
         (`tokens[i]`: context tokens of sample `ids[i]`)."""
-        # a sample stands for the batch: its episodes are balanced on as many dp groups as hold
-        # them in the whole batch, and each length counts `weight` times
-        owner, loads = self._balance(max(1, round(plan.dp / self.weight)), ids, tokens)
+        longest, total = int(tokens.max()), int(tokens.sum())
+        # a sample stands for the batch: its samples are balanced on as many dp groups as hold
+        # that many in the whole batch, each length counts `weight` times, and the lengths are
+        # scaled to the batch's own token total (the sample gives the shape, the batch the mean)
+        ids, tokens, weight = self.priced_sample(ids, tokens)
+        owner, loads = self._balance(max(1, round(plan.dp / weight)), ids, tokens)
         imbalance = imbalance_ratio(loads.tolist())
         passes = self.sc.logprob_passes if stage == "logprob" else 1
         # token-budget packing: each dp group packs the sequences the placement gave it
         groups = [np.sort(tokens[owner == d]).tolist() for d in range(plan.dp)] if self.token_budget else None
         lengths = np.sort(tokens)
-        if self.weight != 1.0:
-            edges = np.rint(np.arange(len(lengths) + 1) * self.weight).astype(np.int64)
+        if weight != 1.0:
+            edges = np.rint(np.arange(len(lengths) + 1) * weight).astype(np.int64)
             lengths = np.repeat(lengths, np.diff(edges))
+            lengths = np.maximum(np.rint(lengths * (total / lengths.sum())), 1).astype(np.int64)
         est = self.cm.mixed_batch(stage, plan, lengths.tolist(), buckets=MAX_BUCKETS, passes=passes,
                                   imbalance=imbalance, padded=self.padded, token_budget=self.token_budget,
                                   groups=groups, fsdp=self.fsdp, head_frac=self._head_frac)
-        longest = int(tokens.max())
         assert est.feasible, f"{stage} {plan.describe()} infeasible at {longest} tokens after OOM filter"
         mem = self.cm.memory(stage, plan, plan.dp, longest)
         return StageCost(time_s=est.time_s, memory_bytes=mem.total,
@@ -247,37 +250,23 @@ class Simulation:
     def _prompt_stats(self, drawn: Draw, step: int) -> WorkloadStats:
         """What is known before the first rollout: the prompts."""
         n = len(drawn.ids)
-        return self.stats(drawn.obs[:, 0], np.ones(n, np.int64), np.zeros(n, np.int64), step)
+        return stats_of(drawn.obs[:, 0], np.ones(n, np.int64), np.zeros(n, np.int64), step=step,
+                        max_context=self.sc.workload.max_context)
 
     def aggregated(self, episodes: int) -> bool:
         """Replica classes for a step of `episodes` episodes (see earl/sim/replica_classes.py)."""
         return not self.sc.exact and episodes > self.sc.exact_up_to
 
-    def sample_size(self) -> int:
-        """Episodes to draw for a step: a sample of `engine.sample_episodes` when the batch is
-        larger and replica classes run (not for a replayed trace or the runtime's packed
-        micro-batches), else 0 (the whole batch)."""
-        spec, m = self.workload.spec, self.sc.sample_episodes
-        if spec.trace or self.token_budget or not self.aggregated(spec.episodes_per_step):
-            return 0
-        return m if spec.episodes_per_step > m else 0
-
-    def draw(self, step: int) -> Draw:
-        """This step's episodes with a turn to play (a sample of them above
-        `engine.sample_episodes`); sets `weight`, the episodes each one stands for."""
-        m = self.sample_size()
-        drawn = self.workload.draw(step, m)
-        self.weight = self.workload.spec.episodes_per_step / m if m else 1.0
-        return drawn.rows(drawn.turns > 0)
-
-    def scale(self, count) -> int:
-        """A count over the drawn episodes as a count over the step's whole batch."""
-        return int(round(float(count) * self.weight))
-
-    def stats(self, context, turns, generated, step: int) -> WorkloadStats:
-        """`stats_of` the drawn episodes, counting the responses of the whole batch."""
-        st = stats_of(context, turns, generated, step=step, max_context=self.sc.workload.max_context)
-        return st if self.weight == 1.0 else dataclasses.replace(st, num_responses=self.scale(len(context)))
+    def priced_sample(self, ids: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+        """The samples a stage is priced on and how many of the batch each stands for: with
+        replica classes, a batch of more than `engine.sample_episodes` is priced on an evenly
+        strided sample of about that many (its samples are i.i.d. draws), else on all of it."""
+        m = self.sc.sample_episodes
+        if self.token_budget or len(ids) <= m or not self.aggregated(len(ids)):
+            return ids, tokens, 1.0
+        stride = -(-len(ids) // m)
+        ids_s, tok_s = ids[::stride], tokens[::stride]
+        return ids_s, tok_s, len(ids) / len(ids_s)
 
     # ---- the iteration ----------------------------------------------------------------------
     def run(self) -> Simulation:
@@ -299,11 +288,12 @@ class Simulation:
         env = self.env
         t_step = env.now
         self.begin_step()
-        drawn = self.draw(step)
-        n = self.scale(len(drawn.ids))
+        drawn = self.workload.draw(step)
+        drawn = drawn.rows(drawn.turns > 0)
+        n = len(drawn.ids)
         aggregated = self.aggregated(n)
         stats_before = self._stats or self._prompt_stats(drawn, step)
-        row: dict = {"episodes": n, "truncated_episodes": self.scale(drawn.truncated.sum())}
+        row: dict = {"episodes": n, "truncated_episodes": int(drawn.truncated.sum())}
 
         # 1. rollout plan, weight sync from the training layout
         ro = self.select(Stage.ROLLOUT, stats_before, step)
@@ -334,7 +324,7 @@ class Simulation:
                    plan_train=self.plans[Stage.TRAIN].describe())
         if not len(ids):
             return
-        stats = self.stats(ctx, turns, generated, step)
+        stats = stats_of(ctx, turns, generated, step=step, max_context=self.sc.workload.max_context)
         ex = self.select(Stage.EXPERIENCE, stats, step)
         row["plan_experience"] = ex.describe()
         row["reshard_s"] += yield from self.reshard("re-shard train->experience", "reshard",
@@ -342,7 +332,7 @@ class Simulation:
         keep = ctx <= self.max_fit_context("logprob", ex)
         if self.head_on == "generated":
             self._head_frac = min(1.0, float(generated[keep].sum()) / max(1.0, float(ctx[keep].sum())))
-        row["experience_oom"] = self.scale((~keep).sum())
+        row["experience_oom"] = int((~keep).sum())
         ids, ctx = ids[keep], ctx[keep]
         self._stats = stats
         if not len(ids):
@@ -357,11 +347,11 @@ class Simulation:
                                                      tr, step, include_optimizer=True)
         self.train_layout = tr
         fits = ctx <= self.max_fit_context("train", tr)
-        row["train_oom"] = self.scale((~fits).sum())
+        row["train_oom"] = int((~fits).sum())
         row["dispatch_s"] = yield from self._dispatch(ex, tr, ids, ctx, fits, step, aggregated)
         if fits.any():
             yield from self._run_stage(Stage.TRAIN, tr, ids[fits], ctx[fits], step, row, aggregated)
-            row.update(trained_tokens=self.scale(ctx[fits].sum()), trained_episodes=self.scale(fits.sum()))
+            row.update(trained_tokens=int(ctx[fits].sum()), trained_episodes=int(fits.sum()))
 
     def _run_stage(self, stage: Stage, plan: ParallelPlan, ids: np.ndarray, ctx: np.ndarray, step: int,
                    row: dict, aggregated: bool):
@@ -411,17 +401,14 @@ class Simulation:
         env, cm, sc = self.env, self.cm, self.sc
         t0 = env.now
         clock = self.clock(ro.tp)
-        # a sample is dealt to as many replicas as hold it in the whole batch; they stand for all
-        replicas = max(1, round(ro.dp / self.weight))
-        per_replica = min(-(-len(drawn.ids) // replicas), sc.max_num_seqs)
+        per_replica = min(-(-len(drawn.ids) // ro.dp), sc.max_num_seqs)
         mean_ctx = float(drawn.context.mean()) if len(drawn.ids) else 0.0
         if aggregated:
-            choice = choose_replicas(drawn, replicas, clock.step(per_replica, per_replica * mean_ctx / 2))
-            choice = dataclasses.replace(choice, replicas=ro.dp)
+            choice = choose_replicas(drawn, ro.dp, clock.step(per_replica, per_replica * mean_ctx / 2))
         else:
             every = tuple(range(ro.dp))
             choice = ReplicaChoice(simulated=every, representatives=every, replicas=ro.dp)
-        reps = {i: self.replica_cls(env, cost_model=cm, tp=ro.tp, episodes=deal(drawn, replicas, i).episodes(),
+        reps = {i: self.replica_cls(env, cost_model=cm, tp=ro.tp, episodes=deal(drawn, ro.dp, i).episodes(),
                                     clock=clock, max_num_seqs=sc.max_num_seqs, fine=self.fine,
                                     log=self.log, name=f"replica{i}") for i in choice.simulated}
         yield env.all_of([r.process for r in reps.values()])
@@ -445,9 +432,9 @@ class Simulation:
             generated = sum(r.stats.generated_tokens for r in reps.values())
         else:
             dropped, gen = kv_drops(drawn, cap)
-            generated = self.scale(gen.sum())
+            generated = int(gen.sum())
         sample = [reps[i].stats for i in choice.representatives]
-        return {"dropped": dropped, "rollout_oom": self.scale(dropped.sum()),
+        return {"dropped": dropped, "rollout_oom": int(dropped.sum()),
                 "preemptions": scaled(sum(st.preemptions for st in sample), choice),
                 "evictions": scaled(sum(st.evictions for st in sample), choice),
                 "recompute_tokens": scaled(sum(st.recompute_tokens for st in sample), choice),
@@ -466,10 +453,26 @@ class Simulation:
             self.span(name, stage, d * plan.model_parallel, t0, t0 + cost.time_s * tokens / top,
                        step, tokens=tokens, args={"plan": plan.describe()})
 
+    def what_if_dispatch(self, src: ParallelPlan, dst: ParallelPlan, samples: int, context: int
+                         ) -> tuple[float, float]:
+        """(seconds, moved bytes) of the what-if dispatch of `samples` samples of `context`
+        tokens (`estimate_dispatch`'s price). Every sample's bytes grow with its context, so both
+        are affine in it above a floor of fixed costs: priced at a few contexts, the line checked
+        at the midpoint (`AffineCache`), then read off it; priced directly where it is not affine."""
+        key = (src, dst, samples)
+        time_s, moved = self._dispatch_s(key, context), self._dispatch_bytes(key, context)
+        self._what_if.clear()  # the lines hold what later steps need; the plans are large
+        return time_s, moved
+
     def _what_if_dispatch(self, key: tuple, context: int):
-        if (key, context) not in self._what_if:  # the seconds and the bytes of one pricing
-            ex, tr, n = key
-            self._what_if = {(key, context): estimate_dispatch(self.cm, self.dispatcher_name, ex, tr, n, context)}
+        """The price of the dispatcher's plan for a what-if batch (`dispatch_layouts`), kept
+        while one `what_if_dispatch` call needs its seconds and its bytes."""
+        if (key, context) not in self._what_if:
+            src, dst, n = key
+            samples, s_layout, d_layout = dispatch_layouts(src, dst, n, context)
+            tplan = self.dispatcher.plan(s_layout, d_layout, samples)
+            self._what_if[(key, context)] = price_transfer_plan(
+                self.cm, tplan, samples=n, producers=src.dp, world=max(src.world_size, dst.world_size), plan=dst)
         return self._what_if[(key, context)]
 
     def _what_if_dispatch_s(self, key: tuple, context: float) -> float:
@@ -514,12 +517,11 @@ class Simulation:
         if aggregated:
             ctx = -(-int(tokens[fits].sum()) // n)
             ctx = -(-ctx // DISPATCH_CONTEXT_QUANTUM) * DISPATCH_CONTEXT_QUANTUM
-            key = (ex, tr, self.scale(n))
-            time_s = self._dispatch_s(key, ctx)
+            time_s, moved = self.what_if_dispatch(ex, tr, n, ctx)
             self.events += 1
             yield self.env.timeout(time_s)
             self.span(f"dispatch ({self.dispatcher_name}, what-if plan)", "dispatch", 0, t0, self.env.now, step,
-                       bytes=int(round(self._dispatch_bytes(key, ctx))), args={"context_tokens": ctx})
+                      bytes=int(round(moved)), args={"context_tokens": ctx})
             return self.env.now - t0
         kept_ids, kept_tok = ids[fits], tokens[fits]
         samples = [Sample(i, t) for i, t in zip(kept_ids.tolist(), kept_tok.tolist(), strict=True)]

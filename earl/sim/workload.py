@@ -277,17 +277,15 @@ class Workload:
     def episodes(self, step: int) -> list[Episode]:
         return self.draw(step).episodes()
 
-    def draw(self, step: int, episodes: int = 0) -> Draw:
-        """This step's episodes as arrays (episodes with no turn left after truncation kept).
-        `episodes` > 0: draw that many instead of the spec's, from the step's seed (the sample
-        that stands for a large batch, earl/sim/replica_classes.py)."""
+    def draw(self, step: int) -> Draw:
+        """This step's episodes as arrays (episodes with no turn left after truncation kept)."""
         if self._trace is not None:
             raw = self._trace[step % len(self._trace)]  # a short trace repeats from its start
             d = Draw.of_turns(raw, self.spec.max_context)
             return d.rows(d.turns > 0)
         s = self.spec
         rng = np.random.default_rng([self.seed, step])
-        n, tmax = episodes or s.episodes_per_step, s.turns_max
+        n, tmax = s.episodes_per_step, s.turns_max
         turns = rng.integers(s.turns_min, s.turns_max + 1, size=n)
         prompt = _lognormal(rng, s.prompt_tokens, s.prompt_tokens_cv, n)
         obs = _lognormal(rng, s.obs_tokens, s.obs_tokens_cv, (n, tmax))
