@@ -14,8 +14,11 @@ and takes the rollout's end from the slowest one simulated. Everything that foll
 episodes alone is exact on every replica from the arrays: which episodes cannot fit a replica's
 KV cache (an OOM drop), the tokens generated before it. Counters that depend on scheduling
 (preemptions, evictions, recomputed tokens) are the representatives' mean times the replica
-count. `earl simulate --exact` simulates every replica instead; the two agree within 2% on step
-time and throughput at 1,024 GPUs (tests/sim/test_scale.py).
+count. Past `engine.sample_episodes` samples (65,536), log-probs and training are priced on an
+evenly strided sample of about that many, scaled to the batch's token total (the draw, the
+stragglers and every count stay whole: `Simulation.priced_sample`). `earl simulate --exact`
+simulates every replica instead; the two agree within 2% on step time and throughput at 1,024
+and 4,096 GPUs, sampled pricing included (tests/sim/test_scale.py).
 
     python -m pytest tests/sim/test_scale.py -q
 """

@@ -1,8 +1,10 @@
 """The simulated RL iteration: select -> sync -> rollout -> experience -> dispatch -> train.
 
 One `Simulation` runs one (selector, dispatcher) pair over the scenario's steps on a SimPy
-clock. Each step walks the iteration the runtime walks (ARCHITECTURE.md), calling the selector
-at the same points with the same statistics:
+clock. Its stage services (`begin_step`, `select`, `reshard`, `play`, `learn`, `finish_step`)
+have two clients: the synchronous scheduler here (`_step`) and the asynchronous one
+(earl/sim/async_rl.py). Each synchronous step walks the iteration the runtime walks
+(ARCHITECTURE.md), calling the selector at the same points with the same statistics:
 
 1. `select(ROLLOUT, stats of the previous step)`; weights sync from the training layout to the
    rollout plan (`cm.reshard`, zero when the layouts match).
