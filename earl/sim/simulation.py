@@ -472,7 +472,7 @@ class Simulation:
         if (key, context) not in self._what_if:
             src, dst, n = key
             samples, s_layout, d_layout = dispatch_layouts(src, dst, n, context)
-            tplan = self.dispatcher.plan(s_layout, d_layout, samples)
+            tplan = make_dispatcher(self.dispatcher_name).plan(s_layout, d_layout, samples)  # as priced alone
             self._what_if[(key, context)] = price_transfer_plan(
                 self.cm, tplan, samples=n, producers=src.dp, world=max(src.world_size, dst.world_size), plan=dst)
         return self._what_if[(key, context)]
