@@ -140,7 +140,7 @@ class Simulation:
         self._stats: WorkloadStats | None = None
         self._headroom: dict[Stage, float] = {}  # stage -> free memory fraction when it last ran
         self._placements: dict = {}  # this step's balance_tokens results
-        self._what_if: dict = {}  # what-if dispatches priced: (key, context) -> Estimate
+        self._what_if: dict = {}  # what-if dispatches priced: (key, context) -> (seconds, bytes)
         wide = max(scenario.workload.max_context, DISPATCH_WIDE_TOKENS)
         self._dispatch_s = AffineCache(self._what_if_dispatch_s, wide_hi=wide)
         self._dispatch_bytes = AffineCache(self._what_if_dispatch_bytes, wide_hi=wide)
@@ -462,29 +462,28 @@ class Simulation:
         are affine in it above a floor of fixed costs: priced at a few contexts, the line checked
         at the midpoint (`AffineCache`), then read off it; priced directly where it is not affine."""
         key = (src, dst, samples)
-        time_s, moved = self._dispatch_s(key, context), self._dispatch_bytes(key, context)
-        self._what_if.clear()  # the lines hold what later steps need; the plans are large
-        return time_s, moved
+        return self._dispatch_s(key, context), self._dispatch_bytes(key, context)
 
-    def _what_if_dispatch(self, key: tuple, context: int):
-        """The price of the dispatcher's plan for a what-if batch (`dispatch_layouts`), kept
-        while one `what_if_dispatch` call needs its seconds and its bytes."""
+    def _what_if_dispatch(self, key: tuple, context: int) -> tuple[float, float]:
+        """(seconds, moved bytes) of the dispatcher's plan for a what-if batch
+        (`dispatch_layouts`), memoised (the plans themselves are large and not kept)."""
         if (key, context) not in self._what_if:
             src, dst, n = key
             samples, s_layout, d_layout = dispatch_layouts(src, dst, n, context)
             tplan = make_dispatcher(self.dispatcher_name).plan(s_layout, d_layout, samples)  # as priced alone
-            self._what_if[(key, context)] = price_transfer_plan(
-                self.cm, tplan, samples=n, producers=src.dp, world=max(src.world_size, dst.world_size), plan=dst)
+            est = price_transfer_plan(self.cm, tplan, samples=n, producers=src.dp,
+                                      world=max(src.world_size, dst.world_size), plan=dst)
+            self._what_if[(key, context)] = est.time_s, float(est.extras.get("moved_bytes", 0))
         return self._what_if[(key, context)]
 
     def _what_if_dispatch_s(self, key: tuple, context: float) -> float:
         """The what-if dispatch price (seconds) of `key` = (src plan, dst plan, samples) at
         `context` tokens per sample. Every sample's bytes grow with the context, so the price is
         affine in it: `_dispatch_s` (an AffineCache) prices a few contexts and proves the line."""
-        return self._what_if_dispatch(key, int(context)).time_s
+        return self._what_if_dispatch(key, int(context))[0]
 
     def _what_if_dispatch_bytes(self, key: tuple, context: float) -> float:
-        return float(self._what_if_dispatch(key, int(context)).extras.get("moved_bytes", 0))
+        return self._what_if_dispatch(key, int(context))[1]
 
     def _handoff(self, ro: ParallelPlan, ex: ParallelPlan, ids: np.ndarray, tokens: np.ndarray, step: int):
         """SimPy process: the PyTorch runtime's rollout -> experience hand-off (earl.runtime.step.
