@@ -2,11 +2,11 @@
 side in one run.
 
 1. Scale table: the default scenario (Qwen2.5-72B, tp8 plans filling the cluster, 4 Connect-Four
-   episodes per GPU per step, context growing to 32K) at 128, 1,024, 4,096 and 16,384 GPUs, each
-   run in a fresh process pinned to one CPU core: wall seconds, seconds per step, events and
-   peak resident memory, with replica classes (the default) and with `--exact` (every replica
-   and transfer) where that is affordable (fewer steps at 1,024 and 4,096 GPUs; none at 16,384).
-   Targets: 16,384 GPUs x 100 steps under 60 s and 2 GiB.
+   episodes per GPU per step, context growing to 32K) at 128, 1,024, 4,096, 16,384 and 131,072
+   GPUs, each run in a fresh process pinned to one CPU core: wall and CPU seconds, seconds per
+   step, events and peak resident memory, with replica classes (the default) and with `--exact`
+   (every replica and transfer) where that is affordable (fewer steps at 1,024 and 4,096 GPUs;
+   none above). Targets: 16,384 and 131,072 GPUs x 100 steps under 60 s and 2 GiB.
 2. `earl simulate --compare` (4 policies, default scenario) serially vs in parallel processes
    (`--jobs`): wall seconds and the ratio; results must be identical.
 3. Fast vs fine mode (events at batch changes vs one per decode iteration) on a reduced default
@@ -32,7 +32,7 @@ from earl.sim.simulation import Simulation
 from earl.sim.sweep import default_jobs
 
 # (GPUs, steps with replica classes, steps with --exact; 0: not affordable)
-SCALES = ((128, 100, 100), (1024, 100, 10), (4096, 100, 2), (16384, 100, 0))
+SCALES = ((128, 100, 100), (1024, 100, 10), (4096, 100, 2), (16384, 100, 0), (131072, 100, 0))
 
 
 def timed(sc, selector: str, dispatcher: str, fine: bool = False):
@@ -59,32 +59,34 @@ def one(gpus: int, steps: int, exact: bool) -> dict:
 
 def scale_table() -> list[dict]:
     print("\n[1] scale: default scenario, static/centralized, one pinned core per run, fresh process each")
-    print(f"{'GPUs':>6s} {'mode':>8s} {'steps':>5s} {'wall s':>8s} {'s/step':>7s} {'events':>10s} "
+    print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start "
+          "(other users' processes share them)")
+    print(f"{'GPUs':>7s} {'mode':>8s} {'steps':>5s} {'wall s':>8s} {'CPU s':>7s} {'s/step':>7s} {'events':>10s} "
           f"{'episodes/step':>13s} {'replicas sim/all':>16s} {'peak MiB':>9s} {'sim step s':>10s}")
     out = []
     for gpus, steps, exact_steps in SCALES:
         for exact, n in ((False, steps), (True, exact_steps)):
             if not n:
-                print(f"{gpus:6,d} {'exact':>8s}  (not run: too slow for a benchmark)")
+                print(f"{gpus:7,d} {'exact':>8s}  (not run: too slow for a benchmark)")
                 continue
             proc = subprocess.run([sys.executable, __file__, "--one", json.dumps([gpus, n, exact])],
                                   capture_output=True, text=True, check=True)
             r = json.loads(proc.stdout.strip().splitlines()[-1])
             out.append(r)
-            print(f"{gpus:6,d} {r['mode']:>8s} {n:5d} {r['wall_s']:8.1f} {r['wall_s'] / n:7.2f} {r['events']:10,d} "
+            print(f"{gpus:7,d} {r['mode']:>8s} {n:5d} {r['wall_s']:8.1f} {r['cpu_s']:7.1f} {r['wall_s'] / n:7.2f} "
+                  f"{r['events']:10,d} "
                   f"{r['episodes_per_step']:13,d} {r['replicas_simulated']:>7d}/{r['replicas']:<8d} "
                   f"{r['peak_rss_mib']:9.0f} {r['step_time_mean_s']:10.1f}")
-    big = [r for r in out if r["gpus"] == 16384 and r["mode"] == "classes"]
-    if big:
-        r = big[0]
-        ok = r["wall_s"] < 60 and r["peak_rss_mib"] < 2048
-        print(f"16,384 GPUs x {r['steps']} steps: {r['wall_s']:.1f} s, {r['peak_rss_mib']:.0f} MiB "
-              f"({'OK' if ok else 'MISSED'}: < 60 s and < 2 GiB)")
+    for r in out:
+        if r["gpus"] >= 16384 and r["mode"] == "classes":
+            ok = r["wall_s"] < 60 and r["peak_rss_mib"] < 2048
+            print(f"{r['gpus']:,d} GPUs x {r['steps']} steps: {r['wall_s']:.1f} s wall ({r['cpu_s']:.1f} s CPU), "
+                  f"{r['peak_rss_mib']:.0f} MiB ({'OK' if ok else 'MISSED'}: < 60 s and < 2 GiB)")
     for gpus in sorted({r["gpus"] for r in out}):
         pair = {r["mode"]: r for r in out if r["gpus"] == gpus}
         if len(pair) == 2:
             a, e = pair["classes"], pair["exact"]
-            print(f"{gpus:6,d} GPUs: exact / classes = {e['wall_s'] / e['steps'] / (a['wall_s'] / a['steps']):.1f}x "
+            print(f"{gpus:7,d} GPUs: exact / classes = {e['wall_s'] / e['steps'] / (a['wall_s'] / a['steps']):.1f}x "
                   "per step (exact's steps are the first ones, at the shortest context)")
     return out
 

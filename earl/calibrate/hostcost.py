@@ -41,7 +41,7 @@ from earl.runtime.run import process_group
 from earl.runtime.run_config import EnvConfig, ModelConfig, PolicyConfig, RunConfig, TrainerConfig
 from earl.runtime.step import SampleMeta, StepContext, play, prepare_experience, train
 from earl.runtime.worker import ONE, Worker
-from earl.sim.replica import TurnSyncReplica
+from earl.sim.rollout_engine import TurnSyncReplica
 from earl.sim.workload import Episode
 from earl.specs import MODEL_CATALOG, ClusterSpec, ModelSpec, ParallelPlan, StagePlan
 

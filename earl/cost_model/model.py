@@ -231,7 +231,7 @@ class CostModel:
         Status (extras["status"]): "fits" when every sequence's KV fits; "preempting" when only
         `fit` of a replica's `per` sequences fit: the engine runs `fit` at a time (continuous
         batching, per/fit iterations) and, like vLLM's recompute preemption (the simulator's
-        engine, earl.sim.replica), the KV its running sequences add each iteration (`fit`
+        engine, earl.sim.rollout_engine), the KV its running sequences add each iteration (`fit`
         tokens) must be freed by preempting a sequence whose `context` tokens are prefilled
         again when it returns: (fit / context) recomputed sequences per iteration (an upper
         bound: a sequence finishing frees room without a preemption); "cannot run" (infeasible)

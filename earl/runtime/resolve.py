@@ -26,7 +26,7 @@ from earl.cost_model.resolve import make_cost_model
 from earl.parallel import check_tp_dp, validate_plan
 from earl.runtime.checkpoint import find_checkpoint, read_meta
 from earl.runtime.defaults import model_defaults
-from earl.runtime.engine.base import ENGINES, LOCAL_ENGINES, engine_plan_error
+from earl.runtime.engine import ENGINES, LOCAL_ENGINES, engine_plan_error
 from earl.runtime.envs import env_options, make_env
 from earl.runtime.hf_model import check_dtype, check_model_path, model_shapes
 from earl.runtime.parallelize import fsdp_shard_error

@@ -23,8 +23,8 @@ from earl.cost_model.memory import WEIGHT_BYTES
 from earl.policies.pools import PoolSplit, choose_pool_split
 from earl.specs import ParallelPlan, Stage
 
-from .replica import WAITING, Replica, Seq
-from .replicas import deal
+from .replica_classes import deal
+from .rollout_engine import WAITING, Replica, Seq
 from .workload import Workload
 
 ASYNC_REPLICAS = 16  # rollout replicas simulated in async mode; more are replica classes
@@ -191,7 +191,7 @@ def run_async(sim):
     before = {"preemptions": 0, "evictions": 0, "recompute_tokens": 0}
     t_prev = env.now
     for step in range(sc.steps):
-        sim._placements = {}
+        sim.begin_step()
         need = batch_size.get(step, 0)
         while True:
             while finished and finished[0][0] <= env.now:
@@ -232,21 +232,21 @@ def run_async(sim):
             row[k], before[k] = round((total - before[k]) * scale), total
         ro_mem = cm.memory("decode", ro, ro.dp, max(row["peak_kv_tokens"], 1))
         row["headroom_rollout"] = ro_mem.headroom_frac
-        sim._span("batch ready", "rollout", 0, t_prev, t_batch, step,
+        sim.span("batch ready", "rollout", 0, t_prev, t_batch, step,
                   args={"episodes": len(take), "staleness_mean": row["staleness_mean"]})
-        yield from sim._learn(np.arange(len(arr)), arr[:, 0], arr[:, 1], arr[:, 2], step, row,
+        yield from sim.learn(np.arange(len(arr)), arr[:, 0], arr[:, 1], arr[:, 2], step, row,
                               aggregated=scale > 1 or sim.aggregated(len(arr)))
         t0 = env.now
         yield env.timeout(push_s)
         sim.events += 1
-        sim._span("weight push", "sync", sim.stage_gpus[Stage.ROLLOUT], t0, env.now, step,
+        sim.span("weight push", "sync", sim.stage_gpus[Stage.ROLLOUT], t0, env.now, step,
                   args={"version": step + 1})
         row["sync_s"] = push_s
         for eng in engines:
             eng.update(step + 1)
         feed(step + 1 + K, step + 1)
         ctx = arr[:, 0] if len(arr) else np.zeros(0, np.int64)
-        yield from sim._finish_row(row, ro, ctx, t_prev, step)
+        yield from sim.finish_step(row, ro, ctx, t_prev, step)
         t_prev = env.now
         sim.step_done(step)
     sim.events += sum(e.stats.events for e in engines)

@@ -66,6 +66,18 @@ class TransferRecord:
     t_end: float  # when it finished (s)
 
 
+class Ports(dict):
+    """Ports of one kind by index (GPU rank or node), each made when first used."""
+
+    def __init__(self, env: simpy.Environment, name: str, capacity: int = 1):
+        super().__init__()
+        self._env, self._name, self._capacity = env, name, capacity
+
+    def __missing__(self, index: int) -> Port:
+        port = self[index] = Port(self._env, f"{self._name}{index}", self._capacity)
+        return port
+
+
 class Cluster:
     """GPUs, NVLink ports and NICs of a `ClusterSpec`, with transfers priced by `cost_model`."""
 
@@ -78,11 +90,13 @@ class Cluster:
         per = spec.gpus_per_node
         self.gpus = [Gpu(rank=r, node=r // per, hbm_bytes=spec.hardware.hbm_bytes)
                      for r in range(spec.num_gpus)]
-        self.nvlink_out = [Port(env, f"nvlink-out{r}") for r in range(spec.num_gpus)]
-        self.nvlink_in = [Port(env, f"nvlink-in{r}") for r in range(spec.num_gpus)]
+        # ports are made on first use: a 131,072-GPU cluster whose transfers are priced, not
+        # simulated, never builds its 300K SimPy resources
         nics = spec.network.nics_per_node
-        self.nic_out = [Port(env, f"nic-out{n}", nics) for n in range(spec.nodes)]
-        self.nic_in = [Port(env, f"nic-in{n}", nics) for n in range(spec.nodes)]
+        self.nvlink_out = Ports(env, "nvlink-out")
+        self.nvlink_in = Ports(env, "nvlink-in")
+        self.nic_out = Ports(env, "nic-out", nics)
+        self.nic_in = Ports(env, "nic-in", nics)
         self.records: list[TransferRecord] = []
         self.memory = HeldMemory(hbm_bytes=spec.hardware.hbm_bytes)
 
@@ -152,8 +166,8 @@ class Cluster:
         if elapsed_s <= 0:
             return {}
         out = {}
-        for cls, ports in (("nvlink", self.nvlink_out + self.nvlink_in),
-                           ("nic", self.nic_out + self.nic_in)):
+        for cls, ports in (("nvlink", [*self.nvlink_out.values(), *self.nvlink_in.values()]),
+                           ("nic", [*self.nic_out.values(), *self.nic_in.values()])):
             busiest = max((p.busy_s / p.res.capacity for p in ports), default=0.0)
             out[cls] = busiest / elapsed_s
         return out

@@ -60,7 +60,9 @@ class Scenario:
     fine: bool = False  # one event per decode iteration (slow; for checking the fast mode)
     exact: bool = False  # simulate every rollout replica and every transfer (`--exact`)
     exact_up_to: int = 1024  # episodes per step up to which every replica is simulated anyway;
-    #                          above it, replica classes (earl/sim/replicas.py)
+    #                          above it, replica classes (earl/sim/replica_classes.py)
+    sample_episodes: int = 65536  # replica classes: log-probs and training of a larger batch are
+    #                               priced on an evenly strided sample of about this many samples
     oom_restart_s: float = 0.0  # s charged to a step with an OOM event (job restart from checkpoint)
     mode: str = "sync"  # schedule: "sync" (stages in turn on all GPUs) | "async" (rollout pool + training pool)
     max_staleness: int = 1  # async: policy versions a trained sample may lag the trained policy
@@ -68,7 +70,7 @@ class Scenario:
     rollout_gpus: int = 0  # async: GPUs of the rollout pool, whole nodes (0: the cost model splits)
 
     def __post_init__(self):
-        for n in ("steps", "nodes", "max_num_seqs", "logprob_passes", "exact_up_to"):
+        for n in ("steps", "nodes", "max_num_seqs", "logprob_passes", "exact_up_to", "sample_episodes"):
             v = getattr(self, n)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{_KEY_OF[n]} must be an integer >= 1, got {v!r}")
@@ -199,6 +201,7 @@ KEY_NAMES = {
     "max_num_seqs": "engine.max_num_seqs", "fine": "engine.fine",
     "logprob_passes": "experience.logprob_passes",
     "exact": "engine.exact", "exact_up_to": "engine.exact_up_to",
+    "sample_episodes": "engine.sample_episodes",
     "oom_restart_s": "failure.oom_restart_s",
     "mode": "schedule.mode", "max_staleness": "schedule.max_staleness",
     "partial_rollout": "schedule.partial_rollout", "rollout_gpus": "schedule.rollout_gpus",

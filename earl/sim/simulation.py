@@ -1,11 +1,13 @@
 """The simulated RL iteration: select -> sync -> rollout -> experience -> dispatch -> train.
 
 One `Simulation` runs one (selector, dispatcher) pair over the scenario's steps on a SimPy
-clock. Each step walks the iteration the runtime walks (ARCHITECTURE.md), calling the selector
-at the same points with the same statistics; rollout runs one continuous-batching `Replica` per
-rollout dp group, experience and training are priced by the cost model, and the dispatcher's
-TransferPlan by the one dispatch price. The four steps in detail, length buckets and OOM
-events: docs/simulator.md, "Design notes".
+clock. Its stage services (`begin_step`, `select`, `reshard`, `play`, `learn`, `finish_step`)
+have two clients: the synchronous scheduler here (`_step`) and the asynchronous one
+(earl/sim/async_rl.py). Each step walks the iteration the runtime walks (ARCHITECTURE.md),
+calling the selector at the same points with the same statistics; rollout runs one
+continuous-batching `Replica` per rollout dp group, experience and training are priced by the
+cost model, and the dispatcher's TransferPlan by the one dispatch price. The four steps in
+detail, length buckets and OOM events: docs/simulator.md, "Design notes".
 
     python -c "from earl.sim.simulation import Simulation; from earl.sim.scenario import load_scenario; \
 s = Simulation(load_scenario(None, {'scenario.steps': '2'}), 'static', 'centralized'); s.run(); print(s.rows[-1])"
@@ -24,19 +26,20 @@ from earl.cost_model.dispatch import price_transfer_plan
 from earl.cost_model.profile import load_profile
 from earl.policies import Layout, Sample, balance_aligned, make_dispatcher, make_selector
 from earl.policies.balance import assignment_of, balance_samples, balance_tokens, imbalance_ratio
-from earl.policies.dispatch_cost import estimate_dispatch
+from earl.policies.dispatch_cost import dispatch_layouts
 from earl.specs import ParallelPlan, Stage, WorkloadStats
 from earl.trace import Span
 
 from .async_rl import choose_split, run_async
 from .cluster import Cluster
-from .replica import DecodeClock, Replica, TurnSyncReplica
-from .replicas import ReplicaChoice, choose_replicas, deal, kv_drops, scaled
+from .replica_classes import ReplicaChoice, choose_replicas, deal, kv_drops, scaled
+from .rollout_engine import AffineCache, DecodeClock, Replica, TurnSyncReplica
 from .scenario import Scenario
 from .workload import Draw, Workload, stats_of
 
 MAX_BUCKETS = 8  # length buckets a mixed batch is priced in
 DISPATCH_CONTEXT_QUANTUM = 1024  # tokens: aggregated mode prices a what-if plan at the mean context rounded up to this
+DISPATCH_WIDE_TOKENS = 1 << 15  # context (tokens) up to which the what-if dispatch price is first checked affine
 HEAD_ON = ("all", "generated")  # positions that get LM-head logits in log-prob / train passes
 ENGINES = ("continuous", "turn-sync")  # rollout engine models: vLLM-like, or the PyTorch runtime's
 # where a dispatch places the training samples: token-balanced keeping each experience group's
@@ -63,7 +66,7 @@ class Simulation:
                  padded: bool = False, token_budget: int = 0, fsdp: bool = False, handoff: bool = False,
                  head_on: str = "all", train_placement: str = "aligned"):
         # `engine` "turn-sync", `padded` and `token_budget` model the single-process PyTorch
-        # runtime for `earl validate`: its engine plays turns in lockstep (sim.replica.
+        # runtime for `earl validate`: its engine plays turns in lockstep (sim.rollout_engine.
         # TurnSyncReplica); its log-prob / train micro-batches are right-padded to their longest
         # sequence and packed up to `token_budget` padded tokens (CostModel.mixed_batch); `fsdp`:
         # its `zero` plans with dp > 1 run FSDP2, weights sharded too (CostModel.train, .reshard);
@@ -124,6 +127,10 @@ class Simulation:
         self._stats: WorkloadStats | None = None
         self._headroom: dict[Stage, float] = {}  # stage -> free memory fraction when it last ran
         self._placements: dict = {}  # this step's balance_tokens results
+        self._what_if: dict = {}  # what-if dispatches priced: (key, context) -> (seconds, bytes)
+        wide = max(scenario.workload.max_context, DISPATCH_WIDE_TOKENS)
+        self._dispatch_s = AffineCache(self._what_if_dispatch_s, wide_hi=wide)
+        self._dispatch_bytes = AffineCache(self._what_if_dispatch_bytes, wide_hi=wide)
         if self.split is not None:
             sp = self.split
             self.decisions.append({
@@ -133,16 +140,23 @@ class Simulation:
                           f"{sp.rollout_s:.1f} s, log-probs + train {sp.train_s:.1f} s), fastest of "
                           f"{len(sp.table)} splits"})
 
-    # ---- helpers ----------------------------------------------------------------------------
+    # ---- stage services: the sync scheduler (`_step`) and the async one (earl/sim/async_rl.py)
+    # both call these: begin_step, select, reshard, play, learn (experience, dispatch, train),
+    # finish_step, step_done, span
+    def begin_step(self) -> None:
+        """Forget the previous step's placements and hand-off."""
+        self._placements = {}
+        self._exp_assign = None
+
     def clock(self, tp: int) -> DecodeClock:
         if tp not in self._clocks:
             self._clocks[tp] = DecodeClock(self.cm, tp, exact=self.fine)
         return self._clocks[tp]
 
-    def _span(self, name: str, stage: str, rank: int, t0: float, t1: float, step: int, **kw) -> None:
+    def span(self, name: str, stage: str, rank: int, t0: float, t1: float, step: int, **kw) -> None:
         self.spans.append(Span(name=name, stage=stage, rank=rank, t_start=t0, t_end=t1, step=step, **kw))
 
-    def _select(self, stage: Stage, stats: WorkloadStats, step: int) -> ParallelPlan:
+    def select(self, stage: Stage, stats: WorkloadStats, step: int) -> ParallelPlan:
         # the headroom this stage's plan left last time it ran (what the runtime measures); the
         # rollout engine fills its KV cache by design, so rollout reports none
         stats = dataclasses.replace(stats, memory_headroom_frac=self._headroom.get(stage))
@@ -151,12 +165,12 @@ class Simulation:
         now = self.env.now
         self.decisions.append({"policy": self.label, "step": step, "stage": stage.value,
                                "plan": plan.describe(), "switched": dec.switched, "reason": dec.reason})
-        self._span(f"select {stage.value}", "select", 0, now, now, step,
+        self.span(f"select {stage.value}", "select", 0, now, now, step,
                    args={"plan": plan.describe(), "switched": dec.switched, "reason": dec.reason})
         self.plans[stage] = plan
         return plan
 
-    def _reshard(self, name: str, stage: str, src: ParallelPlan, dst: ParallelPlan, step: int,
+    def reshard(self, name: str, stage: str, src: ParallelPlan, dst: ParallelPlan, step: int,
                  include_optimizer: bool = False):
         """SimPy process: charge a weight (and optimizer) re-shard; returns its seconds."""
         if src == dst:
@@ -165,7 +179,7 @@ class Simulation:
         t0 = self.env.now
         yield self.env.timeout(est.time_s)
         self.events += 1
-        self._span(name, stage, 0, t0, self.env.now, step,
+        self.span(name, stage, 0, t0, self.env.now, step,
                    bytes=int(est.extras.get("bytes_total", 0)),
                    args={"src": src.describe(), "dst": dst.describe()})
         return est.time_s
@@ -198,15 +212,24 @@ class Simulation:
     def stage_cost(self, stage: str, plan: ParallelPlan, ids: np.ndarray, tokens: np.ndarray) -> StageCost:
         """Price log-probs ('logprob') or one optimizer step ('train') of a mixed-length batch
         (`tokens[i]`: context tokens of sample `ids[i]`)."""
-        owner, loads = self._balance(plan.dp, ids, tokens)
+        longest, total = int(tokens.max()), int(tokens.sum())
+        # a sample stands for the batch: its samples are balanced on as many dp groups as hold
+        # that many in the whole batch, each length counts `weight` times, and the lengths are
+        # scaled to the batch's own token total (the sample gives the shape, the batch the mean)
+        ids, tokens, weight = self.priced_sample(ids, tokens)
+        owner, loads = self._balance(max(1, round(plan.dp / weight)), ids, tokens)
         imbalance = imbalance_ratio(loads.tolist())
         passes = self.sc.logprob_passes if stage == "logprob" else 1
         # token-budget packing: each dp group packs the sequences the placement gave it
         groups = [np.sort(tokens[owner == d]).tolist() for d in range(plan.dp)] if self.token_budget else None
-        est = self.cm.mixed_batch(stage, plan, np.sort(tokens).tolist(), buckets=MAX_BUCKETS, passes=passes,
+        lengths = np.sort(tokens)
+        if weight != 1.0:
+            edges = np.rint(np.arange(len(lengths) + 1) * weight).astype(np.int64)
+            lengths = np.repeat(lengths, np.diff(edges))
+            lengths = np.maximum(np.rint(lengths * (total / lengths.sum())), 1).astype(np.int64)
+        est = self.cm.mixed_batch(stage, plan, lengths.tolist(), buckets=MAX_BUCKETS, passes=passes,
                                   imbalance=imbalance, padded=self.padded, token_budget=self.token_budget,
                                   groups=groups, fsdp=self.fsdp, head_frac=self._head_frac)
-        longest = int(tokens.max())
         assert est.feasible, f"{stage} {plan.describe()} infeasible at {longest} tokens after OOM filter"
         mem = self.cm.memory(stage, plan, plan.dp, longest)
         return StageCost(time_s=est.time_s, memory_bytes=mem.total,
@@ -220,8 +243,19 @@ class Simulation:
                         max_context=self.sc.workload.max_context)
 
     def aggregated(self, episodes: int) -> bool:
-        """Replica classes for a step of `episodes` episodes (see earl/sim/replicas.py)."""
+        """Replica classes for a step of `episodes` episodes (see earl/sim/replica_classes.py)."""
         return not self.sc.exact and episodes > self.sc.exact_up_to
+
+    def priced_sample(self, ids: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+        """The samples a stage is priced on and how many of the batch each stands for: with
+        replica classes, a batch of more than `engine.sample_episodes` is priced on an evenly
+        strided sample of about that many (its samples are i.i.d. draws), else on all of it."""
+        m = self.sc.sample_episodes
+        if self.token_budget or len(ids) <= m or not self.aggregated(len(ids)):
+            return ids, tokens, 1.0
+        stride = -(-len(ids) // m)
+        ids_s, tok_s = ids[::stride], tokens[::stride]
+        return ids_s, tok_s, len(ids) / len(ids_s)
 
     # ---- the iteration ----------------------------------------------------------------------
     def run(self) -> Simulation:
@@ -239,11 +273,10 @@ class Simulation:
             self.progress(self, step)
 
     def _step(self, step: int):
-        """One synchronous step: every stage in turn on the whole cluster."""
+        """One synchronous step: every stage in turn on the whole cluster (the sync scheduler)."""
         env = self.env
         t_step = env.now
-        self._placements = {}
-        self._exp_assign = None
+        self.begin_step()
         drawn = self.workload.draw(step)
         drawn = drawn.rows(drawn.turns > 0)
         n = len(drawn.ids)
@@ -252,12 +285,12 @@ class Simulation:
         row: dict = {"episodes": n, "truncated_episodes": int(drawn.truncated.sum())}
 
         # 1. rollout plan, weight sync from the training layout
-        ro = self._select(Stage.ROLLOUT, stats_before, step)
-        row["sync_s"] = yield from self._reshard("weight sync", "sync", self.train_layout, ro, step)
+        ro = self.select(Stage.ROLLOUT, stats_before, step)
+        row["sync_s"] = yield from self.reshard("weight sync", "sync", self.train_layout, ro, step)
 
         # 2. rollout
         t0 = env.now
-        rollout = yield from self._rollout(ro, drawn, aggregated, step)
+        rollout = yield from self.play(ro, drawn, aggregated, step)
         row["rollout_s"] = env.now - t0
         done = ~rollout.pop("dropped")
         row.update(rollout)
@@ -266,25 +299,24 @@ class Simulation:
         self.cluster.hold_all("rollout", ro_mem.total)
 
         # 3.-4. experience preparation, dispatch, training
-        yield from self._learn(drawn.ids[done], drawn.context[done], drawn.turns[done],
+        yield from self.learn(drawn.ids[done], drawn.context[done], drawn.turns[done],
                                drawn.generated[done], step, row, aggregated)
-        yield from self._finish_row(row, ro, drawn.context, t_step, step)
+        yield from self.finish_step(row, ro, drawn.context, t_step, step)
 
-    def _learn(self, ids: np.ndarray, ctx: np.ndarray, turns: np.ndarray, generated: np.ndarray,
+    def learn(self, ids: np.ndarray, ctx: np.ndarray, turns: np.ndarray, generated: np.ndarray,
                step: int, row: dict, aggregated: bool):
         """SimPy process: log-probs, dispatch and the optimizer step on the rolled-out episodes
         (`ctx[i]` context tokens of episode `ids[i]`); fills the row's stage columns."""
-        sc = self.sc
         row.update(experience_oom=0, train_oom=0, experience_s=0.0, dispatch_s=0.0, train_s=0.0,
                    reshard_s=0.0, trained_tokens=0, trained_episodes=0,
                    plan_experience=self.plans[Stage.EXPERIENCE].describe(),
                    plan_train=self.plans[Stage.TRAIN].describe())
         if not len(ids):
             return
-        stats = stats_of(ctx, turns, generated, step=step, max_context=sc.workload.max_context)
-        ex = self._select(Stage.EXPERIENCE, stats, step)
+        stats = stats_of(ctx, turns, generated, step=step, max_context=self.sc.workload.max_context)
+        ex = self.select(Stage.EXPERIENCE, stats, step)
         row["plan_experience"] = ex.describe()
-        row["reshard_s"] += yield from self._reshard("re-shard train->experience", "reshard",
+        row["reshard_s"] += yield from self.reshard("re-shard train->experience", "reshard",
                                                      self.train_layout, ex, step)
         keep = ctx <= self.max_fit_context("logprob", ex)
         if self.head_on == "generated":
@@ -298,9 +330,9 @@ class Simulation:
         if self.handoff:
             row["experience_s"] += yield from self._handoff(self.plans[Stage.ROLLOUT], ex, ids, ctx, step)
 
-        tr = self._select(Stage.TRAIN, stats, step)
+        tr = self.select(Stage.TRAIN, stats, step)
         row["plan_train"] = tr.describe()
-        row["reshard_s"] += yield from self._reshard("re-shard optimizer", "reshard", self.train_layout,
+        row["reshard_s"] += yield from self.reshard("re-shard optimizer", "reshard", self.train_layout,
                                                      tr, step, include_optimizer=True)
         self.train_layout = tr
         fits = ctx <= self.max_fit_context("train", tr)
@@ -323,7 +355,7 @@ class Simulation:
         row[f"headroom_{stage.value}"] = self._headroom[stage] = cost.headroom_frac
         self.cluster.hold_all(stage.value, cost.memory_bytes)
 
-    def _finish_row(self, row: dict, ro: ParallelPlan, context: np.ndarray, t_step: float, step: int):
+    def finish_step(self, row: dict, ro: ParallelPlan, context: np.ndarray, t_step: float, step: int):
         """SimPy process: an OOM restart if the step had OOM events, then the step's row."""
         env, sc = self.env, self.sc
         oom_events = row["rollout_oom"] + row["experience_oom"] + row["train_oom"]
@@ -333,7 +365,7 @@ class Simulation:
             t0 = env.now
             yield env.timeout(sc.oom_restart_s)
             restart_s = sc.oom_restart_s
-            self._span("restart after OOM", "other", 0, t0, env.now, step, args={"oom_events": oom_events})
+            self.span("restart after OOM", "other", 0, t0, env.now, step, args={"oom_events": oom_events})
         step_s = env.now - t_step
         ctx = context if len(context) else np.zeros(1, np.int64)
         heads = [row.get(k) for k in ("headroom_rollout", "headroom_experience", "headroom_train")]
@@ -352,9 +384,9 @@ class Simulation:
         row.setdefault("headroom_train", None)
         self.rows.append(row)
 
-    def _rollout(self, ro: ParallelPlan, drawn: Draw, aggregated: bool, step: int):
+    def play(self, ro: ParallelPlan, drawn: Draw, aggregated: bool, step: int):
         """SimPy process: the rollout on `ro.dp` replicas (every one, or the classes of
-        earl/sim/replicas.py); returns the row's rollout columns plus `dropped` (per episode)."""
+        earl/sim/replica_classes.py); returns the row's rollout columns plus `dropped` (per episode)."""
         env, cm, sc = self.env, self.cm, self.sc
         t0 = env.now
         clock = self.clock(ro.tp)
@@ -375,7 +407,7 @@ class Simulation:
         for i, r in reps.items():
             st = r.stats
             self.events += st.events
-            self._span("rollout", "rollout", i * ro.tp, t0, max(st.t_end, t0), step,
+            self.span("rollout", "rollout", i * ro.tp, t0, max(st.t_end, t0), step,
                        tokens=st.generated_tokens,
                        args={"plan": ro.describe(), "preemptions": st.preemptions,
                              "evictions": st.evictions, "oom": len(st.oom_episodes),
@@ -407,8 +439,38 @@ class Simulation:
         groups = [cost.group_tokens.index(top)] if aggregated else range(len(cost.group_tokens))
         for d in groups:
             tokens = cost.group_tokens[d]
-            self._span(name, stage, d * plan.model_parallel, t0, t0 + cost.time_s * tokens / top,
+            self.span(name, stage, d * plan.model_parallel, t0, t0 + cost.time_s * tokens / top,
                        step, tokens=tokens, args={"plan": plan.describe()})
+
+    def what_if_dispatch(self, src: ParallelPlan, dst: ParallelPlan, samples: int, context: int
+                         ) -> tuple[float, float]:
+        """(seconds, moved bytes) of the what-if dispatch of `samples` samples of `context`
+        tokens (`estimate_dispatch`'s price). Every sample's bytes grow with its context, so both
+        are affine in it above a floor of fixed costs: priced at a few contexts, the line checked
+        at the midpoint (`AffineCache`), then read off it; priced directly where it is not affine."""
+        key = (src, dst, samples)
+        return self._dispatch_s(key, context), self._dispatch_bytes(key, context)
+
+    def _what_if_dispatch(self, key: tuple, context: int) -> tuple[float, float]:
+        """(seconds, moved bytes) of the dispatcher's plan for a what-if batch
+        (`dispatch_layouts`), memoised (the plans themselves are large and not kept)."""
+        if (key, context) not in self._what_if:
+            src, dst, n = key
+            samples, s_layout, d_layout = dispatch_layouts(src, dst, n, context)
+            tplan = make_dispatcher(self.dispatcher_name).plan(s_layout, d_layout, samples)  # as priced alone
+            est = price_transfer_plan(self.cm, tplan, samples=n, producers=src.dp,
+                                      world=max(src.world_size, dst.world_size), plan=dst)
+            self._what_if[(key, context)] = est.time_s, float(est.extras.get("moved_bytes", 0))
+        return self._what_if[(key, context)]
+
+    def _what_if_dispatch_s(self, key: tuple, context: float) -> float:
+        """The what-if dispatch price (seconds) of `key` = (src plan, dst plan, samples) at
+        `context` tokens per sample. Every sample's bytes grow with the context, so the price is
+        affine in it: `_dispatch_s` (an AffineCache) prices a few contexts and proves the line."""
+        return self._what_if_dispatch(key, int(context))[0]
+
+    def _what_if_dispatch_bytes(self, key: tuple, context: float) -> float:
+        return self._what_if_dispatch(key, int(context))[1]
 
     def _handoff(self, ro: ParallelPlan, ex: ParallelPlan, ids: np.ndarray, tokens: np.ndarray, step: int):
         """SimPy process: the PyTorch runtime's rollout -> experience hand-off (earl.runtime.step.
@@ -424,7 +486,7 @@ class Simulation:
                                   world=max(ro.world_size, ex.world_size), plan=ex)
         self.events += 1
         yield self.env.timeout(est.time_s)
-        self._span(f"hand-off ({tplan.kind})", "experience", tplan.controller, t0, self.env.now, step,
+        self.span(f"hand-off ({tplan.kind})", "experience", tplan.controller, t0, self.env.now, step,
                    bytes=tplan.total_bytes, args={"transfers": len(tplan.transfers)})
         return est.time_s
 
@@ -443,11 +505,11 @@ class Simulation:
         if aggregated:
             ctx = -(-int(tokens[fits].sum()) // n)
             ctx = -(-ctx // DISPATCH_CONTEXT_QUANTUM) * DISPATCH_CONTEXT_QUANTUM
-            est = estimate_dispatch(self.cm, self.dispatcher_name, ex, tr, n, ctx)
+            time_s, moved = self.what_if_dispatch(ex, tr, n, ctx)
             self.events += 1
-            yield self.env.timeout(est.time_s)
-            self._span(f"dispatch ({self.dispatcher_name}, what-if plan)", "dispatch", 0, t0, self.env.now, step,
-                       bytes=int(est.extras.get("moved_bytes", 0)), args={"breakdown_s": est.breakdown})
+            yield self.env.timeout(time_s)
+            self.span(f"dispatch ({self.dispatcher_name}, what-if plan)", "dispatch", 0, t0, self.env.now, step,
+                      bytes=int(round(moved)), args={"context_tokens": ctx})
             return self.env.now - t0
         kept_ids, kept_tok = ids[fits], tokens[fits]
         samples = [Sample(i, t) for i, t in zip(kept_ids.tolist(), kept_tok.tolist(), strict=True)]
@@ -466,7 +528,7 @@ class Simulation:
                                   world=max(ex.world_size, tr.world_size), plan=tr)
         self.events += 1
         yield self.env.timeout(est.time_s)
-        self._span(f"dispatch ({tplan.kind})", "dispatch", tplan.controller, t0, self.env.now, step,
+        self.span(f"dispatch ({tplan.kind})", "dispatch", tplan.controller, t0, self.env.now, step,
                    bytes=tplan.total_bytes,
                    args={"transfers": len(tplan.transfers), "phases": len(tplan.phases),
                          "metadata_bytes": tplan.metadata_bytes, "reduce_bytes": tplan.reduce_bytes,

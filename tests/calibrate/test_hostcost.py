@@ -17,7 +17,7 @@ from earl.calibrate.validate import VariantResult, stage_table
 from earl.cost_model import CostModel
 from earl.cost_model.compute import param_tensors
 from earl.cost_model.profile import HOST_COST_FIELDS, EfficiencyCurve, HardwareProfile, load_profile
-from earl.sim.replica import TurnSyncReplica
+from earl.sim.rollout_engine import TurnSyncReplica
 from earl.sim.workload import Episode
 from earl.specs import MODEL_CATALOG, ClusterSpec, ParallelPlan
 

@@ -115,3 +115,15 @@ def test_schedule_keys_are_checked():
         load_scenario(None, {"schedule.max_staleness": "-1"})
     with pytest.raises(ValueError, match="leave GPUs to train"):
         load_scenario(None, {"schedule.mode": "async", "schedule.rollout_gpus": "128"})
+
+
+def test_async_scheduler_calls_only_public_stage_services():
+    """The sync and async schedulers are two clients of the simulation's stage services: the
+    async one reaches into no private state of the simulation."""
+    import inspect
+
+    from earl.sim import async_rl
+    src = inspect.getsource(async_rl)
+    assert "sim._" not in src
+    for service in ("sim.begin_step()", "sim.learn(", "sim.finish_step(", "sim.span("):
+        assert service in src

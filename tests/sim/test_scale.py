@@ -15,12 +15,13 @@ import pytest
 import simpy
 
 from earl.cost_model import CostModel
-from earl.sim.replica import Replica
-from earl.sim.replicas import choose_replicas, deal, kv_drops
+from earl.policies.dispatch_cost import estimate_dispatch
+from earl.sim.replica_classes import choose_replicas, deal, kv_drops
+from earl.sim.rollout_engine import Replica
 from earl.sim.scenario import load_scenario, parse_stage_plan
 from earl.sim.simulation import Simulation
 from earl.sim.workload import Draw, Workload, preset, truncate_turns
-from earl.specs import ClusterSpec, HardwareSpec, ModelSpec
+from earl.specs import ClusterSpec, HardwareSpec, ModelSpec, Stage
 
 
 def agreement(sets: dict, policy=("static", "centralized")) -> tuple[Simulation, Simulation]:
@@ -49,6 +50,60 @@ def test_replica_classes_agree_with_every_replica_at_1024_gpus_fast():
                             "engine.exact_up_to": "512", "scenario.steps": "3",
                             "workload.growth_steps": "2"})
     check_within_2_percent(agg, exact)
+
+
+def test_sampled_stage_pricing_agrees_with_every_replica_at_1024_gpus_fast():
+    """Log-probs and training priced on a strided sample of a quarter of the batch
+    (engine.sample_episodes): still within 2% of every replica and every sample."""
+    agg, exact = agreement({"cluster.nodes": "128", "workload.episodes_per_gpu": "1",
+                            "engine.exact_up_to": "512", "engine.sample_episodes": "256",
+                            "scenario.steps": "3", "workload.growth_steps": "2"})
+    check_within_2_percent(agg, exact)
+
+
+@pytest.mark.slow
+def test_replica_classes_agree_with_every_replica_at_4096_gpus():
+    """The default scenario on 4,096 GPUs (16,384 episodes per step, 512 replicas), log-probs
+    and training priced on a sample of 4,096: within 2% of every replica and every sample."""
+    agg, exact = agreement({"cluster.nodes": "512", "scenario.steps": "2", "workload.growth_steps": "1",
+                            "engine.sample_episodes": "4096"})
+    for a, b in zip(agg.rows, exact.rows, strict=True):
+        assert a["replicas_simulated"] < b["replicas_simulated"] == 512
+        for k in ("step_time_s", "throughput_tokens_per_gpu_s", "rollout_s", "train_s", "experience_s"):
+            assert a[k] == pytest.approx(b[k], rel=0.02), k
+        for k in ("generated_tokens", "trained_tokens", "rollout_oom", "oom_events", "episodes"):
+            assert a[k] == b[k], k
+
+
+def test_priced_sample_stands_for_the_batch():
+    """A stage priced on an evenly strided sample of a large batch (each sample standing for
+    the batch's share) is within 1% of pricing every sample."""
+    sets = {"cluster.nodes": "128", "engine.exact_up_to": "512"}
+    full = Simulation(load_scenario(None, sets), "static", "centralized")
+    part = Simulation(load_scenario(None, {**sets, "engine.sample_episodes": "500"}), "static", "centralized")
+    d = full.workload.draw(40)
+    plan = full.plans[Stage.TRAIN]
+    ids, tok, w = part.priced_sample(d.ids, d.context)
+    assert len(ids) == 456 and w == pytest.approx(4096 / 456) and ids.tolist() == list(range(0, 4096, 9))
+    assert full.priced_sample(d.ids, d.context)[2] == 1.0  # 4,096 <= the default 65,536
+    for stage in ("logprob", "train"):
+        a, b = part.stage_cost(stage, plan, d.ids, d.context), full.stage_cost(stage, plan, d.ids, d.context)
+        assert a.time_s == pytest.approx(b.time_s, rel=0.01), stage
+        assert a.memory_bytes == b.memory_bytes  # the longest sequence of the whole batch
+
+
+def test_what_if_dispatch_is_the_direct_price():
+    """The aggregated mode's dispatch price, read off checked affine pieces in the context,
+    equals `estimate_dispatch` at every context; a few pricings serve every step."""
+    sim = Simulation(load_scenario(None, {"cluster.nodes": "64"}), "static", "centralized")
+    ex, tr = sim.plans[Stage.EXPERIENCE], sim.plans[Stage.TRAIN]
+    for ctx in (7168, 6144, 9216, 32768, 2048, 1024):
+        direct = estimate_dispatch(sim.cm, "centralized", ex, tr, 2048, ctx)
+        time_s, moved = sim.what_if_dispatch(ex, tr, 2048, ctx)
+        assert time_s == pytest.approx(direct.time_s, rel=1e-9)
+        assert moved == pytest.approx(direct.extras["moved_bytes"], rel=1e-9)
+        if ctx == 32768:  # two checked lines (from 7,168 and from 6,144 up) price the first four
+            assert sim._dispatch_s.calls == 6
 
 
 @pytest.mark.slow
@@ -125,3 +180,12 @@ def test_choice_holds_the_longest_episode_and_deals_round_robin():
     assert longest % 64 in choice.simulated
     assert set(choice.representatives) <= set(choice.simulated) and len(choice.simulated) <= 6
     assert deal(draw, 64, 5).ids.tolist() == list(range(5, 512, 64))
+
+
+def test_deal_is_the_one_round_robin():
+    from earl.policies.balance import deal as deal_items
+    assert deal_items(7, 3) == [[0, 3, 6], [1, 4], [2, 5]]
+    draw = Workload(preset("connect-four")).draw(3).rows(slice(0, 50))
+    assert [deal(draw, 4, b).ids.tolist() for b in range(4)] == deal_items(50, 4)
+    with pytest.raises(ValueError, match="n_bins >= 1"):
+        deal_items(3, 0)

@@ -2,7 +2,7 @@
 hooks by hand (each expected time is written out from `prefill_time_s` and
 `decode_step_time_s`), in both the fast (closed-form) and fine (per-iteration) modes.
 
-    python -m pytest tests/sim/test_replica.py -q
+    python -m pytest tests/sim/test_rollout_engine.py -q
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import simpy
 
 from earl.cost_model import CostModel
-from earl.sim.replica import AffineCache, DecodeClock, Replica
+from earl.sim.rollout_engine import AffineCache, DecodeClock, Replica
 from earl.sim.workload import Episode
 from earl.specs import ClusterSpec, HardwareSpec, ModelSpec
 

@@ -8,7 +8,7 @@ happen only when the batch changes; between them `DecodeClock` sums the decode i
 closed form (`fine=True`: one event per iteration). Scheduling and time in detail:
 docs/simulator.md, "Design notes".
 
-    python -m pytest tests/sim/test_replica.py -q
+    python -m pytest tests/sim/test_rollout_engine.py -q
 """
 
 from __future__ import annotations
