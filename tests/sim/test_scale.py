@@ -183,7 +183,7 @@ def test_choice_holds_the_longest_episode_and_deals_round_robin():
 
 
 def test_deal_is_the_one_round_robin():
-    from earl.policies.balance import deal as deal_items
+    from earl.parallel import deal as deal_items
     assert deal_items(7, 3) == [[0, 3, 6], [1, 4], [2, 5]]
     draw = Workload(preset("connect-four")).draw(3).rows(slice(0, 50))
     assert [deal(draw, 4, b).ids.tolist() for b in range(4)] == deal_items(50, 4)
