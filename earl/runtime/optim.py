@@ -194,11 +194,11 @@ def train_step(trainer: Trainer, optim: ReplicatedAdamW | FSDPAdamW, local: Expe
         sub = local.select(idx) if idx else None
         n_local = float(sub.loss_mask.sum()) if sub is not None else 0.0
         optim.zero_grad(set_to_none=True)
-        n_global = optim.dp_sum([n_local])[0]
+        n_global, seqs_global = optim.dp_sum([n_local, float(len(idx))])
         if n_global == 0:
             continue
         if (sub is not None and n_local) or trainer.lockstep is not None:
-            sums = trainer.backward(sub if n_local else None, n_global)
+            sums = trainer.backward(sub if n_local else None, n_global, seqs_global)
         else:
             sums = dict.fromkeys(keys, 0.0)
         norms.append(optim.step())
