@@ -164,7 +164,8 @@ class TrainerConfig:
             if value is not None and not 0 <= value < float("inf"):
                 raise ValueError(f"trainer.{key} must be a finite number >= 0, got {value}")
         if self.clip_low >= 1:
-            raise ValueError(f"trainer.clip_eps_low must be < 1 (the ratio floor 1 - eps stays > 0), got {self.clip_low}")
+            raise ValueError(f"trainer.clip_eps_low must be < 1 (the ratio floor 1 - eps stays > 0), "
+                             f"got {self.clip_low}")
         if not (self.dual_clip == 0 or 1 < self.dual_clip < float("inf")):
             raise ValueError(f"trainer.dual_clip must be 0 (off) or a finite c > 1, got {self.dual_clip}")
         if self.loss_agg == "constant" and self.loss_tokens < 1:

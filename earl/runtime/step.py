@@ -38,11 +38,11 @@ from earl.runtime.advantages import AdvantageSpec, Store
 from earl.runtime.control import ControlBytes, all_gather_objects, gather_objects, reduce_scalars
 from earl.runtime.envs import OUTCOMES, env_options, make_env
 from earl.runtime.envs.dataset import LAST_REWARD_ERROR
+from earl.runtime.losses import uniform_groups
 from earl.runtime.mismatch import SUM_KEYS, mismatch_metrics, mismatch_sums
 from earl.runtime.move_samples import HANDOFF_TENSORS, carry_along, execute_dispatch
 from earl.runtime.optim import train_step
 from earl.runtime.rollout import Trajectory, rollout
-from earl.runtime.losses import uniform_groups
 from earl.runtime.trainer import ExperienceBatch, batch_logprobs
 from earl.runtime.worker import MemoryBudgetExceeded, Worker, runnable
 from earl.specs import ParallelPlan, Stage, WorkloadStats

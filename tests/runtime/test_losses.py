@@ -15,8 +15,7 @@ from test_trainer import advantages, fake_trajs, prepare, toy_batch
 
 from earl.runtime.advantages import AdvantageSpec
 from earl.runtime.config import RunConfig, TrainerConfig
-from earl.runtime.losses import (clipped_pg, kl_estimate, loss_denominator, policy_ratio, token_weights,
-                                 uniform_groups)
+from earl.runtime.losses import clipped_pg, kl_estimate, loss_denominator, policy_ratio, token_weights, uniform_groups
 from earl.runtime.run import resolve_config, train
 from earl.runtime.trainer import Trainer, _chunk_logprobs, collate, full_token_logprobs, token_logprobs
 
