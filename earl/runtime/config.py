@@ -132,6 +132,9 @@ class TrainerConfig:
     loss_tokens: int = 0  # loss_agg constant: the fixed tokens per sequence the sum is divided by (>= 1)
     kl_coef: float = 0.0  # KL to the frozen initial model; 0 = no reference model
     kl_estimator: str = "k3"  # grpo/rloo's KL term per token: k1 | k2 | k3 (earl.runtime.losses.kl_estimate)
+    # grpo/rloo: the KL term times the policy ratio (with its gradient): the unbiased reverse-KL
+    # gradient off-policy (DeepSeek-V3.2; TRL's use_bias_correction_kl default); false = the plain term
+    kl_ratio_weighted: bool = False
     # dynamic sampling (DAPO): drop the groups whose rewards are all equal before the experience
     # stage (their group-relative advantages are 0); the count is the metric groups_filtered
     filter_uniform_groups: bool = False

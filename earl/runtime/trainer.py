@@ -367,6 +367,8 @@ class Trainer:
                 if "ref_logprobs" not in t:
                     raise ValueError(f"trainer.kl_coef > 0 with {cfg.algo} needs reference log-probs in the batch")
                 kl = kl_estimate(lp, t["ref_logprobs"], cfg.kl_estimator)
+                if cfg.kl_ratio_weighted:
+                    kl = kl * ratio
                 loss_tok = loss_tok + cfg.kl_coef * kl
                 sums["kl"] += float((kl.detach() * mask).sum())
             elif "ref_logprobs" in t:
