@@ -137,8 +137,9 @@ def run_trl(model_dir: str, data: str, steps: int, out: str) -> None:
             gen["s"], gen["cpu_s"], self.t0, self.c0 = 0.0, 0.0, time.perf_counter(), time.process_time()
 
         def on_step_end(self, *a, **kw):
-            per.append({"step_s": time.perf_counter() - self.t0, "gen_s": gen["s"], "tokens": PROMPTS * GROUP * NEW_TOKENS,
-                        "step_cpu_s": time.process_time() - self.c0, "gen_cpu_s": gen["cpu_s"]})
+            per.append({"step_s": time.perf_counter() - self.t0, "gen_s": gen["s"],
+                        "tokens": PROMPTS * GROUP * NEW_TOKENS, "step_cpu_s": time.process_time() - self.c0,
+                        "gen_cpu_s": gen["cpu_s"]})
     trainer.add_callback(Clock())
     trainer.train()
     Path(out).write_text(json.dumps(per))
@@ -185,7 +186,8 @@ def main() -> None:
             print(f"run {k + 1}/{len(order)} {fw}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     e, t = summary(results["earl"]), summary(results["trl"])
     lines = [f"bench_trl: {PROMPTS} prompts x {GROUP} completions x {NEW_TOKENS} tokens, Qwen2-shaped "
-             f"{HIDDEN}h x {LAYERS}L, vocab {256 + PAIR_SYMBOLS ** 2 + 2} (41M parameters), fp32, lr {LR}, no KL, 1 thread; "
+             f"{HIDDEN}h x {LAYERS}L, vocab {256 + PAIR_SYMBOLS ** 2 + 2} (41M parameters), fp32, lr {LR}, no KL, "
+             "1 thread; "
              f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}",
              f"{a.runs} alternating runs of {a.steps} steps each; medians over {e['steps']} (earl) / {t['steps']} "
              "(TRL) steps after each run's warm-up step",
