@@ -151,31 +151,43 @@ class _HeadLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h_KH, weight, targets_K, temperature, vocab_size, with_entropy):
         w = weight[:vocab_size]
-        logits = (h_KH @ w.T).float() / temperature
+        logits = (h_KH @ w.T).float()
+        if temperature != 1:
+            logits.div_(temperature)
         lse = logits.logsumexp(-1)
         lp = logits.gather(-1, targets_K[:, None]).squeeze(-1) - lse
         ent = lse - (torch.softmax(logits, -1) * logits).sum(-1) if with_entropy else torch.zeros_like(lp)
         ctx.save_for_backward(h_KH, weight, targets_K, lse, ent)
-        ctx.temperature, ctx.vocab_size = temperature, vocab_size
+        ctx.temperature, ctx.vocab_size, ctx.with_entropy = temperature, vocab_size, with_entropy
         return lp, ent
 
     @staticmethod
     def backward(ctx, g_lp, g_ent):
         h_KH, weight, targets_K, lse, ent = ctx.saved_tensors
+        temperature = ctx.temperature
         w = weight[:ctx.vocab_size]
-        logp = (h_KH @ w.T).float() / ctx.temperature - lse[:, None]
-        p = logp.exp()
         if g_lp is None:
             g_lp = torch.zeros_like(lse)
-        grad = p.mul_(-g_lp[:, None]) if g_ent is None else \
-            p * (-g_lp[:, None] - g_ent[:, None] * (logp + ent[:, None]))
+        # in place on the one [K, V] buffer: logits -> log p -> d loss / d logits
+        grad = (h_KH @ w.T).float()
+        if temperature != 1:
+            grad.div_(temperature)
+        grad.sub_(lse[:, None])
+        if ctx.with_entropy and g_ent is not None:
+            p = grad.exp()
+            grad.add_(ent[:, None]).mul_(p).mul_(-g_ent[:, None]).sub_(p.mul_(g_lp[:, None]))
+        else:
+            grad.exp_().mul_(-g_lp[:, None])
         grad.scatter_add_(-1, targets_K[:, None], g_lp[:, None])
-        grad = (grad / ctx.temperature).to(w.dtype)
+        if temperature != 1:
+            grad.div_(temperature)
+        grad = grad.to(w.dtype)
         g_h = grad @ w if ctx.needs_input_grad[0] else None
         g_w = None
         if ctx.needs_input_grad[1]:
-            g_w = torch.zeros_like(weight)
-            g_w[:w.shape[0]] = grad.T @ h_KH
+            g_w = grad.T @ h_KH
+            if g_w.shape[0] != weight.shape[0]:  # rows past the vocabulary cut get no gradient
+                g_w = torch.cat([g_w, g_w.new_zeros(weight.shape[0] - g_w.shape[0], weight.shape[1])])
         return g_h, g_w, None, None, None, None
 
 
