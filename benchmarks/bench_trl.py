@@ -11,7 +11,8 @@ seconds, the generation part (earl: the rollout stage, env included; TRL: its `_
 rest (the training side: log-probs, loss, backward, optimizer), generated tokens/s. The first
 step of every run is a warm-up and left out; the figures are medians over the other steps.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_trl.py [--steps 4] [--runs 2] [--out docs/cpu/bench_trl.txt]
+    OMP_NUM_THREADS=1 python benchmarks/bench_trl.py [--steps 4] [--runs 2] [--out docs/cpu/bench_trl.txt] \
+        [--baseline /path/to/another/earl/checkout]
 
 Needs `trl` (TRL 1.16 was measured; .ci/constraints-trl.txt pins the venv).
 """
@@ -160,6 +161,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4, help="RL steps per run (the first is a warm-up)")
     ap.add_argument("--runs", type=int, default=2, help="runs of each framework, alternating")
     ap.add_argument("--out", default="", help="also write the report here")
+    ap.add_argument("--baseline", default="", help="also run earl from this checkout (e.g. before a change), "
+                    "alternating with the others")
     ap.add_argument("--worker", choices=("earl", "trl"), help=argparse.SUPPRESS)
     ap.add_argument("--paths", nargs=4, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -172,16 +175,18 @@ def main() -> None:
     import trl
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    results: dict[str, list] = {"earl": [], "trl": []}
+    names = ("earl", "trl", "baseline") if a.baseline else ("earl", "trl")
+    results: dict[str, list] = {n: [] for n in names}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir, data, reward = build(Path(tmp))
-        order = [fw for i in range(a.runs) for fw in (("earl", "trl") if i % 2 == 0 else ("trl", "earl"))]
+        order = [fw for i in range(a.runs) for fw in (names if i % 2 == 0 else names[::-1])]
         for k, fw in enumerate(order):
             out = Path(tmp) / f"{fw}-{k}.json"
             t0 = time.perf_counter()
-            subprocess.run([sys.executable, __file__, "--worker", fw, "--steps", str(a.steps), "--paths",
-                            str(model_dir), str(data), str(reward), str(out)], check=True, env=env,
-                           stdout=subprocess.DEVNULL)
+            run_env = {**env, "PYTHONPATH": a.baseline} if fw == "baseline" else env
+            subprocess.run([sys.executable, __file__, "--worker", "trl" if fw == "trl" else "earl", "--steps",
+                            str(a.steps), "--paths", str(model_dir), str(data), str(reward), str(out)], check=True,
+                           env=run_env, stdout=subprocess.DEVNULL)
             results[fw].append(json.loads(out.read_text()))
             print(f"run {k + 1}/{len(order)} {fw}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     e, t = summary(results["earl"]), summary(results["trl"])
@@ -196,6 +201,13 @@ def main() -> None:
                       ("gen_tokens_per_s", "generated tokens/s"), ("step_cpu_s", "CPU s per RL step"),
                       ("gen_cpu_s", "  generation CPU s"), ("train_cpu_s", "  training side CPU s")):
         lines.append(f"{name:22}{e[key]:10.2f}{t[key]:10.2f}{e[key] / t[key]:10.2f}")
+    if a.baseline:
+        b = summary(results["baseline"])
+        lines.append(f"earl from {a.baseline} (baseline), the same runs: CPU s per step {b['step_cpu_s']:.2f} "
+                     f"({b['step_cpu_s'] / t['step_cpu_s']:.2f}x TRL), training side {b['train_cpu_s']:.2f} CPU s "
+                     f"({b['train_cpu_s'] / t['train_cpu_s']:.2f}x TRL); wall {b['step_s']:.2f} s per step, training "
+                     f"side {b['train_s']:.2f} s; this tree's training side / the baseline's: "
+                     f"{e['train_cpu_s'] / b['train_cpu_s']:.2f} (CPU), {e['train_s'] / b['train_s']:.2f} (wall)")
     lines.append(f"earl's step: {e['gen_s'] / e['step_s']:.0%} generation, {e['train_s'] / e['step_s']:.0%} training "
                  "side (wall); CPU seconds are the robust figure on a shared host (every process runs one thread)")
     text = "\n".join(lines)
