@@ -97,7 +97,7 @@ def run_earl(model_dir: str, data: str, reward: str, steps: int, out: str) -> No
             "groups": PROMPTS, "group_size": GROUP, "steps": steps, "trainer.algo": "grpo", "trainer.lr": LR,
             "trainer.entropy_coef": 0, "trainer.kl_coef": 0, "sampling.max_new_tokens": NEW_TOKENS,
             "checkpoints": "false", "plots": "false", "transcript_every": 0, "threads": 1}
-    rows = train(resolve_config(overrides=over), Path(out).parent / "earl-run", progress=False,
+    rows = train(resolve_config(overrides=over), Path(out).with_suffix(".run"), progress=False,
                  echo=lambda s: None).metrics
     per = [{"step_s": r["step_s"], "gen_s": r["rollout_s"], "tokens": r["gen_tokens_per_s"] * r["rollout_s"],
             "step_cpu_s": r["step_cpu_s"], "gen_cpu_s": c} for r, c in zip(rows, gen_cpu, strict=True)]
@@ -115,7 +115,7 @@ def run_trl(model_dir: str, data: str, steps: int, out: str) -> None:
     def reward(completions, **kw):
         return [len(set(c)) / 32.0 for c in completions]
 
-    args = GRPOConfig(output_dir=str(Path(out).parent / "trl-run"), per_device_train_batch_size=PROMPTS * GROUP,
+    args = GRPOConfig(output_dir=str(Path(out).with_suffix(".run")), per_device_train_batch_size=PROMPTS * GROUP,
                       num_generations=GROUP, max_completion_length=NEW_TOKENS, learning_rate=LR, beta=0.0,
                       temperature=1.0, max_steps=steps, logging_steps=1, save_strategy="no", report_to="none",
                       use_cpu=True, bf16=False, dataloader_num_workers=0, seed=0, loss_type="dapo")
