@@ -3,11 +3,13 @@
 `ExperienceBatch` holds padded tensors; `batch_logprobs` is the experience stage's forward-only
 pass; `token_logprobs` computes log-probs and entropy from the decoder's hidden states and the
 LM head on the generated positions only, a chunk of positions at a time (full-vocabulary fp32
-logits never exist for a whole micro-batch); `Trainer.backward` runs the clipped policy loss
-(entropy bonus, GRPO's k3 KL term, optionally truncated importance sampling against the engine's
-log-probs: earl.runtime.mismatch) with token-budget micro-batching. The loss is a token-mean
-over the whole global (mini)batch, so any split into micro-batches or data-parallel shards gives
-the same gradient. Advantages come from earl.runtime.advantages; the optimizer step from
+logits never exist for a whole micro-batch; a bias-free linear head gets a hand-written
+backward, `_HeadLogprobs`); `Trainer.backward` runs the clipped policy loss composed from
+earl.runtime.losses (ratio level, asymmetric and dual clip, aggregation, the KL estimator;
+docs/losses.md), the entropy bonus and optionally truncated importance sampling against the
+engine's log-probs (earl.runtime.mismatch), with token-budget micro-batching. The loss is
+normalised over the whole global (mini)batch, so any split into micro-batches or data-parallel
+shards gives the same gradient. Advantages come from earl.runtime.advantages; the optimizer step from
 earl.runtime.optim.train_step.
 
     pytest tests/runtime/test_trainer.py
@@ -307,6 +309,8 @@ class Trainer:
         # a process group whose ranks must run the same number of forward/backward passes
         # (FSDP2 gathers weights inside each): short ranks add passes on a dummy row
         self.lockstep = lockstep
+        # (mismatch_sums, max |delta|) of the last `backward` whose batch was its own old policy
+        self.gap: tuple[dict[str, float], float] = (dict.fromkeys(SUM_KEYS, 0.0), 0.0)
 
     @property
     def device(self) -> torch.device:
