@@ -210,6 +210,7 @@ def main() -> None:
                      f"{e['train_cpu_s'] / b['train_cpu_s']:.2f} (CPU), {e['train_s'] / b['train_s']:.2f} (wall)")
     lines.append(f"earl's step: {e['gen_s'] / e['step_s']:.0%} generation, {e['train_s'] / e['step_s']:.0%} training "
                  "side (wall); CPU seconds are the robust figure on a shared host (every process runs one thread)")
+    lines.insert(0, "$ OMP_NUM_THREADS=1 python benchmarks/bench_trl.py " + " ".join(sys.argv[1:]))
     text = "\n".join(lines)
     print(text)
     if a.out:
