@@ -174,6 +174,8 @@ def test_without_old_logprobs_the_batch_is_its_own_old_policy(tiny):
     batch = dataclasses.replace(batch, engine_logprobs=batch.old_logprobs + 0.3 * batch.loss_mask)
     assert not Trainer(model, cfg, temperature=1.0).needs_old_logprobs
     assert Trainer(model, dataclasses.replace(cfg, minibatches=2), temperature=1.0).needs_old_logprobs
+    # REINFORCE++ folds its KL penalty into the rewards from the old log-probs
+    assert Trainer(model, TrainerConfig(algo="reinforce++", kl_coef=0.1), temperature=1.0).needs_old_logprobs
     with_old, g1 = _grads(model, cfg, batch)
     model.zero_grad(set_to_none=True)
     trainer = Trainer(model, cfg, temperature=1.0)
@@ -251,3 +253,16 @@ def test_dynamic_sampling_drops_uniform_groups_in_a_run(tmp_path):
         assert 0 <= r["groups_filtered"] < 6
         assert r["samples_trained"] == 2 * (6 - r["groups_filtered"])
         assert r["logprob_diff_max"] < 1e-5
+
+
+def test_rloo_with_the_variants_trains_in_a_run(tmp_path):
+    """`earl run` with rloo, sequence aggregation, GSPO's ratio, clip-higher, dual-clip and a k2
+    KL term: two steps with a finite, non-zero update."""
+    over = {"groups": 3, "group_size": 4, "steps": 2, "plots": "false", "threads": 1, "checkpoints": "false",
+            "transcript_every": 0, "trainer.algo": "rloo", "trainer.loss_agg": "sequence",
+            "trainer.ratio_level": "sequence", "trainer.clip_eps_high": "0.28", "trainer.dual_clip": "3",
+            "trainer.kl_coef": "0.05", "trainer.kl_estimator": "k2", "env.valid_move_reward": "0.3"}
+    rows = train(resolve_config(overrides=over), tmp_path / "r", progress=False, echo=lambda s: None).metrics
+    for r in rows:
+        assert math.isfinite(r["loss"]) and r["kl"] >= 0 and r["samples_trained"] == 12
+    assert any(r["grad_norm"] > 0 for r in rows)
