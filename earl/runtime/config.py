@@ -138,7 +138,7 @@ class TrainerConfig:
     # dynamic sampling (DAPO): drop the groups whose rewards are all equal before the experience
     # stage (their group-relative advantages are 0); the count is the metric groups_filtered
     filter_uniform_groups: bool = False
-    entropy_coef: float = 0.01  # entropy bonus on generated tokens (keeps the policy from saturating)
+    entropy_coef: float = 0.01  # entropy bonus on generated tokens (keeps the policy from saturating); 0: not computed
     grad_clip: float = 1.0  # max global grad norm; 0 = off
     token_budget: int = 16384  # padded tokens per micro-batch (forward+backward at once)
     minibatches: int = 1  # optimizer steps per training step (the batch is split)
