@@ -257,7 +257,8 @@ def prepare_experience(w: Worker, ctx: StepContext, step: int, trajs: list[Traje
     its layout and stats (the gap as this rank's `mismatch_sums`, counted on tp rank 0 only)."""
     cfg = w.cfg
     roll_plan, exp_plan = w.plans.rollout, w.plans.experience
-    roll_assign = tuple(tuple(b) for b in deal(len(samples), roll_plan.dp))  # samples are episodes 0..n-1
+    kept = {s.id for s in samples}  # the episodes play dealt, less any filtered group
+    roll_assign = tuple(tuple(i for i in b if i in kept) for b in deal(cfg.groups * cfg.group_size, roll_plan.dp))
     src = Layout(roll_plan, roll_assign)
     dst = Layout(exp_plan, balance_aligned(samples, exp_plan.dp, roll_assign)[0])
     t0 = time.perf_counter()
