@@ -4,6 +4,8 @@ scalar statistics (one process is the trivial world of size 1).
 Each estimator is split into a local part and a tiny reduction so that no rank needs the whole
 batch:
 - GRPO: per prompt group, (reward - group mean) / (group std + eps), on every generated token.
+- RLOO: per prompt group, reward minus the mean of the group's other rewards,
+  G / (G - 1) * (reward - group mean) (Ahmadian et al. 2024), on every generated token.
 - REINFORCE++: per generated token, the undiscounted return-to-go of the per-step rewards
   (with a KL penalty, the experience stage has already subtracted kl_coef * (old - ref) from
   each generated token's reward), minus a baseline (the batch mean, or the mean of the same
@@ -25,7 +27,8 @@ import torch.distributed as dist
 from earl.policies.types import Layout, Sample
 from earl.runtime.dist import comm_device
 
-ESTIMATORS = ("grpo", "reinforce++")
+ESTIMATORS = ("grpo", "reinforce++", "rloo")
+GROUP_ESTIMATORS = ("grpo", "rloo")  # statistics per prompt group
 
 # sample id -> tensor name -> tensor (per-token tensors are 1-D of the sample's length)
 Store = dict[int, dict[str, torch.Tensor]]
@@ -35,7 +38,7 @@ Store = dict[int, dict[str, torch.Tensor]]
 class AdvantageSpec:
     """Which estimator, and what the producers must hold for it."""
 
-    estimator: str = "grpo"  # grpo | reinforce++
+    estimator: str = "grpo"  # grpo | reinforce++ | rloo
     per_turn: bool = False  # reinforce++: baseline per turn index instead of one batch mean
     eps: float = 1e-6  # added to the std
 
@@ -46,14 +49,14 @@ class AdvantageSpec:
     @property
     def inputs(self) -> tuple[str, ...]:
         """Per-token tensors beyond the dispatched ones that computing advantages reads."""
-        if self.estimator == "grpo":
+        if self.estimator in GROUP_ESTIMATORS:
             return ()
         return ("token_rewards", "turn_ids") if self.per_turn else ("token_rewards",)
 
 
 def _entries(item: dict[str, torch.Tensor], s: Sample, spec: AdvantageSpec):
     """(keys [n] long, values [n] float64) this sample contributes to the statistics."""
-    if spec.estimator == "grpo":
+    if spec.estimator in GROUP_ESTIMATORS:
         return torch.tensor([s.group]), item["rewards"].double().reshape(1)
     mask = item["loss_mask"].bool()
     returns = item["token_rewards"].double().flip(0).cumsum(0).flip(0)
@@ -100,14 +103,18 @@ def fill_advantages(store: Store, samples: list[Sample], stats: dict[int, torch.
         for k, tot in stats.items():
             total, sq, cnt = tot.tolist()
             mean = total / cnt
-            group_adv[k] = (mean, max(sq / cnt - mean * mean, 0.0) ** 0.5)
+            group_adv[k] = (mean, max(sq / cnt - mean * mean, 0.0) ** 0.5, cnt)
     for s in samples:
         item = store.get(s.id)
         if item is None:
             continue
-        if spec.estimator == "grpo":
-            mean, g_std = group_adv[s.group]
-            adv = (float(item["rewards"].double().item()) - mean) / (g_std + spec.eps)
+        if spec.estimator in GROUP_ESTIMATORS:
+            mean, g_std, cnt = group_adv[s.group]
+            centred = float(item["rewards"].double().item()) - mean
+            if spec.estimator == "grpo":
+                adv = centred / (g_std + spec.eps)
+            else:  # the mean of the other cnt - 1 rewards is mean - centred / (cnt - 1)
+                adv = centred * cnt / (cnt - 1) if cnt > 1 else 0.0
             item["advantages"] = torch.full((item["input_ids"].numel(),), adv, dtype=torch.float32) \
                 * item["loss_mask"]
             continue
@@ -154,7 +161,7 @@ def distributed_advantages(store: Store, samples: list[Sample], src: Layout, spe
     """Advantages at the producers: only per-key scalars cross the network (plus, for a
     per-turn baseline, one max of the turn count)."""
     local = local_stats(store, samples, spec, producer_samples(src, rank))
-    if spec.estimator == "grpo":
+    if spec.estimator in GROUP_ESTIMATORS:
         keys = sorted({s.group for s in samples})
     elif not spec.per_turn:
         keys = [0]

@@ -18,7 +18,15 @@ from pathlib import Path
 from earl import config_machinery as config
 from earl.policies.registry import DISPATCHERS, SELECTORS
 
-ALGOS = ("grpo", "reinforce++")
+ALGOS = ("grpo", "reinforce++", "rloo")
+GROUP_ALGOS = ("grpo", "rloo")  # advantages relative to the other episodes of a prompt group
+# the loss variants' names (the math: earl.runtime.losses).
+# token: every generated token of the (global) batch weighs the same (DAPO; TRL "dapo"/"bnpo");
+# sequence: mean over each sequence's tokens, then over sequences (GRPO's paper; TRL "grpo");
+# constant: token sum over (sequences x a fixed token count) (Dr. GRPO; TRL "dr_grpo")
+AGGREGATIONS = ("token", "sequence", "constant")
+RATIO_LEVELS = ("token", "sequence")  # sequence: GSPO's length-normalised sequence ratio
+KL_ESTIMATORS = ("k1", "k2", "k3")  # Schulman's estimators of KL(pi || ref) from samples of pi
 LR_DECAYS = ("none", "linear", "cosine")
 
 
@@ -113,13 +121,28 @@ class SamplingConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainerConfig:
-    algo: str = "reinforce++"  # reinforce++ | grpo
+    algo: str = "reinforce++"  # reinforce++ | grpo | rloo (leave-one-out group baseline; the grpo loss)
     lr: float = 2e-3  # AdamW learning rate
     weight_decay: float = 0.0  # AdamW weight decay
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas
     clip_eps: float = 0.2  # PPO ratio clip
+    clip_eps_low: float | None = None  # ratio floor 1 - clip_eps_low; None = clip_eps
+    clip_eps_high: float | None = None  # ratio ceiling 1 + clip_eps_high (DAPO's clip-higher: 0.28); None = clip_eps
+    dual_clip: float = 0.0  # dual-clip c > 1: a negative-advantage token's loss is capped at -c * adv; 0 = off
+    ratio_level: str = "token"  # token | sequence (GSPO: one length-normalised ratio per sequence)
+    # how token losses add up: token (mean over the batch's tokens, DAPO) | sequence (mean per
+    # sequence, then over sequences, GRPO's paper) | constant (sum over sequences x loss_tokens, Dr. GRPO)
+    loss_agg: str = "token"
+    loss_tokens: int = 0  # loss_agg constant: the fixed tokens per sequence the sum is divided by (>= 1)
     kl_coef: float = 0.0  # KL to the frozen initial model; 0 = no reference model
-    entropy_coef: float = 0.01  # entropy bonus on generated tokens (keeps the policy from saturating)
+    kl_estimator: str = "k3"  # grpo/rloo's KL term per token: k1 | k2 | k3 (earl.runtime.losses.kl_estimate)
+    # grpo/rloo: the KL term times the policy ratio (with its gradient): the unbiased reverse-KL
+    # gradient off-policy (DeepSeek-V3.2; TRL's use_bias_correction_kl default); false = the plain term
+    kl_ratio_weighted: bool = False
+    # dynamic sampling (DAPO): drop the groups whose rewards are all equal before the experience
+    # stage (their group-relative advantages are 0); the count is the metric groups_filtered
+    filter_uniform_groups: bool = False
+    entropy_coef: float = 0.01  # entropy bonus on generated tokens (keeps the policy from saturating); 0: not computed
     grad_clip: float = 1.0  # max global grad norm; 0 = off
     token_budget: int = 16384  # padded tokens per micro-batch (forward+backward at once)
     minibatches: int = 1  # optimizer steps per training step (the batch is split)
@@ -131,7 +154,30 @@ class TrainerConfig:
     # mismatch (earl.runtime.mismatch); 0 = off, else the cap C (a ratio, >= 1; verl uses 2)
     tis_cap: float = 0.0
 
+    @property
+    def clip_low(self) -> float:
+        return self.clip_eps if self.clip_eps_low is None else self.clip_eps_low
+
+    @property
+    def clip_high(self) -> float:
+        return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
+
     def __post_init__(self):
+        for key, valid in (("loss_agg", AGGREGATIONS), ("ratio_level", RATIO_LEVELS), ("kl_estimator", KL_ESTIMATORS)):
+            if getattr(self, key) not in valid:
+                raise ValueError(f"trainer.{key} {getattr(self, key)!r} unknown; valid: {', '.join(valid)}")
+        for key in ("clip_eps", "clip_eps_low", "clip_eps_high"):
+            value = getattr(self, key)
+            if value is not None and not 0 <= value < float("inf"):
+                raise ValueError(f"trainer.{key} must be a finite number >= 0, got {value}")
+        if self.clip_low >= 1:
+            raise ValueError(f"trainer.clip_eps_low must be < 1 (the ratio floor 1 - eps stays > 0), "
+                             f"got {self.clip_low}")
+        if not (self.dual_clip == 0 or 1 < self.dual_clip < float("inf")):
+            raise ValueError(f"trainer.dual_clip must be 0 (off) or a finite c > 1, got {self.dual_clip}")
+        if self.loss_agg == "constant" and self.loss_tokens < 1:
+            raise ValueError(f"trainer.loss_agg constant divides by sequences x trainer.loss_tokens: loss_tokens "
+                             f"must be >= 1, got {self.loss_tokens}")
         if not (self.tis_cap == 0 or 1 <= self.tis_cap < float("inf")):
             raise ValueError(f"trainer.tis_cap must be 0 (off) or a finite cap >= 1, got {self.tis_cap}")
 
@@ -191,9 +237,12 @@ class RunConfig:
             raise ValueError(f"trainer.baseline {self.trainer.baseline!r} unknown; valid: per-turn, batch")
         if self.trainer.algo not in ALGOS:
             raise ValueError(f"trainer.algo {self.trainer.algo!r} unknown; valid: {', '.join(ALGOS)}")
-        if self.trainer.algo == "grpo" and self.group_size < 2:
-            raise ValueError(f"grpo compares episodes within a group: group_size must be >= 2, "
+        if self.trainer.algo in GROUP_ALGOS and self.group_size < 2:
+            raise ValueError(f"{self.trainer.algo} compares episodes within a group: group_size must be >= 2, "
                              f"got {self.group_size}")
+        if self.trainer.filter_uniform_groups and self.group_size < 2:
+            raise ValueError(f"trainer.filter_uniform_groups drops groups whose rewards are all equal: group_size "
+                             f"must be >= 2 (a group of 1 is always uniform), got {self.group_size}")
 
     @property
     def episodes_per_step(self) -> int:

@@ -41,6 +41,7 @@ from earl.runtime.advantages import AdvantageSpec, Store
 from earl.runtime.control import ControlBytes, all_gather_objects, gather_objects, reduce_scalars
 from earl.runtime.envs import OUTCOMES, env_options, make_env
 from earl.runtime.envs.dataset import LAST_REWARD_ERROR
+from earl.runtime.losses import uniform_groups
 from earl.runtime.mismatch import SUM_KEYS, mismatch_metrics, mismatch_sums
 from earl.runtime.move_samples import HANDOFF_TENSORS, carry_along, execute_dispatch
 from earl.runtime.rollout import Trajectory, rollout
@@ -256,7 +257,8 @@ def prepare_experience(w: Worker, ctx: StepContext, step: int, trajs: list[Traje
     its layout and stats (the gap as this rank's `mismatch_sums`, counted on tp rank 0 only)."""
     cfg = w.cfg
     roll_plan, exp_plan = w.plans.rollout, w.plans.experience
-    roll_assign = tuple(tuple(b) for b in deal(len(samples), roll_plan.dp))  # samples are episodes 0..n-1
+    kept = {s.id for s in samples}  # the episodes play dealt, less any filtered group
+    roll_assign = tuple(tuple(i for i in b if i in kept) for b in deal(cfg.groups * cfg.group_size, roll_plan.dp))
     src = Layout(roll_plan, roll_assign)
     dst = Layout(exp_plan, balance_aligned(samples, exp_plan.dp, roll_assign)[0])
     t0 = time.perf_counter()
@@ -270,7 +272,11 @@ def prepare_experience(w: Worker, ctx: StepContext, step: int, trajs: list[Traje
     ids = list(dst.assignment[w.exp_groups.dp_rank])
     batch = _batch(got, ids, meta, w.policy.tokenizer.pad_id)
     temp, budget, vocab = w.params.logprob_temperature, cfg.trainer.token_budget, w.policy.tokenizer.vocab_size
-    old = batch_logprobs(w.logprob_model(), batch, temp, budget, vocab) if ids else batch.old_logprobs
+    # with one optimizer step the training forward is the old policy: no pass here (a placeholder
+    # travels as the dispatch carrier; Trainer.needs_old_logprobs)
+    skip_old = not w.trainer.needs_old_logprobs
+    old = batch_logprobs(w.logprob_model(), batch, temp, budget, vocab) if ids and not skip_old \
+        else torch.zeros_like(batch.engine_logprobs)
     ref = batch_logprobs(w.ref_model, batch, temp, budget, vocab) if ids and w.ref_model is not None else old
     out: Store = {}
     for r, i in enumerate(ids):
@@ -284,7 +290,7 @@ def prepare_experience(w: Worker, ctx: StepContext, step: int, trajs: list[Traje
         out[i] = item
     w.span("logprob", "experience", t0, step, tokens=int(batch.attention_mask.sum()))
     counted = batch.loss_mask if w.exp_groups.tp_rank == 0 else torch.zeros_like(batch.loss_mask)  # tp peers: once
-    gap = mismatch_sums(old, batch.engine_logprobs, counted, cfg.trainer.tis_cap)
+    gap = None if skip_old else mismatch_sums(old, batch.engine_logprobs, counted, cfg.trainer.tis_cap)
     return out, dst, {"handoff_bytes": hstats.bytes_sent, "mismatch": gap}
 
 
@@ -294,7 +300,9 @@ def train(w: Worker, ctx: StepContext, step: int, store: Store, src: Layout, sam
     miss and retrying on the same samples)."""
     cfg = w.cfg
     spec = AdvantageSpec(estimator=cfg.trainer.algo, per_turn=cfg.trainer.baseline == "per-turn")
-    extra = ("engine_logprobs",) if cfg.trainer.tis_cap else ()  # TIS's behaviour policy
+    skip_old = not w.trainer.needs_old_logprobs
+    # TIS's behaviour policy; the engine gap, when the training forward measures it
+    extra = ("engine_logprobs",) if cfg.trainer.tis_cap or skip_old else ()
     for _attempt in range(4):
         plan, tg = w.plans.train, w.train_groups
         t0 = time.perf_counter()
@@ -304,6 +312,9 @@ def train(w: Worker, ctx: StepContext, step: int, store: Store, src: Layout, sam
                                              advantages=spec, extra=extra)
         w.span(tplan.kind, "dispatch", t0, step, bytes=dstats.bytes_sent, args={"transfers": len(tplan.transfers)})
         local = _batch(delivered, list(dst.assignment[tg.dp_rank]), meta, w.policy.tokenizer.pad_id)
+        if skip_old:  # the experience stage sent placeholders (Trainer.needs_old_logprobs)
+            local.old_logprobs = None
+            local.ref_logprobs = local.ref_logprobs if w.ref_model is not None else None
         tokens, longest = int(local.attention_mask.sum()), local.input_ids.shape[1]
         try:
             w.check_budget(tokens, longest)
@@ -346,9 +357,17 @@ def run_step(w: Worker, ctx: StepContext, step: int,
     samples = [Sample(id=m.id, tokens=m.tokens, group=m.group) for m in ordered]
     stats = workload_stats(ordered, step, cfg.sampling.max_context)
     check_reward_errors(cfg, ordered, step)
+    filtered = uniform_groups([m.group for m in ordered], [m.reward for m in ordered]) \
+        if cfg.trainer.filter_uniform_groups else set()
+    if len(filtered) == cfg.groups:  # nothing would be left: train on all (zero group-relative advantages)
+        filtered = set()
+    samples = [s for s in samples if s.group not in filtered]
 
     store, exp_layout, hand = prepare_experience(w, ctx, step, trajs, samples, meta)
     tstats, info, _local = train(w, ctx, step, store, exp_layout, samples, meta)
+    if hand["mismatch"] is None:  # measured by the training forward, counted once per tp group
+        got, top = w.trainer.gap
+        hand["mismatch"] = (got if w.train_groups.tp_rank == 0 else dict.fromkeys(SUM_KEYS, 0.0), top)
 
     # metrics: scalars reduced over ranks; spans gathered on rank 0
     lead = w.roll_groups.tp_rank == 0
@@ -380,6 +399,7 @@ def run_step(w: Worker, ctx: StepContext, step: int,
            "replans": sum("memory budget" in e["reason"] for e in w.events),
            "switch_reasons": "; ".join(f"{e['stage']}: {e['from']} -> {e['to']} ({e['reason']})" for e in w.events),
            "samples_trained": len(samples) if tstats["train_tokens"] > 0 else 0,
+           "groups_filtered": len(filtered),
            "control_recv_bytes": ctx.control.total}
     row["_spans"] = [sp for part in spans for sp in part]
     return row, stats, decisions + [dict(e, event="switch") for e in w.events], episode_records(ordered)

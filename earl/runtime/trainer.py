@@ -3,13 +3,15 @@
 `ExperienceBatch` holds padded tensors; `batch_logprobs` is the experience stage's forward-only
 pass; `token_logprobs` computes log-probs and entropy from the decoder's hidden states and the
 LM head on the generated positions only, a chunk of positions at a time (full-vocabulary fp32
-logits never exist for a whole micro-batch); `Trainer.backward` runs the clipped policy loss
-(entropy bonus, GRPO's k3 KL term, optionally truncated importance sampling against the engine's
-log-probs: earl.runtime.mismatch) with token-budget micro-batching. The loss is a token-mean
-over the whole global (mini)batch, so any split into micro-batches or data-parallel shards gives
-the same gradient. `train_step` is one training step: the loss over mini-batches, each followed by
-an optimizer step (the strategies are earl.runtime.optim's). Advantages come from
-earl.runtime.advantages.
+logits never exist for a whole micro-batch; a bias-free linear head gets a hand-written
+backward, `_HeadLogprobs`); `Trainer.backward` runs the clipped policy loss composed from
+earl.runtime.losses (ratio level, asymmetric and dual clip, aggregation, the KL estimator;
+docs/losses.md), the entropy bonus and optionally truncated importance sampling against the
+engine's log-probs (earl.runtime.mismatch), with token-budget micro-batching. The loss is
+normalised over the whole global (mini)batch, so any split into micro-batches or data-parallel
+shards gives the same gradient. `train_step` is one training step: the loss over mini-batches,
+each followed by an optimizer step (the strategies are earl.runtime.optim's). Advantages come
+from earl.runtime.advantages.
 
     pytest tests/runtime/test_trainer.py
 """
@@ -25,9 +27,10 @@ import torch.utils.checkpoint
 
 from earl.cost_model.model import micro_batches
 from earl.runtime.dist import comm_device
-from earl.runtime.mismatch import tis_weights
+from earl.runtime.losses import clipped_pg, kl_estimate, loss_denominator, policy_ratio, token_weights
+from earl.runtime.mismatch import SUM_KEYS, mismatch_sums, tis_weights
 from earl.runtime.rollout import Trajectory
-from earl.runtime.run_config import TrainerConfig
+from earl.runtime.run_config import GROUP_ALGOS, TrainerConfig
 
 
 @dataclass
@@ -141,6 +144,66 @@ def _chunk_logprobs(head, h_KH: torch.Tensor, targets_K: torch.Tensor, temperatu
     return lp, ent
 
 
+class _HeadLogprobs(torch.autograd.Function):
+    """log p(target) and the entropy at K positions from their hidden states h [K, H] and a
+    bias-free LM head's weight W [V, H], as `_chunk_logprobs` computes them, with a hand-written
+    backward: it recomputes the chunk's logits from h and W (the [K, V] fp32 logits are never
+    kept between the passes) and forms d/dlogits directly, g_lp * (onehot - p) plus, for an
+    entropy with a gradient, -g_ent * p * (log p + H). Against checkpointing the head, this skips
+    re-running the log-sum-exp and autograd's zero-filled scatter of the gather."""
+
+    @staticmethod
+    def forward(ctx, h_KH, weight, targets_K, temperature, vocab_size, with_entropy):
+        w = weight[:vocab_size]
+        logits = (h_KH @ w.T).float()
+        if temperature != 1:
+            logits.div_(temperature)
+        lse = logits.logsumexp(-1)
+        lp = logits.gather(-1, targets_K[:, None]).squeeze(-1) - lse
+        ent = lse - (torch.softmax(logits, -1) * logits).sum(-1) if with_entropy else torch.zeros_like(lp)
+        ctx.save_for_backward(h_KH, weight, targets_K, lse, ent)
+        ctx.temperature, ctx.vocab_size, ctx.with_entropy = temperature, vocab_size, with_entropy
+        return lp, ent
+
+    @staticmethod
+    def backward(ctx, g_lp, g_ent):
+        h_KH, weight, targets_K, lse, ent = ctx.saved_tensors
+        temperature = ctx.temperature
+        w = weight[:ctx.vocab_size]
+        if g_lp is None:
+            g_lp = torch.zeros_like(lse)
+        # in place on the one [K, V] buffer: logits -> log p -> d loss / d logits
+        grad = (h_KH @ w.T).float()
+        if temperature != 1:
+            grad.div_(temperature)
+        grad.sub_(lse[:, None])
+        if ctx.with_entropy and g_ent is not None:
+            p = grad.exp()
+            grad.add_(ent[:, None]).mul_(p).mul_(-g_ent[:, None]).sub_(p.mul_(g_lp[:, None]))
+        else:
+            grad.exp_().mul_(-g_lp[:, None])
+        grad.scatter_add_(-1, targets_K[:, None], g_lp[:, None])
+        if temperature != 1:
+            grad.div_(temperature)
+        grad = grad.to(w.dtype)
+        g_h = grad @ w if ctx.needs_input_grad[0] else None
+        g_w = None
+        if ctx.needs_input_grad[1]:
+            g_w = grad.T @ h_KH
+            if g_w.shape[0] != weight.shape[0]:  # rows past the vocabulary cut get no gradient
+                g_w = torch.cat([g_w, g_w.new_zeros(weight.shape[0] - g_w.shape[0], weight.shape[1])])
+        return g_h, g_w, None, None, None, None
+
+
+def _plain_head_weight(head) -> torch.Tensor | None:
+    """The weight of a bias-free nn.Linear head held as a plain tensor (not an FSDP2 / DTensor
+    shard), which `_HeadLogprobs` reads directly; None otherwise (the checkpointed path)."""
+    if type(head) is not torch.nn.Linear or head.bias is not None:
+        return None
+    w = head.weight
+    return w if type(w) in (torch.Tensor, torch.nn.Parameter) else None
+
+
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float,
                    with_entropy: bool = False, need: torch.Tensor | None = None,
                    chunk_tokens: int = LOGIT_CHUNK_TOKENS, vocab_size: int | None = None):
@@ -153,9 +216,10 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
     Only positions where `need` [n, t] is True (default: every real token but the first) get
     logits, computed from the decoder's hidden states `chunk_tokens` positions at a time, so the
-    full-vocabulary fp32 logits of a whole micro-batch never exist. Under autograd each chunk is
-    recomputed in the backward pass (activation checkpointing of the head), so only the hidden
-    states are kept. Other positions hold 0."""
+    full-vocabulary fp32 logits of a whole micro-batch never exist. Under autograd each chunk's
+    logits are recomputed in the backward pass (`_HeadLogprobs` for a plain bias-free linear
+    head, else activation checkpointing of the head), so only the hidden states are kept. Other
+    positions hold 0."""
     n, t = input_ids.shape
     if need is None:
         need = attention_mask.bool()
@@ -165,10 +229,13 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     h_KH = h[:, :-1][sel]
     targets = input_ids[:, 1:][sel]
     grad = torch.is_grad_enabled()
+    weight = _plain_head_weight(head) if grad else None
     lps, ents = [], []
     for a in range(0, h_KH.shape[0], chunk_tokens):
         args = (head, h_KH[a:a + chunk_tokens], targets[a:a + chunk_tokens], temperature, with_entropy, vocab_size)
-        if grad:
+        if weight is not None:
+            lp, ent = _HeadLogprobs.apply(args[1], weight, args[2], temperature, vocab_size, with_entropy)
+        elif grad:
             lp, ent = torch.utils.checkpoint.checkpoint(_chunk_logprobs, *args, use_reentrant=False)
         else:
             lp, ent = _chunk_logprobs(*args)
@@ -227,6 +294,8 @@ class Trainer:
         # a process group whose ranks must run the same number of forward/backward passes
         # (FSDP2 gathers weights inside each): short ranks add passes on a dummy row
         self.lockstep = lockstep
+        # (mismatch_sums, max |delta|) of the last `backward` whose batch was its own old policy
+        self.gap: tuple[dict[str, float], float] = (dict.fromkeys(SUM_KEYS, 0.0), 0.0)
 
     @property
     def device(self) -> torch.device:
@@ -242,13 +311,28 @@ class Trainer:
             return lo + (cfg.lr - lo) * 0.5 * (1 + math.cos(math.pi * progress))
         return cfg.lr
 
-    def backward(self, batch: ExperienceBatch, total_tokens: float) -> dict[str, float]:
+    @property
+    def needs_old_logprobs(self) -> bool:
+        """Whether the experience stage must compute the old policy's log-probs for this loss.
+        With one optimizer step per batch (`minibatches` 1) the weights the loss sees are the
+        old policy's: the training forward's own log-probs, detached, are the old ones (the
+        ratio is exactly 1), so that pass is skipped (a batch whose old_logprobs is None) and
+        the engine-gap figures come from the training forward (`gap`). REINFORCE++'s KL penalty
+        is part of the rewards, which the experience stage computes from them."""
+        cfg = self.cfg
+        return cfg.minibatches > 1 or bool(cfg.kl_coef and cfg.algo == "reinforce++")
+
+    def backward(self, batch: ExperienceBatch, total_tokens: float,
+                 total_seqs: float | None = None) -> dict[str, float]:
         """Forward + backward of the loss over `batch` (None: nothing local, lockstep passes
-        only), token-summed and divided by `total_tokens` (the loss tokens of the whole global
-        (mini)batch, so dp shards add up to the single-process gradient). Returns token sums of
-        the loss terms."""
+        only), token-summed and divided by the global (mini)batch's `total_tokens` (its loss
+        tokens), or for `loss_agg` sequence / constant by its `total_seqs` sequences (None: this
+        batch's), so dp shards add up to the single-process gradient. Returns token sums of the
+        loss terms. A batch without old log-probs is its own old policy (`needs_old_logprobs`);
+        then `self.gap` holds its (`mismatch_sums`, max |delta|) against the engine."""
         cfg, dev = self.cfg, self.device
         sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0}
+        self.gap = (dict.fromkeys(SUM_KEYS, 0.0), 0.0)
         self.model.train()
         mbs = micro_batches(batch.lengths.tolist(), cfg.token_budget) if batch is not None else []
         if self.lockstep is not None:
@@ -258,35 +342,44 @@ class Trainer:
                 ids = torch.zeros(1, 2, dtype=torch.long, device=dev)
                 lp, _ = token_logprobs(self.model, ids, torch.ones_like(ids), self.temperature)
                 (lp.sum() * 0.0).backward()
+        if total_seqs is None:
+            total_seqs = float(batch.size) if batch is not None else 0.0
+        denom = loss_denominator(cfg.loss_agg, total_tokens, total_seqs, cfg.loss_tokens)
+        # the entropy is in the loss only with a bonus; else its metric is the Monte-Carlo
+        # estimate -log p(sampled token), which costs nothing (the tokens were drawn from pi)
+        with_entropy = cfg.entropy_coef != 0
         for mb in mbs:
             sub = batch.select(mb)
             t = {k: v.to(dev) for k, v in sub.tensors().items()}
             mask = t["loss_mask"].float()
             lp, ent = token_logprobs(self.model, t["input_ids"], t["attention_mask"],
-                                     self.temperature, with_entropy=True, need=t["loss_mask"],
+                                     self.temperature, with_entropy=with_entropy, need=t["loss_mask"],
                                      vocab_size=self.vocab_size)
-            ratio = torch.exp(lp - t["old_logprobs"])
-            adv = t["advantages"]
-            pg = -torch.minimum(ratio * adv, ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv)
+            old = t["old_logprobs"] if "old_logprobs" in t else lp.detach()
+            if "old_logprobs" not in t:
+                g, top = mismatch_sums(old, t["engine_logprobs"], t["loss_mask"], cfg.tis_cap)
+                self.gap = ({k: self.gap[0][k] + g[k] for k in SUM_KEYS}, max(self.gap[1], top))
+            ratio = policy_ratio(lp, old, mask, cfg.ratio_level)
+            pg, clipped = clipped_pg(ratio, t["advantages"], cfg.clip_low, cfg.clip_high, cfg.dual_clip)
             if cfg.tis_cap:  # the tokens came from the engine, not from the old policy
-                pg = pg * tis_weights(t["old_logprobs"], t["engine_logprobs"], cfg.tis_cap)
-            loss_tok = pg - cfg.entropy_coef * ent
-            if cfg.kl_coef and cfg.algo == "grpo":
+                pg = pg * tis_weights(old, t["engine_logprobs"], cfg.tis_cap)
+            loss_tok = pg - cfg.entropy_coef * ent if with_entropy else pg
+            if cfg.kl_coef and cfg.algo in GROUP_ALGOS:
                 if "ref_logprobs" not in t:
-                    raise ValueError("trainer.kl_coef > 0 with grpo needs reference log-probs in the batch")
-                d = t["ref_logprobs"] - lp
-                kl = torch.exp(d) - d - 1  # k3 estimator, >= 0
+                    raise ValueError(f"trainer.kl_coef > 0 with {cfg.algo} needs reference log-probs in the batch")
+                kl = kl_estimate(lp, t["ref_logprobs"], cfg.kl_estimator)
+                if cfg.kl_ratio_weighted:
+                    kl = kl * ratio
                 loss_tok = loss_tok + cfg.kl_coef * kl
                 sums["kl"] += float((kl.detach() * mask).sum())
             elif "ref_logprobs" in t:
                 sums["kl"] += float(((lp.detach() - t["ref_logprobs"]) * mask).sum())
-            loss = (loss_tok * mask).sum() / total_tokens
+            loss = (loss_tok * token_weights(mask, cfg.loss_agg)).sum() / denom
             loss.backward()
             sums["loss"] += float(loss.detach()) * total_tokens
             sums["pg_loss"] += float((pg.detach() * mask).sum())
-            clipped = ((ratio.detach() - 1).abs() > cfg.clip_eps).float()
-            sums["clip_frac"] += float((clipped * mask).sum())
-            sums["entropy"] += float((ent.detach() * mask).sum())
+            sums["clip_frac"] += float((clipped.float() * mask).sum())
+            sums["entropy"] += float(((ent.detach() if with_entropy else -lp.detach()) * mask).sum())
         return sums
 
 
@@ -310,11 +403,11 @@ def train_step(trainer: Trainer, optim, local: ExperienceBatch, *, progress: flo
         sub = local.select(idx) if idx else None
         n_local = float(sub.loss_mask.sum()) if sub is not None else 0.0
         optim.zero_grad(set_to_none=True)
-        n_global = optim.dp_sum([n_local])[0]
+        n_global, seqs_global = optim.dp_sum([n_local, float(len(idx))])
         if n_global == 0:
             continue
         if (sub is not None and n_local) or trainer.lockstep is not None:
-            sums = trainer.backward(sub if n_local else None, n_global)
+            sums = trainer.backward(sub if n_local else None, n_global, seqs_global)
         else:
             sums = dict.fromkeys(keys, 0.0)
         norms.append(optim.step())
