@@ -2,29 +2,12 @@
 and one of these for one training step on any world size).
 
 Two strategies behind one interface (step, zero_grad, dp_sum, weights, state_tensors,
-load_state_tensors, step_count, state_names), one per kind of training model
-(earl.runtime.parallelize builds both):
-- `FSDPAdamW`: plans with a sharded optimizer (`zero`) and dp > 1, whose model FSDP2 shards over
-  dp (DTensor TP too when tp > 1). torch's AdamW on the sharded fp32 parameters.
-- `ReplicatedAdamW`: every other plan. One process (tp1-dp1: plain AdamW), tp-only plans and dp
-  replicas without `zero`. Gradients, already divided by the global loss-token count, are summed
-  over the dp group (one flat all_reduce, so the update is the one a single process would make on
-  the whole batch), clipped by the global norm (tp-sharded parameters' squares summed over the
-  tp group, replicated ones counted once), and every dp rank runs AdamW on its whole tp shard.
-  With tp > 1 the parameters are DTensors (DTensor TP); the strategy works on their local shards.
-(The hand-written ZeRO-1 mode, per-dp-rank AdamW slices plus a broadcast of the updated slices,
-is gone: FSDP2 replaced it. benchmarks/bench_train_fsdp.py still measures it from revision
-1723747.)
-
-Optimizer state is exported / imported per tensor ("<param>/exp_avg", "<param>/exp_avg_sq") in
-earl.parallel's layout (`local_bounds(..., optimizer=True)`: the tp shard, cut again over dp
-for `zero` plans), so the re-sharder and the checkpoints move it to any other plan.
-
-Precision: the optimizer always works in fp32. Gradients are reduced over dp in fp32, AdamW's
-state is fp32, and a model held in bf16/fp16 gets fp32 master weights (exported as
-"<param>/master" alongside the moments): an update of lr 1e-6 changes the master even when it is
-far below the bf16 spacing of the weight, and reaches the bf16 model once the accumulated change
-rounds to a new value.
+load_state_tensors, step_count, state_names): `FSDPAdamW` for `zero` plans with dp > 1 (AdamW
+on the FSDP2-sharded fp32 parameters) and `ReplicatedAdamW` for every other plan (dp all-reduce
+of the gradients, global-norm clipping, AdamW on each rank's tp shard). State is exported per
+tensor in earl.parallel's layout, so re-shards and checkpoints move it to any plan; the
+optimizer always works in fp32 (fp32 masters for a bf16/fp16 model). Details:
+docs/runtime.md, "Design notes: the optimizer".
 
     OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_dist_train.py tests/runtime/test_fsdp.py
 """
