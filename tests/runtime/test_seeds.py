@@ -34,6 +34,17 @@ def test_counter_uniform_bits_are_pinned():
     assert hashlib.sha1(u.numpy().tobytes()).hexdigest() == "0f0432f53dbe130f481ca9b3e39b97ca60a903e2"
 
 
+def test_counter_uniform_in_place_equals_the_functional_form():
+    """Eager mode finishes the hash in place; compiled code (and this reference) is functional."""
+    s, p = torch.tensor([0, 5, -7, 2**40, 123456789]), torch.tensor([0, 1, 2, 99, 4096])
+    row = seeds.row_hash(s, p)
+    for width in (1, 33, 31942):
+        cols = torch.arange(width, dtype=torch.long) * seeds.GOLDEN
+        ref = (seeds.shr(seeds.mix64(row[:, None] + cols[None, :]), 11).double() + 0.5) / float(1 << 53)
+        got = counter_uniform(s, p, width)
+        assert torch.equal(got, ref) and 0 < got.min() and got.max() < 1
+
+
 def test_default_stream_separates_group_members():
     assert default_stream(3, 0) != default_stream(3, 1)
     assert default_stream(3, 1) == 3 * seeds.DEFAULT_STREAM_STRIDE + 1

@@ -183,7 +183,7 @@ def sample_tokens(logits_AV: torch.Tensor, params: SamplingParams, seeds_A: torc
             drop = sorted_p.cumsum(-1) - sorted_p > params.top_p  # keep the smallest nucleus
             scores = scores.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
         u = counter_uniform(seeds_A.to(logits.device), positions_A.to(logits.device), logits.shape[-1])
-        tokens = (scores - torch.log(-torch.log(u))).argmax(dim=-1)
+        tokens = (scores - u.log_().neg_().log_()).argmax(dim=-1)  # Gumbel noise, in place
     return tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1)
 
 
