@@ -160,7 +160,7 @@ def test_gpu_check_script_keeps_its_deadline(tmp_path):
     wall = time.perf_counter() - t0
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
     lines = dict(line.split(": ", 1) for line in (tmp_path / "timings.txt").read_text().splitlines())
-    limit = int(lines["decode-compiled"].split("limit ")[1].split(" s")[0])
-    assert limit <= 14
+    first = lines["decode-compiled"]  # skipped too when a loaded host took > 4 s to import torch
+    assert first.startswith("skipped") or int(first.split("limit ")[1].split(" s")[0]) <= 14, first
     assert lines["validate"].startswith("skipped") and lines["calibrate"].startswith("skipped")
     assert wall < 14 + 10 + 15  # the deadline, timeout's kill grace, interpreter start-ups
