@@ -57,15 +57,41 @@ def test_tictactoe_retry_mode():
     assert r.done and r.outcome == "invalid"
 
 
-def test_tictactoe_opponent_starts_and_observation_format():
-    e = TicTacToe(agent_starts="never")
+def test_tictactoe_opponent_starts_and_board_format():
+    e = TicTacToe(agent_starts="never", show="board")
     obs = e.reset(3)
     board = obs.removeprefix("tic-tac-toe x\n")
     assert board.count("o") == 1 and board.count("|") == 2 and board.endswith("\n")
-    e = TicTacToe()
+    e = TicTacToe(show="board")
     assert e.reset(0) == "tic-tac-toe x\n123|456|789\n"
     r = e.step("5")
     assert "x" in r.observation.split("|")[1] and r.reward == 0.0
+
+
+def test_tictactoe_moves_format_shows_exactly_the_taken_cells():
+    """The default observation is the opponent's reply: every digit in the context (the agent's
+    own answers included) is a taken cell, and every taken cell's digit is in the context."""
+    e = TicTacToe()
+    context = e.reset(0)
+    assert context == "tic-tac-toe x\n\n"
+    for _ in range(4):
+        move = e.legal_moves()[0]
+        r = e.step(str(move))
+        context += f"{move}{r.observation}"
+        if r.done:
+            break
+        assert r.observation == f"o{e.moves[-1][1]}\n" and e.moves[-2] == ("x", move)
+        taken = {str(i + 1) for i, c in enumerate(e.board) if c}
+        assert {c for c in context if c.isdigit()} == taken
+    e = TicTacToe(agent_starts="never")
+    obs = e.reset(3)
+    assert obs == f"tic-tac-toe x\no{e.moves[0][1]}\n" and e.moves[0][0] == "o"
+    e = TicTacToe(invalid_action="retry")
+    e.reset(1)
+    e.step("5")
+    assert e.step("5").observation == f"invalid\no{e.moves[-1][1]}\n"  # the reply again, no new digit
+    with pytest.raises(ValueError, match="show 'grid' unknown; valid: moves, board"):
+        TicTacToe(show="grid")
 
 
 def test_lookahead_blocks_and_wins():
