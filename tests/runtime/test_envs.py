@@ -69,27 +69,26 @@ def test_tictactoe_opponent_starts_and_board_format():
 
 
 def test_tictactoe_moves_format_shows_exactly_the_taken_cells():
-    """The default observation is the opponent's reply: every digit in the context (the agent's
-    own answers included) is a taken cell, and every taken cell's digit is in the context."""
+    """The default observation lists the moves so far: the digits of each observation are
+    exactly the taken cells, so no earlier observation shows a taken cell as free."""
     e = TicTacToe()
-    context = e.reset(0)
-    assert context == "tic-tac-toe x\n\n"
-    for _ in range(4):
-        move = e.legal_moves()[0]
-        r = e.step(str(move))
-        context += f"{move}{r.observation}"
+    assert e.reset(0) == "tic-tac-toe x\n\n"
+    r = e.step("5")
+    assert r.observation == f"x5 o{e.moves[1][1]}\n" and r.reward == 0.0
+    for _ in range(3):
         if r.done:
             break
-        assert r.observation == f"o{e.moves[-1][1]}\n" and e.moves[-2] == ("x", move)
         taken = {str(i + 1) for i, c in enumerate(e.board) if c}
-        assert {c for c in context if c.isdigit()} == taken
+        assert {c for c in r.observation if c.isdigit()} == taken and len(taken) == len(e.moves)
+        assert r.observation == " ".join(f"{p}{m}" for p, m in e.moves) + "\n"
+        r = e.step(str(e.legal_moves()[0]))
     e = TicTacToe(agent_starts="never")
     obs = e.reset(3)
     assert obs == f"tic-tac-toe x\no{e.moves[0][1]}\n" and e.moves[0][0] == "o"
     e = TicTacToe(invalid_action="retry")
     e.reset(1)
-    e.step("5")
-    assert e.step("5").observation == f"invalid\no{e.moves[-1][1]}\n"  # the reply again, no new digit
+    shown = e.step("5").observation
+    assert e.step("5").observation == f"invalid\n{shown}"  # the same moves again, nothing new
     with pytest.raises(ValueError, match="show 'grid' unknown; valid: moves, board"):
         TicTacToe(show="grid")
 

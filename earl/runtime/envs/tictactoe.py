@@ -4,17 +4,17 @@ Two observation formats (`show`):
 
     "moves" (default)               "board"
     tic-tac-toe x                   tic-tac-toe x
-    (empty line: the agent starts)  123|456|789
+    (empty: no move yet)            123|456|789
     -> agent answers "5"            -> agent answers "5"
-    o3                              12o|4x6|789
+    x5 o3                           12o|4x6|789
     -> agent answers "1"            -> agent answers "1"
+    x5 o3 x1 o8                     x2o|4x6|7o9
 
-"moves" shows what happened since the agent's last move (the opponent's reply, `o3`), so the
-digits in the context are exactly the taken cells: a move is legal if its digit has not appeared
-yet, which a tiny model learns by attending to digits anywhere in the context. "board" draws
-the whole board each turn with free cells as their digits, so every earlier board still shows
-a taken cell as free: the tiny model must find the latest board by position, and in practice
-settles on a fixed move order that ignores the board (docs/cpu/learning/README.md).
+"moves" lists the moves so far, so only taken cells appear as digits, and since a cell once
+taken stays taken, no earlier observation contradicts the latest: a move is legal if its digit
+is nowhere in the context, which a tiny model can learn by attending to digits anywhere.
+"board" draws free cells as their digits, so every earlier board still shows a now-taken cell
+as free: the model must find the latest board by position (docs/cpu/learning/README.md).
 
     python -c "from earl.runtime.envs import make_env; e = make_env('tic-tac-toe'); print(e.reset(1))"
 """
@@ -57,10 +57,7 @@ class TicTacToe(BoardGameEnv):
 
     def render(self) -> str:
         if self.show == "moves":
-            since = len(self.moves)  # the moves after the agent's last one: "o3", or "" before any
-            while since and self.moves[since - 1][0] != "x":
-                since -= 1
-            return " ".join(f"{p}{m}" for p, m in self.moves[since:])
+            return " ".join(f"{p}{m}" for p, m in self.moves)
         cells = [c or str(i + 1) for i, c in enumerate(self.board)]
         return "|".join("".join(cells[r * 3:r * 3 + 3]) for r in range(3))
 
