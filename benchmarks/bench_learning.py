@@ -7,17 +7,25 @@ per move played), in at least 3 of 4 seeds. The budget is a number of steps and/
 minutes, whichever ends first. Wall time on a shared machine depends on the load; the CPU
 seconds each run used are printed too. Seeds run in sequence (`--jobs 1`) or two at a time.
 
+`--probe STEPS` instead trains the tiny model supervised (no RL) to put its mass on the free
+cells of random Tic-Tac-Toe positions, in each observation format, and prints P(legal move)
+every 50 steps: whether the model can read the board at all, apart from how RL explores.
+
     OMP_NUM_THREADS=1 python benchmarks/bench_learning.py --seeds 0,1,2,3 --jobs 2 [--steps 600]
         [--minutes 30] [--set env.show=board ...]
+    OMP_NUM_THREADS=1 python benchmarks/bench_learning.py --probe 200
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import random
 import tempfile
 import time
 from pathlib import Path
+
+import torch
 
 from earl.config_machinery import parse_sets
 from earl.runtime.run import resolve_config, train
@@ -48,6 +56,50 @@ def run_seed(job: tuple[int, dict, str, float]) -> dict:
                     f"lr {cfg.trainer.lr:g}, {cfg.groups} groups x {cfg.group_size}"}
 
 
+def probe_legal(show: str, steps: int, batch: int = 128, lr: float = 2e-3) -> list[tuple[int, float]]:
+    """Supervised: maximise log P(legal move) of the tiny model on random positions (0-3 random
+    moves each side, agent to play) rendered in `show`; [(step, mean P(legal))] every 50 steps."""
+    from earl.runtime.envs.tictactoe import TicTacToe
+    from earl.runtime.hf_model import build_builtin
+
+    pol = build_builtin("tiny", seed=0)
+    tok, model, rng = pol.tokenizer, pol.model, random.Random(0)
+
+    def position() -> tuple[list[int], list[int]]:
+        while True:
+            env = TicTacToe(show=show)
+            context = env.reset(rng.randrange(2**31))
+            for _ in range(rng.randrange(4)):
+                move = rng.choice(env.legal_moves())
+                res = env.step(str(move))
+                if res.done:
+                    break
+                context += f"{move}{res.observation}"
+            if env.winner() is None:
+                return [tok.bos_id, *tok.encode(context)], [tok.encode(str(c))[0] for c in env.legal_moves()]
+
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    out = []
+    for step in range(steps + 1):
+        rows = [position() for _ in range(batch)]
+        width = max(len(ids) for ids, _ in rows)
+        ids_BT = torch.zeros(batch, width, dtype=torch.long)
+        legal_BV = torch.zeros(batch, tok.vocab_size, dtype=torch.bool)
+        for i, (ids, legal) in enumerate(rows):
+            ids_BT[i, :len(ids)] = torch.tensor(ids)
+            legal_BV[i, legal] = True
+        last = torch.tensor([len(ids) - 1 for ids, _ in rows])
+        logits_BV = model(input_ids=ids_BT, attention_mask=(ids_BT != 0).long()).logits[torch.arange(batch), last]
+        logp_BV = torch.log_softmax(logits_BV.float(), -1)
+        loss = -torch.logsumexp(logp_BV.masked_fill(~legal_BV, float("-inf")), -1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 50 == 0:
+            out.append((step, float(logp_BV.detach().exp().masked_fill(~legal_BV, 0).sum(-1).mean())))
+    return out
+
+
 def met(res: dict) -> bool:
     last = res["last"]
     return last["win_rate"] >= WIN_TARGET and last["invalid_move_rate"] <= INVALID_TARGET
@@ -61,7 +113,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=0, help="0: the default config's steps")
     ap.add_argument("--out", default="", help="folder for the runs (one sub-folder per seed)")
     ap.add_argument("--set", dest="sets", action="append", default=[])
+    ap.add_argument("--probe", type=int, default=0, help="steps of the supervised legality probe (no RL)")
     args = ap.parse_args()
+    if args.probe:
+        torch.set_num_threads(1)
+        for show in ("board", "moves"):
+            print(f"show={show}: P(legal) by step " +
+                  ", ".join(f"{step}: {p:.3f}" for step, p in probe_legal(show, args.probe)), flush=True)
+        return
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     over = parse_sets(args.sets)
     if args.steps:
