@@ -58,20 +58,20 @@ def test_tictactoe_retry_mode():
 
 
 def test_tictactoe_opponent_starts_and_board_format():
-    e = TicTacToe(agent_starts="never", show="board")
+    e = TicTacToe(agent_starts="never")
     obs = e.reset(3)
     board = obs.removeprefix("tic-tac-toe x\n")
     assert board.count("o") == 1 and board.count("|") == 2 and board.endswith("\n")
-    e = TicTacToe(show="board")
+    e = TicTacToe()
     assert e.reset(0) == "tic-tac-toe x\n123|456|789\n"
     r = e.step("5")
     assert "x" in r.observation.split("|")[1] and r.reward == 0.0
 
 
 def test_tictactoe_moves_format_shows_exactly_the_taken_cells():
-    """The default observation lists the moves so far: the digits of each observation are
+    """`show="moves"` lists the moves so far: the digits of each observation are
     exactly the taken cells, so no earlier observation shows a taken cell as free."""
-    e = TicTacToe()
+    e = make_env("tic-tac-toe", show="moves")
     assert e.reset(0) == "tic-tac-toe x\n\n"
     r = e.step("5")
     assert r.observation == f"x5 o{e.moves[1][1]}\n" and r.reward == 0.0
@@ -82,10 +82,10 @@ def test_tictactoe_moves_format_shows_exactly_the_taken_cells():
         assert {c for c in r.observation if c.isdigit()} == taken and len(taken) == len(e.moves)
         assert r.observation == " ".join(f"{p}{m}" for p, m in e.moves) + "\n"
         r = e.step(str(e.legal_moves()[0]))
-    e = TicTacToe(agent_starts="never")
+    e = TicTacToe(agent_starts="never", show="moves")
     obs = e.reset(3)
     assert obs == f"tic-tac-toe x\no{e.moves[0][1]}\n" and e.moves[0][0] == "o"
-    e = TicTacToe(invalid_action="retry")
+    e = TicTacToe(invalid_action="retry", show="moves")
     e.reset(1)
     shown = e.step("5").observation
     assert e.step("5").observation == f"invalid\n{shown}"  # the same moves again, nothing new

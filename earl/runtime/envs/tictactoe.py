@@ -2,19 +2,18 @@
 
 Two observation formats (`show`):
 
-    "moves" (default)               "board"
+    "board" (default)               "moves"
     tic-tac-toe x                   tic-tac-toe x
-    (empty: no move yet)            123|456|789
+    123|456|789                     (empty: no move yet)
     -> agent answers "5"            -> agent answers "5"
-    x5 o3                           12o|4x6|789
+    12o|4x6|789                     x5 o3
     -> agent answers "1"            -> agent answers "1"
-    x5 o3 x1 o8                     x2o|4x6|7o9
+    x2o|4x6|7o9                     x5 o3 x1 o8
 
-"moves" lists the moves so far, so only taken cells appear as digits, and since a cell once
-taken stays taken, no earlier observation contradicts the latest: a move is legal if its digit
-is nowhere in the context, which a tiny model can learn by attending to digits anywhere.
-"board" draws free cells as their digits, so every earlier board still shows a now-taken cell
-as free: the model must find the latest board by position (docs/cpu/learning/README.md).
+"board" draws free cells as their digits, so every earlier board in the context still shows a
+now-taken cell as free; "moves" lists the moves so far, so only taken cells appear as digits
+and no observation contradicts a later one. The tiny model learns legality from either when
+taught directly (docs/cpu/learning/README.md: the demo's plateau is not the format).
 
     python -c "from earl.runtime.envs import make_env; e = make_env('tic-tac-toe'); print(e.reset(1))"
 """
@@ -32,7 +31,7 @@ class TicTacToe(BoardGameEnv):
     stop = ("\n",)
     title = "tic-tac-toe"
 
-    def __init__(self, *, show: str = "moves", **game_options):
+    def __init__(self, *, show: str = "board", **game_options):
         super().__init__(**game_options)
         self.show = check_choice("show", show, SHOW_MODES)
         self.moves: list[tuple[str, int]] = []  # (player, cell) in play order
