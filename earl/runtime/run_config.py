@@ -78,6 +78,9 @@ class EnvConfig:
     invalid_reward: float = -1.0  # games: reward of an invalid move (per-try share in retry mode)
     max_retries: int = 2  # games: consecutive invalid tries allowed in retry mode
     valid_move_reward: float = 0.1  # games: reward of each legal move (dense shaping)
+    # tic-tac-toe: "board" (the whole board each turn, free cells as digits) | "moves" (the
+    # moves so far, so the digits in the context are exactly the taken cells)
+    show: str = "board"
     max_turns: int = 4  # calculator, jsonl with tools: model turns per episode
     tool_timeout_s: float = 1.0  # calculator, jsonl: seconds before a tool call becomes an error
     reward: str = ""  # jsonl: the reward function, FILE.py:FUNC (FUNC(sample, messages) -> float)

@@ -57,7 +57,7 @@ def test_tictactoe_retry_mode():
     assert r.done and r.outcome == "invalid"
 
 
-def test_tictactoe_opponent_starts_and_observation_format():
+def test_tictactoe_opponent_starts_and_board_format():
     e = TicTacToe(agent_starts="never")
     obs = e.reset(3)
     board = obs.removeprefix("tic-tac-toe x\n")
@@ -66,6 +66,31 @@ def test_tictactoe_opponent_starts_and_observation_format():
     assert e.reset(0) == "tic-tac-toe x\n123|456|789\n"
     r = e.step("5")
     assert "x" in r.observation.split("|")[1] and r.reward == 0.0
+
+
+def test_tictactoe_moves_format_shows_exactly_the_taken_cells():
+    """`show="moves"` lists the moves so far: the digits of each observation are
+    exactly the taken cells, so no earlier observation shows a taken cell as free."""
+    e = make_env("tic-tac-toe", show="moves")
+    assert e.reset(0) == "tic-tac-toe x\n\n"
+    r = e.step("5")
+    assert r.observation == f"x5 o{e.moves[1][1]}\n" and r.reward == 0.0
+    for _ in range(3):
+        if r.done:
+            break
+        taken = {str(i + 1) for i, c in enumerate(e.board) if c}
+        assert {c for c in r.observation if c.isdigit()} == taken and len(taken) == len(e.moves)
+        assert r.observation == " ".join(f"{p}{m}" for p, m in e.moves) + "\n"
+        r = e.step(str(e.legal_moves()[0]))
+    e = TicTacToe(agent_starts="never", show="moves")
+    obs = e.reset(3)
+    assert obs == f"tic-tac-toe x\no{e.moves[0][1]}\n" and e.moves[0][0] == "o"
+    e = TicTacToe(invalid_action="retry", show="moves")
+    e.reset(1)
+    shown = e.step("5").observation
+    assert e.step("5").observation == f"invalid\n{shown}"  # the same moves again, nothing new
+    with pytest.raises(ValueError, match="show 'grid' unknown; valid: moves, board"):
+        TicTacToe(show="grid")
 
 
 def test_lookahead_blocks_and_wins():

@@ -30,7 +30,7 @@ ARG_ENVS = ("openspiel", "jsonl", "reasoning-gym")  # kinds named KIND:ARG; ARG 
 GAME_OPTIONS = ("opponent", "agent_starts", "invalid_action", "invalid_reward", "max_retries",
                 "valid_move_reward")
 TOOL_OPTIONS = ("max_turns", "tool_timeout_s")
-OPTIONS = {"tic-tac-toe": GAME_OPTIONS, "connect-four": GAME_OPTIONS, "openspiel": GAME_OPTIONS,
+OPTIONS = {"tic-tac-toe": (*GAME_OPTIONS, "show"), "connect-four": GAME_OPTIONS, "openspiel": GAME_OPTIONS,
            "calculator": TOOL_OPTIONS, "jsonl": ("reward", "tools", "reward_timeout_s", *TOOL_OPTIONS),
            "reasoning-gym": ("options",), "user": ("options", "env_timeout_s")}
 
