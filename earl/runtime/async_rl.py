@@ -248,7 +248,9 @@ def experience(lr: Learner, trajs: list[Trajectory], share: list[int]):
     store = _rollout_store(trajs)
     spec = AdvantageSpec(estimator=cfg.trainer.algo, per_turn=cfg.trainer.baseline == "per-turn")
     fill_advantages(store, samples, local_stats(store, samples, spec), spec)
-    batch = _batch(store, share, meta, lr.tokenizer.pad_id)
+    batch = _batch(store, share, meta, lr.tokenizer.pad_id)  # zeros where the store has no field
+    batch.ref_logprobs = None  # no reference model (check_schedule: kl_coef 0)
+    batch.old_logprobs = None  # one optimizer step: the training forward is the proximal policy
     if lr.trainer.needs_old_logprobs:  # minibatches > 1: the proximal policy is the one before this step
         batch.old_logprobs = batch_logprobs(lr.model, batch, lr.params.logprob_temperature,
                                             cfg.trainer.token_budget, lr.tokenizer.vocab_size)
