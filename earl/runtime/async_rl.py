@@ -20,7 +20,9 @@ per token (earl.runtime.mismatch.tis_weights; pi_prox is the policy before this 
 After each optimizer step rank 0 broadcasts the weights, in buckets, to a group of itself and
 the rollout ranks; a thread on each rollout rank receives them into a staging buffer and the
 replica swaps them in between steps' episodes (no partial rollout: the replica drains first).
-Checkpoints are not written in this mode yet.
+A checkpoint is written at the end of the run (not every `checkpoint_every` steps yet), whole
+on every rank (tp1-dpN), so that both pools join DCP's collective; it resumes in either mode,
+and an async run resumes from a sync run's checkpoint too (DCP re-shards both ways).
 
     earl run --nproc 2 --steps 4 --set schedule.mode=async --set schedule.max_staleness=1
     OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_async.py
@@ -31,7 +33,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -44,26 +48,28 @@ from earl.parallel import build_plan_groups, deal
 from earl.policies.pools import choose_pool_split
 from earl.policies.types import Sample
 from earl.runtime.advantages import AdvantageSpec, fill_advantages, local_stats
+from earl.runtime.checkpoint import export_hf, find_checkpoint, load_checkpoint, rng_state, save_checkpoint
 from earl.runtime.engine import make_engine
 from earl.runtime.envs import env_options, make_env
 from earl.runtime.hf_model import load_policy
 from earl.runtime.metrics import RunRecorder
 from earl.runtime.mismatch import SUM_KEYS, mismatch_metrics
 from earl.runtime.optim import ReplicatedAdamW
-from earl.runtime.resolve import selector_cost_model
+from earl.runtime.resolve import initial_plans, selector_cost_model
 from earl.runtime.rollout import Trajectory, rollout
 from earl.runtime.run_config import RunConfig, to_dict
 from earl.runtime.seeds import SAMPLE_STREAM, SHUFFLE_STREAM, mix_seed
-from earl.runtime.step import SampleMeta, _batch, _rollout_store, episode_records, outcome_metrics
+from earl.runtime.step import SampleMeta, _batch, _rollout_store, episode_records, outcome_metrics, workload_stats
 from earl.runtime.tp import param_shapes
 from earl.runtime.trainer import Trainer, batch_logprobs, train_step
 from earl.runtime.worker import sampling_params
-from earl.specs import ParallelPlan, StagePlan, WorkloadStats
+from earl.specs import ParallelPlan, Stage, StagePlan, WorkloadStats
 from earl.trace import Span, atomic_write_text
 
 ASYNC_TIS_CAP = 2.0  # the behaviour-weight cap when trainer.tis_cap is 0 (verl's default TIS cap)
 PUSH_BUCKET_BYTES = 32 * 2**20  # one weight-push broadcast carries at most this many bytes
 ASYNC_JSON = "async.json"  # the pool split and the weight-push check, written by rank 0
+HF_EXPORT = "hf"  # the run folder's HF export of the final policy (earl.runtime.run's)
 
 
 @dataclass(frozen=True)
@@ -190,15 +196,18 @@ class Replica:
 
 
 def run_rollout_rank(cfg: RunConfig, pools: Pools, push_group, rank: int, first: int, last: int,
-                     origin: float) -> list[Span]:
+                     origin: float, out: Path, weights: dict | None) -> list[Span]:
     """Steps first..last of one rollout replica; returns its spans. Pushes arrive after every
     training step (versions first..last)."""
     rep = Replica(cfg, version=first - 1)
+    if weights is not None:
+        load_weights(rep.model, weights)
     recv = WeightReceiver(_flat(rep.model), push_group, pushes=last - first + 1, first_version=first)
     recv.start()
     k, j = cfg.schedule.max_staleness, pools.rollout_ranks.index(rank)
     spans = []
     for step in range(first, last + 1):
+        fault_hook(rank, step)
         t0 = time.perf_counter()
         rep.take_newest(recv, at_least=step - 1 - k)  # never generate a sample staler than K
         t1 = time.perf_counter()
@@ -214,29 +223,69 @@ def run_rollout_rank(cfg: RunConfig, pools: Pools, push_group, rank: int, first:
     rep.take_newest(recv, at_least=last)  # the final push: the test of push equality reads it
     recv.join()
     dist.gather_object((weights_digest(rep.model), rep.swaps, spans), None, dst=0)
+    box = [None]
+    dist.broadcast_object_list(box, src=0)  # rank 0's optimizer state, or None: no checkpoint
+    if box[0] is not None:
+        save_async_checkpoint(out, last, cfg, dist.get_world_size(), rep.model, *box[0], source="", stats={})
     return spans
 
 
-@dataclass
+def fault_hook(rank: int, step: int) -> None:
+    """The fault-injection test hook of the sync loop (EARL_FAULT_RANK_STEP=RANK:STEP)."""
+    if os.environ.get("EARL_FAULT_RANK_STEP") == f"{rank}:{step}":
+        print(f"rank {rank}: injected fault at step {step}", file=sys.stderr, flush=True)
+        os._exit(17)
+
+
 class Learner:
-    """A training rank: the policy under tp1-dpT and its optimizer."""
+    """A training rank: the policy under tp1-dpT and its optimizer (from `state`, a loaded
+    checkpoint's (params, optimizer slices, optimizer steps), when resuming)."""
 
-    cfg: RunConfig
-    groups: object
-    model: torch.nn.Module = None
-    trainer: Trainer = None
-    optim: ReplicatedAdamW = None
-    tokenizer: object = None
-
-    def __post_init__(self):
-        cfg = self.cfg
+    def __init__(self, cfg: RunConfig, groups, state: tuple[dict, dict, int] | None = None):
+        self.cfg, self.groups = cfg, groups
         policy = load_policy(cfg.model.path, seed=cfg.seed, dtype=cfg.model.dtype)
-        self.model, self.tokenizer = policy.model, policy.tokenizer
+        self.model, self.tokenizer, self.source = policy.model, policy.tokenizer, policy.source
+        if state is not None:
+            load_weights(self.model, state[0])
         self.params = sampling_params(cfg)
         tcfg = cfg.trainer if cfg.trainer.tis_cap else dataclasses.replace(cfg.trainer, tis_cap=ASYNC_TIS_CAP)
-        self.optim = ReplicatedAdamW(self.model, param_shapes(self.model), self.groups, tcfg)
+        self.optim = ReplicatedAdamW(self.model, param_shapes(self.model), groups, tcfg)
+        if state is not None:
+            self.optim.load_state_tensors(state[1], state[2])
         self.trainer = Trainer(self.model, tcfg, temperature=self.params.logprob_temperature,
                                vocab_size=self.tokenizer.vocab_size)
+
+
+def load_weights(model: torch.nn.Module, params: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(params[n])
+
+
+def checkpoint_plan(world: int) -> ParallelPlan:
+    """The layout an async checkpoint is saved and loaded under: every rank of the job holds the
+    whole policy (replicated), so each pool joins DCP's collective with what it has; a sync run
+    loads it into any plan (DCP re-shards)."""
+    return ParallelPlan(dp=world)
+
+
+def load_async_checkpoint(ckpt: Path, model: torch.nn.Module, rank: int, world: int):
+    """(params, optimizer slices, optimizer steps, meta) of a checkpoint of either mode, whole on
+    every rank. Collective."""
+    got = load_checkpoint(ckpt, shapes=param_shapes(model), plan=checkpoint_plan(world), rank=rank, world=world)
+    return got.params, got.optimizer, got.optimizer_step, got.meta
+
+
+def save_async_checkpoint(out: Path, step: int, cfg: RunConfig, world: int, model: torch.nn.Module,
+                          optimizer: dict, optimizer_step: int, source: str, stats: dict) -> Path:
+    """The run's checkpoint after `step`, by every rank (rollout ranks hold the pushed weights,
+    equal to training's, and rank 0's optimizer state, broadcast to them). Collective."""
+    meta = {"config": to_dict(cfg), "plans": {s.value: initial_plans(cfg, world).for_stage(s).describe()
+                                              for s in Stage},
+            "world": world, "model_source": source, "stats": stats, "rng": rng_state(), "schedule": "async"}
+    return save_checkpoint(out, step, params={n: p.detach() for n, p in model.named_parameters()},
+                           optimizer=optimizer, optimizer_step=optimizer_step, shapes=param_shapes(model),
+                           plan=checkpoint_plan(world), meta=meta, keep=cfg.keep_checkpoints)
 
 
 def experience(lr: Learner, trajs: list[Trajectory], share: list[int]):
@@ -258,30 +307,42 @@ def experience(lr: Learner, trajs: list[Trajectory], share: list[int]):
 
 
 def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str, spec, stats: WorkloadStats,
-              echo, first: int = 1) -> list[dict]:
-    """The whole asynchronous run on this rank; rank 0 returns the metrics rows."""
+              echo, resume: Path | None = None) -> tuple[list[dict], Path | None, int]:
+    """The whole asynchronous run on this rank, from the start or from a checkpoint of either
+    mode; returns (rank 0: every metrics row, else []; the checkpoint written; the first step)."""
     pools = split_pools(cfg, world, hardware, spec, stats)
     train_groups = build_plan_groups(ParallelPlan(dp=len(pools.train_ranks)))  # collective, every rank
     push_group = dist.new_group([0, *pools.rollout_ranks])
     origin = time.perf_counter()
-    last = cfg.steps
+    last, first, state = cfg.steps, 1, None
+    if resume is not None:
+        params, optimizer, optimizer_step, meta = load_async_checkpoint(find_checkpoint(resume),
+                                                                        load_policy(cfg.model.path).model, rank, world)
+        first, state = int(meta["step"]) + 1, (params, optimizer, optimizer_step)
+        if first > last:
+            raise ValueError(f"the checkpoint is at step {first - 1} and steps={last}: nothing to do (raise --steps)")
     if rank in pools.rollout_ranks:
-        run_rollout_rank(cfg, pools, push_group, rank, first, last, origin)
-        return []
-    lr = Learner(cfg, train_groups)
+        run_rollout_rank(cfg, pools, push_group, rank, first, last, origin, out,
+                         weights=state[0] if state is not None else None)
+        return [], None, first
+    lr = Learner(cfg, train_groups, state=state)
     rec = None
     if rank == 0:
         echo(f"earl run: schedule async, max_staleness {cfg.schedule.max_staleness}: rollout pool "
              f"{len(pools.rollout_ranks)} process(es) (ranks {pools.rollout_ranks[0]}-{pools.rollout_ranks[-1]}, "
              f"tp1 replicas), training pool {len(pools.train_ranks)} (tp1-dp{len(pools.train_ranks)}); split by "
-             f"{pools.how}; behaviour-weight cap {lr.trainer.cfg.tis_cap:g}; no checkpoints in async mode yet")
+             f"{pools.how}; behaviour-weight cap {lr.trainer.cfg.tis_cap:g}; steps {first}-{last}"
+             + (f" from {resume}" if resume is not None else "") + "; a checkpoint at the end only")
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "config.json", json.dumps(to_dict(cfg), indent=2))
-        rec = RunRecorder(out, wandb_config=to_dict(cfg) if cfg.wandb else None)
+        rec = RunRecorder(out, resume_step=first - 1 if resume is not None else None,
+                          wandb_config=to_dict(cfg) if cfg.wandb else None)
     k = cfg.schedule.max_staleness
     rows, spans = [], []
     t_prev = time.perf_counter()
+    final_stats: dict = {}
     for step in range(first, last + 1):
+        fault_hook(rank, step)
         t0 = time.perf_counter()
         got = []
         if rank == 0:
@@ -315,6 +376,7 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
                   Span(name="weight_push", stage="reshard", rank=0, t_start=t2 - origin, t_end=t3 - origin,
                        step=step)]
         ordered = [meta[t.episode_id] for t in trajs]
+        final_stats = dataclasses.asdict(workload_stats(ordered, step, cfg.sampling.max_context))
         gap = lr.trainer.gap[0] if share else dict.fromkeys(SUM_KEYS, 0.0)
         gen_tokens = sum(m.generated for m in ordered)
         row = {"step": step, **outcome_metrics(ordered), **tstats,
@@ -338,7 +400,7 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
         rollout_parts = [parts[r] for r in pools.rollout_ranks]
         for _, _, sp in rollout_parts:
             spans += sp
-        rec.spans = spans
+        rec.spans += spans
         rec.flush(with_trace=True)
         rec.close()
         info = {"train_ranks": list(pools.train_ranks), "rollout_ranks": list(pools.rollout_ranks),
@@ -346,8 +408,17 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
                 "rollout_digests": [p[0] for p in rollout_parts], "rollout_swaps": [p[1] for p in rollout_parts],
                 "weights_equal": all(p[0] == mine for p in rollout_parts)}
         atomic_write_text(out / ASYNC_JSON, json.dumps(info, indent=2))
-        if not info["weights_equal"]:
-            raise RuntimeError("after the final weight push a rollout replica's weights differ from training's")
+        box = [(lr.optim.state_tensors(), lr.optim.step_count) if cfg.checkpoints and info["weights_equal"] else None]
     else:
         dist.gather_object(None, None, dst=0)
-    return rows
+        box = [None]
+    dist.broadcast_object_list(box, src=0)
+    if rank == 0 and not info["weights_equal"]:
+        raise RuntimeError("after the final weight push a rollout replica's weights differ from training's")
+    ckpt = None
+    if box[0] is not None:
+        ckpt = save_async_checkpoint(out, last, cfg, world, lr.model, *box[0], source=lr.source, stats=final_stats)
+        if rank == 0:
+            export_hf(out / HF_EXPORT, {n: p.detach() for n, p in lr.model.named_parameters()}, lr.model.config,
+                      lr.tokenizer)
+    return (rec.metrics.rows if rec is not None else []), ckpt, first

@@ -181,23 +181,22 @@ def _run(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume, 
 
 
 def _run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, resume, echo) -> RunResult:
-    """`schedule.mode = "async"`: earl.runtime.async_rl's pools (no checkpoints yet)."""
+    """`schedule.mode = "async"`: earl.runtime.async_rl's pools."""
     from earl.runtime.async_rl import run_async
     from earl.runtime.hf_model import load_policy
     from earl.runtime.resolve import model_spec
     from earl.runtime.worker import sampling_params
 
-    if resume is not None:
-        raise ValueError("schedule.mode async does not resume from a checkpoint yet; resume with schedule.mode sync")
     if rank == 0:
-        check_out(out, None)
+        check_out(out, resume)
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     hw, _ = resolve_hardware(cfg)
     tokenizer = load_policy(cfg.model.path, seed=cfg.seed, dtype=cfg.model.dtype).tokenizer
     stats = start_stats(cfg, tokenizer, sampling_params(cfg).max_new_tokens)
-    rows = run_async(cfg, out, rank, world, hardware=hw, spec=model_spec(cfg.model.path), stats=stats, echo=echo)
-    return RunResult(out_dir=out, first_step=1, last_step=cfg.steps, metrics=rows, last_checkpoint=None)
+    rows, ckpt, first = run_async(cfg, out, rank, world, hardware=hw, spec=model_spec(cfg.model.path), stats=stats,
+                                  echo=echo, resume=resume)
+    return RunResult(out_dir=out, first_step=first, last_step=cfg.steps, metrics=rows, last_checkpoint=ckpt)
 
 
 def step_context(worker: Worker, hardware: str) -> StepContext:

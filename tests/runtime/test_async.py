@@ -186,3 +186,45 @@ def test_earl_run_nproc2_async(tmp_path):
     spans = read_chrome_trace(out / "trace.json")
     assert {s.rank for s in spans if s.name == "rollout"} == {1}
     assert {s.rank for s in spans if s.name == "train_step"} == {0}
+
+
+def _earl_run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "earl.cli", "run", "--quiet", *args], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_resume_across_modes(tmp_path):
+    """sync (1 process, 2 steps) -> async (--nproc 2, steps 3-4) -> sync (steps 5): each resumes
+    the previous one's checkpoint; the async one starts from the sync weights (its first push
+    carries them on) and ends with a checkpoint a sync run loads."""
+    out = tmp_path / "run"
+    small = ["--set", "groups=2", "--set", "group_size=2", "--set", "plots=false", "--set", "transcript_every=0"]
+    r = _earl_run("--steps", "2", "--out", str(out), *small)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _earl_run("--resume", str(out), "--steps", "4", "--nproc", "2", "--set", "schedule.mode=async")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "steps 3-4 from" in r.stdout
+    assert (out / "checkpoints" / "step-000004").is_dir()
+    r = _earl_run("--resume", str(out), "--steps", "5", "--nproc", "1", "--set", "schedule.mode=sync")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert [x["step"] for x in rows] == [1, 2, 3, 4, 5]
+    assert [x.get("schedule", "sync") for x in rows] == ["sync", "sync", "async", "async", "sync"]
+    assert all(math.isfinite(x["loss"]) for x in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+@pytest.mark.parametrize("pool", ["train", "rollout"])
+def test_a_killed_rank_stops_the_run(tmp_path, pool):
+    """A rank of either pool dies at step 2: the run stops with the launcher's one line."""
+    rank = 0 if pool == "train" else 1
+    r = subprocess.run([sys.executable, "-m", "earl.cli", "run", "--quiet", "--nproc", "2", "--steps", "3", "--out",
+                        str(tmp_path / "run"), "--set", "groups=2", "--set", "plots=false",
+                        "--set", "schedule.mode=async"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "EARL_FAULT_RANK_STEP": f"{rank}:2"})
+    assert r.returncode != 0
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert any("failed" in x and "checkpoint" in x for x in lines), r.stdout + r.stderr
