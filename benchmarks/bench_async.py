@@ -56,8 +56,8 @@ def predicted(trace: Path, nproc: int, steps: int, episodes: int, mode: str, k: 
                   rollout_plan=plan, experience_plan=plan, train_plan=plan, selector="static",
                   dispatcher="layout-aware", max_num_seqs=episodes, logprob_passes=1, mode=mode, max_staleness=k,
                   rollout_gpus=rollout if mode == "async" else 0)
-    sim = Simulation(sc, "static", "layout-aware", cost_model=CostModel(MODEL_CATALOG["tiny"], local_cluster(prof, nproc),
-                                                                         prof),
+    cm = CostModel(MODEL_CATALOG["tiny"], local_cluster(prof, nproc), prof)
+    sim = Simulation(sc, "static", "layout-aware", cost_model=cm,
                      engine=sim_engine("pytorch"), padded=True, token_budget=16384, fsdp=True, handoff=True,
                      head_on="generated", train_placement="balanced").run()
     steady = sim.rows[1:] or sim.rows
