@@ -59,7 +59,14 @@ from earl.runtime.resolve import initial_plans, selector_cost_model
 from earl.runtime.rollout import Trajectory, rollout
 from earl.runtime.run_config import RunConfig, to_dict
 from earl.runtime.seeds import SAMPLE_STREAM, SHUFFLE_STREAM, mix_seed
-from earl.runtime.step import SampleMeta, _batch, _rollout_store, episode_records, outcome_metrics, workload_stats
+from earl.runtime.step import (
+    SampleMeta,
+    episode_records,
+    outcome_metrics,
+    padded_batch,
+    rollout_store,
+    workload_stats,
+)
 from earl.runtime.tp import param_shapes
 from earl.runtime.trainer import Trainer, batch_logprobs, train_step
 from earl.runtime.worker import sampling_params
@@ -294,10 +301,10 @@ def experience(lr: Learner, trajs: list[Trajectory], share: list[int]):
     cfg = lr.cfg
     meta = {t.episode_id: SampleMeta.of(t) for t in trajs}
     samples = [Sample(id=m.id, tokens=m.tokens, group=m.group) for m in meta.values()]
-    store = _rollout_store(trajs)
+    store = rollout_store(trajs)
     spec = AdvantageSpec(estimator=cfg.trainer.algo, per_turn=cfg.trainer.baseline == "per-turn")
     fill_advantages(store, samples, local_stats(store, samples, spec), spec)
-    batch = _batch(store, share, meta, lr.tokenizer.pad_id)  # zeros where the store has no field
+    batch = padded_batch(store, share, meta, lr.tokenizer.pad_id)  # zeros where the store has no field
     batch.ref_logprobs = None  # no reference model (check_schedule: kl_coef 0)
     batch.old_logprobs = None  # one optimizer step: the training forward is the proximal policy
     if lr.trainer.needs_old_logprobs:  # minibatches > 1: the proximal policy is the one before this step

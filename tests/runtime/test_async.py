@@ -228,3 +228,18 @@ def test_a_killed_rank_stops_the_run(tmp_path, pool):
     assert r.returncode != 0
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert any("failed" in x and "checkpoint" in x for x in lines), r.stdout + r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_earl_run_nproc4_two_pools_of_two(tmp_path):
+    """schedule.rollout_gpus 2 of 4: two replicas, training dp2; both replicas end on training's weights."""
+    out = tmp_path / "run"
+    r = _earl_run("--nproc", "4", "--steps", "3", "--out", str(out), "--set", "groups=4", "--set", "plots=false",
+                  "--set", "schedule.mode=async", "--set", "schedule.rollout_gpus=2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert [(x["rollout_pool"], x["train_pool"], x["plan_train"]) for x in rows] == [(2, 2, "tp1-dp2")] * 3
+    assert all(x["staleness_max"] <= 1 and x["samples_trained"] == 4 for x in rows)
+    info = json.loads((out / ASYNC_JSON).read_text())
+    assert info["rollout_ranks"] == [2, 3] and info["rollout_digests"] == [info["train_digest"]] * 2
