@@ -49,6 +49,7 @@ from earl.policies.pools import choose_pool_split
 from earl.policies.types import Sample
 from earl.runtime.advantages import AdvantageSpec, fill_advantages, local_stats
 from earl.runtime.checkpoint import export_hf, find_checkpoint, load_checkpoint, rng_state, save_checkpoint
+from earl.runtime.dist import comm_device
 from earl.runtime.engine import make_engine
 from earl.runtime.envs import env_options, make_env
 from earl.runtime.hf_model import load_policy
@@ -112,7 +113,7 @@ def weights_digest(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for name, p in model.named_parameters():
         h.update(name.encode())
-        h.update(p.detach().contiguous().view(torch.uint8).reshape(-1).numpy().tobytes())
+        h.update(p.detach().cpu().contiguous().view(torch.uint8).reshape(-1).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -157,7 +158,7 @@ class Replica:
     def __init__(self, cfg: RunConfig, version: int):
         self.cfg = cfg
         self.policy = load_policy(cfg.model.path, seed=cfg.seed, dtype=cfg.model.dtype)
-        self.model = self.policy.model.eval()
+        self.model = self.policy.model.to(comm_device()).eval()  # where the weight push's collective runs
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.engine = make_engine(cfg.engine, self.model, self.policy.tokenizer, reuse_kv=cfg.reuse_kv,
@@ -251,7 +252,7 @@ class Learner:
     def __init__(self, cfg: RunConfig, groups, state: tuple[dict, dict, int] | None = None):
         self.cfg, self.groups = cfg, groups
         policy = load_policy(cfg.model.path, seed=cfg.seed, dtype=cfg.model.dtype)
-        self.model, self.tokenizer, self.source = policy.model, policy.tokenizer, policy.source
+        self.model, self.tokenizer, self.source = policy.model.to(comm_device()), policy.tokenizer, policy.source
         if state is not None:
             load_weights(self.model, state[0])
         self.params = sampling_params(cfg)
