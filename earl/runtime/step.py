@@ -202,7 +202,7 @@ def play(w: Worker, step: int) -> tuple[list[Trajectory], dict]:
     return trajs, counts
 
 
-def _rollout_store(trajs: list[Trajectory]) -> Store:
+def rollout_store(trajs: list[Trajectory]) -> Store:
     """Per episode, the 1-D tensors the experience stage needs (views into a few flat tensors)."""
     if not trajs:
         return {}
@@ -229,7 +229,7 @@ def _rollout_store(trajs: list[Trajectory]) -> Store:
             for j, t in enumerate(trajs)}
 
 
-def _batch(store: Store, ids: list[int], meta: dict[int, SampleMeta], pad_id: int) -> ExperienceBatch:
+def padded_batch(store: Store, ids: list[int], meta: dict[int, SampleMeta], pad_id: int) -> ExperienceBatch:
     """Right-padded rows of `ids` from per-sample 1-D tensors; absent fields are zeros. Each
     field is filled with one masked assignment of all its samples' tokens."""
     n = len(ids)
@@ -262,7 +262,7 @@ def prepare_experience(w: Worker, ctx: StepContext, step: int, trajs: list[Traje
     src = Layout(roll_plan, roll_assign)
     dst = Layout(exp_plan, balance_aligned(samples, exp_plan.dp, roll_assign)[0])
     t0 = time.perf_counter()
-    store = _rollout_store(trajs)  # tp peers of a replica hold the same episodes: any may send
+    store = rollout_store(trajs)  # tp peers of a replica hold the same episodes: any may send
     tplan = ctx.dispatcher.plan(src, dst, samples)
     got, hstats = execute_dispatch(tplan, store, samples, src, dst, tensors=HANDOFF_TENSORS)
     w.span("handoff", "experience", t0, step, bytes=hstats.bytes_sent)
@@ -270,7 +270,7 @@ def prepare_experience(w: Worker, ctx: StepContext, step: int, trajs: list[Traje
     w.sync_weights(Stage.EXPERIENCE, step)
     t0 = time.perf_counter()
     ids = list(dst.assignment[w.exp_groups.dp_rank])
-    batch = _batch(got, ids, meta, w.policy.tokenizer.pad_id)
+    batch = padded_batch(got, ids, meta, w.policy.tokenizer.pad_id)
     temp, budget, vocab = w.params.logprob_temperature, cfg.trainer.token_budget, w.policy.tokenizer.vocab_size
     # with one optimizer step the training forward is the old policy: no pass here (a placeholder
     # travels as the dispatch carrier; Trainer.needs_old_logprobs)
@@ -311,7 +311,7 @@ def train(w: Worker, ctx: StepContext, step: int, store: Store, src: Layout, sam
         delivered, dstats = execute_dispatch(tplan, {i: dict(v) for i, v in store.items()}, samples, src, dst,
                                              advantages=spec, extra=extra)
         w.span(tplan.kind, "dispatch", t0, step, bytes=dstats.bytes_sent, args={"transfers": len(tplan.transfers)})
-        local = _batch(delivered, list(dst.assignment[tg.dp_rank]), meta, w.policy.tokenizer.pad_id)
+        local = padded_batch(delivered, list(dst.assignment[tg.dp_rank]), meta, w.policy.tokenizer.pad_id)
         if skip_old:  # the experience stage sent placeholders (Trainer.needs_old_logprobs)
             local.old_logprobs = None
             local.ref_logprobs = local.ref_logprobs if w.ref_model is not None else None
