@@ -46,7 +46,7 @@ def test_gemm_norm_combines_compute_and_memory():
     # at the ridge both terms count; far from it the larger one dominates
     ridge = gemm_time_s(512, 8192, 8192, prof) / gemm_time_s(512, 8192, 8192, roof)
     far = gemm_time_s(1, 8192, 8192, prof) / gemm_time_s(1, 8192, 8192, roof)
-    assert 1.2 < ridge < 1.6 and 1.0 <= far < 1.01
+    assert 1.2 < ridge < 1.6 and 1.0 <= far < 1.03
     assert load_profile("cpu").gemm_norm is None  # the CPU datasheet keeps its max() roofline
 
 
