@@ -60,3 +60,17 @@ def test_gemm_norm_round_trips_and_is_checked(tmp_path):
         HardwareProfile.from_dict(d)
     d["gemm_norm"] = None
     assert HardwareProfile.from_dict(d).gemm_norm is None
+
+
+def test_switched_allreduce_pays_two_latencies_not_a_ring():
+    from earl.cost_model.comm import allreduce_s
+    from earl.cost_model.profile import LinkParams
+
+    link = LinkParams(alpha_s=4e-6, bw_bytes_s=360e9)
+    small = 8 * 8192 * 2  # one decode step's hidden state, 8 sequences
+    ring = 2 * 7 / 8 * small / 360e9 + 14 * 4e-6
+    assert allreduce_s(small, 8, link) < ring  # the tree wins for small messages
+    two_shot = 2 * 7 / 8 * small / 360e9 + 2 * 4e-6
+    assert allreduce_s(small, 8, link, switched=True) == pytest.approx(two_shot)
+    # on a switch tp8 costs about what tp4 does per all-reduce (latency-bound)
+    assert allreduce_s(small, 8, link, switched=True) / allreduce_s(small, 4, link, switched=True) < 1.1
