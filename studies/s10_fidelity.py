@@ -31,10 +31,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import kernel_refs
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import kernel_refs
 from common import MODEL, PAPER_GPUS, main, print_table, save_figure, write_csv
 
 from earl.cost_model import rank_plans
@@ -59,7 +59,8 @@ ASSUMPTIONS = (
     "(ib-ndr400x8), datasheet profile (matmul 80%, attention 55%, HBM 90% of peak), DP gradients bucketed and "
     "overlapped; 'TP overlap 0.5': half the tensor-parallel communication hidden (assumed); 'published plan': "
     "tp4 pp8, 6 virtual stages (assumed), distributed optimizer, least recompute that fits. "
-    "Vidur rows: per-layer GEMM time (4 GEMMs, one shard), datasheet curves fitted to Llama-2 7B/70B, Qwen-72B held out."
+    "Vidur rows: per-layer GEMM time (4 GEMMs, one shard); datasheet curves fitted to Llama-2 7B/70B, Qwen-72B "
+    "held out."
 )
 
 
