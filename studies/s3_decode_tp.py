@@ -36,7 +36,8 @@ TPS = (4, 8)
 PAPER_GAIN_READING = {8: (-30, -30, -28, -26, -20, -10), 16: (-30, -29, -27, -22, -10, 2),
                       32: (-28, -27, -25, -15, 3, 4), 64: (-24, -23, -20, -5, 5, 6), 128: (-6, -6, -5, 2, 6, None)}
 ASSUMPTIONS = (
-    f"{MODEL} on {HARDWARE} (datasheet profile: matmul 80%, attention 55%, HBM 90% of peak). One vLLM-style engine "
+    f"{MODEL} on {HARDWARE} (datasheet profile: GEMMs fitted to measured H100 GEMMs, attention 55%, HBM 90% of peak). "
+    "One vLLM-style engine "
     "per plan (tp4 on 4 GPUs, tp8 on 8 GPUs, NVLink), bf16 weights and KV cache, 8% + 1 GB of memory reserved. "
     "Every sequence holds `context` tokens; throughput = generated tokens/s divided by the engine's GPUs "
     "(earl cost model `decode`). preempting: the batch's KV cache does not fit: the engine runs the concurrency "
