@@ -11,11 +11,13 @@ Rows:
   cost model's own search picks (`earl plan train`) on DGX H100 nodes (8 x 400 Gb/s NDR), with
   the profile's default overlap (TP 0, DP bucketed), and with TP overlap 0.5; and on the
   published parallel configuration, TP 4 x PP 8 with the distributed optimizer (DP = GPUs / 32).
-  The README gives the configuration only in an image (images/model_table.png); TP 4 / PP 8
-  for GPT-3 175B on H100 is its transcription in Orchestra-Research's megatron-core benchmark
-  notes and NeMo's GPT-3 175B recipe, whose 6 virtual stages (interleaved 1F1B) are assumed
-  here. At 96 GPUs (DP 3) that plan's weights, optimizer shards and 1F1B activations need ~85
-  GiB per GPU (Korthikanti et al. 2022's 34 sbh/t per layer, 12 layers, 8 micro-batches in
+  The README gives the configuration only in an image (images/model_table.png, not read
+  here); TP 4 / PP 8 for GPT-3 175B on H100 is its transcription in Orchestra-Research's
+  megatron-core benchmark notes and the defaults of NVIDIA NeMo's GPT-3 175B recipe
+  (nemo/collections/llm/recipes/gpt3_175b.py `trainer()`: tensor 4, pipeline 8, virtual
+  pipeline 6, sequence parallel, distributed optimizer, overlapped gradient reduce and
+  parameter gather), whose 6 virtual stages are used here. At 96 GPUs (DP 3) that plan's
+  weights, optimizer shards and 1F1B activations need ~85 GiB per GPU (Korthikanti et al. 2022's 34 sbh/t per layer, 12 layers, 8 micro-batches in
   flight): it fits only with full recompute, so that row recomputes (the README's run must have
   differed there; MFU counts model FLOPs only, so recompute lowers it).
 - Vidur (Agrawal et al., MLSys 2024) per-operator GEMM times measured on H100 and A100
@@ -49,7 +51,7 @@ GPT3 = ModelSpec(name="gpt3-175b", num_layers=96, hidden_size=12288, num_heads=9
 EARL_FIG4 = {8192: 9.7, 16384: 11.0, 32768: 11.2}
 MEGATRON_MFU = {96: 0.47, 4608: 0.42}
 # the published configuration (see the docstring): TP 4 x PP 8, distributed optimizer, 6 virtual
-# stages (assumed); the least activation recompute that fits in 80 GB at each scale
+# stages (NeMo's GPT-3 175B recipe); the least activation recompute that fits in 80 GB at each scale
 MEGATRON_PLAN = {"tp": 4, "pp": 8, "virtual_stages": 6, "sharded_optimizer": True}
 KERNEL_ROWS = {"model": "qwen-72b", "tp": 4, "tokens": (16, 512, 4096)}
 ASSUMPTIONS = (
@@ -59,7 +61,7 @@ ASSUMPTIONS = (
     "(ib-ndr400x8), datasheet profile (GEMMs fitted to measured H100 GEMMs: 74% of peak, 1.5-norm; attention 55%, "
     "HBM 90%), DP gradients bucketed and "
     "overlapped; 'TP overlap 0.5': half the tensor-parallel communication hidden (assumed); 'published plan': "
-    "tp4 pp8, 6 virtual stages (assumed), distributed optimizer, least recompute that fits. "
+    "tp4 pp8, 6 virtual stages (NeMo's GPT-3 175B recipe), distributed optimizer, least recompute that fits. "
     "Vidur rows: per-layer GEMM time (4 GEMMs, one shard); datasheet curves fitted to Llama-2 7B/70B, Qwen-72B "
     "held out."
 )
