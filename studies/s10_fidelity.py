@@ -17,9 +17,10 @@ Rows:
   (nemo/collections/llm/recipes/gpt3_175b.py `trainer()`: tensor 4, pipeline 8, virtual
   pipeline 6, sequence parallel, distributed optimizer, overlapped gradient reduce and
   parameter gather), whose 6 virtual stages are used here. At 96 GPUs (DP 3) that plan's
-  weights, optimizer shards and 1F1B activations need ~85 GiB per GPU (Korthikanti et al. 2022's 34 sbh/t per layer, 12 layers, 8 micro-batches in
-  flight): it fits only with full recompute, so that row recomputes (the README's run must have
-  differed there; MFU counts model FLOPs only, so recompute lowers it).
+  weights, optimizer shards and 1F1B activations need ~85 GiB per GPU (Korthikanti et al.
+  2022's 34 sbh/t per layer, 12 layers, 8 micro-batches in flight): it fits only with full
+  recompute, so that row recomputes (the README's run must have differed there; MFU counts
+  model FLOPs only, so recompute lowers it).
 - Vidur (Agrawal et al., MLSys 2024) per-operator GEMM times measured on H100 and A100
   (studies/kernel_refs.py): the four GEMMs of one layer of Qwen-72B (held out of the fit) on one
   tp-4 shard at 16 / 512 / 4,096 tokens; the whole table (384 cells, both Llama-2 models too)
