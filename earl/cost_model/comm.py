@@ -40,13 +40,19 @@ def group_link(cluster: ClusterSpec, profile: HardwareProfile, group_size: int, 
     return inter_node_link(cluster, sharing)
 
 
-def allreduce_s(nbytes: float, p: int, link: LinkParams) -> float:
+def allreduce_s(nbytes: float, p: int, link: LinkParams, switched: bool = False) -> float:
     """The faster of a ring (bandwidth-optimal) and a tree / recursive-doubling all-reduce
-    (latency-optimal, 2 log2 p steps of the whole message), as NCCL picks by size."""
+    (latency-optimal, 2 log2 p steps of the whole message), as NCCL picks by size.
+    `switched`: the p GPUs sit on one full-crossbar switch (NVSwitch), where a two-shot
+    all-reduce (reduce-scatter then all-gather, each rank addressing every peer at once: NCCL's
+    NVLS algorithm, vLLM's custom all-reduce) pays the ring's bytes but two latencies, not
+    2(p - 1)."""
     if p <= 1 or nbytes <= 0:
         return 0.0
     ring = 2 * (p - 1) / p * nbytes / link.bw_bytes_s + 2 * (p - 1) * link.alpha_s
     tree = 2 * math.ceil(math.log2(p)) * (link.alpha_s + nbytes / link.bw_bytes_s)
+    if switched:
+        return min(ring, tree, 2 * (p - 1) / p * nbytes / link.bw_bytes_s + 2 * link.alpha_s)
     return min(ring, tree)
 
 

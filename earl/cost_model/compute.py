@@ -41,18 +41,23 @@ class PassCost:
         return self.linear_s + self.attention_s + self.elementwise_s + self.lm_head_s + self.overhead_s
 
 
-def _op_time(flops: float, nbytes: float, prof: HardwareProfile, curve) -> float:
+def _op_time(flops: float, nbytes: float, prof: HardwareProfile, curve, norm: float | None = None) -> float:
+    """max(compute, memory) time; with `norm` p, (t_c^p + t_m^p)^(1/p) (the two only partly hide
+    each other, as measured GEMMs near the ridge point show)."""
     hw = prof.hardware
     t_c = flops / (hw.peak_flops * curve(flops)) if flops > 0 else 0.0
     t_m = nbytes / (hw.hbm_bw_bytes_s * prof.memory(nbytes)) if nbytes > 0 else 0.0
-    return max(t_c, t_m)
+    if norm is None:
+        return max(t_c, t_m)
+    return (t_c ** norm + t_m ** norm) ** (1.0 / norm)
 
 
 def gemm_time_s(m: float, k: float, n: float, prof: HardwareProfile, dtype_bytes: int = 2) -> float:
-    """Roofline time of one (m x k) @ (k x n) GEMM."""
+    """Time of one (m x k) @ (k x n) GEMM: its compute and memory times combined by the
+    profile's `gemm_norm` (max when it has none)."""
     flops = 2.0 * m * k * n
     nbytes = (m * k + k * n + m * n) * dtype_bytes
-    return _op_time(flops, nbytes, prof, prof.matmul)
+    return _op_time(flops, nbytes, prof, prof.matmul, prof.gemm_norm)
 
 
 def forward_pass(model: ModelSpec, prof: HardwareProfile, *, tp: int, layers: int, tokens: float,

@@ -179,7 +179,9 @@ class CostModel:
         if tp <= 1:
             return 0.0
         nbytes = tokens * self.model.hidden_size * self.model.dtype_bytes
-        return 2 * passes * self.model.num_layers * comm.allreduce_s(nbytes, tp, self._tp_link(tp))
+        # a tensor-parallel group inside one GPU node shares its NVSwitch (not so on a CPU host)
+        switched = tp <= self.cluster.gpus_per_node and self.profile.hardware.name != "cpu"
+        return 2 * passes * self.model.num_layers * comm.allreduce_s(nbytes, tp, self._tp_link(tp), switched)
 
     # ---- stage estimates --------------------------------------------------------------------
     def estimate(self, stage: str, plan: ParallelPlan, batch: int, context: int, **kw) -> Estimate:
