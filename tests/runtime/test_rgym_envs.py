@@ -9,7 +9,6 @@ package is tested either way.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -21,6 +20,7 @@ from typer.testing import CliRunner
 
 from earl.cli import app
 from earl.runtime.envs import make_env
+from tests.runtime.env_runs import assert_one_and_two_processes_agree, rows_of
 
 ROOT = Path(__file__).resolve().parents[2]
 EASY = ("max_terms=2", "max_digits=1")  # chain sums of two one-digit terms
@@ -92,10 +92,6 @@ def test_without_the_package_the_error_names_the_install_command():
     assert len(r.stdout.strip().splitlines()) == 1
 
 
-def rows_of(out: Path) -> list[dict]:
-    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
-
-
 @pytest.mark.rgym
 def test_earl_run_on_a_reasoning_gym_task(tmp_path):
     needs_rgym()
@@ -114,17 +110,5 @@ def test_earl_run_on_a_reasoning_gym_task(tmp_path):
 @pytest.mark.dist
 def test_earl_run_on_two_processes_plays_the_same_episodes(tmp_path):
     needs_rgym()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    outs = []
-    for n in (1, 2):
-        out = tmp_path / f"n{n}"
-        r = subprocess.run([sys.executable, "-m", "earl.cli", "run", "--env", "reasoning-gym:chain_sum", "--steps",
-                            "2", "--nproc", str(n), "--out", str(out), *RUN],
-                           env=env, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stdout + r.stderr
-        outs.append(rows_of(out))
-    one, two = outs
-    assert [x["world"] for x in two] == [2, 2]
-    for a, b in zip(one, two, strict=True):
-        for k in ("reward_mean", "tokens", "correct_rate"):
-            assert a[k] == b[k], (k, a[k], b[k])
+    assert_one_and_two_processes_agree(tmp_path, ["--env", "reasoning-gym:chain_sum", *RUN],
+                                       ("reward_mean", "tokens", "correct_rate"))

@@ -10,9 +10,7 @@ and `earl run` end to end on one process and on two (slow).
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from typer.testing import CliRunner
 from earl.cli import app
 from earl.runtime.envs import env_options, make_env, split_env_name, user
 from earl.runtime.resolve import resolve_config
+from tests.runtime.env_runs import assert_one_and_two_processes_agree, rows_of
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = f"{ROOT / 'examples' / 'guess_number.py'}:GuessNumber"
@@ -226,10 +225,6 @@ def test_env_options_come_from_the_config_file(tmp_path, flaky):
     assert cfg.env.options == ("mode=raises", "bad_seed=3")
 
 
-def rows_of(out: Path) -> list[dict]:
-    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
-
-
 def test_earl_run_trains_on_a_user_class_that_sometimes_fails(tmp_path, flaky):
     """Some episodes raise, one group hangs: counted in env_error_rate, the run completes."""
     out = tmp_path / "run"
@@ -253,17 +248,5 @@ def test_earl_run_trains_on_a_user_class_that_sometimes_fails(tmp_path, flaky):
 @pytest.mark.slow
 @pytest.mark.dist
 def test_earl_run_on_two_processes_plays_the_same_episodes(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    outs = []
-    for n in (1, 2):
-        out = tmp_path / f"n{n}"
-        r = subprocess.run([sys.executable, "-m", "earl.cli", "run", "--env", EXAMPLE, "--steps", "2",
-                            "--nproc", str(n), "--out", str(out), *RUN, "--set", "groups=4"],
-                           env=env, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stdout + r.stderr
-        outs.append(rows_of(out))
-    one, two = outs
-    assert [x["world"] for x in two] == [2, 2]
-    for a, b in zip(one, two, strict=True):
-        for k in ("reward_mean", "tokens", "win_rate", "invalid_rate", "env_error_rate"):
-            assert a[k] == b[k], (k, a[k], b[k])
+    assert_one_and_two_processes_agree(tmp_path, ["--env", EXAMPLE, *RUN, "--set", "groups=4"],
+                                       ("reward_mean", "tokens", "win_rate", "invalid_rate", "env_error_rate"))
