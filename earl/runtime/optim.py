@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from earl.parallel import ParamShape, PlanGroups, local_bounds, shard_bounds
+from earl.policies.reshard import opt_name
 from earl.runtime.dist import comm_device
 from earl.runtime.run_config import TrainerConfig
 
@@ -119,9 +120,9 @@ class ReplicatedAdamW:
         for name, q in self.owned.items():
             st = self.inner.state.get(q, {})
             for s in STATES:
-                out[f"{name}/{s}"] = st[s] if s in st else torch.zeros_like(q)
+                out[opt_name(name, s)] = st[s] if s in st else torch.zeros_like(q)
             if MASTER in self.state_names:
-                out[f"{name}/{MASTER}"] = q.detach()
+                out[opt_name(name, MASTER)] = q.detach()
         return out
 
     @property
@@ -133,13 +134,13 @@ class ReplicatedAdamW:
         (rounded) model weights. Moments before the first step are not loaded."""
         with torch.no_grad():
             for name, q in self.owned.items():
-                if f"{name}/{MASTER}" in tensors:
-                    q.copy_(tensors[f"{name}/{MASTER}"])
+                if opt_name(name, MASTER) in tensors:
+                    q.copy_(tensors[opt_name(name, MASTER)])
         if step_count == 0:
             return
         for name, q in self.owned.items():
             self.inner.state[q] = {"step": torch.tensor(float(step_count)),
-                                   **{s: tensors[f"{name}/{s}"].to(q.device, q.dtype, copy=True) for s in STATES}}
+                                   **{s: tensors[opt_name(name, s)].to(q.device, q.dtype, copy=True) for s in STATES}}
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -238,9 +239,9 @@ class FSDPAdamW:
         for name, p in self.params.items():
             st = self.inner.state.get(p, {})
             for s in STATES:
-                out[f"{name}/{s}"] = st[s].to_local() if s in st else torch.zeros_like(p.to_local())
+                out[opt_name(name, s)] = st[s].to_local() if s in st else torch.zeros_like(p.to_local())
             if MASTER in self.state_names:
-                out[f"{name}/{MASTER}"] = p.to_local().detach()
+                out[opt_name(name, MASTER)] = p.to_local().detach()
         return out
 
     @property
@@ -254,8 +255,8 @@ class FSDPAdamW:
         with torch.no_grad():
             for name, p in self.params.items():
                 s = self.shapes[name]
-                if f"{name}/{MASTER}" in tensors:
-                    p.to_local().copy_(tensors[f"{name}/{MASTER}"])
+                if opt_name(name, MASTER) in tensors:
+                    p.to_local().copy_(tensors[opt_name(name, MASTER)])
                 elif name in tensors:
                     w_lo = local_bounds(s, plan, self.groups.rank, optimizer=False)[0]
                     o_lo, o_hi = local_bounds(s, plan, self.groups.rank, optimizer=True)
@@ -263,7 +264,7 @@ class FSDPAdamW:
         if step_count == 0:
             return
         for name, p in self.params.items():
-            moments = {s: tensors[f"{name}/{s}"].to(p.device, torch.float32, copy=True) for s in STATES}
+            moments = {s: tensors[opt_name(name, s)].to(p.device, torch.float32, copy=True) for s in STATES}
             self.inner.state[p] = {"step": torch.tensor(float(step_count)),
                                    **{s: DTensor.from_local(t, p.device_mesh, p.placements, run_check=False,
                                                             shape=p.shape, stride=p.stride())
