@@ -35,9 +35,9 @@ from earl.cost_model.compute import param_tensors
 from earl.cost_model.profile import HardwareProfile, load_profile
 from earl.policies import make_dispatcher
 from earl.policies.types import Sample
+from earl.runtime.dist import process_group
 from earl.runtime.hf_model import hf_config_from_spec
 from earl.runtime.rollout import Trajectory, Turn
-from earl.runtime.run import process_group
 from earl.runtime.run_config import EnvConfig, ModelConfig, PolicyConfig, RunConfig, TrainerConfig
 from earl.runtime.step import SampleMeta, StepContext, play, prepare_experience, train
 from earl.runtime.worker import ONE, Worker

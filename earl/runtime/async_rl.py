@@ -56,7 +56,7 @@ from earl.runtime.hf_model import load_policy
 from earl.runtime.metrics import RunRecorder
 from earl.runtime.mismatch import SUM_KEYS, mismatch_metrics
 from earl.runtime.optim import ReplicatedAdamW
-from earl.runtime.resolve import initial_plans, selector_cost_model
+from earl.runtime.resolve import check_out, initial_plans, model_spec, resolve_hardware, selector_cost_model
 from earl.runtime.rollout import Trajectory, rollout
 from earl.runtime.run_config import RunConfig, to_dict
 from earl.runtime.seeds import SAMPLE_STREAM, SHUFFLE_STREAM, mix_seed
@@ -66,6 +66,7 @@ from earl.runtime.step import (
     outcome_metrics,
     padded_batch,
     rollout_store,
+    start_stats,
     workload_stats,
 )
 from earl.runtime.tp import param_shapes
@@ -430,3 +431,18 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
             export_hf(out / HF_EXPORT, {n: p.detach() for n, p in lr.model.named_parameters()}, lr.model.config,
                       lr.tokenizer)
     return (rec.metrics.rows if rec is not None else []), ckpt, first
+
+
+def run_async_training(cfg: RunConfig, out: Path, rank: int, world: int, *, resume,
+                       echo) -> tuple[list[dict], Path | None, int]:
+    """`earl run` with `schedule.mode = "async"` on this rank (earl.runtime.run branches here):
+    (metrics rows, the last checkpoint, the first step run)."""
+    if rank == 0:
+        check_out(out, resume)
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    hw, _ = resolve_hardware(cfg)
+    tokenizer = load_policy(cfg.model.path, seed=cfg.seed, dtype=cfg.model.dtype).tokenizer
+    stats = start_stats(cfg, tokenizer, sampling_params(cfg).max_new_tokens)
+    return run_async(cfg, out, rank, world, hardware=hw, spec=model_spec(cfg.model.path), stats=stats,
+                     echo=echo, resume=resume)

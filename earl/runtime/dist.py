@@ -9,6 +9,7 @@ gloo on CPU, NCCL when CUDA is present (same code path).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import multiprocessing as mp
 import os
@@ -158,3 +159,22 @@ if __name__ == "__main__":
     print(f"rank {env.rank}/{env.world} backend={env.backend} tp_rank={groups.tp_rank} "
           f"dp_rank={groups.dp_rank} tp-sum={x.item()}", flush=True)
     shutdown()
+
+
+@contextlib.contextmanager
+def process_group():
+    """(rank, world) of this process's group for the duration: torchrun's job, or a one-rank
+    gloo group made here and destroyed on exit (so a later fork starts without one)."""
+    created = not dist.is_initialized()
+    rank, world = init_process_group()
+    try:
+        yield rank, world
+    finally:
+        if created and world == 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def init_process_group() -> tuple[int, int]:
+    """Join torchrun's job, or make a one-rank gloo group for a single process (rank, world)."""
+    env = init_distributed(timeout_s=300)
+    return env.rank, env.world

@@ -13,7 +13,6 @@ calls `run_training`. Rank 0 alone writes the run's files (earl.runtime.metrics)
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -24,25 +23,22 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from earl.policies import make_dispatcher, make_selector
+from earl.runtime.async_rl import run_async_training
 from earl.runtime.checkpoint import export_policy, find_checkpoint, load_run, save_run
 from earl.runtime.console import Preemption, Progress, library_progress_bars, step_line
 from earl.runtime.defaults import describe_defaults
-from earl.runtime.dist import init_distributed
-from earl.runtime.envs import env_options, make_env
+from earl.runtime.dist import process_group
 from earl.runtime.metrics import RunRecorder, plot_run
 from earl.runtime.resolve import (
     check_config,
     check_out,
-    parse_schedule,
     resolve_hardware,
     resume_plans,
-    selector_cost_model,
 )
 from earl.runtime.run_config import RunConfig, to_dict
-from earl.runtime.step import StepContext, run_step
-from earl.runtime.worker import Worker, runnable
-from earl.specs import Stage, WorkloadStats
+from earl.runtime.step import first_stats, run_step, step_context
+from earl.runtime.worker import Worker
+from earl.specs import Stage
 from earl.trace import atomic_write_text
 
 HF_EXPORT = "hf"  # the run folder's HF export of the final policy
@@ -59,25 +55,6 @@ class RunResult:
 
 
 PREEMPTED_EXIT = 143  # 128 + SIGTERM: what `earl run` exits with after a preemption
-
-
-@contextlib.contextmanager
-def process_group():
-    """(rank, world) of this process's group for the duration: torchrun's job, or a one-rank
-    gloo group made here and destroyed on exit (so a later fork starts without one)."""
-    created = not dist.is_initialized()
-    rank, world = init_process_group()
-    try:
-        yield rank, world
-    finally:
-        if created and world == 1 and dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def init_process_group() -> tuple[int, int]:
-    """Join torchrun's job, or make a one-rank gloo group for a single process (rank, world)."""
-    env = init_distributed(timeout_s=300)
-    return env.rank, env.world
 
 
 def run_training(cfg: RunConfig, out_dir: str | Path, *, resume: str | Path | None = None, progress: bool = True,
@@ -98,7 +75,8 @@ def _run(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume, 
     check_config(cfg, world)
     out = Path(out_dir)
     if cfg.schedule.mode == "async":
-        return _run_async(cfg, out, rank, world, resume=resume, echo=echo)
+        rows, ckpt, first = run_async_training(cfg, out, rank, world, resume=resume, echo=echo)
+        return RunResult(out_dir=out, first_step=first, last_step=cfg.steps, metrics=rows, last_checkpoint=ckpt)
     ckpt = find_checkpoint(resume) if resume is not None else None
     if rank == 0:  # the one writer; later ranks would see its first files
         check_out(out, resume)
@@ -178,52 +156,6 @@ def _run(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume, 
     return RunResult(out_dir=out, first_step=start + 1, last_step=step,
                      metrics=rec.metrics.rows if rec is not None else [], last_checkpoint=last_ckpt,
                      preempted=preempted)
-
-
-def _run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, resume, echo) -> RunResult:
-    """`schedule.mode = "async"`: earl.runtime.async_rl's pools."""
-    from earl.runtime.async_rl import run_async
-    from earl.runtime.hf_model import load_policy
-    from earl.runtime.resolve import model_spec
-    from earl.runtime.worker import sampling_params
-
-    if rank == 0:
-        check_out(out, resume)
-    torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    hw, _ = resolve_hardware(cfg)
-    tokenizer = load_policy(cfg.model.path, seed=cfg.seed, dtype=cfg.model.dtype).tokenizer
-    stats = start_stats(cfg, tokenizer, sampling_params(cfg).max_new_tokens)
-    rows, ckpt, first = run_async(cfg, out, rank, world, hardware=hw, spec=model_spec(cfg.model.path), stats=stats,
-                                  echo=echo, resume=resume)
-    return RunResult(out_dir=out, first_step=first, last_step=cfg.steps, metrics=rows, last_checkpoint=ckpt)
-
-
-def step_context(worker: Worker, hardware: str) -> StepContext:
-    """The run's selector (pricing plans on `hardware` with the job's topology), dispatcher and
-    scripted plan switches."""
-    cfg, world = worker.cfg, worker.world
-    config = worker.policy.model.config
-    selector = make_selector(
-        cfg.policy.selector, cost_model=selector_cost_model(worker.policy.spec, hardware, world, cfg.model.dtype),
-        initial=worker.plans, stage_gpus=world,
-        can_run=lambda stage, plan: runnable(plan, world, config, worker.shapes, stage, cfg.engine))
-    return StepContext(selector=selector, dispatcher=make_dispatcher(cfg.policy.dispatcher),
-                       schedule=parse_schedule(cfg.plan.schedule))
-
-
-def first_stats(worker: Worker) -> WorkloadStats:
-    """The workload the selector plans the first step for: every episode at the first prompt's
-    length plus the sampling budget."""
-    return start_stats(worker.cfg, worker.policy.tokenizer, worker.params.max_new_tokens)
-
-
-def start_stats(cfg: RunConfig, tokenizer, max_new_tokens: int) -> WorkloadStats:
-    """`first_stats` from the tokenizer and the sampling budget."""
-    prompt = make_env(cfg.env.name, **env_options(cfg.env.name, cfg.env)).reset(0)
-    n = len(tokenizer.encode(prompt)) + max_new_tokens
-    return WorkloadStats(step=0, num_responses=cfg.episodes_per_step, context_mean=n, context_p95=n,
-                         context_max=n, max_context=cfg.sampling.max_context)
 
 
 if __name__ == "__main__":  # the rank entry point moved; an old torchrun command must not exit 0 having done nothing

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from earl.parallel import deal
-from earl.policies import Dispatcher, Selector
+from earl.policies import Dispatcher, Selector, make_dispatcher, make_selector
 from earl.policies.balance import balance_aligned, balance_samples
 from earl.policies.types import Layout, Sample
 from earl.runtime.advantages import AdvantageSpec, Store
@@ -44,7 +44,9 @@ from earl.runtime.envs.dataset import LAST_REWARD_ERROR
 from earl.runtime.losses import uniform_groups
 from earl.runtime.mismatch import SUM_KEYS, mismatch_metrics, mismatch_sums
 from earl.runtime.move_samples import HANDOFF_TENSORS, carry_along, execute_dispatch
+from earl.runtime.resolve import parse_schedule, selector_cost_model
 from earl.runtime.rollout import Trajectory, rollout
+from earl.runtime.run_config import RunConfig
 from earl.runtime.seeds import SAMPLE_STREAM, SHUFFLE_STREAM, mix_seed
 from earl.runtime.trainer import ExperienceBatch, batch_logprobs, train_step
 from earl.runtime.worker import MemoryBudgetExceeded, Worker, runnable
@@ -403,3 +405,30 @@ def run_step(w: Worker, ctx: StepContext, step: int,
            "control_recv_bytes": ctx.control.total}
     row["_spans"] = [sp for part in spans for sp in part]
     return row, stats, decisions + [dict(e, event="switch") for e in w.events], episode_records(ordered)
+
+
+def step_context(worker: Worker, hardware: str) -> StepContext:
+    """The run's selector (pricing plans on `hardware` with the job's topology), dispatcher and
+    scripted plan switches."""
+    cfg, world = worker.cfg, worker.world
+    config = worker.policy.model.config
+    selector = make_selector(
+        cfg.policy.selector, cost_model=selector_cost_model(worker.policy.spec, hardware, world, cfg.model.dtype),
+        initial=worker.plans, stage_gpus=world,
+        can_run=lambda stage, plan: runnable(plan, world, config, worker.shapes, stage, cfg.engine))
+    return StepContext(selector=selector, dispatcher=make_dispatcher(cfg.policy.dispatcher),
+                       schedule=parse_schedule(cfg.plan.schedule))
+
+
+def first_stats(worker: Worker) -> WorkloadStats:
+    """The workload the selector plans the first step for: every episode at the first prompt's
+    length plus the sampling budget."""
+    return start_stats(worker.cfg, worker.policy.tokenizer, worker.params.max_new_tokens)
+
+
+def start_stats(cfg: RunConfig, tokenizer, max_new_tokens: int) -> WorkloadStats:
+    """`first_stats` from the tokenizer and the sampling budget."""
+    prompt = make_env(cfg.env.name, **env_options(cfg.env.name, cfg.env)).reset(0)
+    n = len(tokenizer.encode(prompt)) + max_new_tokens
+    return WorkloadStats(step=0, num_responses=cfg.episodes_per_step, context_mean=n, context_p95=n,
+                         context_max=n, max_context=cfg.sampling.max_context)

@@ -135,8 +135,8 @@ def test_training_step_on_cuda_equals_cpu(cuda_tiny):
     import torch
 
     from earl.parallel import build_plan_groups
+    from earl.runtime.dist import process_group
     from earl.runtime.optim import ReplicatedAdamW
-    from earl.runtime.run import process_group
     from earl.runtime.run_config import TrainerConfig
     from earl.runtime.tp import param_shapes
     from earl.runtime.trainer import ExperienceBatch, Trainer, train_step

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from earl.cost_model.memory import MemoryBreakdown
+from earl.runtime.dist import process_group
 from earl.runtime.resolve import initial_plans, resolve_config, resolve_hardware, selector_cost_model
 from earl.runtime.resources import estimate_bytes
-from earl.runtime.run import first_stats, process_group, step_context
-from earl.runtime.step import run_step
+from earl.runtime.step import first_stats, run_step, step_context
 from earl.runtime.worker import Worker
 from earl.specs import STEP_PHASES, ParallelPlan, Stage
 
