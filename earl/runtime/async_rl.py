@@ -51,20 +51,20 @@ from earl.runtime.advantages import AdvantageSpec, fill_advantages, local_stats
 from earl.runtime.checkpoint import export_hf, find_checkpoint, load_checkpoint, rng_state, save_checkpoint
 from earl.runtime.dist import comm_device
 from earl.runtime.engine import make_engine
-from earl.runtime.envs import env_options, make_env
 from earl.runtime.hf_model import load_policy
 from earl.runtime.metrics import RunRecorder
 from earl.runtime.mismatch import SUM_KEYS, mismatch_metrics
 from earl.runtime.optim import ReplicatedAdamW
 from earl.runtime.resolve import check_out, initial_plans, model_spec, resolve_hardware, selector_cost_model
-from earl.runtime.rollout import Trajectory, rollout
+from earl.runtime.rollout import Trajectory
 from earl.runtime.run_config import RunConfig, to_dict
-from earl.runtime.seeds import SAMPLE_STREAM, SHUFFLE_STREAM, mix_seed
+from earl.runtime.seeds import SHUFFLE_STREAM, mix_seed
 from earl.runtime.step import (
     SampleMeta,
     episode_records,
     outcome_metrics,
     padded_batch,
+    play_episodes,
     rollout_store,
     start_stats,
     workload_stats,
@@ -195,13 +195,7 @@ class Replica:
             self.swap_in(newest[1], newest[0])
 
     def play(self, step: int, share: list[int]) -> list[Trajectory]:
-        cfg = self.cfg
-        groups = [e // cfg.group_size for e in share]
-        env_factory = lambda: make_env(cfg.env.name, **env_options(cfg.env.name, cfg.env))
-        return rollout(self.engine, env_factory, seeds=[mix_seed(cfg.seed, step, g) % (2**31) for g in groups],
-                       group_ids=groups, episode_ids=share, params=self.params,
-                       sample_seeds=[mix_seed(cfg.seed, step, SAMPLE_STREAM, e) for e in share],
-                       max_context=cfg.sampling.max_context, engine_batch=cfg.engine_batch)
+        return play_episodes(self.engine, self.cfg, self.params, step, share)
 
 
 def run_rollout_rank(cfg: RunConfig, pools: Pools, push_group, rank: int, first: int, last: int,

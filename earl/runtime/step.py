@@ -176,20 +176,27 @@ def select_plans(w: Worker, ctx: StepContext, step: int, stats: WorkloadStats) -
     return decisions
 
 
+def play_episodes(engine, cfg, params, step: int, episode_ids: list[int]) -> list[Trajectory]:
+    """Episodes `episode_ids` of `step` on `engine`: each group's environment seed and each
+    episode's sampling stream derive from (run seed, step, id) only, so any replica, pool or
+    world size plays the same episode the same way (earl.runtime.seeds)."""
+    groups = [e // cfg.group_size for e in episode_ids]
+    env_factory = lambda: make_env(cfg.env.name, **env_options(cfg.env.name, cfg.env))
+    return rollout(engine, env_factory, seeds=[mix_seed(cfg.seed, step, g) % (2**31) for g in groups],
+                   group_ids=groups, episode_ids=episode_ids, params=params,
+                   sample_seeds=[mix_seed(cfg.seed, step, SAMPLE_STREAM, e) for e in episode_ids],
+                   max_context=cfg.sampling.max_context, engine_batch=cfg.engine_batch)
+
+
 def play(w: Worker, step: int) -> tuple[list[Trajectory], dict]:
     """This rollout replica's episodes (every tp peer plays them; each keeps a copy)."""
     cfg, rg = w.cfg, w.roll_groups
     w.sync_weights(Stage.ROLLOUT, step)
     n = cfg.groups * cfg.group_size
     mine = deal(n, w.plans.rollout.dp)[rg.dp_rank]
-    groups = [e // cfg.group_size for e in mine]
     t0 = time.perf_counter()
     es0 = dataclasses.replace(w.engine.stats)
-    env_factory = lambda: make_env(cfg.env.name, **env_options(cfg.env.name, cfg.env))
-    trajs = rollout(w.engine, env_factory, seeds=[mix_seed(cfg.seed, step, g) % (2**31) for g in groups],
-                    group_ids=groups, episode_ids=mine, params=w.params,
-                    sample_seeds=[mix_seed(cfg.seed, step, SAMPLE_STREAM, e) for e in mine],
-                    max_context=cfg.sampling.max_context, engine_batch=cfg.engine_batch)
+    trajs = play_episodes(w.engine, cfg, w.params, step, mine)
     w.played = trajs  # rank 0 writes transcripts of the episodes it played itself
     es = w.engine.stats
     counts = {"prefill_tokens": es.prefill_tokens - es0.prefill_tokens,
