@@ -58,7 +58,6 @@ from earl.runtime.optim import ReplicatedAdamW
 from earl.runtime.resolve import check_out, initial_plans, model_spec, resolve_hardware, selector_cost_model
 from earl.runtime.rollout import Trajectory
 from earl.runtime.run_config import RunConfig, to_dict
-from earl.runtime.seeds import SHUFFLE_STREAM, mix_seed
 from earl.runtime.step import (
     SampleMeta,
     episode_records,
@@ -66,11 +65,12 @@ from earl.runtime.step import (
     padded_batch,
     play_episodes,
     rollout_store,
+    seeded_train_step,
     start_stats,
     workload_stats,
 )
 from earl.runtime.tp import param_shapes
-from earl.runtime.trainer import Trainer, batch_logprobs, train_step
+from earl.runtime.trainer import Trainer, batch_logprobs
 from earl.runtime.worker import sampling_params
 from earl.specs import ParallelPlan, Stage, StagePlan, WorkloadStats
 from earl.trace import Span, atomic_write_text
@@ -364,8 +364,7 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
         t1 = time.perf_counter()
         share = list(deal(len(trajs), len(pools.train_ranks))[train_groups.dp_rank])
         batch, meta = experience(lr, trajs, share)
-        gen = torch.Generator().manual_seed(mix_seed(cfg.seed, step, SHUFFLE_STREAM, train_groups.dp_rank))
-        tstats = train_step(lr.trainer, lr.optim, batch, progress=(step - 1) / max(cfg.steps - 1, 1), generator=gen)
+        tstats = seeded_train_step(lr.trainer, lr.optim, batch, cfg, step, train_groups.dp_rank)
         t2 = time.perf_counter()
         if rank == 0:
             push_weights(lr.model, push_group)

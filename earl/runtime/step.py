@@ -176,6 +176,13 @@ def select_plans(w: Worker, ctx: StepContext, step: int, stats: WorkloadStats) -
     return decisions
 
 
+def seeded_train_step(trainer, optim, local: ExperienceBatch, cfg, step: int, dp_rank: int) -> dict:
+    """`trainer.train_step` at this step's point of the schedule, with the mini-batch shuffle of
+    (run seed, step, dp rank): the sync step and the async training pool train alike."""
+    gen = torch.Generator().manual_seed(mix_seed(cfg.seed, step, SHUFFLE_STREAM, dp_rank))
+    return train_step(trainer, optim, local, progress=(step - 1) / max(cfg.steps - 1, 1), generator=gen)
+
+
 def play_episodes(engine, cfg, params, step: int, episode_ids: list[int]) -> list[Trajectory]:
     """Episodes `episode_ids` of `step` on `engine`: each group's environment seed and each
     episode's sampling stream derive from (run seed, step, id) only, so any replica, pool or
@@ -334,8 +341,7 @@ def train(w: Worker, ctx: StepContext, step: int, store: Store, src: Layout, sam
             w.switch_train(nxt, f"memory budget: {e}", step)
             continue
         t0 = time.perf_counter()
-        gen = torch.Generator().manual_seed(mix_seed(cfg.seed, step, SHUFFLE_STREAM, tg.dp_rank))
-        stats = train_step(w.trainer, w.optim, local, progress=(step - 1) / max(cfg.steps - 1, 1), generator=gen)
+        stats = seeded_train_step(w.trainer, w.optim, local, cfg, step, tg.dp_rank)
         w.span("train_step", "train", t0, step, tokens=int(stats["train_tokens"]))
         info = {"dispatcher": tplan.kind, "dispatch_transfers": len(tplan.transfers),
                 "dispatch_bytes": carry_along(tplan, extra).total_bytes,
