@@ -266,6 +266,21 @@ def padded_batch(store: Store, ids: list[int], meta: dict[int, SampleMeta], pad_
                            rewards=torch.tensor([meta[i].reward for i in ids], dtype=torch.float32), **rows)
 
 
+def trainable_samples(cfg, ordered: list[SampleMeta]) -> tuple[list[Sample], set[int], int]:
+    """The episodes the step trains on: all but those a broken environment ended (`env_error`:
+    their reward 0 says nothing of the policy, so they leave the batch and their groups'
+    baselines) and, with `trainer.filter_uniform_groups`, the groups whose remaining rewards are
+    all equal. Returns (samples, filtered groups, env_error episodes dropped). A step with
+    nothing left trains on all its episodes (their group-relative advantages are 0)."""
+    kept = [m for m in ordered if m.outcome != "env_error"] or list(ordered)
+    filtered = uniform_groups([m.group for m in kept], [m.reward for m in kept]) \
+        if cfg.trainer.filter_uniform_groups else set()
+    if len({m.group for m in kept}) == len(filtered):  # nothing would be left: train on all
+        filtered = set()
+    samples = [Sample(id=m.id, tokens=m.tokens, group=m.group) for m in kept if m.group not in filtered]
+    return samples, filtered, len(ordered) - len(kept)
+
+
 def prepare_experience(w: Worker, ctx: StepContext, step: int, trajs: list[Trajectory], samples: list[Sample],
                meta: dict[int, SampleMeta]) -> tuple[Store, Layout, dict]:
     """Hand the episodes to the experience layout (a TransferPlan), then old / reference
@@ -369,14 +384,9 @@ def run_step(w: Worker, ctx: StepContext, step: int,
     meta = {m.id: m for part in parts for m in part}
     assert sorted(meta) == list(range(cfg.groups * cfg.group_size)), "an episode was lost"
     ordered = [meta[i] for i in sorted(meta)]
-    samples = [Sample(id=m.id, tokens=m.tokens, group=m.group) for m in ordered]
     stats = workload_stats(ordered, step, cfg.sampling.max_context)
     check_reward_errors(cfg, ordered, step)
-    filtered = uniform_groups([m.group for m in ordered], [m.reward for m in ordered]) \
-        if cfg.trainer.filter_uniform_groups else set()
-    if len(filtered) == cfg.groups:  # nothing would be left: train on all (zero group-relative advantages)
-        filtered = set()
-    samples = [s for s in samples if s.group not in filtered]
+    samples, filtered, broken = trainable_samples(cfg, ordered)
 
     store, exp_layout, hand = prepare_experience(w, ctx, step, trajs, samples, meta)
     tstats, info, _local = train(w, ctx, step, store, exp_layout, samples, meta)
@@ -414,7 +424,7 @@ def run_step(w: Worker, ctx: StepContext, step: int,
            "replans": sum("memory budget" in e["reason"] for e in w.events),
            "switch_reasons": "; ".join(f"{e['stage']}: {e['from']} -> {e['to']} ({e['reason']})" for e in w.events),
            "samples_trained": len(samples) if tstats["train_tokens"] > 0 else 0,
-           "groups_filtered": len(filtered),
+           "groups_filtered": len(filtered), "env_errors_dropped": broken,
            "control_recv_bytes": ctx.control.total}
     row["_spans"] = [sp for part in spans for sp in part]
     return row, stats, decisions + [dict(e, event="switch") for e in w.events], episode_records(ordered)

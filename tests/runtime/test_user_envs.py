@@ -250,3 +250,21 @@ def test_earl_run_trains_on_a_user_class_that_sometimes_fails(tmp_path, flaky):
 def test_earl_run_on_two_processes_plays_the_same_episodes(tmp_path):
     assert_one_and_two_processes_agree(tmp_path, ["--env", EXAMPLE, *RUN, "--set", "groups=4"],
                                        ("reward_mean", "tokens", "win_rate", "invalid_rate", "env_error_rate"))
+
+
+def test_episodes_a_broken_env_ended_are_not_trained_on(tmp_path, flaky):
+    """env_error episodes (reward 0 from a crash, not from the policy) leave the batch and their
+    groups' baselines; the others train; the metric env_errors_dropped counts them."""
+    from earl.runtime.seeds import mix_seed
+
+    seed = 0  # the run's seed (--set seed=0): group 0 of step 1 plays environment seed `bad`
+    bad = mix_seed(seed, 1, 0) % (2**31)
+    out = tmp_path / "run"
+    r = CliRunner().invoke(app, ["run", "--env", flaky, "--steps", "1", "--out", str(out), *RUN,
+                                 "--set", "groups=3", "--set", f"seed={seed}",
+                                 "--set", f"env.options=mode=raises,bad_seed={bad}"])
+    assert r.exit_code == 0, r.output
+    (row,) = rows_of(out)
+    assert row["env_error_rate"] == pytest.approx(2 / 6)  # group 0's two episodes raised
+    assert row["env_errors_dropped"] == 2
+    assert row["samples_trained"] == 4
