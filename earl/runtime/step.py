@@ -271,7 +271,7 @@ def trainable_samples(cfg, ordered: list[SampleMeta]) -> tuple[list[Sample], set
     their reward 0 says nothing of the policy, so they leave the batch and their groups'
     baselines) and, with `trainer.filter_uniform_groups`, the groups whose remaining rewards are
     all equal. Returns (samples, filtered groups, env_error episodes dropped). A step with
-    nothing left trains on all its episodes (their group-relative advantages are 0)."""
+    nothing left keeps its episodes (a filtered group's group-relative advantages are 0)."""
     kept = [m for m in ordered if m.outcome != "env_error"] or list(ordered)
     filtered = uniform_groups([m.group for m in kept], [m.reward for m in kept]) \
         if cfg.trainer.filter_uniform_groups else set()
