@@ -29,7 +29,8 @@ QUICK_CONTEXTS = (1024, 32768)
 QUICK_RESPONSES = (8, 128)
 TPS = (4, 8)
 # tokens each response starts from (prefilled first): a short game-state prompt (EARL trains on
-# Connect Four); the gains move by < 1 pp between 0 and context / 2 (docs/fidelity.md)
+# Connect Four); the mean error against the reading below is 7.1 / 7.3 / 6.8 pp with prompts of
+# 0, context / 8 and context / 2 tokens (docs/fidelity.md)
 PROMPT_TOKENS = 128
 # EARL (Tan et al. 2025, arXiv 2510.05943) Fig. 3, TP8's tokens/s/GPU gain over TP4 in percent
 # (responses -> one value per context of CONTEXTS; None: TP4 out of memory). NOT a digitisation
