@@ -1,7 +1,9 @@
 """Study 8: how each study's conclusion moves when the numbers under it move: the hardware
 profile's efficiencies by +-20% (the error bars a calibration could plausibly carry), and every
 assumed constant the headlines rest on: TCP incast efficiency, TCP efficiency, the single
-controller's path (object store), tensor- and data-parallel overlap, and the OOM restart charge.
+controller's path (object store), tensor- and data-parallel overlap, and the OOM restart charge;
+and the two constants study s10's Megatron rows assume (TP communication hidden by
+--tp-comm-overlap, virtual pipeline stages), over a grid, in s8_sensitivity_megatron.csv.
 
 The matmul, attention and memory-bandwidth efficiency curves of the H100 profile are scaled one
 at a time and all together (peak_frac x 0.8 and x 1.2, capped at 100% of the datasheet); each
@@ -25,6 +27,7 @@ from common import HARDWARE, MODEL, PAPER_GPUS, main, print_table, save_figure, 
 from s6_train_plans import BATCH as TRAIN_BATCH
 from s6_train_plans import with_margin
 from s7_scale import one_scale
+from s10_fidelity import MEGATRON_MFU, MEGATRON_TP_OVERLAP, MEGATRON_VIRTUAL_STAGES, megatron_published
 
 from earl.cost_model import CostModel, HardwareProfile, load_profile, rank_plans
 from earl.cost_model.profile import with_controller_path
@@ -147,7 +150,37 @@ THRESHOLDS = {"s3 decode tp8/tp4, KV-limited: 32K x 32": 1.0, "s3 decode tp8/tp4
               "s7 centralized dispatch share of step (%)": None}
 
 
+MEGATRON_OVERLAPS = (0.0, 0.25, 0.5, 0.75, 0.9)
+MEGATRON_VSTAGES = (1, 2, 4, 8)
+
+
+def megatron_sensitivity(out: Path, quick: bool) -> pd.DataFrame:
+    """Study s10's Megatron MFU on the published plan (GPT-3 175B, tp8 pp6, 96 and 4,608 H100)
+    over the assumed TP overlap and virtual pipeline stages; the baseline is s10's pair."""
+    overlaps = (0.0, MEGATRON_TP_OVERLAP) if quick else MEGATRON_OVERLAPS
+    vstages = (1, MEGATRON_VIRTUAL_STAGES) if quick else MEGATRON_VSTAGES
+    rows = []
+    for ov in overlaps:
+        for v in vstages:
+            row = {"TP overlap": ov, "virtual stages": v,
+                   "baseline": ov == MEGATRON_TP_OVERLAP and v == MEGATRON_VIRTUAL_STAGES}
+            for gpus, paper in MEGATRON_MFU.items():
+                plan, est = megatron_published(gpus, ov, v)
+                row[f"MFU {gpus}"] = est.mfu
+                row[f"error {gpus} %"] = 100 * (est.mfu / paper - 1)
+                row[f"recompute {gpus}"] = plan.recompute
+            row["within 15% at both"] = all(abs(row[f"error {g} %"]) <= 15 for g in MEGATRON_MFU)
+            rows.append(row)
+    df = pd.DataFrame(rows)
+    write_csv(df, out, f"{NAME}_megatron")
+    print_table(df, "Study 8: Megatron GPT-3 175B MFU on the published plan vs the assumed constants "
+                    f"(published {', '.join(f'{v:.0%} at {g:,}' for g, v in MEGATRON_MFU.items())})",
+                list(df.columns))
+    return df
+
+
 def run(out: Path, quick: bool = False) -> pd.DataFrame:
+    megatron_sensitivity(out, quick)
     base = load_profile(HARDWARE)
     variants = [("baseline", (), 1.0)]
     groups = [(c,) for c in CURVES] + [CURVES] + [(k,) for k in EXTRA_KNOBS]

@@ -183,3 +183,28 @@ def test_head_on_generated_positions_prices_the_runtime_head():
         cm.mixed_batch("logprob", plan, lengths, padded=True).time_s
     with pytest.raises(ValueError, match="head_frac"):
         cm.logprob(plan, 16, 64, head_frac=1.5)
+
+
+def test_rollout_integrates_growth_and_counts_each_recompute_once():
+    cm = cm_for("qwen2.5-7b", gpus=1)
+    cap = cm.kv_capacity_tokens(1)
+    # fits: prompt prefill + decode as the KV grows; 64 stretches agree with a per-token sum
+    fine = cm.rollout(ParallelPlan(), 4, 1100, 100, segments=1000)
+    coarse = cm.rollout(ParallelPlan(), 4, 1100, 100)
+    assert fine.extras["status"] == coarse.extras["status"] == "fits" and fine.extras["recomputed_tokens"] == 0
+    per_token = cm.prefill_time_s(1, 400, 0, 4) + sum(cm.decode_step_time_s(1, 4, 4 * t + 2) for t in range(100, 1100))
+    assert fine.time_s == pytest.approx(per_token, rel=1e-9)
+    assert coarse.time_s == pytest.approx(fine.time_s, rel=2e-3)
+    assert fine.tokens == 4 * 1000
+    # two sequences of 3/4 of the cache: the later is preempted once, near half the cache, and
+    # prefilled again once when the first finishes
+    ctx = 3 * cap // 4
+    est = cm.rollout(ParallelPlan(), 2, ctx)
+    dt = -(-ctx // 64)
+    assert est.extras["status"] == "preempting" and est.extras["preemptions"] == 1
+    assert cap / 2 - 2 * dt <= est.extras["recomputed_tokens"] <= cap / 2
+    assert est.breakdown["prefill"] == pytest.approx(cm.prefill_time_s(1, est.extras["recomputed_tokens"], 0, 1))
+    # cannot run, and bad input
+    assert cm.rollout(ParallelPlan(), 1, cap + 1).extras["status"] == "cannot run"
+    with pytest.raises(ValueError, match="prompt must be in"):
+        cm.rollout(ParallelPlan(), 1, 100, 100)
