@@ -221,12 +221,26 @@ def run_async(sim):
             ids.update(part.ids.tolist())
             eng.feed(part.episodes())
 
+    def wait_for(ok):
+        while not ok():
+            gate[0] = env.event() if gate[0].triggered else gate[0]
+            yield gate[0]
+
     def replica_loop(e: int, eng: StreamReplica):
-        """Per-step: engine e plays its share of each batch in turn (the runtime's replica)."""
+        """Per-step: engine e plays its share of each batch in turn (the runtime's replica), with
+        the runtime's spans: "hand-off" (its finished share waits for training to take it),
+        "wait_weights" (for version >= j - K) and "rollout"."""
+        rank = sim.stage_gpus[Stage.TRAIN] + e  # the runtime's rollout ranks follow the training pool's
         for j in range(sc.steps):
-            while state["version"] < j - K or state["taken"] < j - 1:  # the version bound; the send
-                gate[0] = env.event() if gate[0].triggered else gate[0]
-                yield gate[0]
+            t0 = env.now
+            yield from wait_for(lambda j=j: state["taken"] >= j - 1)  # the blocking send of batch j - 1
+            t1 = env.now
+            yield from wait_for(lambda j=j: state["version"] >= j - K)  # never staler than K
+            t2 = env.now
+            if j:
+                sim.span("hand-off", "dispatch", rank, t0, t1, j - 1)
+            if t2 > t1:
+                sim.span("wait_weights", "reshard", rank, t1, t2, j)
             part = shares[j][e]
             if not part.turns.size:
                 continue
@@ -237,9 +251,9 @@ def run_async(sim):
             left[j, e] = len(part.ids)
             fed_at.setdefault(state["version"], set()).update(part.ids.tolist())
             eng.feed(part.episodes())
-            while left[j, e] > 0:
-                gate[0] = env.event() if gate[0].triggered else gate[0]
-                yield gate[0]
+            yield from wait_for(lambda j=j: left[j, e] <= 0)
+            sim.span("rollout", "rollout", rank, t2, env.now, j, tokens=int(part.generated.sum()),
+                     args={"version": eng.version})
 
     if per_step:
         shares = [draw(j) for j in range(sc.steps)]
