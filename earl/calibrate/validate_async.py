@@ -29,6 +29,7 @@ from earl.calibrate.validate import DTYPE_NAMES, _run_runtime, _simulate, host_s
 from earl.cost_model import CostModel
 from earl.cost_model.profile import HardwareProfile, load_profile
 from earl.outputs import check_out_dir
+from earl.runtime.metrics import read_metrics
 from earl.runtime.run_config import apply_overrides
 from earl.sim.scenario import Scenario
 from earl.sim.simulation import Simulation
@@ -171,6 +172,24 @@ def report_rows(sync_rows, async_rows, sim_sync, sim_async: Simulation, spans: l
     return out
 
 
+def compare_runs(config, prof: HardwareProfile, sync_dir: Path, async_dir: Path, nproc: int,
+                 warmup_steps: int) -> tuple[list[dict], dict, float]:
+    """(report_rows, the async run's pools, the host stretch) of a finished sync run and async
+    run of `config` on `nproc` processes, each simulated on its own recorded workload."""
+    sync_rows, async_rows = read_metrics(sync_dir), read_metrics(async_dir)
+    cfg_sync = apply_overrides(config, {"schedule.mode": "sync"})
+    cfg_async = apply_overrides(config, {"schedule.mode": "async"})
+    spec, steps = model_spec_of(config), len(async_rows)
+    device = "cuda" if str(config.model.device).startswith("cuda") else "cpu"
+    stretch = host_stretch(prof, nproc, device)
+    sim_sync = _simulate(cfg_sync, spec, sync_dir / "workload.jsonl", prof, len(sync_rows), nproc)
+    pools = {"rollout": async_rows[0]["rollout_pool"], "train": async_rows[0]["train_pool"]}
+    sim_async = simulate_async(cfg_async, spec, async_dir / "workload.jsonl", prof, steps, nproc, pools["rollout"])
+    rows = report_rows(sync_rows[warmup_steps:], async_rows[warmup_steps:], sim_sync[warmup_steps:], sim_async,
+                       read_chrome_trace(async_dir / "trace.json"), stretch)
+    return rows, pools, stretch
+
+
 def run_async_validation(*, config, profile: str, steps: int = 5, warmup_steps: int = 1, out_dir: str | Path,
                          nproc: int = 2) -> AsyncValidation:
     """Run `config` under `earl run --nproc N` synchronously, then asynchronously, simulate both
@@ -184,18 +203,9 @@ def run_async_validation(*, config, profile: str, steps: int = 5, warmup_steps: 
     cfg_sync = apply_overrides(config, {**base, "schedule.mode": "sync"})
     cfg_async = apply_overrides(config, {**base, "schedule.mode": "async"})
     dirs = {"sync": out / "runs" / "sync", "async": out / "runs" / "async"}
-    sync_rows = _run_runtime(cfg_sync, dirs["sync"], nproc)
-    async_rows = _run_runtime(cfg_async, dirs["async"], nproc)
-    spec = model_spec_of(config)
-    device = "cuda" if str(config.model.device).startswith("cuda") else "cpu"
-    stretch = host_stretch(prof, nproc, device)
-    sim_sync = _simulate(cfg_sync, spec, dirs["sync"] / "workload.jsonl", prof, steps, nproc)
-    pools = {"rollout": async_rows[0]["rollout_pool"], "train": async_rows[0]["train_pool"]}
-    sim_async = simulate_async(cfg_async, spec, dirs["async"] / "workload.jsonl", prof, steps, nproc,
-                               pools["rollout"])
-    spans = read_chrome_trace(dirs["async"] / "trace.json")
-    rows = report_rows(sync_rows[warmup_steps:], async_rows[warmup_steps:], sim_sync[warmup_steps:], sim_async,
-                       spans, stretch)
+    _run_runtime(cfg_sync, dirs["sync"], nproc)
+    _run_runtime(cfg_async, dirs["async"], nproc)
+    rows, pools, stretch = compare_runs(config, prof, dirs["sync"], dirs["async"], nproc, warmup_steps)
     res = AsyncValidation(nproc=nproc, profile=str(profile), max_staleness=cfg_async.schedule.max_staleness,
                           pools=pools, scored_steps=steps - warmup_steps, host_stretch=stretch, rows=rows,
                           run_dirs={k: str(v) for k, v in dirs.items()})
