@@ -16,7 +16,7 @@ task, printed side by side, and the samples each needs to reach the sync run's f
 
     OMP_NUM_THREADS=1 python benchmarks/bench_async.py [--nproc 2 4] [--steps 6] [--staleness 1 2] \
         [--env calculator] [--groups 8] [--partial] [--out docs/cpu/bench_async.txt]
-    OMP_NUM_THREADS=1 python benchmarks/bench_async.py --learning [--steps 60] [--nproc 2]
+    OMP_NUM_THREADS=1 python benchmarks/bench_async.py --learning --steps 60 --nproc 2 [--set groups=16]
 """
 
 from __future__ import annotations
@@ -100,8 +100,9 @@ def samples_to_reach(rows: list[dict], target: float, window: int) -> int | None
 
 def learning(a, tmp: Path, emit) -> None:
     n = a.nproc[0]
-    base = ["plots=false", "checkpoints=false", "transcript_every=0"]
-    emit(f"bench_async --learning: the default task, {a.steps} steps, --nproc {n}; load average {load_avg()}")
+    base = ["plots=false", "checkpoints=false", "transcript_every=0", *a.set]
+    emit(f"bench_async --learning: the default task, {a.steps} steps, --nproc {n}, --set {' '.join(a.set) or '-'}; "
+         f"load average {load_avg()}")
     t0 = time.perf_counter()
     sync = earl_run(tmp / "sync", n, a.steps, base, None)
     t1 = time.perf_counter()
@@ -135,6 +136,7 @@ def main() -> None:
     ap.add_argument("--hardware", default="cpu-measured", help="calibrated profile the prediction uses")
     ap.add_argument("--learning", action="store_true", help="reward vs samples, sync vs async (K = 1)")
     ap.add_argument("--window", type=int, default=10, help="--learning: steps the reward is averaged over")
+    ap.add_argument("--set", action="append", default=[], help="--learning: a config override key=value")
     ap.add_argument("--out", help="also write the output to this file")
     a = ap.parse_args()
     lines: list[str] = []
