@@ -4,7 +4,8 @@ For each `--nproc` N: `earl run --nproc N` on one config with `schedule.mode = s
 `mode = async` at each `max_staleness` K (and, with `--partial`, each K again with
 `schedule.partial_rollout = true`), one after the other in this call. Printed per async run:
 generated tokens/s of wall time over the scored steps (the first is left out: process start,
-model load) as async / sync ratio, next to the simulator's prediction of the same ratio, and
+model load) as async / sync ratio (the median over `--repeat` interleaved sync + async runs: on a
+shared host the load moves between runs), next to the simulator's prediction of the same ratio, and
 staleness mean / max measured vs predicted. The prediction is `earl validate --schedule async`'s
 (earl.calibrate.validate_async.compare_runs): each run's recorded workload replayed with the
 calibrated profile (`--hardware`, default the shipped cpu-measured) on N devices, the async one
@@ -15,7 +16,7 @@ task, printed side by side, and the samples each needs to reach the sync run's f
 (mean of its last `--window` steps).
 
     OMP_NUM_THREADS=1 python benchmarks/bench_async.py [--nproc 2 4] [--steps 6] [--staleness 1 2] \
-        [--env calculator] [--groups 8] [--partial] [--out docs/cpu/bench_async.txt]
+        [--env calculator] [--groups 8] [--repeat 2] [--partial] [--out docs/cpu/bench_async.txt]
     OMP_NUM_THREADS=1 python benchmarks/bench_async.py --learning --steps 60 --nproc 2 [--set groups=16]
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,30 +62,35 @@ def throughput(a, tmp: Path, emit) -> None:
          f"  {'max':>3s} {'sim':>3s}  pools")
     for n in a.nproc:
         t0 = time.perf_counter()
-        sync_dir = tmp / f"sync{n}"
-        earl_run(sync_dir, n, a.steps, base, a.env)
         variants = [(k, False) for k in a.staleness] + ([(k, True) for k in a.staleness] if a.partial else [])
-        for k, partial in variants:
-            name = f"async{n}-k{k}" + ("-partial" if partial else "")
-            sets = [*base, "schedule.mode=async", f"schedule.max_staleness={k}",
-                    f"schedule.partial_rollout={str(partial).lower()}"]
-            earl_run(tmp / name, n, a.steps, sets, a.env)
-            kcfg = resolve_config(None, overrides={"env.name": a.env, **dict(s.split("=", 1) for s in sets)})
-            rows, pools, stretch = compare_runs(kcfg, prof, sync_dir, tmp / name, n, warmup_steps=1)
-            r = {row["what"]: row for row in rows}
-            ratio = r["async / sync tokens/s"]
-            sm, sx = r["staleness mean"], r["staleness max"]
-            if k == variants[0][0] and not partial:
-                sy = r["sync generated tokens/s"]
-                emit(f"{f'--nproc {n} sync':34s} {sy['measured']:8.1f} {'':6s} {'':6s} {'':8s}  (simulated "
-                     f"{sy['simulated']:.1f} tok/s, host stretch x{stretch:g})")
+        got: dict = {v: [] for v in variants}  # variant -> per repeat (rows, pools, stretch)
+        for rep in range(a.repeat):  # interleaved: each async run next to its own sync run
+            sync_dir = tmp / f"sync{n}-{rep}"
+            earl_run(sync_dir, n, a.steps, base, a.env)
+            for k, partial in variants:
+                name = f"async{n}-k{k}" + ("-partial" if partial else "") + f"-{rep}"
+                sets = [*base, "schedule.mode=async", f"schedule.max_staleness={k}",
+                        f"schedule.partial_rollout={str(partial).lower()}"]
+                earl_run(tmp / name, n, a.steps, sets, a.env)
+                kcfg = resolve_config(None, overrides={"env.name": a.env, **dict(s.split("=", 1) for s in sets)})
+                got[k, partial].append(compare_runs(kcfg, prof, sync_dir, tmp / name, n, warmup_steps=1))
+        first = {row["what"]: row for row in got[variants[0]][0][0]}["sync generated tokens/s"]
+        emit(f"{f'--nproc {n} sync':34s} {first['measured']:8.1f} {'':6s} {'':6s} {'':8s}  (simulated "
+             f"{first['simulated']:.1f} tok/s, host stretch x{got[variants[0]][0][2]:g}; first repeat)")
+        for (k, partial), reps in got.items():
+            per = [{row["what"]: row for row in rows} for rows, _, _ in reps]
+            med = lambda what, side, per=per: statistics.median(r[what][side] for r in per)  # noqa: E731
+            ratios = [r["async / sync tokens/s"]["measured"] for r in per]
+            m, p = med("async / sync tokens/s", "measured"), med("async / sync tokens/s", "simulated")
+            pools = reps[0][1]
             label = f"--nproc {n} async K={k}" + (" partial" if partial else "")
-            emit(f"{label:34s} {r['async generated tokens/s']['measured']:8.1f} {ratio['measured']:6.2f} "
-                 f"{ratio['simulated']:6.2f} {ratio['simulated'] / ratio['measured']:8.2f}  {sm['measured']:10.2f} "
-                 f"{sm['simulated']:5.2f}  {sx['measured']:3.0f} {sx['simulated']:3.0f}  rollout {pools['rollout']} / "
-                 f"train {pools['train']}")
-            for row in rows[5:]:
-                emit(f"    {row['what']:40s} measured {row['measured']:8.4f}  simulated {row['simulated']:8.4f}")
+            emit(f"{label:34s} {med('async generated tokens/s', 'measured'):8.1f} {m:6.2f} {p:6.2f} {p / m:8.2f}  "
+                 f"{med('staleness mean', 'measured'):10.2f} {med('staleness mean', 'simulated'):5.2f}  "
+                 f"{max(r['staleness max']['measured'] for r in per):3.0f} "
+                 f"{max(r['staleness max']['simulated'] for r in per):3.0f}  rollout {pools['rollout']} / "
+                 f"train {pools['train']}  (measured ratio per repeat: {', '.join(f'{x:.2f}' for x in ratios)})")
+            for what in [row["what"] for row in reps[0][0][5:]]:
+                emit(f"    {what:40s} measured {med(what, 'measured'):8.4f}  simulated {med(what, 'simulated'):8.4f}")
         emit(f"  (--nproc {n}: {time.perf_counter() - t0:.0f} s wall; load average now {load_avg()})")
 
 
@@ -132,6 +139,7 @@ def main() -> None:
     ap.add_argument("--staleness", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--env", default="calculator")  # answers of varying length: a tail of episode lengths
     ap.add_argument("--groups", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=2, help="sync + async runs per --nproc, interleaved (medians)")
     ap.add_argument("--partial", action="store_true", help="also each K with schedule.partial_rollout = true")
     ap.add_argument("--hardware", default="cpu-measured", help="calibrated profile the prediction uses")
     ap.add_argument("--learning", action="store_true", help="reward vs samples, sync vs async (K = 1)")
