@@ -55,9 +55,10 @@ def throughput(a, tmp: Path, emit) -> None:
 
     prof = load_profile(a.hardware)
     base = [f"groups={a.groups}", "plots=false", "checkpoints=false", "transcript_every=0"]
+    async_sets = list(a.set)  # e.g. schedule.rollout_gpus=3: the async runs only
     cfg = resolve_config(None, overrides={"env.name": a.env, **dict(s.split("=", 1) for s in base)})
     emit(f"bench_async: {a.env}, {a.groups} groups x {cfg.group_size}, steps 2-{a.steps} scored; simulated with "
-         f"{a.hardware}; load average at start {load_avg()}")
+         f"{a.hardware}; async --set {' '.join(async_sets) or '-'}; load average at start {load_avg()}")
     emit(f"{'run':34s} {'tok/s':>8s} {'ratio':>6s} {'sim':>6s} {'sim/meas':>8s}  {'stale mean':>10s} {'sim':>5s}"
          f"  {'max':>3s} {'sim':>3s}  pools")
     for n in a.nproc:
@@ -70,7 +71,7 @@ def throughput(a, tmp: Path, emit) -> None:
             for k, partial in variants:
                 name = f"async{n}-k{k}" + ("-partial" if partial else "") + f"-{rep}"
                 sets = [*base, "schedule.mode=async", f"schedule.max_staleness={k}",
-                        f"schedule.partial_rollout={str(partial).lower()}"]
+                        f"schedule.partial_rollout={str(partial).lower()}", *async_sets]
                 earl_run(tmp / name, n, a.steps, sets, a.env)
                 kcfg = resolve_config(None, overrides={"env.name": a.env, **dict(s.split("=", 1) for s in sets)})
                 got[k, partial].append(compare_runs(kcfg, prof, sync_dir, tmp / name, n, warmup_steps=1))
@@ -144,7 +145,8 @@ def main() -> None:
     ap.add_argument("--hardware", default="cpu-measured", help="calibrated profile the prediction uses")
     ap.add_argument("--learning", action="store_true", help="reward vs samples, sync vs async (K = 1)")
     ap.add_argument("--window", type=int, default=10, help="--learning: steps the reward is averaged over")
-    ap.add_argument("--set", action="append", default=[], help="--learning: a config override key=value")
+    ap.add_argument("--set", action="append", default=[],
+                    help="config override key=value: both runs with --learning, else the async runs")
     ap.add_argument("--out", help="also write the output to this file")
     a = ap.parse_args()
     lines: list[str] = []
