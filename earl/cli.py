@@ -408,19 +408,29 @@ def validate_cmd(
     variants: Optional[str] = typer.Option(None, help="config variants to rank, e.g. 'engine_batch=0;engine_batch=4'"),
     sets: Optional[list[str]] = typer.Option(None, "--set", help="config override key=value (repeatable)"),
     nproc: int = typer.Option(1, help="runtime processes: 1, or 2 / 4 under torchrun (simulated as N devices)"),
+    schedule: str = typer.Option("sync", help="sync | async: an async run next to a sync one (--nproc 2 or 4)"),
 ):
     """Run the runtime for a few steps and the simulator on the same config and workload trace;
     print predicted vs. measured time per stage and peak memory, and the Kendall tau of the
-    variants' ranking."""
+    variants' ranking (`--schedule async`: async vs sync tokens/s, staleness, per-pool stages)."""
     import warnings
 
-    from earl.calibrate.validate import (
-        parse_variants,
-        ranking_line,
-        run_validation,
-        validation_config,
-        validation_table,
-    )
+    from earl.calibrate.validate import validation_config
+    from earl.calibrate.validate_async import async_table, check_schedule, run_async_validation
+
+    if check_schedule(schedule) == "async":
+        if variants or model:
+            raise ValueError("--variants and --model are for --schedule sync; with async, set the model "
+                             "with --set model.path=...")
+        cfg = validation_config(config, parse_sets(sets), device=device, dtype=dtype)
+        with console.status("validating: sync and async runs, simulator..."):
+            res = run_async_validation(config=cfg, profile=hardware, steps=steps, warmup_steps=warmup_steps,
+                                       out_dir=out, nproc=nproc)
+        console.print(async_table(res))
+        console.print(f"wrote {out}/async_validation.json, async_validation.csv")
+        return
+
+    from earl.calibrate.validate import parse_variants, ranking_line, run_validation, validation_table
 
     cfg = validation_config(config, parse_sets(sets), device=device, dtype=dtype)
     with console.status("validating: runtime and simulator..."), warnings.catch_warnings(record=True) as caught:

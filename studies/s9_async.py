@@ -9,13 +9,16 @@ pool streaming episodes up to K policy versions ahead of a training pool), for s
 splits (and the split the cost model picks), K = 0 / 1 / 4, engines draining before each weight
 update, and at the cost model's split also with partial rollout (episodes interrupted at an
 update and resumed on the new weights). Variants run in
-parallel processes (`--jobs`).
+parallel processes (`--jobs`). Next to them, `s9_async_measured.csv`: the runtime's async / sync
+ratios measured on this machine by benchmarks/bench_async.py (its output, docs/cpu/bench_async.txt)
+beside the simulator's prediction of each (`measured_rows`).
 
     python studies/s9_async.py [--out docs/figures] [--quick] [--jobs N]     # or: earl study s9
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -32,6 +35,11 @@ SPLITS = (32, 64, 96)  # rollout-pool GPUs of 128 (plus the cost model's choice)
 STALENESS = (0, 1, 4)
 QUICK = {"scenario.steps": "6", "workload.episodes_per_step": "64", "workload.growth_steps": "6"}
 QUICK_SPLITS, QUICK_STALENESS = (64,), (0, 1)
+BENCH_TXT = Path(__file__).resolve().parents[1] / "docs" / "cpu" / "bench_async.txt"  # bench_async.py's output
+# one async run's line of bench_async.txt: label, tok/s, measured ratio, simulated ratio, sim/meas, staleness
+# mean measured / simulated, max measured / simulated, pools
+BENCH_ROW = re.compile(r"^--nproc (\d+) async K=(\d+)( partial)?\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+"
+                       r"([\d.]+)\s+([\d.]+)\s+(\d+)\s+(\d+)\s+rollout (\d+) / train (\d+)")
 WINDOW = 10  # steps per point of the throughput-over-training panel
 STEP_COLUMNS = ("step", "step_time_s", "throughput_tokens_per_gpu_s", "trained_tokens", "context_mean", "rollout_s",
                 "experience_s", "train_s", "sync_s", "restart_s", "oom_events", "staleness_mean", "staleness_max",
@@ -74,6 +82,25 @@ def summarize(label: str, sc, res) -> dict:
     }
 
 
+def measured_rows(path: Path = BENCH_TXT) -> pd.DataFrame:
+    """The runtime's measured async / sync generated tokens/s and staleness next to the
+    simulator's prediction of each (per-step feed, calibrated CPU profile), read from
+    benchmarks/bench_async.py's output: one row per async run (empty when there is no file)."""
+    rows = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        m = BENCH_ROW.match(line)
+        if m:
+            g = m.groups()
+            rows.append({"source": "measured (bench_async.py)", "nproc": int(g[0]), "max staleness": int(g[1]),
+                         "partial rollout": bool(g[2]), "async tok/s": float(g[3]),
+                         "measured vs sync": float(g[4]), "simulated vs sync": float(g[5]),
+                         "simulated / measured": float(g[6]), "staleness mean": float(g[7]),
+                         "simulated staleness mean": float(g[8]), "staleness max": int(g[9]),
+                         "simulated staleness max": int(g[10]), "rollout pool": int(g[11]),
+                         "train pool": int(g[12])})
+    return pd.DataFrame(rows)
+
+
 def assumptions(sc, auto: int) -> str:
     w = sc.workload_spec()
     return (
@@ -108,6 +135,14 @@ def run(out: Path, quick: bool = False, jobs: int | str = 1) -> pd.DataFrame:
                     f"{scs[0].cluster_spec().num_gpus} GPUs, {scs[0].steps} steps)",
                 ["variant", "rollout GPUs", "throughput tok/s/GPU", "vs sync", "throughput without restarts",
                  "staleness mean", "OOM events", "OOM steps", "min headroom train %", "recomputed tokens"])
+    measured = measured_rows()
+    if len(measured):
+        write_csv(measured, out, f"{NAME}_measured")
+        print_table(measured, f"Study 9, measured on the runtime ({BENCH_TXT.name}): async / sync next to the "
+                              "simulator's prediction", ["nproc", "max staleness", "partial rollout",
+                                                         "measured vs sync", "simulated vs sync",
+                                                         "simulated / measured", "staleness mean",
+                                                         "simulated staleness mean", "staleness max"])
     sync = scs[0]
     auto = int(df[df["variant"].str.startswith("async auto")]["rollout GPUs"].iloc[0])
     plot(df, labelled, results, out, assumptions(sync, auto))

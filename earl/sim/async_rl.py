@@ -8,6 +8,15 @@ pools; `schedule.rollout_gpus = 0` lets the cost model choose the split
 (earl.policies.pools). The version rules, weight pushes and partial rollouts:
 docs/simulator.md, "Design notes".
 
+Two feeds (`Simulation(..., async_feed=...)`): "stream" (the default: batch j is fed to every
+engine when version j - K exists, so up to K + 1 batches share an engine and training takes the
+oldest finished episodes) and "per-step", the runtime's design (earl.runtime.async_rl, what
+`earl validate --schedule async` and benchmarks/bench_async.py hold it to): each tp1 replica plays
+its share of batch j alone, starts it on the newest version it holds once that is >= j - K, and
+hands the finished share over only when training takes batch j (a blocking send: at most one
+batch ahead of training, whatever K >= 1); training takes exactly batch j; the push is rank 0's
+broadcast of the whole policy to the replicas (`broadcast_push_s`).
+
     earl simulate --set schedule.mode=async --set schedule.max_staleness=2 --steps 20
 """
 
@@ -15,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 from collections import deque
 
 import numpy as np
@@ -29,6 +39,7 @@ from .workload import Workload
 
 ASYNC_REPLICAS = 16  # rollout replicas simulated in async mode; more are replica classes
 ID_STRIDE = 1 << 32  # episode ids of batch j: j * ID_STRIDE + id within the batch
+ASYNC_FEEDS = ("stream", "per-step")  # see the module docstring
 
 
 class StreamReplica(Replica):
@@ -121,6 +132,16 @@ def weight_push_s(cm, rollout: ParallelPlan, rollout_gpus: int, train_gpus: int)
     return cm.transfer_time_s(max(into_node, out_of_node), rollout_gpus, 0)
 
 
+def broadcast_push_s(cm, receivers: int) -> float:
+    """Seconds for one rank to broadcast the whole policy (in the model's dtype) to `receivers`
+    ranks of its node, as the runtime's weight push does: a binomial tree, ceil(log2(receivers
+    + 1)) rounds of one point-to-point copy each, over the profile's p2p link."""
+    if receivers <= 0:
+        return 0.0
+    rounds = math.ceil(math.log2(receivers + 1))
+    return rounds * cm.transfer_time_s(cm.model.num_params * cm.model.dtype_bytes, 0, 1)
+
+
 SPLIT_POINTS = 4  # steps of the run (evenly spaced) the cost model prices a pool split on
 
 
@@ -144,6 +165,7 @@ def run_async(sim):
     (an `earl.sim.simulation.Simulation` in async mode)."""
     env, sc, cm = sim.env, sim.sc, sim.cm
     K = sc.max_staleness
+    per_step = sim.async_feed == "per-step"
     ro = sim.plans[Stage.ROLLOUT]
     replicas = ro.dp
     if replicas <= ASYNC_REPLICAS:
@@ -153,11 +175,18 @@ def run_async(sim):
     scale = replicas / len(chosen)
     finished: list[tuple[float, int, int, bool]] = []  # heap: (time, id, start version, dropped)
     bell = [env.event()]
+    gate = [env.event()]  # per-step: rung when a version is pushed or a batch is taken
+
+    def ring(ev: list) -> None:
+        if not ev[0].triggered:
+            ev[0].succeed()
 
     def on_done(ep_id: int, t: float, version: int, dropped: bool) -> None:
         heapq.heappush(finished, (t, ep_id, version, dropped))
-        if not bell[0].triggered:
-            bell[0].succeed()
+        ring(bell)
+        if per_step:
+            left[ep_id // ID_STRIDE, owner.pop(ep_id)] -= 1
+            ring(gate)
 
     engines = [StreamReplica(env, cost_model=cm, tp=ro.tp, clock=sim.clock(ro.tp),
                              max_num_seqs=sc.max_num_seqs, fine=sim.fine, log=sim.log,
@@ -166,28 +195,77 @@ def run_async(sim):
     info: dict[int, tuple] = {}  # episode id -> (context, turns, generated, truncated)
     fed_at: dict[int, set] = {}  # feed version -> ids fed then, not yet trained on
     batch_size: dict[int, int] = {}  # batch j -> episodes it holds on the simulated replicas
+    batch_ids: dict[int, list] = {}  # per-step: batch j -> its ids on the simulated replicas
+    owner: dict[int, int] = {}  # per-step: episode id -> index of its engine
+    left: dict[tuple[int, int], int] = {}  # per-step: (batch, engine) -> its episodes not finished
+    state = {"version": 0, "taken": -1}  # newest version pushed; newest batch training took
 
-    def feed(j: int, version: int) -> None:
-        if j >= sc.steps:
-            return
+    def draw(j: int) -> list:
         d = sim.workload.draw(j)
         d = d.rows(d.turns > 0)
         d = dataclasses.replace(d, ids=d.ids + j * ID_STRIDE)
         parts = [deal(d, replicas, i) for i in chosen]
         batch_size[j] = sum(len(p.ids) for p in parts)
-        ids = fed_at.setdefault(version, set())
-        for eng, part in zip(engines, parts, strict=True):
-            ids.update(part.ids.tolist())
+        batch_ids[j] = [i for p in parts for i in p.ids.tolist()]
+        for part in parts:
             for i, c, t, g, cut in zip(part.ids.tolist(), part.context.tolist(), part.turns.tolist(),
                                        part.generated.tolist(), part.truncated.tolist(), strict=True):
                 info[i] = (c, t, g, cut)
+        return parts
+
+    def feed(j: int, version: int) -> None:
+        if j >= sc.steps:
+            return
+        ids = fed_at.setdefault(version, set())
+        for eng, part in zip(engines, draw(j), strict=True):
+            ids.update(part.ids.tolist())
             eng.feed(part.episodes())
 
-    for j in range(K + 1):
-        feed(j, 0)
+    def wait_for(ok):
+        while not ok():
+            gate[0] = env.event() if gate[0].triggered else gate[0]
+            yield gate[0]
+
+    def replica_loop(e: int, eng: StreamReplica):
+        """Per-step: engine e plays its share of each batch in turn (the runtime's replica), with
+        the runtime's spans: "hand-off" (its finished share waits for training to take it),
+        "wait_weights" (for version >= j - K) and "rollout"."""
+        rank = sim.stage_gpus[Stage.TRAIN] + e  # the runtime's rollout ranks follow the training pool's
+        for j in range(sc.steps):
+            t0 = env.now
+            yield from wait_for(lambda j=j: state["taken"] >= j - 1)  # the blocking send of batch j - 1
+            t1 = env.now
+            yield from wait_for(lambda j=j: state["version"] >= j - K)  # never staler than K
+            t2 = env.now
+            if j:
+                sim.span("hand-off", "dispatch", rank, t0, t1, j - 1)
+            if t2 > t1:
+                sim.span("wait_weights", "reshard", rank, t1, t2, j)
+            part = shares[j][e]
+            if not part.turns.size:
+                continue
+            if state["version"] > eng.version:
+                eng.update(state["version"])  # nothing in flight: loaded at once
+            for i in part.ids.tolist():
+                owner[i] = e
+            left[j, e] = len(part.ids)
+            fed_at.setdefault(state["version"], set()).update(part.ids.tolist())
+            eng.feed(part.episodes())
+            yield from wait_for(lambda j=j: left[j, e] <= 0)
+            sim.span("rollout", "rollout", rank, t2, env.now, j, tokens=int(part.generated.sum()),
+                     args={"version": eng.version})
+
+    if per_step:
+        shares = [draw(j) for j in range(sc.steps)]
+        for e, eng in enumerate(engines):
+            env.process(replica_loop(e, eng))
+    else:
+        for j in range(K + 1):
+            feed(j, 0)
     ready: dict[int, tuple[float, int, bool]] = {}  # finished by now: id -> (time, version, dropped)
     train_gpus = sim.stage_gpus[Stage.TRAIN]
-    push_s = weight_push_s(cm, ro, sim.stage_gpus[Stage.ROLLOUT], train_gpus)
+    push_s = broadcast_push_s(cm, ro.dp) if per_step else \
+        weight_push_s(cm, ro, sim.stage_gpus[Stage.ROLLOUT], train_gpus)
     before = {"preemptions": 0, "evictions": 0, "recompute_tokens": 0}
     t_prev = env.now
     for step in range(sc.steps):
@@ -197,16 +275,22 @@ def run_async(sim):
             while finished and finished[0][0] <= env.now:
                 t, i, v, dropped = heapq.heappop(finished)
                 ready[i] = (t, v, dropped)
-            forced = [i for v, ids in fed_at.items() if v <= step - K for i in ids]
+            if per_step:
+                forced = batch_ids[step]
+            else:
+                forced = [i for v, ids in fed_at.items() if v <= step - K for i in ids]
             if len(ready) >= need and all(i in ready for i in forced):
                 break
             bell[0] = env.event()
             waits = [bell[0]] + ([env.timeout(finished[0][0] - env.now)] if finished else [])
             yield env.any_of(waits)
         t_batch = env.now
+        if per_step:
+            state["taken"] = step
+            ring(gate)
         take = list(forced)
         taken = set(take)
-        rest = sorted((i for i in ready if i not in taken), key=lambda i: (ready[i][0], i))
+        rest = [] if per_step else sorted((i for i in ready if i not in taken), key=lambda i: (ready[i][0], i))
         take += rest[:max(0, need - len(take))]
         for i in take:
             for ids in fed_at.values():
@@ -242,9 +326,14 @@ def run_async(sim):
         sim.span("weight push", "sync", sim.stage_gpus[Stage.ROLLOUT], t0, env.now, step,
                   args={"version": step + 1})
         row["sync_s"] = push_s
+        state["version"] = step + 1
+        if per_step:
+            ring(gate)
         for eng in engines:
-            eng.update(step + 1)
-        feed(step + 1 + K, step + 1)
+            if not per_step or sc.partial_rollout:  # per-step without partial: loaded between batches
+                eng.update(step + 1)
+        if not per_step:
+            feed(step + 1 + K, step + 1)
         ctx = arr[:, 0] if len(arr) else np.zeros(0, np.int64)
         yield from sim.finish_step(row, ro, ctx, t_prev, step)
         t_prev = env.now

@@ -30,7 +30,7 @@ from earl.policies.dispatch_cost import dispatch_layouts
 from earl.specs import ParallelPlan, Stage, WorkloadStats
 from earl.trace import Span
 
-from .async_rl import choose_split, run_async
+from .async_rl import ASYNC_FEEDS, choose_split, run_async
 from .cluster import Cluster
 from .replica_classes import ReplicaChoice, choose_replicas, deal, kv_drops, scaled
 from .rollout_engine import AffineCache, DecodeClock, Replica, TurnSyncReplica
@@ -64,7 +64,7 @@ class Simulation:
                  cost_model: CostModel | None = None, log: list | None = None,
                  fine: bool | None = None, progress=None, engine: str = "continuous",
                  padded: bool = False, token_budget: int = 0, fsdp: bool = False, handoff: bool = False,
-                 head_on: str = "all", train_placement: str = "aligned"):
+                 head_on: str = "all", train_placement: str = "aligned", async_feed: str = "stream"):
         # `engine` "turn-sync", `padded` and `token_budget` model the single-process PyTorch
         # runtime for `earl validate`: its engine plays turns in lockstep (sim.rollout_engine.
         # TurnSyncReplica); its log-prob / train micro-batches are right-padded to their longest
@@ -77,6 +77,9 @@ class Simulation:
         # `handoff` it starts from the hand-off's experience layout, where the runtime's samples are
         if engine not in ENGINES:
             raise ValueError(f"unknown rollout engine model {engine!r}; valid: {', '.join(ENGINES)}")
+        if async_feed not in ASYNC_FEEDS:  # async mode: "per-step" models the runtime's replicas
+            raise ValueError(f"unknown async_feed {async_feed!r}; valid: {', '.join(ASYNC_FEEDS)}")
+        self.async_feed = async_feed
         if train_placement not in TRAIN_PLACEMENTS:
             raise ValueError(f"unknown train_placement {train_placement!r}; valid: {', '.join(TRAIN_PLACEMENTS)}")
         self.train_placement = train_placement

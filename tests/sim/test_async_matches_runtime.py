@@ -1,0 +1,63 @@
+"""The simulator's "per-step" async feed models the runtime's async design
+(earl.runtime.async_rl): tp1 replicas play each step's share in turn, start it once they hold
+version >= s - K, hand it over only when training takes it (so at most one batch ahead), and
+the weight push is one broadcast of the whole policy.
+
+    OMP_NUM_THREADS=1 python -m pytest -q tests/sim/test_async_matches_runtime.py
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from earl.cost_model import CostModel
+from earl.sim.async_rl import broadcast_push_s
+from earl.sim.scenario import load_scenario
+from earl.sim.simulation import Simulation
+from earl.specs import ClusterSpec, HardwareSpec, ModelSpec
+
+SMALL = {"scenario.steps": "6", "workload.episodes_per_step": "32", "workload.growth_steps": "6",
+         "schedule.mode": "async", "schedule.rollout_gpus": "2", "plan.rollout": "tp1",
+         "plan.experience": "tp1", "plan.train": "tp1-mb1-zero"}
+
+
+def run(feed: str = "per-step", **sets) -> Simulation:
+    merged = {**SMALL, **{k.replace("__", "."): str(v) for k, v in sets.items()}}
+    return Simulation(load_scenario("connect-four-small", merged), "static", "centralized", async_feed=feed).run()
+
+
+def test_per_step_staleness_is_one_batch_ahead_whatever_k():
+    one, two = run(schedule__max_staleness=1), run(schedule__max_staleness=2)
+    for sim in (one, two):
+        assert [r["staleness_max"] for r in sim.rows] == [0, 1, 1, 1, 1, 1]
+        assert all(r["episodes"] == 32 for r in sim.rows)
+    # the blocking hand-off: K = 2 lets a replica run no further ahead than K = 1
+    assert [r["step_time_s"] for r in two.rows] == pytest.approx([r["step_time_s"] for r in one.rows], rel=1e-12)
+
+
+def test_per_step_k0_is_the_sum_of_its_stages_and_k1_overlaps():
+    k0, k1 = run(schedule__max_staleness=0), run(schedule__max_staleness=1)
+    assert all(r["staleness_max"] == 0 for r in k0.rows)
+    for r in k0.rows[1:]:
+        parts = r["rollout_s"] + r["experience_s"] + r["dispatch_s"] + r["train_s"] + r["sync_s"] + r["reshard_s"]
+        assert r["step_time_s"] == pytest.approx(parts + r["restart_s"], rel=1e-9)
+    assert sum(r["step_time_s"] for r in k1.rows) < sum(r["step_time_s"] for r in k0.rows)
+
+
+def test_stream_feed_runs_further_ahead_than_per_step():
+    stream = run("stream", schedule__max_staleness=2)
+    assert max(r["staleness_max"] for r in stream.rows) == 2  # batches 0..2 share the engines
+
+
+def test_broadcast_push_is_a_tree_of_whole_policy_copies():
+    cm = CostModel(ModelSpec.from_name("qwen2.5-7b"),
+                   ClusterSpec(hardware=HardwareSpec.from_name("h100-sxm-80gb"), nodes=1, gpus_per_node=8))
+    one = cm.transfer_time_s(cm.model.num_params * cm.model.dtype_bytes, 0, 1)
+    assert broadcast_push_s(cm, 0) == 0.0
+    assert [broadcast_push_s(cm, r) for r in (1, 2, 3, 4, 7)] == pytest.approx([one, 2 * one, 2 * one, 3 * one,
+                                                                                 3 * one])
+
+
+def test_unknown_feed_is_refused():
+    with pytest.raises(ValueError, match="unknown async_feed 'later'; valid: stream, per-step"):
+        run("later")
