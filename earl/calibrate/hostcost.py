@@ -28,7 +28,7 @@ import torch
 from scipy.optimize import nnls
 from transformers import AutoModelForCausalLM
 
-from earl.calibrate.host import random_checkpoint
+from earl.calibrate.host import random_checkpoint, sim_engine
 from earl.calibrate.timing import host_clock, synchronize
 from earl.cost_model import CostModel
 from earl.cost_model.compute import param_tensors
@@ -41,7 +41,7 @@ from earl.runtime.rollout import Trajectory, Turn
 from earl.runtime.run_config import EnvConfig, ModelConfig, PolicyConfig, RunConfig, TrainerConfig
 from earl.runtime.step import SampleMeta, StepContext, play, prepare_experience, train
 from earl.runtime.worker import ONE, Worker
-from earl.sim.rollout_engine import TurnSyncReplica
+from earl.sim.rollout_engine import Replica, TurnSyncReplica
 from earl.sim.workload import Episode
 from earl.specs import MODEL_CATALOG, ClusterSpec, ModelSpec, ParallelPlan, StagePlan
 
@@ -224,14 +224,15 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
                 disp_share = spans["layout-aware"] / max(spans["layout-aware"] + spans["train_step"], 1e-12)
                 worker.spans = []
                 key = "rollout" if chunk == n else "rollout_chunked"
-                parts.setdefault(key + "_pred", []).append(_sim_rollout(cm, played, chunk))
+                parts.setdefault(key + "_pred", []).append(_sim_rollout(cm, played, chunk, run_cfg.engine))
                 for k, v in ((key, t_ro), ("experience", t_exp - t_lp), ("logprob", t_lp),
                              ("dispatch", t_train_all * disp_share), ("train", t_train_all * (1 - disp_share))):
                     parts.setdefault(k, []).append(v)
             warm = ("rollout_chunked", "rollout_chunked_pred")  # first met after the warm-up round
             med = {k: statistics.median(v if k in warm else v[1:]) for k, v in parts.items()}
             for key, batches in (("rollout", 1), ("rollout_chunked", -(-n // max(1, n // 4)))):
-                ro_rows.append([1.0, batches, n])
+                # engine batches are opened only by the lockstep engine's model (rollout_batch_s)
+                ro_rows.append([1.0, batches if sim_engine(run_cfg.engine) == "turn-sync" else 0.0, n])
                 ro_y.append(med[key] - med[key + "_pred"])
                 note("rollout", f"{ROLLOUT_ENV} n={n} engine batches={batches}", med[key], med[key + "_pred"])
             tokens = sum(len(x.token_ids) for x in trajs)
@@ -267,9 +268,10 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
                        rollout_batch_s=ro_batch, rollout_episode_s=ro_episode, points=points)
 
 
-def _sim_rollout(cm, trajs, engine_batch: int) -> float:
-    """Seconds the simulator's model of the runtime engine (TurnSyncReplica) gives these
-    episodes, without the rollout-level terms being fitted."""
+def _sim_rollout(cm, trajs, engine_batch: int, engine: str = "pytorch") -> float:
+    """Seconds the simulator's model of runtime engine `engine` (earl.calibrate.host.sim_engine:
+    Replica for continuous batching, TurnSyncReplica for the lockstep one) gives these episodes,
+    without the rollout-level terms being fitted."""
 
 
     bare = cm.with_profile(dataclasses.replace(cm.profile, rollout_fixed_s=0.0, rollout_batch_s=0.0,
@@ -277,9 +279,10 @@ def _sim_rollout(cm, trajs, engine_batch: int) -> float:
     eps = [Episode(id=t.episode_id, turns=tuple((u.obs_tokens, u.gen_tokens, u.env_latency_s) for u in t.turns))
            for t in trajs]
     env = simpy.Environment()
-    TurnSyncReplica(env, cost_model=bare, tp=1, episodes=eps, max_num_seqs=engine_batch)
+    model = TurnSyncReplica if sim_engine(engine) == "turn-sync" else Replica
+    rep = model(env, cost_model=bare, tp=1, episodes=eps, max_num_seqs=engine_batch)
     env.run()
-    return env.now
+    return max(env.now, rep.stats.t_end)
 
 
 def cases_count(device: torch.device) -> int:

@@ -29,6 +29,7 @@ from rich.table import Table
 from scipy.stats import kendalltau
 
 from earl.calibrate.host import current_stamp, local_cluster, random_checkpoint, sim_engine
+from earl.calibrate.hostload import LoadSampler
 from earl.config_machinery import parse_sets
 from earl.cost_model import CostModel
 from earl.cost_model.profile import HardwareProfile, check_stamp, datasheet_profile, load_profile
@@ -74,8 +75,10 @@ class VariantResult:
     cpu_share: list[float] = field(default_factory=list)
     nproc: int = 1  # runtime processes (simulated devices)
     # wall-time predictions of rollout / experience / train / reshard are the simulator's x this:
-    # nproc processes sharing the host's `host_parallel` cores (1 when they fit)
+    # the profile's host_share / run_share (`host_stretch`): nproc processes and other tenants
+    # sharing the host's cores (1 on an idle host when they fit)
     host_stretch: float = 1.0
+    run_share: float = 1.0  # the share of a core each rank got over the run (earl.calibrate.hostload)
     plan_mismatches: list[str] = field(default_factory=list)  # steps where sim and runtime plans differ
 
     def predicted_dedicated(self) -> list[dict]:
@@ -226,21 +229,39 @@ def measured_stages(spans, steps: list[int]) -> list[dict]:
     return out
 
 
-def _run_runtime(cfg, run_dir: Path, nproc: int) -> list[dict]:
-    """The runtime's metrics rows: in this process (one), or under torchrun as `earl run --nproc`."""
-    if nproc == 1:
-        return run_training(cfg, run_dir, progress=False, echo=lambda *_: None).metrics
-    code = launch(dataclasses.replace(cfg, nproc=nproc), run_dir, stdout=subprocess.DEVNULL)
-    if code != 0:
-        raise ValueError(f"the {nproc}-process runtime run failed (exit code {code}); its output is in "
-                         f"{run_dir / 'launch.log'}")
-    return read_metrics(run_dir)
+def _run_runtime(cfg, run_dir: Path, nproc: int) -> tuple[list[dict], float]:
+    """The runtime's metrics rows: in this process (one), or under torchrun as `earl run --nproc`;
+    and the share of a core each rank got meanwhile (earl.calibrate.hostload)."""
+    with LoadSampler(ours=nproc * max(1, cfg.threads)) as load:
+        if nproc == 1:
+            rows = run_training(cfg, run_dir, progress=False, echo=lambda *_: None).metrics
+        else:
+            code = launch(dataclasses.replace(cfg, nproc=nproc), run_dir, stdout=subprocess.DEVNULL)
+            if code != 0:
+                raise ValueError(f"the {nproc}-process runtime run failed (exit code {code}); its output is in "
+                                 f"{run_dir / 'launch.log'}")
+            rows = read_metrics(run_dir)
+    return rows, load.share()
 
 
-def host_stretch(prof: HardwareProfile, nproc: int, device: str) -> float:
-    """How much longer a stage takes when `nproc` CPU ranks share the host's `host_parallel`
-    cores than on as many dedicated devices (1 on a GPU, or when they fit)."""
-    return 1.0 if device != "cpu" else max(1.0, nproc / prof.dispatch_path.host_parallel)
+def host_stretch(prof: HardwareProfile, nproc: int, device: str, share: float | None = None) -> float:
+    """How much longer a stage takes on this host than the profile's constants say: the
+    profile's `host_share` over `share`, the share of a core each of the `nproc` CPU ranks got
+    (earl.calibrate.hostload; None: an otherwise idle host, where it is nproc / host_parallel
+    when above 1). 1 on a GPU."""
+    if device != "cpu":
+        return 1.0
+    if share is None:
+        share = min(1.0, prof.dispatch_path.host_parallel / nproc)
+    return prof.host_share / share
+
+
+def dispatch_stretch(prof: HardwareProfile, nproc: int, device: str, share: float | None = None) -> float:
+    """The same for dispatch, whose price models its own ranks' oversubscription (the
+    dispatch path's terms): only other tenants' load, relative to the dispatch fit's."""
+    own = host_stretch(dataclasses.replace(prof, host_share=1.0), nproc, device)
+    return host_stretch(dataclasses.replace(prof, host_share=prof.dispatch_path.host_share), nproc, device,
+                        share) / own
 
 
 def run_variant(cfg, name: str, overrides: dict, out_dir: Path, prof: HardwareProfile,
@@ -254,7 +275,7 @@ def run_variant(cfg, name: str, overrides: dict, out_dir: Path, prof: HardwarePr
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()  # each variant's own peak
-    rows = _run_runtime(cfg, run_dir, nproc)
+    rows, share_run = _run_runtime(cfg, run_dir, nproc)
     measured = measured_stages(read_chrome_trace(run_dir / "trace.json"), [r["step"] for r in rows])
     spec = MODEL_CATALOG[cfg.model.path] if cfg.model.path in MODEL_CATALOG else \
         ModelSpec.from_hf_config(cfg.model.path)
@@ -263,11 +284,12 @@ def run_variant(cfg, name: str, overrides: dict, out_dir: Path, prof: HardwarePr
 
     def predicted(p: HardwareProfile) -> tuple[list[dict], list[dict], float]:
         """(the scored steps' stage seconds, all simulated rows, the host stretch) for profile `p`;
-        dispatch carries its own oversubscription terms and is not stretched."""
+        dispatch carries its own oversubscription terms (`dispatch_stretch`)."""
         sim_rows = _simulate(cfg, spec, trace, p, len(rows), nproc)
-        k = host_stretch(p, nproc, device)
+        k = host_stretch(p, nproc, device, share_run)
+        kd = dispatch_stretch(p, nproc, device, share_run)
         out = [{s: (float(sr[f"{s}_s"]) + (float(sr["sync_s"]) if s == "reshard" else 0.0))
-                * (1.0 if s == "dispatch" else k) for s in STAGES} for sr in sim_rows[warmup_steps:]]
+                * (kd if s == "dispatch" else k) for s in STAGES} for sr in sim_rows[warmup_steps:]]
         return out, sim_rows, k
 
     pred, sim_cal, stretch = predicted(prof)
@@ -277,7 +299,7 @@ def run_variant(cfg, name: str, overrides: dict, out_dir: Path, prof: HardwarePr
     share = [min(1.0, r["step_cpu_s"] / r["step_s"]) if one_core and r.get("step_s") else 1.0
              for r in rows[warmup_steps:]]
     return VariantResult(name=name, overrides=overrides, measured=measured[warmup_steps:], cpu_share=share,
-                         predicted=pred, datasheet=sheet_pred, nproc=nproc, host_stretch=stretch,
+                         predicted=pred, datasheet=sheet_pred, nproc=nproc, host_stretch=stretch, run_share=share_run,
                          plan_mismatches=plan_mismatches(run_plans(rows), sim_cal)[:20],
                          peak_mem_measured=float(max(r["peak_mem_bytes"] for r in rows)),
                          peak_mem_predicted=_predicted_peak(sim_cal, cm.capacity, cm.reserve),
