@@ -199,6 +199,8 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
         cm = CostModel(spec, ClusterSpec.for_gpus(prof.hardware, 1), host)
         ro_rows, ro_y = [], []
         exp_rows, exp_y, lp_res, tr_res, disp_rows, disp_y, pass_rows = [], [], [], [], [], [], []
+        lp_rows: list[list[float]] = []
+        skip_old = not worker.trainer.needs_old_logprobs
         for n, length in cases["steps"]:
             if time.perf_counter() > deadline and len(tr_res) >= 2:
                 if on_case:
@@ -217,7 +219,9 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
                 (store, layout, _), t_exp = _timed(lambda w=worker, tr=trajs, sa=samples, me=meta: prepare_experience(
                     w, ctx, 1, tr, sa, me), device)
                 spans = {sp.name: sp.duration_s for sp in worker.spans}
-                t_lp = t_exp * spans["logprob"] / max(spans["logprob"] + spans["handoff"], 1e-12)
+                # with one optimizer step the runtime runs no log-prob forward (its training
+                # forward stands for the old policy's): the whole stage is host work
+                t_lp = 0.0 if skip_old else t_exp * spans["logprob"] / max(spans["logprob"] + spans["handoff"], 1e-12)
                 _, t_train_all = _timed(lambda w=worker, st=store, lay=layout, sa=samples, me=meta: train(
                     w, ctx, 1, st, lay, sa, me), device)
                 spans = {sp.name: sp.duration_s for sp in worker.spans}
@@ -243,9 +247,11 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
             # the runtime's LM head runs on the generated positions only
             frac = sum(sum(x.loss_mask) for x in trajs) / max(1, tokens)
             fwd = cm.logprob(ParallelPlan(micro_batch=n), n, width, masked=True, head_frac=frac).time_s
-            lp_res.append(med["logprob"] - fwd)
+            if not skip_old:
+                lp_res.append(med["logprob"] - fwd)
+                lp_rows.append([1.0, n * width])
+                note("logprob", f"{n}x{width}", med["logprob"], fwd)
             pass_rows.append([1.0, n * width])
-            note("logprob", f"{n}x{width}", med["logprob"], fwd)
             explained = cm.train(ParallelPlan(micro_batch=n), n, width, masked=True, head_frac=frac).time_s
             tr_res.append(med["train"] - explained)
             note("train", f"{n}x{width}", med["train"], explained)
@@ -257,7 +263,8 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
         del worker
     seq_s, token_s = _nnls(exp_rows, exp_y)
     ro_fixed, ro_batch, ro_episode = _nnls(ro_rows, ro_y)
-    lp_fixed, lp_token = _nnls(pass_rows, lp_res)
+    # no log-prob forward ran (see skip_old): the profile's terms stay
+    lp_fixed, lp_token = _nnls(lp_rows, lp_res) if lp_rows else (prof.logprob_pass_s, prof.logprob_token_s)
     tr_fixed, tr_token = _nnls(pass_rows, tr_res)
     disp_fixed, disp_seq = _nnls(disp_rows, disp_y)
     return HostCostFit(experience_seq_s=seq_s, experience_token_s=token_s,

@@ -22,6 +22,7 @@ import math
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -41,6 +42,7 @@ from earl.runtime.resolve import initial_plans, resolve_config
 from earl.runtime.resources import check_resources
 from earl.runtime.run import run_training
 from earl.runtime.run_config import apply_overrides
+from earl.runtime.trainer import Trainer
 from earl.sim.scenario import Scenario
 from earl.sim.simulation import Simulation
 from earl.sim.workload import WorkloadSpec, load_trace
@@ -175,6 +177,14 @@ def plan_mismatches(measured: list[dict[str, ParallelPlan]], sim_rows: list[dict
     return out
 
 
+def logprob_passes(trainer_cfg) -> int:
+    """Log-prob forwards of the runtime's experience stage: the old policy's unless its training
+    forward stands for it (earl.runtime.trainer.Trainer.needs_old_logprobs), the reference
+    model's with a KL coefficient."""
+    old = Trainer.needs_old_logprobs.fget(SimpleNamespace(cfg=trainer_cfg))
+    return int(old) + int(bool(trainer_cfg.kl_coef))
+
+
 def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: int, nproc: int = 1) -> list[dict]:
 
     cm = CostModel(spec, local_cluster(prof, nproc), prof)
@@ -196,7 +206,7 @@ def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: i
                   train_plan=packed(plans["train"]),
                   selector=cfg.policy.selector, dispatcher=cfg.policy.dispatcher,
                   max_num_seqs=cfg.engine_batch or episodes,
-                  logprob_passes=2 if cfg.trainer.kl_coef else 1)
+                  logprob_passes=logprob_passes(cfg.trainer))
     # the runtime engine's simulator model (continuous batching unless pytorch-static); the
     # runtime's micro-batches are padded
     sim = Simulation(sc, cfg.policy.selector, cfg.policy.dispatcher, cost_model=cm, engine=sim_engine(cfg.engine),
@@ -392,8 +402,10 @@ def run_validation(*, config, profile: str, steps: int = 4, warmup_steps: int = 
 def validation_table(res: ValidationResult, hardware: str, scored_steps: int):
     """Predicted vs measured time per stage and peak memory per variant (what the CLI prints)."""
 
+    load = "" if res.device != "cpu" else ", " + "; ".join(
+        f"core share {v.run_share:.2f}, stretch x{v.host_stretch:.2f}" for v in res.variants[:2])
     t = Table(title=f"earl validate ({res.device} x{res.nproc}, profile {hardware}, {len(res.variants)} variant(s), "
-                    f"{scored_steps} scored step(s) each)")
+                    f"{scored_steps} scored step(s) each{load})")
     for col in ("stage", "measured s", "predicted s", "median err", f"datasheet ({res.datasheet}) s",
                 "datasheet err", "err vs CPU time"):
         t.add_column(col, justify="left" if col == "stage" else "right")

@@ -3,6 +3,7 @@
     pytest tests/calibrate/test_validate.py
 """
 
+import dataclasses
 import json
 import math
 
@@ -18,6 +19,7 @@ from earl.calibrate.validate import (
     host_stretch,
     initial_run_plans,
     kendall_tau,
+    logprob_passes,
     measured_stages,
     parse_variants,
     plan_mismatches,
@@ -25,8 +27,10 @@ from earl.calibrate.validate import (
     run_validation,
 )
 from earl.cli import app
+from earl.cost_model import CostModel
 from earl.cost_model.profile import load_profile
 from earl.runtime.resolve import resolve_config
+from earl.runtime.run_config import TrainerConfig
 from earl.specs import MODEL_CATALOG, ClusterSpec, ParallelPlan
 from earl.trace import Span
 
@@ -242,3 +246,19 @@ def test_calibrate_has_no_import_cycle_and_imports_at_the_top():
 
     assert not [m for m in deps if reaches(m, m)]
     assert sorted(local) == ["__init__", "bench", "report", "report", "validate", "validate"]
+
+
+def test_simulated_log_prob_passes_are_the_runtimes():
+    """One optimizer step and no KL: the runtime's experience stage runs no log-prob forward
+    (Trainer.needs_old_logprobs), so the simulator prices none; the old policy's pass with
+    several mini-batches, the reference model's with a KL coefficient."""
+    t = TrainerConfig()
+    assert (t.minibatches, t.kl_coef) == (1, 0.0) and logprob_passes(t) == 0
+    assert logprob_passes(dataclasses.replace(t, minibatches=2)) == 1
+    assert logprob_passes(dataclasses.replace(t, kl_coef=0.1, algo="grpo")) == 1  # the reference's only
+    assert logprob_passes(dataclasses.replace(t, kl_coef=0.1, algo="grpo", minibatches=2)) == 2
+    assert logprob_passes(dataclasses.replace(t, kl_coef=0.1, algo="reinforce++")) == 2  # KL in the rewards
+    cm = CostModel(MODEL_CATALOG["tiny"], local_cluster(load_profile("cpu-measured"), 1), load_profile("cpu-measured"))
+    none = cm.mixed_batch("logprob", ParallelPlan(), [40, 60], passes=0, padded=True)
+    one = cm.mixed_batch("logprob", ParallelPlan(), [40, 60], passes=1, padded=True)
+    assert 0 < none.time_s < one.time_s and none.time_s == pytest.approx(none.breakdown["host"])
