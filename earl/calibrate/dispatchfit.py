@@ -26,7 +26,7 @@ import torch.distributed as dist
 from scipy.optimize import least_squares
 
 from earl.calibrate.host import local_cost_model
-from earl.calibrate.hostload import LoadSampler
+from earl.calibrate.hostload import CpuShare, cores
 from earl.cost_model.dispatch import price_transfer_plan, sync_rounds
 from earl.cost_model.profile import DispatchPath, HardwareProfile, load_profile
 from earl.parallel import coord_of
@@ -150,10 +150,10 @@ def measure(procs=(2, 4), cases=CASES, repeats: int = 5, trials: int = 3) -> lis
     seen: dict[tuple, list[tuple[float, float, float]]] = {}
     for _ in range(trials):
         for n in procs:
-            with LoadSampler(ours=n) as load:
+            with CpuShare(procs=n) as load:
                 res = run_local(worker, n, list(cases), repeats, timeout_s=600, start_method=START_METHOD)[0]
             # the share beyond the ranks' own oversubscription, which the path's terms model
-            share = min(1.0, load.share() / min(1.0, load.ncores / n))
+            share = min(1.0, load.share() / min(1.0, cores() / n))
             for (per_rank, ctx), by_kind in res.items():
                 for k, (sec, busy, cold) in by_kind.items():
                     seen.setdefault((n, per_rank, ctx, k), []).append((sec, busy, cold, share))

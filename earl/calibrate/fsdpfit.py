@@ -25,7 +25,7 @@ from scipy.optimize import nnls
 from transformers import AutoModelForCausalLM
 
 from earl.calibrate.host import local_cost_model
-from earl.calibrate.hostload import LoadSampler
+from earl.calibrate.hostload import CpuShare
 from earl.cost_model.compute import param_tensors
 from earl.cost_model.model import pack_micro_batches
 from earl.cost_model.profile import HardwareProfile, load_profile
@@ -174,7 +174,7 @@ def measure(procs=PROCS, cases=TRAIN_CASES, repeats: int = REPEATS) -> list[Fsdp
 
     points = []
     for n in procs:
-        with LoadSampler(ours=n) as load:
+        with CpuShare(procs=n) as load:
             res = run_local(worker, n, list(cases), repeats, timeout_s=600, start_method=START_METHOD)
 
         def slowest(series: list[list[float]]) -> float:  # per repeat the slowest rank; skip warm-up

@@ -1,30 +1,31 @@
-"""How much of a CPU core a busy process gets on this host right now: the load term shared by
+"""How much of a CPU core each busy process of a job got: the load term shared by
 `earl calibrate` and `earl validate`.
 
 On a host shared with other tenants a CPU-bound stage's wall time is its dedicated time over
-the share of a core its process gets; the share moves with the load from minute to minute
-(on this 2-core host from 1 to 1/8 within two minutes). A calibrated constant is fitted at the
-share its probe got, a validated stage runs at the share of its own run: both are measured the
-same way, by the runnable threads the kernel counts (`procs_running` of /proc/stat, sampled in
-a background thread), under processor sharing: a busy thread gets min(1, cores / runnable).
-The profile stores the calibration's share (`HardwareProfile.host_share`); `earl validate`
-scales its predictions by host_share / the share it measured over each run (which, at no other
-load, is the N / cores stretch of N ranks on fewer cores).
+the share of a core its process gets, and that share moves with the load from minute to minute
+(on the 2-core host of docs/cpu/validate_mp.txt from 1 to below 1/4 within two minutes). A
+calibrated constant is fitted at the share its probe got, a validated stage runs at the share of
+its own run; both are measured the same way: the CPU seconds the job's processes were given
+(this process's, and those of its finished child processes: spawned ranks, torchrun and its
+ranks) over wall seconds x processes (`CpuShare`). Counting runnable threads instead
+(/proc/stat procs_running) read 3x too much contention here: the kernel shares CPU between the
+tenants' control groups, not between their threads. The profile stores the calibration's share
+(`HardwareProfile.host_share`); `earl validate` scales its predictions by host_share / the share
+its run got, which on an otherwise idle host is the N / cores stretch of N ranks on fewer cores.
+A rank blocked on a peer (a gloo wait) gets no CPU either: at N > 1 the share reads low by the
+job's own waiting, the same in the calibration's gloo phases as in validate's runs.
 
-    python -m earl.calibrate.hostload        # the share a busy loop gets, measured two ways
+    python -m earl.calibrate.hostload        # the share a busy loop gets here, now
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import statistics
-import threading
 import time
 from dataclasses import dataclass, field
 
-SAMPLE_S = 0.02  # seconds between samples of the runnable count
-PROC_STAT = "/proc/stat"
+MIN_SHARE = 1e-3  # below it a measurement is taken as broken, not as a host that slow
 
 
 def cores() -> int:
@@ -32,93 +33,58 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def runnable_now(path: str | None = None) -> int | None:
-    """Threads the kernel counts as runnable right now, less the one reading (None: no /proc)."""
-    try:
-        with open(path or PROC_STAT) as f:
-            for line in f:
-                if line.startswith("procs_running"):
-                    return max(0, int(line.split()[1]) - 1)
-    except OSError:
-        return None
-    return None
+def cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and of its waited-for descendants so far."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
-def share_of(runnable: float, ours: int, ncores: int) -> float:
-    """The share of a core each of our `ours` busy threads gets when `runnable` threads (ours
-    among them) compete for `ncores` cores: min(1, cores / max(runnable, ours))."""
-    if ncores < 1 or ours < 1:
-        raise ValueError(f"share_of needs cores >= 1 and ours >= 1, got cores={ncores}, ours={ours}")
-    return min(1.0, ncores / max(float(runnable), float(ours)))
+def share_of(cpu_s: float, wall_s: float, procs: int) -> float:
+    """CPU seconds per wall second per process, within [MIN_SHARE, 1]; 1 for an empty window."""
+    if procs < 1:
+        raise ValueError(f"share_of needs procs >= 1, got {procs}")
+    if wall_s <= 0:
+        return 1.0
+    return min(1.0, max(MIN_SHARE, cpu_s / (wall_s * procs)))
 
 
 @dataclass
-class LoadSampler:
-    """Context manager: samples the runnable count every SAMPLE_S seconds while open.
-    `ours`: busy threads of the measured job (ranks x threads), counted at least once each."""
+class CpuShare:
+    """Context manager: the share of a core each of the job's `procs` busy processes got while
+    open (`share`), from this process's CPU time and that of child processes it waited for in
+    the window. Time inside `paused()` counts for neither (another job's processes ran)."""
 
-    ours: int = 1
-    ncores: int = field(default_factory=cores)
-    samples: list[int] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-    _paused: bool = False
+    procs: int = 1
+    cpu_s: float = 0.0  # CPU seconds counted
+    wall_s: float = 0.0  # wall seconds counted
+    _t0: tuple[float, float] = field(default=(0.0, 0.0), repr=False)
 
-    def __enter__(self) -> LoadSampler:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="earl-load-sampler")
-        self._thread.start()
+    def __enter__(self) -> CpuShare:
+        self._t0 = (time.perf_counter(), cpu_seconds())
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        w0, c0 = self._t0
+        self.wall_s += time.perf_counter() - w0
+        self.cpu_s += cpu_seconds() - c0
 
     @contextlib.contextmanager
     def paused(self):
-        """No samples while inside (another job's processes run)."""
-        self._paused = True
+        self.__exit__()
         try:
             yield self
         finally:
-            self._paused = False
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            n = runnable_now()
-            if n is None:
-                return
-            if not self._paused:
-                self.samples.append(n)
-            self._stop.wait(SAMPLE_S)
-
-    def runnable(self) -> float | None:
-        """Mean runnable threads over the samples (None: none taken)."""
-        return statistics.fmean(self.samples) if self.samples else None
+            self.__enter__()
 
     def share(self) -> float:
-        """Each of our busy threads' share of a core (1 where nothing could be sampled)."""
-        r = self.runnable()
-        return 1.0 if r is None else share_of(r, self.ours, self.ncores)
-
-
-def measure_share(seconds: float = 0.3, ours: int = 1) -> float:
-    """The share (see `share_of`) over `seconds` of sampling while the caller sleeps: the
-    host's load without this process, plus `ours` busy threads."""
-    with LoadSampler(ours=ours) as s:
-        time.sleep(seconds)
-    r = s.runnable()
-    return 1.0 if r is None else share_of(r + ours, ours, s.ncores)
+        return share_of(self.cpu_s, self.wall_s, self.procs)
 
 
 if __name__ == "__main__":
 
     for _ in range(3):
-        with LoadSampler() as ls:
-            t0, c0 = time.perf_counter(), time.process_time()
+        with CpuShare() as s:
+            t0 = time.perf_counter()
             while time.perf_counter() - t0 < 1.0:
                 pass
-            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        print(f"busy loop: CPU / wall {cpu / wall:.3f}; sampled share {ls.share():.3f} "
-              f"(runnable {ls.runnable():.1f} on {ls.ncores} cores)")
+        print(f"busy loop: share of a core {s.share():.3f} over {s.wall_s:.2f} s ({cores()} cores)")

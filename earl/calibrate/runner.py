@@ -141,7 +141,7 @@ def _calibrate(dev, dt, budget_s, phases, base_prof, seed, progress, t_start) ->
     share = {p: budget_s * w / total_w for p, w in weights.items()}
     # the host's load while the one-process phases measure: the share of a core they got
     # (earl.calibrate.hostload); the multi-process phases sample their own
-    load = hostload.LoadSampler(ours=torch.get_num_threads() if dev.type == "cpu" else 1)
+    load = hostload.CpuShare(procs=torch.get_num_threads() if dev.type == "cpu" else 1)
     with load:
         res = _one_process_phases(dev, dt, phases, share, base_prof, seed, progress, t_start, load)
     if dev.type == "cpu":
@@ -156,7 +156,7 @@ def _calibrate(dev, dt, budget_s, phases, base_prof, seed, progress, t_start) ->
 
 
 def _one_process_phases(dev, dt, phases, share, base_prof, seed, progress, t_start,
-                        load: hostload.LoadSampler) -> CalibrationResult:
+                        load: hostload.CpuShare) -> CalibrationResult:
     """Phases matmul, attention, memory, collectives, overhead and runtime."""
     plan = bench.CPU_PLAN if dev.type == "cpu" else bench.CUDA_PLAN
     esize = torch.empty((), dtype=dt).element_size()

@@ -30,7 +30,7 @@ from rich.table import Table
 from scipy.stats import kendalltau
 
 from earl.calibrate.host import current_stamp, local_cluster, random_checkpoint, sim_engine
-from earl.calibrate.hostload import LoadSampler
+from earl.calibrate.hostload import CpuShare
 from earl.config_machinery import parse_sets
 from earl.cost_model import CostModel
 from earl.cost_model.profile import HardwareProfile, check_stamp, datasheet_profile, load_profile
@@ -242,7 +242,7 @@ def measured_stages(spans, steps: list[int]) -> list[dict]:
 def _run_runtime(cfg, run_dir: Path, nproc: int) -> tuple[list[dict], float]:
     """The runtime's metrics rows: in this process (one), or under torchrun as `earl run --nproc`;
     and the share of a core each rank got meanwhile (earl.calibrate.hostload)."""
-    with LoadSampler(ours=nproc * max(1, cfg.threads)) as load:
+    with CpuShare(procs=nproc * max(1, cfg.threads)) as load:
         if nproc == 1:
             rows = run_training(cfg, run_dir, progress=False, echo=lambda *_: None).metrics
         else:

@@ -69,6 +69,10 @@ def test_tiny_calibration_writes_a_loadable_stamped_profile(calibration, tmp_pat
     q = loaded.fit_quality["fsdp"]
     assert {p["kind"] for p in q["points"]} == {"train", "sync"}
     assert loaded.fsdp_unit_s + loaded.fsdp_tensor_s > 0 and loaded.reshard_tensor_s >= 0
+    # the share of a core the probes got (earl.calibrate.hostload): the one-process phases', the
+    # dispatch runs' beyond their own ranks, each FSDP2 point's; what validate stretches by
+    assert 0 < loaded.host_share <= 1 and 0 < loaded.dispatch_path.host_share <= 1
+    assert all(0 < p["share"] <= 1 for p in q["points"])
     # the cost model prices with it
     cm = CostModel(ModelSpec.from_name("tiny"), ClusterSpec.for_gpus(loaded.hardware, 2), loaded)
     est = cm.decode(ParallelPlan(tp=1, dp=2), batch=4, context=64)

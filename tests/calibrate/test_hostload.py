@@ -2,6 +2,8 @@
 the share of a core a busy process gets, and how the FSDP2 fit and validate's stretch use it."""
 
 import dataclasses
+import subprocess
+import sys
 import time
 
 import pytest
@@ -13,32 +15,41 @@ from earl.cost_model.profile import DispatchPath, HardwareProfile, load_profile
 PROF = load_profile("cpu-measured")
 
 
-def test_share_is_cores_over_runnable_threads_at_most_one():
-    assert hostload.share_of(1, 1, 2) == 1.0  # an idle 2-core host
-    assert hostload.share_of(4, 4, 2) == 0.5  # 4 ranks on 2 cores, nothing else
-    assert hostload.share_of(14, 4, 2) == pytest.approx(1 / 7)  # and 10 other runnable threads
-    assert hostload.share_of(0.5, 2, 2) == 1.0  # fewer sampled than ours: ours count
-    with pytest.raises(ValueError, match="cores=0"):
-        hostload.share_of(1, 1, 0)
+def test_share_is_cpu_seconds_per_wall_second_per_process():
+    assert hostload.share_of(2.0, 2.0, 1) == 1.0  # a dedicated core
+    assert hostload.share_of(4.0, 2.0, 4) == 0.5  # 4 ranks on 2 cores, nothing else
+    assert hostload.share_of(1.0, 2.0, 4) == 0.125  # and other tenants taking 3 of every 4 of their seconds
+    assert hostload.share_of(9.0, 2.0, 1) == 1.0 and hostload.share_of(0.0, 2.0, 1) == hostload.MIN_SHARE
+    assert hostload.share_of(0.0, 0.0, 3) == 1.0  # nothing measured
+    with pytest.raises(ValueError, match="procs >= 1, got 0"):
+        hostload.share_of(1.0, 1.0, 0)
 
 
-def test_sampler_reads_procs_running_less_the_reader(tmp_path, monkeypatch):
-    stat = tmp_path / "stat"
-    stat.write_text("cpu  1 2 3\nprocs_running 9\nprocs_blocked 0\n")
-    monkeypatch.setattr(hostload, "PROC_STAT", str(stat))
-    assert hostload.runnable_now() == 8
-    with hostload.LoadSampler(ours=2, ncores=2) as s:
+def _spin(cpu_s: float) -> None:
+    """Busy until this process has had `cpu_s` more CPU seconds."""
+    t0 = time.process_time()
+    while time.process_time() - t0 < cpu_s:
+        pass
+
+
+def test_cpu_share_counts_this_process_and_its_finished_children():
+    """A busy loop gets at most a core; sleeping gets none; a child's CPU counts once it is
+    waited for (spawned ranks, torchrun); a paused window counts for neither."""
+    with hostload.CpuShare() as busy:
+        _spin(0.3)
+    with hostload.CpuShare() as idle:
+        time.sleep(0.3)
+    assert busy.cpu_s == pytest.approx(0.3, abs=0.05) and busy.wall_s >= busy.cpu_s - 0.02
+    assert busy.share() == pytest.approx(busy.cpu_s / busy.wall_s) and idle.share() < 0.2
+    with hostload.CpuShare(procs=2) as kids:
+        subprocess.run([sys.executable, "-c", "import time\nwhile time.process_time() < 0.3: pass"], check=True)
+    assert kids.cpu_s >= 0.28  # the child's 0.3 CPU seconds
+    assert kids.share() == pytest.approx(min(1.0, kids.cpu_s / (2 * kids.wall_s)))
+    with hostload.CpuShare() as part:
+        with part.paused():
+            _spin(0.3)
         time.sleep(0.1)
-        with s.paused():
-            n = len(s.samples)
-            time.sleep(0.1)
-            assert len(s.samples) == n  # nothing sampled while paused
-    assert s.samples and s.runnable() == 8 and s.share() == pytest.approx(0.25)
-    assert hostload.measure_share(0.05, ours=2) == pytest.approx(min(1, hostload.cores() / 10))  # the caller's 2 added
-    monkeypatch.setattr(hostload, "PROC_STAT", str(tmp_path / "absent"))
-    with hostload.LoadSampler() as s:
-        time.sleep(0.05)
-    assert s.runnable() is None and s.share() == 1.0  # no /proc: a dedicated core
+    assert part.wall_s < 0.3 and part.cpu_s < 0.1
 
 
 def test_profiles_carry_the_share_and_check_it(tmp_path):
@@ -64,24 +75,23 @@ def test_validate_stretch_is_the_profiles_share_over_the_runs():
     assert host_stretch(idle, 4, "cpu") == 2.0 and host_stretch(idle, 2, "cpu") == 1.0
     # measured: 4 ranks and 10 other threads on 2 cores, the profile measured at share 0.5
     loaded = dataclasses.replace(PROF, host_share=0.5)
-    run = hostload.share_of(14, 4, cores)
+    run = 1 / 7
     assert host_stretch(loaded, 4, "cpu", run) == pytest.approx(0.5 * 7)
     assert host_stretch(loaded, 4, "cuda", run) == 1.0
     # dispatch models its own ranks' oversubscription: only the other load is left
-    assert dispatch_stretch(idle, 4, "cpu", hostload.share_of(4, 4, cores)) == pytest.approx(1.0)
+    assert dispatch_stretch(idle, 4, "cpu", 0.5) == pytest.approx(1.0)
     path = dataclasses.replace(PROF.dispatch_path, host_share=0.5)
     prof = dataclasses.replace(loaded, dispatch_path=path)
     assert dispatch_stretch(prof, 4, "cpu", run) == pytest.approx(0.5 * 7 / 2)
 
 
 def test_fsdp_fit_recovers_constants_from_points_measured_under_load():
-    """Synthetic points at per-point shares (10 other threads at 2 ranks, 6 at 4): the wall time
+    """Synthetic points at per-point shares (1/6 of a core at 2 ranks, 1/5 at 4): the wall time
     is the profile-share time x host_share / share; the fit recovers the constants exactly."""
     truth = {"fsdp_unit_s": 2.5e-3, "fsdp_tensor_s": 9e-4, "reshard_tensor_s": 3e-4}
     prof = dataclasses.replace(PROF, host_share=0.4)
     points = []
-    for n, others in ((2, 10), (4, 6)):
-        share = hostload.share_of(n + others, n, 2)
+    for n, share in ((2, 1 / 6), (4, 1 / 5)):
         for case in fsdpfit.TRAIN_CASES:
             layers, seqs, longest, budget = case
             mbs = max(len(fsdpfit.pack_micro_batches(
