@@ -247,7 +247,9 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
             # the runtime's LM head runs on the generated positions only
             frac = sum(sum(x.loss_mask) for x in trajs) / max(1, tokens)
             fwd = cm.logprob(ParallelPlan(micro_batch=n), n, width, masked=True, head_frac=frac).time_s
-            if not skip_old:
+            if skip_old:  # recorded, not fitted: its span's time is in the experience point
+                note("logprob", f"{n}x{width} no forward (one optimizer step)", med["logprob"])
+            else:
                 lp_res.append(med["logprob"] - fwd)
                 lp_rows.append([1.0, n * width])
                 note("logprob", f"{n}x{width}", med["logprob"], fwd)
