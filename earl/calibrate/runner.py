@@ -139,13 +139,16 @@ def _calibrate(dev, dt, budget_s, phases, base_prof, seed, progress, t_start) ->
     weights = {p: PHASE_WEIGHTS[p] for p in phases}
     total_w = sum(weights.values())
     share = {p: budget_s * w / total_w for p, w in weights.items()}
-    # the host's load while the one-process phases measure: the share of a core they got
-    # (earl.calibrate.hostload); the multi-process phases sample their own
+    # the share of a core the one-process phases got (earl.calibrate.hostload), for the record
+    # only: their timed windows (medians of calls shorter than a scheduler slice) run as on a
+    # dedicated core, loaded or not, so their constants are a dedicated core's (host_share 1);
+    # the multi-process phases measure their own share and fit dedicated constants with it
     load = hostload.CpuShare(procs=torch.get_num_threads() if dev.type == "cpu" else 1)
     with load:
         res = _one_process_phases(dev, dt, phases, share, base_prof, seed, progress, t_start, load)
     if dev.type == "cpu":
-        res = dataclasses.replace(res, profile=dataclasses.replace(res.profile, host_share=round(load.share(), 4)))
+        stamp = {**res.profile.stamp, "cpu_share": round(load.share(), 4)}
+        res = dataclasses.replace(res, profile=dataclasses.replace(res.profile, stamp=stamp))
     if "dispatch" in phases:
         res = _fit_dispatch_path(res, share["dispatch"], progress)
     if "fsdp" in phases:

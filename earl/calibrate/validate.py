@@ -212,7 +212,13 @@ def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: i
     sim = Simulation(sc, cfg.policy.selector, cfg.policy.dispatcher, cost_model=cm, engine=sim_engine(cfg.engine),
                      padded=True, token_budget=cfg.trainer.token_budget, fsdp=True, handoff=True,
                      head_on="generated", train_placement="balanced").run()
-    return sim.rows
+    # the hand-off's share of each step's experience stage: a move over gloo, priced by the
+    # dispatch path like the dispatch (and stretched like it, `dispatch_stretch`)
+    handoff: dict[int, float] = {}
+    for sp in sim.spans:
+        if sp.stage == "experience" and sp.name.startswith("hand-off"):
+            handoff[sp.step] = handoff.get(sp.step, 0.0) + sp.duration_s
+    return [{**r, "handoff_s": handoff.get(r["step"], 0.0)} for r in sim.rows]
 
 
 def _predicted_peak(rows: list[dict], cm_capacity: float, reserve: float) -> float:
@@ -298,8 +304,12 @@ def run_variant(cfg, name: str, overrides: dict, out_dir: Path, prof: HardwarePr
         sim_rows = _simulate(cfg, spec, trace, p, len(rows), nproc)
         k = host_stretch(p, nproc, device, share_run)
         kd = dispatch_stretch(p, nproc, device, share_run)
-        out = [{s: (float(sr[f"{s}_s"]) + (float(sr["sync_s"]) if s == "reshard" else 0.0))
-                * (kd if s == "dispatch" else k) for s in STAGES} for sr in sim_rows[warmup_steps:]]
+        out = []
+        for sr in sim_rows[warmup_steps:]:
+            row = {s: float(sr[f"{s}_s"]) * (kd if s == "dispatch" else k) for s in STAGES}
+            row["reshard"] += float(sr["sync_s"]) * k
+            row["experience"] += float(sr["handoff_s"]) * (kd - k)
+            out.append(row)
         return out, sim_rows, k
 
     pred, sim_cal, stretch = predicted(prof)
