@@ -30,7 +30,7 @@ from rich.table import Table
 from scipy.stats import kendalltau
 
 from earl.calibrate.host import current_stamp, local_cluster, random_checkpoint, sim_engine
-from earl.calibrate.hostload import CpuShare
+from earl.calibrate.hostload import CpuShare, share_of
 from earl.config_machinery import parse_sets
 from earl.cost_model import CostModel
 from earl.cost_model.profile import HardwareProfile, check_stamp, datasheet_profile, load_profile
@@ -77,10 +77,10 @@ class VariantResult:
     cpu_share: list[float] = field(default_factory=list)
     nproc: int = 1  # runtime processes (simulated devices)
     # wall-time predictions of rollout / experience / train / reshard are the simulator's x this:
-    # the profile's host_share / run_share (`host_stretch`): nproc processes and other tenants
-    # sharing the host's cores (1 on an idle host when they fit)
+    # the profile's host_share / each step's share, mean over the steps (`host_stretch`): nproc
+    # processes and other tenants sharing the host's cores (1 on an idle host when they fit)
     host_stretch: float = 1.0
-    run_share: float = 1.0  # the share of a core each rank got over the run (earl.calibrate.hostload)
+    run_share: float = 1.0  # the share of a core rank 0 got, mean over the scored steps (earl.calibrate.hostload)
     plan_mismatches: list[str] = field(default_factory=list)  # steps where sim and runtime plans differ
 
     def predicted_dedicated(self) -> list[dict]:
@@ -260,6 +260,15 @@ def _run_runtime(cfg, run_dir: Path, nproc: int) -> tuple[list[dict], float]:
     return rows, load.share()
 
 
+def hostload_share(row: dict, threads: int, fallback: float) -> float:
+    """A metrics row's share of a core per thread of rank 0 (step_cpu_s / step_s / threads, at
+    most 1); `fallback` where the row has no timing. At N > 1 rank 0's waits for its peers are
+    in step_s and not in step_cpu_s: the share reads low by them."""
+    if not row.get("step_s") or row.get("step_cpu_s") is None:
+        return fallback
+    return share_of(row["step_cpu_s"], row["step_s"], max(1, threads))
+
+
 def host_stretch(prof: HardwareProfile, nproc: int, device: str, share: float | None = None) -> float:
     """How much longer a stage takes on this host than the profile's constants say: the
     profile's `host_share` over `share`, the share of a core each of the `nproc` CPU ranks got
@@ -298,19 +307,25 @@ def run_variant(cfg, name: str, overrides: dict, out_dir: Path, prof: HardwarePr
     spec = dataclasses.replace(spec, dtype=DTYPE_NAMES[cfg.model.dtype])
     trace = run_dir / "workload.jsonl"
 
+    # the share of a core rank 0 got in each scored step (the runtime's step_cpu_s / step_s per
+    # thread; earl.calibrate.hostload): the load each step ran under; the whole run's (start-up
+    # included) where a step did not record it
+    shares = [hostload_share(r, cfg.threads, share_run) if device == "cpu" else 1.0 for r in rows[warmup_steps:]]
+
     def predicted(p: HardwareProfile) -> tuple[list[dict], list[dict], float]:
-        """(the scored steps' stage seconds, all simulated rows, the host stretch) for profile `p`;
-        dispatch carries its own oversubscription terms (`dispatch_stretch`)."""
+        """(the scored steps' stage seconds, all simulated rows, the mean host stretch) for
+        profile `p`; dispatch and the experience stage's hand-off carry their own
+        oversubscription terms (`dispatch_stretch`)."""
         sim_rows = _simulate(cfg, spec, trace, p, len(rows), nproc)
-        k = host_stretch(p, nproc, device, share_run)
-        kd = dispatch_stretch(p, nproc, device, share_run)
-        out = []
-        for sr in sim_rows[warmup_steps:]:
+        out, ks = [], []
+        for sr, sh in zip(sim_rows[warmup_steps:], shares, strict=True):
+            k, kd = host_stretch(p, nproc, device, sh), dispatch_stretch(p, nproc, device, sh)
             row = {s: float(sr[f"{s}_s"]) * (kd if s == "dispatch" else k) for s in STAGES}
             row["reshard"] += float(sr["sync_s"]) * k
             row["experience"] += float(sr["handoff_s"]) * (kd - k)
             out.append(row)
-        return out, sim_rows, k
+            ks.append(k)
+        return out, sim_rows, float(np.mean(ks)) if ks else 1.0
 
     pred, sim_cal, stretch = predicted(prof)
     sheet_pred, _, _ = predicted(sheet)
@@ -319,7 +334,8 @@ def run_variant(cfg, name: str, overrides: dict, out_dir: Path, prof: HardwarePr
     share = [min(1.0, r["step_cpu_s"] / r["step_s"]) if one_core and r.get("step_s") else 1.0
              for r in rows[warmup_steps:]]
     return VariantResult(name=name, overrides=overrides, measured=measured[warmup_steps:], cpu_share=share,
-                         predicted=pred, datasheet=sheet_pred, nproc=nproc, host_stretch=stretch, run_share=share_run,
+                         predicted=pred, datasheet=sheet_pred, nproc=nproc, host_stretch=stretch,
+                         run_share=float(np.mean(shares)) if shares else share_run,
                          plan_mismatches=plan_mismatches(run_plans(rows), sim_cal)[:20],
                          peak_mem_measured=float(max(r["peak_mem_bytes"] for r in rows)),
                          peak_mem_predicted=_predicted_peak(sim_cal, cm.capacity, cm.reserve),
