@@ -240,6 +240,7 @@ def fit_fsdp_costs(profile: HardwareProfile, points: list[FsdpPoint],
         predicted = (p.priced_s + sum(fields[f] * c for f, c in p.counts.items())) * p.stretch
         errs.append(abs(predicted - p.measured_s) / p.measured_s)
         rows.append({"kind": p.kind, "procs": p.procs, "label": p.label, "counts": p.counts, "share": p.share,
+                     "stretch": p.stretch,
                      "measured_s": p.measured_s, "priced_without_s": p.priced_s * p.stretch,
                      "predicted_s": predicted})
     quality = {**fields, "fit_median_err": round(statistics.median(errs), 4) if errs else None,
