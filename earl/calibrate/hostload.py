@@ -9,9 +9,11 @@ its own run; both are measured the same way: the CPU seconds the job's processes
 (this process's, and those of its finished child processes: spawned ranks, torchrun and its
 ranks) over wall seconds x processes (`CpuShare`). Counting runnable threads instead
 (/proc/stat procs_running) read 3x too much contention here: the kernel shares CPU between the
-tenants' control groups, not between their threads. The profile stores the calibration's share
-(`HardwareProfile.host_share`); `earl validate` scales its predictions by host_share / the share
-its run got, which on an otherwise idle host is the N / cores stretch of N ranks on fewer cores.
+tenants' control groups, not between their threads. The gloo phases fit with each point's
+share (FSDP2) or store it (`DispatchPath.host_share`); the one-process phases' constants are
+taken as a dedicated core's (`HardwareProfile.host_share` 1; their share is stamped,
+`cpu_share`). `earl validate` scales each step's prediction by host_share / the share rank 0 got
+in it, which on an otherwise idle host is the N / cores stretch of N ranks on fewer cores.
 A rank blocked on a peer (a gloo wait) gets no CPU either: at N > 1 the share reads low by the
 job's own waiting, the same in the calibration's gloo phases as in validate's runs.
 

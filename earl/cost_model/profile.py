@@ -193,9 +193,10 @@ class HardwareProfile:
     reshard_tensor_s: float = 0.0  # weight sync from FSDP2 shards: per parameter tensor and peer
     # shard gathered (dp - 1 per tensor: the gather's rounds in lockstep, cast, concatenation,
     # copy into the destination copy), s
-    # the share of a CPU core a busy process got while the host terms above were measured
-    # (earl.calibrate.hostload: cores / runnable threads, at most 1); `earl validate` scales its
-    # CPU predictions by host_share / the share its own run got. 1: a dedicated core (datasheets)
+    # the share of a CPU core the host terms above are a busy process's at (earl.calibrate.
+    # hostload: CPU seconds per wall second, at most 1); `earl validate` scales its CPU
+    # predictions by host_share / the share each step got. 1: a dedicated core (datasheets, and
+    # `earl calibrate`, whose one-process probes time short calls)
     host_share: float = 1.0
     dispatch_path: DispatchPath = field(default_factory=DispatchPath)  # see DispatchPath
     # ---- overlap of training communication with compute: assumptions of the software stack,
