@@ -26,6 +26,7 @@ import torch.distributed as dist
 from scipy.optimize import least_squares
 
 from earl.calibrate.host import local_cost_model
+from earl.calibrate.hostload import CpuShare, cores
 from earl.cost_model.dispatch import price_transfer_plan, sync_rounds
 from earl.cost_model.profile import DispatchPath, HardwareProfile, load_profile
 from earl.parallel import coord_of
@@ -61,6 +62,8 @@ class DispatchPoint:
     seconds: float  # slowest rank's wall time, median of the repeats, s
     busiest_bytes: float  # bytes the busiest rank sent + received
     cold_seconds: float = math.nan  # the same on cold caches, start barrier included (nan: not measured), s
+    # the share of a core its ranks got beyond their own oversubscription (earl.calibrate.hostload)
+    share: float = 1.0
 
 
 def plans(nproc: int) -> tuple[ParallelPlan, ParallelPlan]:
@@ -147,13 +150,16 @@ def measure(procs=(2, 4), cases=CASES, repeats: int = 5, trials: int = 3) -> lis
     seen: dict[tuple, list[tuple[float, float, float]]] = {}
     for _ in range(trials):
         for n in procs:
-            res = run_local(worker, n, list(cases), repeats, timeout_s=600, start_method=START_METHOD)[0]
+            with CpuShare(procs=n) as load:
+                res = run_local(worker, n, list(cases), repeats, timeout_s=600, start_method=START_METHOD)[0]
+            # the share beyond the ranks' own oversubscription, which the path's terms model
+            share = min(1.0, load.share() / min(1.0, cores() / n))
             for (per_rank, ctx), by_kind in res.items():
                 for k, (sec, busy, cold) in by_kind.items():
-                    seen.setdefault((n, per_rank, ctx, k), []).append((sec, busy, cold))
+                    seen.setdefault((n, per_rank, ctx, k), []).append((sec, busy, cold, share))
     return [DispatchPoint(procs=n, per_rank=per_rank, context=ctx, kind=k,
-                          seconds=statistics.median(s for s, _, _ in v), busiest_bytes=v[0][1],
-                          cold_seconds=statistics.median(c for _, _, c in v))
+                          seconds=statistics.median(x[0] for x in v), busiest_bytes=v[0][1],
+                          cold_seconds=statistics.median(x[2] for x in v), share=statistics.median(x[3] for x in v))
             for (n, per_rank, ctx, k), v in seen.items()]
 
 
@@ -254,7 +260,8 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
             if math.isfinite(p.cold_seconds)]
     cold_round_s = max(0.0, sum(r * d for r, d in cold) / sum(r * r for r, _ in cold)) if cold else \
         profile.dispatch_path.cold_round_s
-    path = dataclasses.replace(base.dispatch_path, **fields(res.x), cold_round_s=cold_round_s)
+    path = dataclasses.replace(base.dispatch_path, **fields(res.x), cold_round_s=cold_round_s,
+                               host_share=round(statistics.median(p.share for p in points), 4))
     errs = [abs(a / b - 1) for a, b in zip(pred, y, strict=True)]
     quality = {"fit_median_err": round(float(np.median(errs)), 4), "fit_max_err": round(float(max(errs)), 4),
                "n": len(points), "host_parallel": hp, "cold_round_s": cold_round_s,

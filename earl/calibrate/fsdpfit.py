@@ -25,6 +25,7 @@ from scipy.optimize import nnls
 from transformers import AutoModelForCausalLM
 
 from earl.calibrate.host import local_cost_model
+from earl.calibrate.hostload import CpuShare
 from earl.cost_model.compute import param_tensors
 from earl.cost_model.model import pack_micro_batches
 from earl.cost_model.profile import HardwareProfile, load_profile
@@ -74,7 +75,10 @@ class FsdpPoint:
     # parameter tensors (train), parameter tensors x (procs - 1) gathered shards (sync)
     counts: dict[str, int]
     priced_s: float = 0.0  # the cost model's price without the fitted term, s (filled by `price`)
-    stretch: float = 1.0  # procs / host_parallel when above 1
+    # the share of a core each rank got over its run (earl.calibrate.hostload); None: the idle
+    # host's, min(1, host_parallel / procs)
+    share: float | None = None
+    stretch: float = 1.0  # the profile's host_share / share: its wall time over the profile's (filled by `price`)
 
     def residual_s(self) -> float:
         """Per-device seconds the priced terms leave unexplained."""
@@ -170,7 +174,8 @@ def measure(procs=PROCS, cases=TRAIN_CASES, repeats: int = REPEATS) -> list[Fsdp
 
     points = []
     for n in procs:
-        res = run_local(worker, n, list(cases), repeats, timeout_s=600, start_method=START_METHOD)
+        with CpuShare(procs=n) as load:
+            res = run_local(worker, n, list(cases), repeats, timeout_s=600, start_method=START_METHOD)
 
         def slowest(series: list[list[float]]) -> float:  # per repeat the slowest rank; skip warm-up
             return statistics.median(max(s[i] for s in series) for i in range(1, repeats + 1))
@@ -180,20 +185,22 @@ def measure(procs=PROCS, cases=TRAIN_CASES, repeats: int = REPEATS) -> list[Fsdp
             units = layers + 1  # one FSDP unit per layer + the root (earl.runtime.parallelize)
             mbs = max(len(pack_micro_batches([lengths(seqs, longest)[i] for i in rank_share(seqs, n, r)], budget))
                       for r in range(n))
-            points.append(FsdpPoint(kind="train", procs=n, layers=layers, label=label(case),
+            points.append(FsdpPoint(kind="train", procs=n, layers=layers, label=label(case), share=load.share(),
                                     measured_s=slowest([r["train"][case] for r in res]),
                                     counts={"fsdp_unit_s": units * mbs,
                                             "fsdp_tensor_s": param_tensors(spec_of(layers))}))
         for layers in depths(cases):
             points.append(FsdpPoint(kind="sync", procs=n, layers=layers, label=f"weight sync {layers} layers",
+                                    share=load.share(),
                                     counts={"reshard_tensor_s": param_tensors(spec_of(layers)) * (n - 1)},
                                     measured_s=slowest([r["sync"][layers] for r in res])))
     return points
 
 
 def price(profile: HardwareProfile, point: FsdpPoint, host_parallel: int, cases=TRAIN_CASES) -> FsdpPoint:
-    """`point` with what `profile` prices for it (its FSDP host terms zeroed) and its stretch
-    when its ranks share `host_parallel` CPUs."""
+    """`point` with what `profile` prices for it (its FSDP host terms zeroed) and its stretch:
+    the profile's host_share over the share its ranks got (measured, else theirs on an idle host
+    of `host_parallel` CPUs), which at no other load is procs / host_parallel when above 1."""
     prof = dataclasses.replace(profile, **dict.fromkeys(FITTED, 0.0))
     cm = local_cost_model(prof, point.procs, spec_of(point.layers))
     plan = ParallelPlan(dp=point.procs, sharded_optimizer=True)
@@ -206,7 +213,8 @@ def price(profile: HardwareProfile, point: FsdpPoint, host_parallel: int, cases=
         head = sum(n - 8 for n in ls) / sum(ls)  # loss positions get logits (the chunked head)
         priced = cm.mixed_batch("train", plan, ls, padded=True, token_budget=budget, groups=groups, fsdp=True,
                                 head_frac=head).time_s
-    return dataclasses.replace(point, priced_s=priced, stretch=max(1.0, point.procs / host_parallel))
+    share = point.share if point.share is not None else min(1.0, host_parallel / point.procs)
+    return dataclasses.replace(point, priced_s=priced, stretch=max(profile.host_share / share, 1e-3))
 
 
 def fit_constants(points: list[FsdpPoint], fields: tuple[str, ...]) -> dict[str, float]:
@@ -231,7 +239,8 @@ def fit_fsdp_costs(profile: HardwareProfile, points: list[FsdpPoint],
     for p in priced:
         predicted = (p.priced_s + sum(fields[f] * c for f, c in p.counts.items())) * p.stretch
         errs.append(abs(predicted - p.measured_s) / p.measured_s)
-        rows.append({"kind": p.kind, "procs": p.procs, "label": p.label, "counts": p.counts,
+        rows.append({"kind": p.kind, "procs": p.procs, "label": p.label, "counts": p.counts, "share": p.share,
+                     "stretch": p.stretch,
                      "measured_s": p.measured_s, "priced_without_s": p.priced_s * p.stretch,
                      "predicted_s": predicted})
     quality = {**fields, "fit_median_err": round(statistics.median(errs), 4) if errs else None,

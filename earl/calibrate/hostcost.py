@@ -28,7 +28,7 @@ import torch
 from scipy.optimize import nnls
 from transformers import AutoModelForCausalLM
 
-from earl.calibrate.host import random_checkpoint
+from earl.calibrate.host import random_checkpoint, sim_engine
 from earl.calibrate.timing import host_clock, synchronize
 from earl.cost_model import CostModel
 from earl.cost_model.compute import param_tensors
@@ -41,7 +41,7 @@ from earl.runtime.rollout import Trajectory, Turn
 from earl.runtime.run_config import EnvConfig, ModelConfig, PolicyConfig, RunConfig, TrainerConfig
 from earl.runtime.step import SampleMeta, StepContext, play, prepare_experience, train
 from earl.runtime.worker import ONE, Worker
-from earl.sim.rollout_engine import TurnSyncReplica
+from earl.sim.rollout_engine import Replica, TurnSyncReplica
 from earl.sim.workload import Episode
 from earl.specs import MODEL_CATALOG, ClusterSpec, ModelSpec, ParallelPlan, StagePlan
 
@@ -199,6 +199,8 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
         cm = CostModel(spec, ClusterSpec.for_gpus(prof.hardware, 1), host)
         ro_rows, ro_y = [], []
         exp_rows, exp_y, lp_res, tr_res, disp_rows, disp_y, pass_rows = [], [], [], [], [], [], []
+        lp_rows: list[list[float]] = []
+        skip_old = not worker.trainer.needs_old_logprobs
         for n, length in cases["steps"]:
             if time.perf_counter() > deadline and len(tr_res) >= 2:
                 if on_case:
@@ -217,21 +219,24 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
                 (store, layout, _), t_exp = _timed(lambda w=worker, tr=trajs, sa=samples, me=meta: prepare_experience(
                     w, ctx, 1, tr, sa, me), device)
                 spans = {sp.name: sp.duration_s for sp in worker.spans}
-                t_lp = t_exp * spans["logprob"] / max(spans["logprob"] + spans["handoff"], 1e-12)
+                # with one optimizer step the runtime runs no log-prob forward (its training
+                # forward stands for the old policy's): the whole stage is host work
+                t_lp = 0.0 if skip_old else t_exp * spans["logprob"] / max(spans["logprob"] + spans["handoff"], 1e-12)
                 _, t_train_all = _timed(lambda w=worker, st=store, lay=layout, sa=samples, me=meta: train(
                     w, ctx, 1, st, lay, sa, me), device)
                 spans = {sp.name: sp.duration_s for sp in worker.spans}
                 disp_share = spans["layout-aware"] / max(spans["layout-aware"] + spans["train_step"], 1e-12)
                 worker.spans = []
                 key = "rollout" if chunk == n else "rollout_chunked"
-                parts.setdefault(key + "_pred", []).append(_sim_rollout(cm, played, chunk))
+                parts.setdefault(key + "_pred", []).append(_sim_rollout(cm, played, chunk, run_cfg.engine))
                 for k, v in ((key, t_ro), ("experience", t_exp - t_lp), ("logprob", t_lp),
                              ("dispatch", t_train_all * disp_share), ("train", t_train_all * (1 - disp_share))):
                     parts.setdefault(k, []).append(v)
             warm = ("rollout_chunked", "rollout_chunked_pred")  # first met after the warm-up round
             med = {k: statistics.median(v if k in warm else v[1:]) for k, v in parts.items()}
             for key, batches in (("rollout", 1), ("rollout_chunked", -(-n // max(1, n // 4)))):
-                ro_rows.append([1.0, batches, n])
+                # engine batches are opened only by the lockstep engine's model (rollout_batch_s)
+                ro_rows.append([1.0, batches if sim_engine(run_cfg.engine) == "turn-sync" else 0.0, n])
                 ro_y.append(med[key] - med[key + "_pred"])
                 note("rollout", f"{ROLLOUT_ENV} n={n} engine batches={batches}", med[key], med[key + "_pred"])
             tokens = sum(len(x.token_ids) for x in trajs)
@@ -242,9 +247,13 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
             # the runtime's LM head runs on the generated positions only
             frac = sum(sum(x.loss_mask) for x in trajs) / max(1, tokens)
             fwd = cm.logprob(ParallelPlan(micro_batch=n), n, width, masked=True, head_frac=frac).time_s
-            lp_res.append(med["logprob"] - fwd)
+            if skip_old:  # recorded, not fitted: its span's time is in the experience point
+                note("logprob", f"{n}x{width} no forward (one optimizer step)", med["logprob"])
+            else:
+                lp_res.append(med["logprob"] - fwd)
+                lp_rows.append([1.0, n * width])
+                note("logprob", f"{n}x{width}", med["logprob"], fwd)
             pass_rows.append([1.0, n * width])
-            note("logprob", f"{n}x{width}", med["logprob"], fwd)
             explained = cm.train(ParallelPlan(micro_batch=n), n, width, masked=True, head_frac=frac).time_s
             tr_res.append(med["train"] - explained)
             note("train", f"{n}x{width}", med["train"], explained)
@@ -256,7 +265,8 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
         del worker
     seq_s, token_s = _nnls(exp_rows, exp_y)
     ro_fixed, ro_batch, ro_episode = _nnls(ro_rows, ro_y)
-    lp_fixed, lp_token = _nnls(pass_rows, lp_res)
+    # no log-prob forward ran (see skip_old): the profile's terms stay
+    lp_fixed, lp_token = _nnls(lp_rows, lp_res) if lp_rows else (prof.logprob_pass_s, prof.logprob_token_s)
     tr_fixed, tr_token = _nnls(pass_rows, tr_res)
     disp_fixed, disp_seq = _nnls(disp_rows, disp_y)
     return HostCostFit(experience_seq_s=seq_s, experience_token_s=token_s,
@@ -267,9 +277,10 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
                        rollout_batch_s=ro_batch, rollout_episode_s=ro_episode, points=points)
 
 
-def _sim_rollout(cm, trajs, engine_batch: int) -> float:
-    """Seconds the simulator's model of the runtime engine (TurnSyncReplica) gives these
-    episodes, without the rollout-level terms being fitted."""
+def _sim_rollout(cm, trajs, engine_batch: int, engine: str = "pytorch") -> float:
+    """Seconds the simulator's model of runtime engine `engine` (earl.calibrate.host.sim_engine:
+    Replica for continuous batching, TurnSyncReplica for the lockstep one) gives these episodes,
+    without the rollout-level terms being fitted."""
 
 
     bare = cm.with_profile(dataclasses.replace(cm.profile, rollout_fixed_s=0.0, rollout_batch_s=0.0,
@@ -277,9 +288,10 @@ def _sim_rollout(cm, trajs, engine_batch: int) -> float:
     eps = [Episode(id=t.episode_id, turns=tuple((u.obs_tokens, u.gen_tokens, u.env_latency_s) for u in t.turns))
            for t in trajs]
     env = simpy.Environment()
-    TurnSyncReplica(env, cost_model=bare, tp=1, episodes=eps, max_num_seqs=engine_batch)
+    model = TurnSyncReplica if sim_engine(engine) == "turn-sync" else Replica
+    rep = model(env, cost_model=bare, tp=1, episodes=eps, max_num_seqs=engine_batch)
     env.run()
-    return env.now
+    return max(env.now, rep.stats.t_end)
 
 
 def cases_count(device: torch.device) -> int:

@@ -23,7 +23,7 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichBars
 
-from earl.calibrate import bench, dispatchfit, fsdpfit, hostcost, overhead
+from earl.calibrate import bench, dispatchfit, fsdpfit, hostcost, hostload, overhead
 from earl.calibrate.collectives import CPU_SIZES, CUDA_SIZES, CollectiveResult, run_collectives
 from earl.calibrate.fit import AffineFit, fit_affine
 from earl.calibrate.host import current_stamp
@@ -136,11 +136,33 @@ def run_calibration(*, device: str = "cpu", budget_s: float = 90.0, phases: tupl
 
 
 def _calibrate(dev, dt, budget_s, phases, base_prof, seed, progress, t_start) -> CalibrationResult:
-    plan = bench.CPU_PLAN if dev.type == "cpu" else bench.CUDA_PLAN
-    esize = torch.empty((), dtype=dt).element_size()
     weights = {p: PHASE_WEIGHTS[p] for p in phases}
     total_w = sum(weights.values())
     share = {p: budget_s * w / total_w for p, w in weights.items()}
+    # the share of a core the one-process phases got (earl.calibrate.hostload), for the record
+    # only: their timed windows (medians of calls shorter than a scheduler slice) run as on a
+    # dedicated core, loaded or not, so their constants are a dedicated core's (host_share 1);
+    # the multi-process phases measure their own share and fit dedicated constants with it
+    load = hostload.CpuShare(procs=torch.get_num_threads() if dev.type == "cpu" else 1)
+    with load:
+        res = _one_process_phases(dev, dt, phases, share, base_prof, seed, progress, t_start, load)
+    if dev.type == "cpu":
+        stamp = {**res.profile.stamp, "cpu_share": round(load.share(), 4)}
+        res = dataclasses.replace(res, profile=dataclasses.replace(res.profile, stamp=stamp))
+    if "dispatch" in phases:
+        res = _fit_dispatch_path(res, share["dispatch"], progress)
+    if "fsdp" in phases:
+        res = _fit_fsdp(res, dev, share["fsdp"], progress)
+    wall = time.perf_counter() - t_start
+    stamp = {**res.profile.stamp, "wall_s": round(wall, 1)}
+    return dataclasses.replace(res, profile=dataclasses.replace(res.profile, stamp=stamp), wall_s=wall)
+
+
+def _one_process_phases(dev, dt, phases, share, base_prof, seed, progress, t_start,
+                        load: hostload.CpuShare) -> CalibrationResult:
+    """Phases matmul, attention, memory, collectives, overhead and runtime."""
+    plan = bench.CPU_PLAN if dev.type == "cpu" else bench.CUDA_PLAN
+    esize = torch.empty((), dtype=dt).element_size()
     overhead_s = bench.measure_op_overhead(dev)
     measurements: list[bench.Measurement] = []
     attn = bench.attention_cases(plan, esize)
@@ -159,19 +181,14 @@ def _calibrate(dev, dt, budget_s, phases, base_prof, seed, progress, t_start) ->
                 on_case=lambda m, ph=phase: progress.step(ph, m.label if m else "skipped"))
     coll = None
     if "collectives" in phases:
-        coll = _run_collectives(dev, share["collectives"], progress)
+        with load.paused():  # its ranks' load is not the one-process probes'
+            coll = _run_collectives(dev, share["collectives"], progress)
     res = _build_profile(dev, dt, base_prof, overhead_s, measurements, coll, time.perf_counter() - t_start)
     if "overhead" in phases:
         res = _fit_forward_overhead(res, dev, dt, share["overhead"], progress)
     if "runtime" in phases:
         res = _fit_host_costs(res, dev, dt, share["runtime"], progress)
-    if "dispatch" in phases:
-        res = _fit_dispatch_path(res, share["dispatch"], progress)
-    if "fsdp" in phases:
-        res = _fit_fsdp(res, dev, share["fsdp"], progress)
-    wall = time.perf_counter() - t_start
-    stamp = {**res.profile.stamp, "wall_s": round(wall, 1)}
-    return dataclasses.replace(res, profile=dataclasses.replace(res.profile, stamp=stamp), wall_s=wall)
+    return res
 
 
 def _fit_forward_overhead(res: CalibrationResult, dev, dt, budget_s: float,

@@ -22,6 +22,7 @@ import math
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -29,6 +30,7 @@ from rich.table import Table
 from scipy.stats import kendalltau
 
 from earl.calibrate.host import current_stamp, local_cluster, random_checkpoint, sim_engine
+from earl.calibrate.hostload import CpuShare, share_of
 from earl.config_machinery import parse_sets
 from earl.cost_model import CostModel
 from earl.cost_model.profile import HardwareProfile, check_stamp, datasheet_profile, load_profile
@@ -40,6 +42,7 @@ from earl.runtime.resolve import initial_plans, resolve_config
 from earl.runtime.resources import check_resources
 from earl.runtime.run import run_training
 from earl.runtime.run_config import apply_overrides
+from earl.runtime.trainer import Trainer
 from earl.sim.scenario import Scenario
 from earl.sim.simulation import Simulation
 from earl.sim.workload import WorkloadSpec, load_trace
@@ -74,8 +77,10 @@ class VariantResult:
     cpu_share: list[float] = field(default_factory=list)
     nproc: int = 1  # runtime processes (simulated devices)
     # wall-time predictions of rollout / experience / train / reshard are the simulator's x this:
-    # nproc processes sharing the host's `host_parallel` cores (1 when they fit)
+    # the profile's host_share / each step's share, mean over the steps (`host_stretch`): nproc
+    # processes and other tenants sharing the host's cores (1 on an idle host when they fit)
     host_stretch: float = 1.0
+    run_share: float = 1.0  # the share of a core rank 0 got, mean over the scored steps (earl.calibrate.hostload)
     plan_mismatches: list[str] = field(default_factory=list)  # steps where sim and runtime plans differ
 
     def predicted_dedicated(self) -> list[dict]:
@@ -172,6 +177,14 @@ def plan_mismatches(measured: list[dict[str, ParallelPlan]], sim_rows: list[dict
     return out
 
 
+def logprob_passes(trainer_cfg) -> int:
+    """Log-prob forwards of the runtime's experience stage: the old policy's unless its training
+    forward stands for it (earl.runtime.trainer.Trainer.needs_old_logprobs), the reference
+    model's with a KL coefficient."""
+    old = Trainer.needs_old_logprobs.fget(SimpleNamespace(cfg=trainer_cfg))
+    return int(old) + int(bool(trainer_cfg.kl_coef))
+
+
 def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: int, nproc: int = 1) -> list[dict]:
 
     cm = CostModel(spec, local_cluster(prof, nproc), prof)
@@ -193,13 +206,19 @@ def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: i
                   train_plan=packed(plans["train"]),
                   selector=cfg.policy.selector, dispatcher=cfg.policy.dispatcher,
                   max_num_seqs=cfg.engine_batch or episodes,
-                  logprob_passes=2 if cfg.trainer.kl_coef else 1)
+                  logprob_passes=logprob_passes(cfg.trainer))
     # the runtime engine's simulator model (continuous batching unless pytorch-static); the
     # runtime's micro-batches are padded
     sim = Simulation(sc, cfg.policy.selector, cfg.policy.dispatcher, cost_model=cm, engine=sim_engine(cfg.engine),
                      padded=True, token_budget=cfg.trainer.token_budget, fsdp=True, handoff=True,
                      head_on="generated", train_placement="balanced").run()
-    return sim.rows
+    # the hand-off's share of each step's experience stage: a move over gloo, priced by the
+    # dispatch path like the dispatch (and stretched like it, `dispatch_stretch`)
+    handoff: dict[int, float] = {}
+    for sp in sim.spans:
+        if sp.stage == "experience" and sp.name.startswith("hand-off"):
+            handoff[sp.step] = handoff.get(sp.step, 0.0) + sp.duration_s
+    return [{**r, "handoff_s": handoff.get(r["step"], 0.0)} for r in sim.rows]
 
 
 def _predicted_peak(rows: list[dict], cm_capacity: float, reserve: float) -> float:
@@ -226,21 +245,48 @@ def measured_stages(spans, steps: list[int]) -> list[dict]:
     return out
 
 
-def _run_runtime(cfg, run_dir: Path, nproc: int) -> list[dict]:
-    """The runtime's metrics rows: in this process (one), or under torchrun as `earl run --nproc`."""
-    if nproc == 1:
-        return run_training(cfg, run_dir, progress=False, echo=lambda *_: None).metrics
-    code = launch(dataclasses.replace(cfg, nproc=nproc), run_dir, stdout=subprocess.DEVNULL)
-    if code != 0:
-        raise ValueError(f"the {nproc}-process runtime run failed (exit code {code}); its output is in "
-                         f"{run_dir / 'launch.log'}")
-    return read_metrics(run_dir)
+def _run_runtime(cfg, run_dir: Path, nproc: int) -> tuple[list[dict], float]:
+    """The runtime's metrics rows: in this process (one), or under torchrun as `earl run --nproc`;
+    and the share of a core each rank got meanwhile (earl.calibrate.hostload)."""
+    with CpuShare(procs=nproc * max(1, cfg.threads)) as load:
+        if nproc == 1:
+            rows = run_training(cfg, run_dir, progress=False, echo=lambda *_: None).metrics
+        else:
+            code = launch(dataclasses.replace(cfg, nproc=nproc), run_dir, stdout=subprocess.DEVNULL)
+            if code != 0:
+                raise ValueError(f"the {nproc}-process runtime run failed (exit code {code}); its output is in "
+                                 f"{run_dir / 'launch.log'}")
+            rows = read_metrics(run_dir)
+    return rows, load.share()
 
 
-def host_stretch(prof: HardwareProfile, nproc: int, device: str) -> float:
-    """How much longer a stage takes when `nproc` CPU ranks share the host's `host_parallel`
-    cores than on as many dedicated devices (1 on a GPU, or when they fit)."""
-    return 1.0 if device != "cpu" else max(1.0, nproc / prof.dispatch_path.host_parallel)
+def hostload_share(row: dict, threads: int, fallback: float) -> float:
+    """A metrics row's share of a core per thread of rank 0 (step_cpu_s / step_s / threads, at
+    most 1); `fallback` where the row has no timing. At N > 1 rank 0's waits for its peers are
+    in step_s and not in step_cpu_s: the share reads low by them."""
+    if not row.get("step_s") or row.get("step_cpu_s") is None:
+        return fallback
+    return share_of(row["step_cpu_s"], row["step_s"], max(1, threads))
+
+
+def host_stretch(prof: HardwareProfile, nproc: int, device: str, share: float | None = None) -> float:
+    """How much longer a stage takes on this host than the profile's constants say: the
+    profile's `host_share` over `share`, the share of a core each of the `nproc` CPU ranks got
+    (earl.calibrate.hostload; None: an otherwise idle host, where it is nproc / host_parallel
+    when above 1). 1 on a GPU."""
+    if device != "cpu":
+        return 1.0
+    if share is None:
+        share = min(1.0, prof.dispatch_path.host_parallel / nproc)
+    return prof.host_share / share
+
+
+def dispatch_stretch(prof: HardwareProfile, nproc: int, device: str, share: float | None = None) -> float:
+    """The same for dispatch, whose price models its own ranks' oversubscription (the
+    dispatch path's terms): only other tenants' load, relative to the dispatch fit's."""
+    own = host_stretch(dataclasses.replace(prof, host_share=1.0), nproc, device)
+    return host_stretch(dataclasses.replace(prof, host_share=prof.dispatch_path.host_share), nproc, device,
+                        share) / own
 
 
 def run_variant(cfg, name: str, overrides: dict, out_dir: Path, prof: HardwareProfile,
@@ -254,21 +300,32 @@ def run_variant(cfg, name: str, overrides: dict, out_dir: Path, prof: HardwarePr
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()  # each variant's own peak
-    rows = _run_runtime(cfg, run_dir, nproc)
+    rows, share_run = _run_runtime(cfg, run_dir, nproc)
     measured = measured_stages(read_chrome_trace(run_dir / "trace.json"), [r["step"] for r in rows])
     spec = MODEL_CATALOG[cfg.model.path] if cfg.model.path in MODEL_CATALOG else \
         ModelSpec.from_hf_config(cfg.model.path)
     spec = dataclasses.replace(spec, dtype=DTYPE_NAMES[cfg.model.dtype])
     trace = run_dir / "workload.jsonl"
 
+    # the share of a core rank 0 got in each scored step (the runtime's step_cpu_s / step_s per
+    # thread; earl.calibrate.hostload): the load each step ran under; the whole run's (start-up
+    # included) where a step did not record it
+    shares = [hostload_share(r, cfg.threads, share_run) if device == "cpu" else 1.0 for r in rows[warmup_steps:]]
+
     def predicted(p: HardwareProfile) -> tuple[list[dict], list[dict], float]:
-        """(the scored steps' stage seconds, all simulated rows, the host stretch) for profile `p`;
-        dispatch carries its own oversubscription terms and is not stretched."""
+        """(the scored steps' stage seconds, all simulated rows, the mean host stretch) for
+        profile `p`; dispatch and the experience stage's hand-off carry their own
+        oversubscription terms (`dispatch_stretch`)."""
         sim_rows = _simulate(cfg, spec, trace, p, len(rows), nproc)
-        k = host_stretch(p, nproc, device)
-        out = [{s: (float(sr[f"{s}_s"]) + (float(sr["sync_s"]) if s == "reshard" else 0.0))
-                * (1.0 if s == "dispatch" else k) for s in STAGES} for sr in sim_rows[warmup_steps:]]
-        return out, sim_rows, k
+        out, ks = [], []
+        for sr, sh in zip(sim_rows[warmup_steps:], shares, strict=True):
+            k, kd = host_stretch(p, nproc, device, sh), dispatch_stretch(p, nproc, device, sh)
+            row = {s: float(sr[f"{s}_s"]) * (kd if s == "dispatch" else k) for s in STAGES}
+            row["reshard"] += float(sr["sync_s"]) * k
+            row["experience"] += float(sr["handoff_s"]) * (kd - k)
+            out.append(row)
+            ks.append(k)
+        return out, sim_rows, float(np.mean(ks)) if ks else 1.0
 
     pred, sim_cal, stretch = predicted(prof)
     sheet_pred, _, _ = predicted(sheet)
@@ -278,6 +335,7 @@ def run_variant(cfg, name: str, overrides: dict, out_dir: Path, prof: HardwarePr
              for r in rows[warmup_steps:]]
     return VariantResult(name=name, overrides=overrides, measured=measured[warmup_steps:], cpu_share=share,
                          predicted=pred, datasheet=sheet_pred, nproc=nproc, host_stretch=stretch,
+                         run_share=float(np.mean(shares)) if shares else share_run,
                          plan_mismatches=plan_mismatches(run_plans(rows), sim_cal)[:20],
                          peak_mem_measured=float(max(r["peak_mem_bytes"] for r in rows)),
                          peak_mem_predicted=_predicted_peak(sim_cal, cm.capacity, cm.reserve),
@@ -370,8 +428,10 @@ def run_validation(*, config, profile: str, steps: int = 4, warmup_steps: int = 
 def validation_table(res: ValidationResult, hardware: str, scored_steps: int):
     """Predicted vs measured time per stage and peak memory per variant (what the CLI prints)."""
 
+    load = "" if res.device != "cpu" else ", " + "; ".join(
+        f"core share {v.run_share:.2f}, stretch x{v.host_stretch:.2f}" for v in res.variants[:2])
     t = Table(title=f"earl validate ({res.device} x{res.nproc}, profile {hardware}, {len(res.variants)} variant(s), "
-                    f"{scored_steps} scored step(s) each)")
+                    f"{scored_steps} scored step(s) each{load})")
     for col in ("stage", "measured s", "predicted s", "median err", f"datasheet ({res.datasheet}) s",
                 "datasheet err", "err vs CPU time"):
         t.add_column(col, justify="left" if col == "stage" else "right")

@@ -93,8 +93,13 @@ class DispatchPath:
     # the advantage statistics) when the dispatch starts on cold caches, as a training step's
     # does right after its log-prob passes; fitted from the gloo runs on CPU, 0 on datasheets, s
     cold_round_s: float = 0.0
+    # the share of a core the fitted gloo runs' ranks got beyond their own oversubscription
+    # (earl.calibrate.hostload: measured / an idle host's); 1: no other load (datasheets)
+    host_share: float = 1.0
 
     def __post_init__(self):
+        if not 0 < self.host_share <= 1:
+            raise ValueError(f"DispatchPath.host_share must be in (0, 1], got {self.host_share!r}")
         for k in ("message_s", "object_s", "sample_s", "controller_object_s", "sync_s", "oversubscribed_exp",
                   "cold_round_s"):
             if getattr(self, k) < 0:
@@ -188,6 +193,11 @@ class HardwareProfile:
     reshard_tensor_s: float = 0.0  # weight sync from FSDP2 shards: per parameter tensor and peer
     # shard gathered (dp - 1 per tensor: the gather's rounds in lockstep, cast, concatenation,
     # copy into the destination copy), s
+    # the share of a CPU core the host terms above are a busy process's at (earl.calibrate.
+    # hostload: CPU seconds per wall second, at most 1); `earl validate` scales its CPU
+    # predictions by host_share / the share each step got. 1: a dedicated core (datasheets, and
+    # `earl calibrate`, whose one-process probes time short calls)
+    host_share: float = 1.0
     dispatch_path: DispatchPath = field(default_factory=DispatchPath)  # see DispatchPath
     # ---- overlap of training communication with compute: assumptions of the software stack,
     # named in every headline they move and varied by study s8
@@ -209,6 +219,8 @@ class HardwareProfile:
             v = getattr(self, n)
             if not (0 <= v < math.inf):
                 raise ValueError(f"HardwareProfile.{n} must be a finite number >= 0, got {v!r}")
+        if not 0 < self.host_share <= 1:
+            raise ValueError(f"HardwareProfile.host_share must be in (0, 1], got {self.host_share!r}")
         if not (0 <= self.mem_reserve_frac < 1):
             raise ValueError(f"HardwareProfile.mem_reserve_frac must be in [0, 1), got {self.mem_reserve_frac!r}")
         if self.gemm_norm is not None and not 1 <= self.gemm_norm < math.inf:
@@ -302,6 +314,7 @@ class HardwareProfile:
                 dp_grad_overlap=bool(d.get("dp_grad_overlap", True)),
                 grad_bucket_bytes=scalar("grad_bucket_bytes", default=80e6),
                 gemm_norm=None if d.get("gemm_norm") is None else scalar("gemm_norm"),
+                host_share=scalar("host_share", default=1.0),
                 **{k: scalar(k) for k in HOST_COST_FIELDS},
             )
         except ValueError as e:

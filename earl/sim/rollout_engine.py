@@ -356,6 +356,10 @@ class Replica:
     # ---- the process ----------------------------------------------------------------------------
     def _run(self):
         env, st, clock = self.env, self.stats, self.clock
+        # host work of a rollout around the engine (calibrated, 0 on datasheets; TurnSyncReplica's too)
+        setup = self.cm.profile.rollout_fixed_s + self.cm.profile.rollout_episode_s * len(self.waiting)
+        if self.waiting and setup > 0:
+            yield env.timeout(setup)
         while True:
             self._on_loop()
             self._collect_arrivals()

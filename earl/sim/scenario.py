@@ -72,8 +72,9 @@ class Scenario:
     def __post_init__(self):
         for n in ("steps", "nodes", "max_num_seqs", "logprob_passes", "exact_up_to", "sample_episodes"):
             v = getattr(self, n)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{_KEY_OF[n]} must be an integer >= 1, got {v!r}")
+            low = 0 if n == "logprob_passes" else 1  # 0: a runtime that skips them (one optimizer step, no KL)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ValueError(f"{_KEY_OF[n]} must be an integer >= {low}, got {v!r}")
         if not isinstance(self.oom_restart_s, (int, float)) or self.oom_restart_s < 0:
             raise ValueError(f"failure.oom_restart_s must be >= 0 seconds, got {self.oom_restart_s!r}")
         if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 0:

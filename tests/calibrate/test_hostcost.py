@@ -11,13 +11,14 @@ import pytest
 import simpy
 import torch
 
-from earl.calibrate.hostcost import synthetic_trajectories
+from earl.calibrate.hostcost import _sim_rollout, synthetic_trajectories
 from earl.calibrate.overhead import ForwardPoint, fit_overhead
 from earl.calibrate.validate import VariantResult, stage_table
 from earl.cost_model import CostModel
 from earl.cost_model.compute import param_tensors
 from earl.cost_model.profile import HOST_COST_FIELDS, EfficiencyCurve, HardwareProfile, load_profile
-from earl.sim.rollout_engine import TurnSyncReplica
+from earl.runtime.rollout import Trajectory, Turn
+from earl.sim.rollout_engine import Replica, TurnSyncReplica
 from earl.sim.workload import Episode
 from earl.specs import MODEL_CATALOG, ClusterSpec, ParallelPlan
 
@@ -94,6 +95,33 @@ def test_turn_sync_engine_by_hand():
     assert r.stats.finished[0] == pytest.approx(t) == pytest.approx(env.now)
     assert r.stats.generated_tokens == 6 and r.stats.decode_iterations == 3
     assert r.stats.prefill_tokens == 10 + 8 + 6
+
+
+def test_rollout_set_up_is_charged_by_the_default_engines_model_too():
+    """The continuous-batching model (the runtime's default `pytorch` engine) pays the rollout's
+    fixed and per-episode host work once, before its first forward, as the lockstep one does;
+    hostcost fits those terms on the model of the engine it plays with."""
+    eps = [Episode(id=0, turns=((10, 3, 0.001),)), Episode(id=1, turns=((8, 2, 0.0),))]
+    times = {}
+    for fixed, per in ((0.0, 0.0), (1e-3, 5e-5)):
+        cm = _cm(rollout_fixed_s=fixed, rollout_episode_s=per)
+        env = simpy.Environment()
+        r = Replica(env, cost_model=cm, tp=1, episodes=list(eps), max_num_seqs=4)
+        env.run()
+        times[fixed] = r.stats.t_end
+        assert _sim_rollout(cm, _trajs(eps), 4, "pytorch") == pytest.approx(times[0.0])  # terms zeroed
+    assert times[1e-3] - times[0.0] == pytest.approx(1e-3 + 2 * 5e-5)
+    cm = _cm(rollout_fixed_s=1e-3, rollout_episode_s=5e-5)
+    env = simpy.Environment()
+    bare = cm.with_profile(dataclasses.replace(cm.profile, rollout_fixed_s=0.0, rollout_episode_s=0.0))
+    TurnSyncReplica(env, cost_model=bare, tp=1, episodes=list(eps), max_num_seqs=4)
+    env.run()
+    assert _sim_rollout(cm, _trajs(eps), 4, "pytorch-static") == pytest.approx(env.now)
+
+
+def _trajs(eps):
+    """Trajectories with these episodes' turns (what hostcost hands `_sim_rollout`)."""
+    return [Trajectory(episode_id=e.id, group_id=0, turns=[Turn(*t) for t in e.turns]) for e in eps]
 
 
 def test_forward_fit_recovers_op_overhead_and_elementwise_factor():

@@ -3,6 +3,7 @@
     pytest tests/calibrate/test_validate.py
 """
 
+import dataclasses
 import json
 import math
 
@@ -16,8 +17,10 @@ from earl.calibrate.validate import (
     STAGES,
     check_nproc,
     host_stretch,
+    hostload_share,
     initial_run_plans,
     kendall_tau,
+    logprob_passes,
     measured_stages,
     parse_variants,
     plan_mismatches,
@@ -25,8 +28,10 @@ from earl.calibrate.validate import (
     run_validation,
 )
 from earl.cli import app
+from earl.cost_model import CostModel
 from earl.cost_model.profile import load_profile
 from earl.runtime.resolve import resolve_config
+from earl.runtime.run_config import TrainerConfig
 from earl.specs import MODEL_CATALOG, ClusterSpec, ParallelPlan
 from earl.trace import Span
 
@@ -194,7 +199,10 @@ def test_validation_on_two_processes(tmp_path, monkeypatch):
         assert stages[stage]["measured_s"] > 0 and math.isfinite(stages[stage]["median_err"]), stage
     assert stages["dispatch"]["predicted_s"] > 0 and stages["reshard"]["predicted_s"] > 0
     v = report["variants"][0]
-    assert v["nproc"] == 2 and v["plan_mismatches"] == [] and v["host_stretch"] == 1.0
+    assert v["nproc"] == 2 and v["plan_mismatches"] == []
+    # the profile's share of a core over each step's (earl.calibrate.hostload): 1 on an idle host
+    assert 0 < v["run_share"] <= 1 and v["host_stretch"] >= load_profile("cpu-measured").host_share / 1.0
+    assert v["host_stretch"] == pytest.approx(1.0) or v["run_share"] < 1
     assert (tmp_path / "v" / "runs" / "base" / "launch-config.json").is_file()  # ran under torchrun
 
 
@@ -239,3 +247,26 @@ def test_calibrate_has_no_import_cycle_and_imports_at_the_top():
 
     assert not [m for m in deps if reaches(m, m)]
     assert sorted(local) == ["__init__", "bench", "report", "report", "validate", "validate"]
+
+
+def test_step_share_is_rank_zeros_cpu_per_wall_second_per_thread():
+    assert hostload_share({"step_s": 2.0, "step_cpu_s": 0.5}, 1, 0.9) == 0.25
+    assert hostload_share({"step_s": 2.0, "step_cpu_s": 3.0}, 2, 0.9) == 0.75
+    assert hostload_share({"step_s": 2.0, "step_cpu_s": 5.0}, 1, 0.9) == 1.0
+    assert hostload_share({"step_s": 0.0, "step_cpu_s": 0.0}, 1, 0.9) == 0.9  # untimed: the run's
+
+
+def test_simulated_log_prob_passes_are_the_runtimes():
+    """One optimizer step and no KL: the runtime's experience stage runs no log-prob forward
+    (Trainer.needs_old_logprobs), so the simulator prices none; the old policy's pass with
+    several mini-batches, the reference model's with a KL coefficient."""
+    t = TrainerConfig()
+    assert (t.minibatches, t.kl_coef) == (1, 0.0) and logprob_passes(t) == 0
+    assert logprob_passes(dataclasses.replace(t, minibatches=2)) == 1
+    assert logprob_passes(dataclasses.replace(t, kl_coef=0.1, algo="grpo")) == 1  # the reference's only
+    assert logprob_passes(dataclasses.replace(t, kl_coef=0.1, algo="grpo", minibatches=2)) == 2
+    assert logprob_passes(dataclasses.replace(t, kl_coef=0.1, algo="reinforce++")) == 2  # KL in the rewards
+    cm = CostModel(MODEL_CATALOG["tiny"], local_cluster(load_profile("cpu-measured"), 1), load_profile("cpu-measured"))
+    none = cm.mixed_batch("logprob", ParallelPlan(), [40, 60], passes=0, padded=True)
+    one = cm.mixed_batch("logprob", ParallelPlan(), [40, 60], passes=1, padded=True)
+    assert 0 < none.time_s < one.time_s and none.time_s == pytest.approx(none.breakdown["host"])

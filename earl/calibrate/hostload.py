@@ -1,0 +1,92 @@
+"""How much of a CPU core each busy process of a job got: the load term shared by
+`earl calibrate` and `earl validate`.
+
+On a host shared with other tenants a CPU-bound stage's wall time is its dedicated time over
+the share of a core its process gets, and that share moves with the load from minute to minute
+(on the 2-core host of docs/cpu/validate_mp.txt from 1 to below 1/4 within two minutes). A
+calibrated constant is fitted at the share its probe got, a validated stage runs at the share of
+its own run; both are measured the same way: the CPU seconds the job's processes were given
+(this process's, and those of its finished child processes: spawned ranks, torchrun and its
+ranks) over wall seconds x processes (`CpuShare`). Counting runnable threads instead
+(/proc/stat procs_running) read 3x too much contention here: the kernel shares CPU between the
+tenants' control groups, not between their threads. The gloo phases fit with each point's
+share (FSDP2) or store it (`DispatchPath.host_share`); the one-process phases' constants are
+taken as a dedicated core's (`HardwareProfile.host_share` 1; their share is stamped,
+`cpu_share`). `earl validate` scales each step's prediction by host_share / the share rank 0 got
+in it, which on an otherwise idle host is the N / cores stretch of N ranks on fewer cores.
+A rank blocked on a peer (a gloo wait) gets no CPU either: at N > 1 the share reads low by the
+job's own waiting, the same in the calibration's gloo phases as in validate's runs.
+
+    python -m earl.calibrate.hostload        # the share a busy loop gets here, now
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+
+MIN_SHARE = 1e-3  # below it a measurement is taken as broken, not as a host that slow
+
+
+def cores() -> int:
+    """CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and of its waited-for descendants so far."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def share_of(cpu_s: float, wall_s: float, procs: int) -> float:
+    """CPU seconds per wall second per process, within [MIN_SHARE, 1]; 1 for an empty window."""
+    if procs < 1:
+        raise ValueError(f"share_of needs procs >= 1, got {procs}")
+    if wall_s <= 0:
+        return 1.0
+    return min(1.0, max(MIN_SHARE, cpu_s / (wall_s * procs)))
+
+
+@dataclass
+class CpuShare:
+    """Context manager: the share of a core each of the job's `procs` busy processes got while
+    open (`share`), from this process's CPU time and that of child processes it waited for in
+    the window. Time inside `paused()` counts for neither (another job's processes ran)."""
+
+    procs: int = 1
+    cpu_s: float = 0.0  # CPU seconds counted
+    wall_s: float = 0.0  # wall seconds counted
+    _t0: tuple[float, float] = field(default=(0.0, 0.0), repr=False)
+
+    def __enter__(self) -> CpuShare:
+        self._t0 = (time.perf_counter(), cpu_seconds())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        w0, c0 = self._t0
+        self.wall_s += time.perf_counter() - w0
+        self.cpu_s += cpu_seconds() - c0
+
+    @contextlib.contextmanager
+    def paused(self):
+        self.__exit__()
+        try:
+            yield self
+        finally:
+            self.__enter__()
+
+    def share(self) -> float:
+        return share_of(self.cpu_s, self.wall_s, self.procs)
+
+
+if __name__ == "__main__":
+
+    for _ in range(3):
+        with CpuShare() as s:
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < 1.0:
+                pass
+        print(f"busy loop: share of a core {s.share():.3f} over {s.wall_s:.2f} s ({cores()} cores)")

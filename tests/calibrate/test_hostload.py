@@ -1,0 +1,116 @@
+"""The host-load term shared by `earl calibrate` and `earl validate` (earl.calibrate.hostload):
+the share of a core a busy process gets, and how the FSDP2 fit and validate's stretch use it."""
+
+import dataclasses
+import subprocess
+import sys
+import time
+
+import pytest
+
+from earl.calibrate import fsdpfit, hostload
+from earl.calibrate.validate import dispatch_stretch, host_stretch
+from earl.cost_model.profile import DispatchPath, HardwareProfile, load_profile
+
+PROF = load_profile("cpu-measured")
+
+
+def test_share_is_cpu_seconds_per_wall_second_per_process():
+    assert hostload.share_of(2.0, 2.0, 1) == 1.0  # a dedicated core
+    assert hostload.share_of(4.0, 2.0, 4) == 0.5  # 4 ranks on 2 cores, nothing else
+    assert hostload.share_of(1.0, 2.0, 4) == 0.125  # and other tenants taking 3 of every 4 of their seconds
+    assert hostload.share_of(9.0, 2.0, 1) == 1.0 and hostload.share_of(0.0, 2.0, 1) == hostload.MIN_SHARE
+    assert hostload.share_of(0.0, 0.0, 3) == 1.0  # nothing measured
+    with pytest.raises(ValueError, match="procs >= 1, got 0"):
+        hostload.share_of(1.0, 1.0, 0)
+
+
+def _spin(cpu_s: float) -> None:
+    """Busy until this process has had `cpu_s` more CPU seconds."""
+    t0 = time.process_time()
+    while time.process_time() - t0 < cpu_s:
+        pass
+
+
+def test_cpu_share_counts_this_process_and_its_finished_children():
+    """A busy loop gets at most a core; sleeping gets none; a child's CPU counts once it is
+    waited for (spawned ranks, torchrun); a paused window counts for neither."""
+    with hostload.CpuShare() as busy:
+        _spin(0.3)
+    with hostload.CpuShare() as idle:
+        time.sleep(0.3)
+    assert busy.cpu_s == pytest.approx(0.3, abs=0.05) and busy.wall_s >= busy.cpu_s - 0.02
+    assert busy.share() == pytest.approx(busy.cpu_s / busy.wall_s) and idle.share() < 0.2
+    with hostload.CpuShare(procs=2) as kids:
+        subprocess.run([sys.executable, "-c", "import time\nwhile time.process_time() < 0.3: pass"], check=True)
+    assert kids.cpu_s >= 0.28  # the child's 0.3 CPU seconds
+    assert kids.share() == pytest.approx(min(1.0, kids.cpu_s / (2 * kids.wall_s)))
+    with hostload.CpuShare() as part:
+        with part.paused():
+            _spin(0.3)
+        time.sleep(0.1)
+    assert part.wall_s < 0.3 and part.cpu_s < 0.1
+
+
+def test_profiles_carry_the_share_and_check_it(tmp_path):
+    prof = dataclasses.replace(PROF, host_share=0.3,
+                               dispatch_path=dataclasses.replace(PROF.dispatch_path, host_share=0.6))
+    assert load_profile(str(prof.save(tmp_path / "p.json"))) == prof
+    d = prof.to_dict()
+    del d["host_share"], d["dispatch_path"]["host_share"]
+    old = HardwareProfile.from_dict(d)
+    assert old.host_share == 1.0 and old.dispatch_path.host_share == 1.0  # written before it: dedicated
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="host_share"):
+            dataclasses.replace(PROF, host_share=bad)
+        with pytest.raises(ValueError, match="host_share"):
+            DispatchPath(host_share=bad)
+
+
+def test_validate_stretch_is_the_profiles_share_over_the_runs():
+    idle = dataclasses.replace(PROF, host_share=1.0)
+    cores = idle.dispatch_path.host_parallel
+    assert cores == 2
+    # no share measured: an idle host, nproc / cores above 1
+    assert host_stretch(idle, 4, "cpu") == 2.0 and host_stretch(idle, 2, "cpu") == 1.0
+    # measured: 4 ranks and 10 other threads on 2 cores, the profile measured at share 0.5
+    loaded = dataclasses.replace(PROF, host_share=0.5)
+    run = 1 / 7
+    assert host_stretch(loaded, 4, "cpu", run) == pytest.approx(0.5 * 7)
+    assert host_stretch(loaded, 4, "cuda", run) == 1.0
+    # dispatch models its own ranks' oversubscription: only the other load is left
+    assert dispatch_stretch(idle, 4, "cpu", 0.5) == pytest.approx(1.0)
+    path = dataclasses.replace(PROF.dispatch_path, host_share=0.5)
+    prof = dataclasses.replace(loaded, dispatch_path=path)
+    assert dispatch_stretch(prof, 4, "cpu", run) == pytest.approx(0.5 * 7 / 2)
+
+
+def test_fsdp_fit_recovers_constants_from_points_measured_under_load():
+    """Synthetic points at per-point shares (1/6 of a core at 2 ranks, 1/5 at 4): the wall time
+    is the profile-share time x host_share / share; the fit recovers the constants exactly."""
+    truth = {"fsdp_unit_s": 2.5e-3, "fsdp_tensor_s": 9e-4, "reshard_tensor_s": 3e-4}
+    prof = dataclasses.replace(PROF, host_share=0.4)
+    points = []
+    for n, share in ((2, 1 / 6), (4, 1 / 5)):
+        for case in fsdpfit.TRAIN_CASES:
+            layers, seqs, longest, budget = case
+            mbs = max(len(fsdpfit.pack_micro_batches(
+                [fsdpfit.lengths(seqs, longest)[i] for i in fsdpfit.rank_share(seqs, n, r)], budget))
+                for r in range(n))
+            points.append(fsdpfit.FsdpPoint(kind="train", procs=n, layers=layers, label=fsdpfit.label(case),
+                                            measured_s=0.0, share=share,
+                                            counts={"fsdp_unit_s": (layers + 1) * mbs,
+                                                    "fsdp_tensor_s": 12 * layers + 2}))
+        for layers in (2, 4):
+            points.append(fsdpfit.FsdpPoint(kind="sync", procs=n, layers=layers, label="sync", measured_s=0.0,
+                                            share=share, counts={"reshard_tensor_s": (12 * layers + 2) * (n - 1)}))
+    synth = []
+    for p in points:
+        priced = fsdpfit.price(prof, p, host_parallel=2)
+        assert priced.stretch == pytest.approx(0.4 / p.share)
+        synth.append(dataclasses.replace(p, measured_s=(priced.priced_s + sum(
+            truth[f] * c for f, c in p.counts.items())) * priced.stretch))
+    fields, quality = fsdpfit.fit_fsdp_costs(prof, synth, host_parallel=2)
+    for k, v in truth.items():
+        assert fields[k] == pytest.approx(v, rel=1e-6), k
+    assert quality["fit_max_err"] < 1e-6
