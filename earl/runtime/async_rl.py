@@ -19,13 +19,21 @@ per token (earl.runtime.mismatch.tis_weights; pi_prox is the policy before this 
 
 After each optimizer step rank 0 broadcasts the weights, in buckets, to a group of itself and
 the rollout ranks; a thread on each rollout rank receives them into a staging buffer and the
-replica swaps them in between steps' episodes (no partial rollout: the replica drains first).
+replica swaps them in between steps' episodes (the replica drains first), or, with
+`schedule.partial_rollout`, between the engine's decode steps (its `between_steps` callback),
+episodes in flight. Partial rollout keeps the KV cache (no recompute): the K/V already cached
+were made by the old weights, as in AReaL and PipelineRL; a recompute would cost a prefill of
+every running episode at every push, while the extra off-policyness is recorded token by token
+(each behaviour log-prob is the one of the weights that sampled the token) and corrected by the
+same importance weight. Each episode records (version_first, version_last); its staleness is
+its oldest token's, step - 1 - version_first, so the gate above still bounds it by K.
 A checkpoint is written at the end of the run (not every `checkpoint_every` steps yet), whole
 on every rank (tp1-dpN), so that both pools join DCP's collective; it resumes in either mode,
 and an async run resumes from a sync run's checkpoint too (DCP re-shards both ways).
 
     earl run --nproc 2 --steps 4 --set schedule.mode=async --set schedule.max_staleness=1
-    OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_async.py
+    earl run --nproc 2 --steps 4 --set schedule.mode=async --set schedule.partial_rollout=true
+    OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_async.py tests/runtime/test_async_partial.py
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ from earl.policies.types import Sample
 from earl.runtime.advantages import AdvantageSpec, fill_advantages, local_stats
 from earl.runtime.checkpoint import export_hf, find_checkpoint, load_checkpoint, rng_state, save_checkpoint
 from earl.runtime.dist import comm_device
-from earl.runtime.engine import make_engine
+from earl.runtime.engine import as_stepper, make_engine, set_between_steps
 from earl.runtime.hf_model import load_policy
 from earl.runtime.metrics import RunRecorder
 from earl.runtime.mismatch import SUM_KEYS, mismatch_metrics
@@ -154,7 +162,9 @@ class WeightReceiver(threading.Thread):
 
 
 class Replica:
-    """A rollout rank: its own copy of the policy, its engine, the version it holds."""
+    """A rollout rank: its own copy of the policy, its engine, the version it holds. With
+    `schedule.partial_rollout` the engine calls back between its decode steps and the replica
+    swaps in the newest pushed version there, episodes in flight (`attach`)."""
 
     def __init__(self, cfg: RunConfig, version: int):
         self.cfg = cfg
@@ -167,6 +177,13 @@ class Replica:
         self.params = sampling_params(cfg)
         self.version = version
         self.swaps = 0
+
+    def attach(self, recv: WeightReceiver | None) -> None:
+        """Partial rollout: between decode steps, swap in whatever push has arrived (never wait).
+        None: detach."""
+        if self.cfg.schedule.partial_rollout:
+            set_between_steps(self.engine, None if recv is None else
+                              lambda: self.take_newest(recv, at_least=self.version))
 
     def swap_in(self, flat: torch.Tensor, version: int) -> None:
         off = 0
@@ -194,8 +211,51 @@ class Replica:
         if newest is not None:
             self.swap_in(newest[1], newest[0])
 
-    def play(self, step: int, share: list[int]) -> list[Trajectory]:
-        return play_episodes(self.engine, self.cfg, self.params, step, share)
+    def play(self, step: int, share: list[int]) -> tuple[list[Trajectory], dict[int, tuple[int, int]]]:
+        """Step `step`'s episodes `share`, and per episode id (version_first, version_last): the
+        version held when it was submitted (its first token's is at least that) and the one its
+        last token was generated with (equal unless a swap came mid-episode: partial rollout)."""
+        log = _VersionLog(self)
+        trajs = play_episodes(log, self.cfg, self.params, step, share)
+        spans = [v for b in log.batches for v in zip(b.first, b.last, strict=True)]
+        assert len(spans) == len(share)
+        return trajs, dict(zip(share, spans, strict=True))
+
+
+class _VersionLog:
+    """The replica's engine as play_episodes sees it, recording for each episode batch it opens
+    the version each row started on and the version its latest turn ended on."""
+
+    def __init__(self, rep: Replica):
+        self.rep, self.tokenizer, self.stats = rep, rep.engine.tokenizer, rep.engine.stats
+        self.batches: list[_VersionedBatch] = []
+
+    def open(self, n: int, seeds=None) -> _VersionedBatch:
+        self.batches.append(_VersionedBatch(as_stepper(self.rep.engine.open(n, seeds)), n, self.rep))
+        return self.batches[-1]
+
+
+class _VersionedBatch:
+    def __init__(self, inner, n: int, rep: Replica):
+        self.inner, self.rep = inner, rep
+        self.first = [rep.version] * n
+        self.last = [rep.version] * n
+
+    def submit(self, inputs, params) -> None:
+        self.inner.submit(inputs, params)
+
+    def step(self):
+        done = self.inner.step()  # any swap comes at its start (between_steps): its tokens are rep.version's
+        for r in done:
+            self.last[r] = self.rep.version
+        return done
+
+    @property
+    def busy(self) -> bool:
+        return self.inner.busy
+
+    def close(self, rows) -> None:
+        self.inner.close(rows)
 
 
 def run_rollout_rank(cfg: RunConfig, pools: Pools, push_group, rank: int, first: int, last: int,
@@ -207,6 +267,7 @@ def run_rollout_rank(cfg: RunConfig, pools: Pools, push_group, rank: int, first:
         load_weights(rep.model, weights)
     recv = WeightReceiver(_flat(rep.model), push_group, pushes=last - first + 1, first_version=first)
     recv.start()
+    rep.attach(recv)
     k, j = cfg.schedule.max_staleness, pools.rollout_ranks.index(rank)
     spans = []
     for step in range(first, last + 1):
@@ -218,11 +279,14 @@ def run_rollout_rank(cfg: RunConfig, pools: Pools, push_group, rank: int, first:
             spans.append(Span(name="wait_weights", stage="reshard", rank=rank, t_start=t0 - origin,
                               t_end=t1 - origin, step=step))
         share = list(deal(cfg.episodes_per_step, len(pools.rollout_ranks))[j])
-        trajs = rep.play(step, share)
+        v0 = rep.version
+        trajs, versions = rep.play(step, share)
         t2 = time.perf_counter()
         spans.append(Span(name="rollout", stage="rollout", rank=rank, t_start=t1 - origin, t_end=t2 - origin,
-                          step=step, tokens=sum(t.generated_tokens for t in trajs), args={"version": rep.version}))
-        dist.send_object_list([(rep.version, trajs)], dst=0)
+                          step=step, tokens=sum(t.generated_tokens for t in trajs),
+                          args={"version": v0, "version_end": rep.version}))
+        dist.send_object_list([(versions, trajs)], dst=0)
+    rep.attach(None)
     rep.take_newest(recv, at_least=last)  # the final push: the test of push equality reads it
     recv.join()
     dist.gather_object((weights_digest(rep.model), rep.swaps, spans), None, dst=0)
@@ -357,9 +421,9 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
             box = [got]
             dist.broadcast_object_list(box, src=0, group=train_groups.dp_group)
             got = box[0]
-        version_of = {t.episode_id: v for v, trajs in got for t in trajs}
+        versions = {e: v for vs, _ in got for e, v in vs.items()}  # episode id -> (version_first, version_last)
         trajs = sorted((t for _, ts in got for t in ts), key=lambda t: t.episode_id)
-        staleness = [step - 1 - version_of[t.episode_id] for t in trajs]
+        staleness = [step - 1 - versions[t.episode_id][0] for t in trajs]  # its oldest token's version
         assert max(staleness) <= k and min(staleness) >= 0, f"staleness {staleness} outside 0..{k}"
         t1 = time.perf_counter()
         share = list(deal(len(trajs), len(pools.train_ranks))[train_groups.dp_rank])
@@ -384,6 +448,7 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
         row = {"step": step, **outcome_metrics(ordered), **tstats,
                **mismatch_metrics(gap, lr.trainer.gap[1], lr.trainer.cfg.tis_cap),
                "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness),
+               "episodes_spanning_versions": sum(a != b for a, b in versions.values()),
                "rollout_pool": len(pools.rollout_ranks), "train_pool": len(pools.train_ranks),
                "wait_samples_s": t1 - t0, "train_s": t2 - t1, "weight_push_s": t3 - t2,
                "step_s": t3 - t_prev, "gen_tokens_per_s": gen_tokens / max(t3 - t_prev, 1e-9),
@@ -391,7 +456,9 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
                "plan_train": f"tp1-dp{len(pools.train_ranks)}", "samples_trained": len(trajs)}
         t_prev = t3
         rows.append(row)
-        rec.log_step(row, episode_records(ordered), [])
+        records = [{**r, "version_first": versions[r["id"]][0], "version_last": versions[r["id"]][1]}
+                   for r in episode_records(ordered)]
+        rec.log_step(row, records, [])
         rec.flush(with_trace=False)
         echo(f"step {step:4d}  reward {row['reward_mean']:+.3f}  loss {row['loss']:+.4f}  staleness mean "
              f"{row['staleness_mean']:.2f} max {row['staleness_max']}  {row['step_s']:.2f}s/step")

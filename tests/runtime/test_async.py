@@ -58,8 +58,10 @@ def test_schedule_keys_and_errors():
         check_config(a, 1)
     with pytest.raises(ValueError, match="must leave processes to train"):
         check_config(dataclasses.replace(a, schedule=ScheduleConfig(mode="async", rollout_gpus=2)), 2)
-    with pytest.raises(ValueError, match="partial_rollout"):
-        check_config(dataclasses.replace(a, schedule=ScheduleConfig(mode="async", partial_rollout=True)), 2)
+    with pytest.raises(ValueError, match="partial_rollout.*engine 'pytorch-static'"):
+        check_config(dataclasses.replace(a, engine="pytorch-static",
+                                         schedule=ScheduleConfig(mode="async", partial_rollout=True)), 2)
+    check_config(dataclasses.replace(a, schedule=ScheduleConfig(mode="async", partial_rollout=True)), 2)
     check_config(a, 2)
 
 
