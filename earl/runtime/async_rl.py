@@ -27,9 +27,17 @@ every running episode at every push, while the extra off-policyness is recorded 
 (each behaviour log-prob is the one of the weights that sampled the token) and corrected by the
 same importance weight. Each episode records (version_first, version_last); its staleness is
 its oldest token's, step - 1 - version_first, so the gate above still bounds it by K.
-A checkpoint is written at the end of the run (not every `checkpoint_every` steps yet), whole
-on every rank (tp1-dpN), so that both pools join DCP's collective; it resumes in either mode,
-and an async run resumes from a sync run's checkpoint too (DCP re-shards both ways).
+Checkpoints: every `checkpoint_every` steps and at the end, whole on every rank (tp1-dpN), so
+that both pools join DCP's collective; a rollout rank saves the push of that version it
+received (not the weights it may be playing with), after every rank's copy is checked equal.
+After each step rank 0 tells each rollout rank "go", "save" or "stop", which the replica hears
+after playing its next step and before sending it, so both ranks meet the checkpoint in the
+same order without the replica waiting for training. A checkpoint resumes in either mode, and
+an async run resumes from a sync run's checkpoint too (DCP re-shards both ways). SIGTERM (any
+rank's: a rollout rank's rides with its episodes) and a deadline stop the run after a step, as
+in the sync loop (earl.runtime.control.vote_stop over the training pool, the console's
+Preemption); the replica's step in flight is then dropped. A killed rank reaches the others as
+a gloo error, and the launcher prints its one line and the resume hint.
 
     earl run --nproc 2 --steps 4 --set schedule.mode=async --set schedule.max_staleness=1
     earl run --nproc 2 --steps 4 --set schedule.mode=async --set schedule.partial_rollout=true
@@ -57,6 +65,8 @@ from earl.policies.pools import choose_pool_split
 from earl.policies.types import Sample
 from earl.runtime.advantages import AdvantageSpec, fill_advantages, local_stats
 from earl.runtime.checkpoint import export_hf, find_checkpoint, load_checkpoint, rng_state, save_checkpoint
+from earl.runtime.console import Preemption
+from earl.runtime.control import vote_stop
 from earl.runtime.dist import comm_device
 from earl.runtime.engine import as_stepper, make_engine, set_between_steps
 from earl.runtime.hf_model import load_policy
@@ -87,6 +97,7 @@ ASYNC_TIS_CAP = 2.0  # the behaviour-weight cap when trainer.tis_cap is 0 (verl'
 PUSH_BUCKET_BYTES = 32 * 2**20  # one weight-push broadcast carries at most this many bytes
 ASYNC_JSON = "async.json"  # the pool split and the weight-push check, written by rank 0
 HF_EXPORT = "hf"  # the run folder's HF export of the final policy (earl.runtime.run's)
+END_OF_PUSHES = -1  # the version number that ends a run's weight pushes
 
 
 @dataclass(frozen=True)
@@ -117,10 +128,10 @@ def _flat(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def weights_digest(model: torch.nn.Module) -> str:
+def weights_digest(model: torch.nn.Module | dict[str, torch.Tensor]) -> str:
     """sha256 of every parameter's bytes, in order (bitwise equality of two copies)."""
     h = hashlib.sha256()
-    for name, p in model.named_parameters():
+    for name, p in (model.items() if isinstance(model, dict) else model.named_parameters()):
         h.update(name.encode())
         h.update(p.detach().cpu().contiguous().view(torch.uint8).reshape(-1).numpy().tobytes())
     return h.hexdigest()
@@ -131,34 +142,69 @@ def _buckets(numel: int, itemsize: int) -> list[tuple[int, int]]:
     return [(a, min(numel, a + per)) for a in range(0, numel, per)]
 
 
-def push_weights(model: torch.nn.Module, group) -> None:
-    """Rank 0: the training weights to the rollout ranks of `group`, bucket by bucket."""
+def _header(version: int, group) -> int:
+    """Rank 0's version number to every rank of `group` (END_OF_PUSHES: no more)."""
+    t = torch.tensor([version], dtype=torch.int64, device=comm_device())
+    dist.broadcast(t, src=0, group=group)
+    return int(t.item())
+
+
+def push_weights(model: torch.nn.Module, group, version: int) -> None:
+    """Rank 0: weight version `version` to the rollout ranks of `group`: its number, then the
+    weights bucket by bucket."""
+    _header(version, group)
     flat = _flat(model)
     for a, b in _buckets(flat.numel(), flat.element_size()):
         dist.broadcast(flat[a:b].contiguous(), src=0, group=group)
 
 
-class WeightReceiver(threading.Thread):
-    """A rollout rank's receiver of `pushes` weight versions: each arrives in a fresh staging
-    buffer and waits in `ready` (version, flat tensor) until the replica swaps it in."""
+def end_pushes(group) -> None:
+    """Rank 0: no more versions; the rollout ranks' receivers end."""
+    _header(END_OF_PUSHES, group)
 
-    def __init__(self, like: torch.Tensor, group, pushes: int, first_version: int):
+
+class WeightReceiver(threading.Thread):
+    """A rollout rank's receiver of weight versions until END_OF_PUSHES: each arrives in a fresh
+    staging buffer and waits in `ready` (version, flat tensor) until the replica swaps it in;
+    `latest` keeps the newest for a checkpoint (`weights_of`)."""
+
+    def __init__(self, like: torch.Tensor, group):
         super().__init__(daemon=True)
-        self.like, self.group, self.pushes, self.first = like, group, pushes, first_version
+        self.like, self.group = like, group
         self.ready: queue.Queue = queue.Queue()
         self.error: BaseException | None = None
+        self.latest: tuple[int, torch.Tensor] | None = None
+        self.arrived = threading.Condition()
 
     def run(self) -> None:
         try:
-            for k in range(self.pushes):
+            while (version := _header(0, self.group)) != END_OF_PUSHES:
                 buf = torch.empty_like(self.like)
                 for a, b in _buckets(buf.numel(), buf.element_size()):
                     part = buf[a:b]
                     dist.broadcast(part, src=0, group=self.group)
-                self.ready.put((self.first + k, buf))
+                with self.arrived:
+                    self.latest = (version, buf)
+                    self.arrived.notify_all()
+                self.ready.put((version, buf))
         except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
             self.error = e
             self.ready.put((None, None))
+            with self.arrived:
+                self.arrived.notify_all()
+
+    def weights_of(self, version: int, timeout_s: float = 600) -> torch.Tensor:
+        """The flat weights of `version`, once pushed (the newest: rank 0 pushes no later one
+        before the checkpoint of `version` this is for)."""
+        with self.arrived:
+            got = self.arrived.wait_for(lambda: self.error is not None or (self.latest is not None
+                                                                          and self.latest[0] >= version), timeout_s)
+        if self.error is not None:
+            raise RuntimeError(f"weight push failed: {self.error}") from self.error
+        if not got:
+            raise RuntimeError(f"timed out waiting for weight version {version} from the training pool")
+        assert self.latest[0] == version, (self.latest[0], version)
+        return self.latest[1]
 
 
 class Replica:
@@ -259,42 +305,90 @@ class _VersionedBatch:
 
 
 def run_rollout_rank(cfg: RunConfig, pools: Pools, push_group, rank: int, first: int, last: int,
-                     origin: float, out: Path, weights: dict | None) -> list[Span]:
-    """Steps first..last of one rollout replica; returns its spans. Pushes arrive after every
-    training step (versions first..last)."""
+                     origin: float, out: Path, weights: dict | None) -> int:
+    """Steps first..last of one rollout replica, or until the training pool says stop; returns
+    the last step trained. Pushes arrive after every training step. Step s's episodes go to
+    rank 0 after rank 0's word on step s-1 ("go", "save" or "stop"), so that a checkpoint of
+    step s-1 comes between the two in both ranks' order."""
     rep = Replica(cfg, version=first - 1)
     if weights is not None:
         load_weights(rep.model, weights)
-    recv = WeightReceiver(_flat(rep.model), push_group, pushes=last - first + 1, first_version=first)
+    recv = WeightReceiver(_flat(rep.model), push_group)
     recv.start()
     rep.attach(recv)
     k, j = cfg.schedule.max_staleness, pools.rollout_ranks.index(rank)
     spans = []
-    for step in range(first, last + 1):
-        fault_hook(rank, step)
-        t0 = time.perf_counter()
-        rep.take_newest(recv, at_least=step - 1 - k)  # never generate a sample staler than K
-        t1 = time.perf_counter()
-        if t1 - t0 > 1e-3:
-            spans.append(Span(name="wait_weights", stage="reshard", rank=rank, t_start=t0 - origin,
-                              t_end=t1 - origin, step=step))
-        share = list(deal(cfg.episodes_per_step, len(pools.rollout_ranks))[j])
-        v0 = rep.version
-        trajs, versions = rep.play(step, share)
-        t2 = time.perf_counter()
-        spans.append(Span(name="rollout", stage="rollout", rank=rank, t_start=t1 - origin, t_end=t2 - origin,
-                          step=step, tokens=sum(t.generated_tokens for t in trajs),
-                          args={"version": v0, "version_end": rep.version}))
-        dist.send_object_list([(versions, trajs)], dst=0)
+    final = last
+    with Preemption() as sigterm:  # SIGTERM reaches every rank: this one says so to rank 0 and goes on
+        for step in range(first, last + 1):
+            fault_hook(rank, step)
+            t0 = time.perf_counter()
+            rep.take_newest(recv, at_least=step - 1 - k)  # never generate a sample staler than K
+            t1 = time.perf_counter()
+            if t1 - t0 > 1e-3:
+                spans.append(Span(name="wait_weights", stage="reshard", rank=rank, t_start=t0 - origin,
+                                  t_end=t1 - origin, step=step))
+            share = list(deal(cfg.episodes_per_step, len(pools.rollout_ranks))[j])
+            v0 = rep.version
+            trajs, versions = rep.play(step, share)
+            t2 = time.perf_counter()
+            spans.append(Span(name="rollout", stage="rollout", rank=rank, t_start=t1 - origin, t_end=t2 - origin,
+                              step=step, tokens=sum(t.generated_tokens for t in trajs),
+                              args={"version": v0, "version_end": rep.version}))
+            if step > first:
+                word = _hear(step - 1)
+                if word == STOP:  # these episodes are not trained
+                    final = step - 1
+                    break
+                if word == SAVE:
+                    save_mid_run(out, step - 1, cfg, rep.model, _unflat(rep.model, recv.weights_of(step - 1)), None)
+            dist.send_object_list([(versions, trajs, sigterm.requested)], dst=0)
+        else:
+            assert _hear(last) == STOP
     rep.attach(None)
-    rep.take_newest(recv, at_least=last)  # the final push: the test of push equality reads it
+    rep.take_newest(recv, at_least=final)  # the final push: the test of push equality reads it
     recv.join()
     dist.gather_object((weights_digest(rep.model), rep.swaps, spans), None, dst=0)
     box = [None]
     dist.broadcast_object_list(box, src=0)  # rank 0's optimizer state, or None: no checkpoint
     if box[0] is not None:
-        save_async_checkpoint(out, last, cfg, dist.get_world_size(), rep.model, *box[0], source="", stats={})
-    return spans
+        save_async_checkpoint(out, final, cfg, dist.get_world_size(), rep.model, *box[0], source="", stats={})
+    return final
+
+
+GO, SAVE, STOP = "go", "save", "stop"  # rank 0's word to the rollout ranks after each step
+
+
+def _hear(step: int) -> str:
+    box = [None]
+    dist.recv_object_list(box, src=0)
+    assert box[0][0] == step, (box[0], step)
+    return box[0][1]
+
+
+def save_mid_run(out: Path, step: int, cfg: RunConfig, model: torch.nn.Module, params: dict[str, torch.Tensor],
+                 state: tuple[dict, int] | None, source: str = "", stats: dict | None = None) -> Path:
+    """Every rank's part of the checkpoint of `step` during an async run: `params`, this rank's
+    copy of version `step` (a rollout rank's is the push it received, not necessarily the
+    weights it plays with), checked equal on every rank first (DCP writes any one rank's copy
+    of a replicated tensor), and `state`, rank 0's optimizer state (tensors, steps), sent to
+    every rank. Collective; RuntimeError if the copies differ."""
+    digests: list = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, weights_digest(params))
+    if len(set(digests)) != 1:
+        raise RuntimeError(f"checkpoint of step {step}: the ranks' copies of version {step} differ")
+    box = [state]
+    dist.broadcast_object_list(box, src=0)
+    return save_async_checkpoint(out, step, cfg, dist.get_world_size(), model, *box[0], source=source,
+                                 stats=stats or {}, params=params)
+
+
+def _unflat(model: torch.nn.Module, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+    out, off = {}, 0
+    for n, p in model.named_parameters():
+        out[n] = flat[off:off + p.numel()].view_as(p)
+        off += p.numel()
+    return out
 
 
 def fault_hook(rank: int, step: int) -> None:
@@ -344,15 +438,18 @@ def load_async_checkpoint(ckpt: Path, model: torch.nn.Module, rank: int, world: 
 
 
 def save_async_checkpoint(out: Path, step: int, cfg: RunConfig, world: int, model: torch.nn.Module,
-                          optimizer: dict, optimizer_step: int, source: str, stats: dict) -> Path:
+                          optimizer: dict, optimizer_step: int, source: str, stats: dict,
+                          params: dict[str, torch.Tensor] | None = None) -> Path:
     """The run's checkpoint after `step`, by every rank (rollout ranks hold the pushed weights,
-    equal to training's, and rank 0's optimizer state, broadcast to them). Collective."""
+    equal to training's, and rank 0's optimizer state, broadcast to them); `params`: the
+    weights to save when they are not `model`'s. Collective."""
     meta = {"config": to_dict(cfg), "plans": {s.value: initial_plans(cfg, world).for_stage(s).describe()
                                               for s in Stage},
             "world": world, "model_source": source, "stats": stats, "rng": rng_state(), "schedule": "async"}
-    return save_checkpoint(out, step, params={n: p.detach() for n, p in model.named_parameters()},
-                           optimizer=optimizer, optimizer_step=optimizer_step, shapes=param_shapes(model),
-                           plan=checkpoint_plan(world), meta=meta, keep=cfg.keep_checkpoints)
+    params = params if params is not None else {n: p.detach() for n, p in model.named_parameters()}
+    return save_checkpoint(out, step, params=params, optimizer=optimizer, optimizer_step=optimizer_step,
+                           shapes=param_shapes(model), plan=checkpoint_plan(world), meta=meta,
+                           keep=cfg.keep_checkpoints)
 
 
 def experience(lr: Learner, trajs: list[Trajectory], share: list[int]):
@@ -374,95 +471,107 @@ def experience(lr: Learner, trajs: list[Trajectory], share: list[int]):
 
 
 def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str, spec, stats: WorkloadStats,
-              echo, resume: Path | None = None) -> tuple[list[dict], Path | None, int]:
+              echo, resume: Path | None = None, stop_at: int | None = None, deadline_s: float | None = None,
+              t_call: float | None = None) -> tuple[list[dict], Path | None, int, int, bool]:
     """The whole asynchronous run on this rank, from the start or from a checkpoint of either
-    mode; returns (rank 0: every metrics row, else []; the checkpoint written; the first step)."""
+    mode, to `cfg.steps` or `stop_at`, or the first step ending `deadline_s` after `t_call`, or
+    SIGTERM; returns (rank 0: every metrics row, else []; the last checkpoint written; the first
+    step; the last step; stopped by SIGTERM)."""
     pools = split_pools(cfg, world, hardware, spec, stats)
     train_groups = build_plan_groups(ParallelPlan(dp=len(pools.train_ranks)))  # collective, every rank
     push_group = dist.new_group([0, *pools.rollout_ranks])
     origin = time.perf_counter()
-    last, first, state = cfg.steps, 1, None
+    last, first, state = min(cfg.steps, stop_at or cfg.steps), 1, None
     if resume is not None:
         params, optimizer, optimizer_step, meta = load_async_checkpoint(find_checkpoint(resume),
                                                                         load_policy(cfg.model.path).model, rank, world)
         first, state = int(meta["step"]) + 1, (params, optimizer, optimizer_step)
-        if first > last:
-            raise ValueError(f"the checkpoint is at step {first - 1} and steps={last}: nothing to do (raise --steps)")
+        if first > cfg.steps:
+            raise ValueError(f"the checkpoint is at step {first - 1} and steps={cfg.steps}: nothing to do "
+                             "(raise --steps)")
     if rank in pools.rollout_ranks:
-        run_rollout_rank(cfg, pools, push_group, rank, first, last, origin, out,
-                         weights=state[0] if state is not None else None)
-        return [], None, first
+        step = run_rollout_rank(cfg, pools, push_group, rank, first, last, origin, out,
+                                weights=state[0] if state is not None else None)
+        return [], None, first, step, False
     lr = Learner(cfg, train_groups, state=state)
     rec = None
+    every = cfg.checkpoint_every if cfg.checkpoints else 0
     if rank == 0:
-        echo(f"earl run: schedule async, max_staleness {cfg.schedule.max_staleness}: rollout pool "
+        echo(f"earl run: schedule async, max_staleness {cfg.schedule.max_staleness}"
+             f"{', partial rollout' if cfg.schedule.partial_rollout else ''}: rollout pool "
              f"{len(pools.rollout_ranks)} process(es) (ranks {pools.rollout_ranks[0]}-{pools.rollout_ranks[-1]}, "
              f"tp1 replicas), training pool {len(pools.train_ranks)} (tp1-dp{len(pools.train_ranks)}); split by "
              f"{pools.how}; behaviour-weight cap {lr.trainer.cfg.tis_cap:g}; steps {first}-{last}"
-             + (f" from {resume}" if resume is not None else "") + "; a checkpoint at the end only")
+             + (f" from {resume}" if resume is not None else "")
+             + (f"; a checkpoint every {every} steps and at the end" if every else
+                "; a checkpoint at the end" if cfg.checkpoints else "; no checkpoints"))
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "config.json", json.dumps(to_dict(cfg), indent=2))
         rec = RunRecorder(out, resume_step=first - 1 if resume is not None else None,
                           wandb_config=to_dict(cfg) if cfg.wandb else None)
     k = cfg.schedule.max_staleness
-    rows, spans = [], []
+    spans = []
     t_prev = time.perf_counter()
     final_stats: dict = {}
-    for step in range(first, last + 1):
-        fault_hook(rank, step)
-        t0 = time.perf_counter()
-        got = []
-        if rank == 0:
-            for r in pools.rollout_ranks:  # step s's episodes: the oldest waiting
-                box = [None]
-                dist.recv_object_list(box, src=r)
-                got.append(box[0])
-        if len(pools.train_ranks) > 1:
-            box = [got]
-            dist.broadcast_object_list(box, src=0, group=train_groups.dp_group)
-            got = box[0]
-        versions = {e: v for vs, _ in got for e, v in vs.items()}  # episode id -> (version_first, version_last)
-        trajs = sorted((t for _, ts in got for t in ts), key=lambda t: t.episode_id)
-        staleness = [step - 1 - versions[t.episode_id][0] for t in trajs]  # its oldest token's version
-        assert max(staleness) <= k and min(staleness) >= 0, f"staleness {staleness} outside 0..{k}"
-        t1 = time.perf_counter()
-        share = list(deal(len(trajs), len(pools.train_ranks))[train_groups.dp_rank])
-        batch, meta = experience(lr, trajs, share)
-        tstats = seeded_train_step(lr.trainer, lr.optim, batch, cfg, step, train_groups.dp_rank)
-        t2 = time.perf_counter()
-        if rank == 0:
-            push_weights(lr.model, push_group)
-        t3 = time.perf_counter()
-        if rank != 0:
-            continue
-        spans += [Span(name="wait_samples", stage="dispatch", rank=0, t_start=t0 - origin, t_end=t1 - origin,
-                       step=step),
-                  Span(name="train_step", stage="train", rank=0, t_start=t1 - origin, t_end=t2 - origin, step=step,
-                       tokens=int(tstats["train_tokens"])),
-                  Span(name="weight_push", stage="reshard", rank=0, t_start=t2 - origin, t_end=t3 - origin,
-                       step=step)]
-        ordered = [meta[t.episode_id] for t in trajs]
-        final_stats = dataclasses.asdict(workload_stats(ordered, step, cfg.sampling.max_context))
-        gap = lr.trainer.gap[0] if share else dict.fromkeys(SUM_KEYS, 0.0)
-        gen_tokens = sum(m.generated for m in ordered)
-        row = {"step": step, **outcome_metrics(ordered), **tstats,
-               **mismatch_metrics(gap, lr.trainer.gap[1], lr.trainer.cfg.tis_cap),
-               "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness),
-               "episodes_spanning_versions": sum(a != b for a, b in versions.values()),
-               "rollout_pool": len(pools.rollout_ranks), "train_pool": len(pools.train_ranks),
-               "wait_samples_s": t1 - t0, "train_s": t2 - t1, "weight_push_s": t3 - t2,
-               "step_s": t3 - t_prev, "gen_tokens_per_s": gen_tokens / max(t3 - t_prev, 1e-9),
-               "world": world, "schedule": "async", "plan_rollout": "tp1-dp1 x " + str(len(pools.rollout_ranks)),
-               "plan_train": f"tp1-dp{len(pools.train_ranks)}", "samples_trained": len(trajs)}
-        t_prev = t3
-        rows.append(row)
-        records = [{**r, "version_first": versions[r["id"]][0], "version_last": versions[r["id"]][1]}
-                   for r in episode_records(ordered)]
-        rec.log_step(row, records, [])
-        rec.flush(with_trace=False)
-        echo(f"step {step:4d}  reward {row['reward_mean']:+.3f}  loss {row['loss']:+.4f}  staleness mean "
-             f"{row['staleness_mean']:.2f} max {row['staleness_max']}  {row['step_s']:.2f}s/step")
+    ckpt = None
+    preempted = False
+    saved: list[int] = []  # steps checkpointed mid-run, each after checking every rank's copy equal
+    with Preemption() as sigterm:
+        for step in range(first, last + 1):
+            fault_hook(rank, step)
+            t0 = time.perf_counter()
+            got = []
+            if rank == 0:
+                for r in pools.rollout_ranks:  # step s's episodes: the oldest waiting
+                    box = [None]
+                    dist.recv_object_list(box, src=r)
+                    got.append(box[0])
+            if len(pools.train_ranks) > 1:
+                box = [got]
+                dist.broadcast_object_list(box, src=0, group=train_groups.dp_group)
+                got = box[0]
+            versions = {e: v for vs, _, _ in got for e, v in vs.items()}  # id -> (version_first, version_last)
+            trajs = sorted((t for _, ts, _ in got for t in ts), key=lambda t: t.episode_id)
+            staleness = [step - 1 - versions[t.episode_id][0] for t in trajs]  # its oldest token's version
+            assert max(staleness) <= k and min(staleness) >= 0, f"staleness {staleness} outside 0..{k}"
+            t1 = time.perf_counter()
+            share = list(deal(len(trajs), len(pools.train_ranks))[train_groups.dp_rank])
+            batch, meta = experience(lr, trajs, share)
+            tstats = seeded_train_step(lr.trainer, lr.optim, batch, cfg, step, train_groups.dp_rank)
+            t2 = time.perf_counter()
+            if rank == 0:
+                push_weights(lr.model, push_group, version=step)
+            t3 = time.perf_counter()
+            # stop after this step? rank 0's clock, any rank's SIGTERM (a rollout rank's came with its episodes)
+            past = deadline_s is not None and time.perf_counter() - (t_call or origin) > deadline_s
+            past, stop = vote_stop(past, sigterm.requested or any(s for _, _, s in got), train_groups.dp_group)
+            preempted = preempted or stop
+            done = past or stop or step == last
+            due = bool(every) and step % every == 0 and not done
+            if rank == 0:
+                for r in pools.rollout_ranks:
+                    dist.send_object_list([(step, STOP if done else SAVE if due else GO)], dst=r)
+                ordered = [meta[t.episode_id] for t in trajs]
+                final_stats = dataclasses.asdict(workload_stats(ordered, step, cfg.sampling.max_context))
+                spans += _train_spans(origin, step, t0, t1, t2, t3, tstats)
+                row = _metrics_row(cfg, lr, pools, step, ordered, share, tstats, staleness, versions, world,
+                                   (t0, t1, t2, t3, t_prev))
+                t_prev = t3
+                records = [{**r, "version_first": versions[r["id"]][0], "version_last": versions[r["id"]][1]}
+                           for r in episode_records(ordered)]
+                rec.log_step(row, records, [])
+                rec.flush(with_trace=False)
+                echo(f"step {step:4d}  reward {row['reward_mean']:+.3f}  loss {row['loss']:+.4f}  staleness mean "
+                     f"{row['staleness_mean']:.2f} max {row['staleness_max']}  {row['step_s']:.2f}s/step")
+            if due:
+                ckpt = save_mid_run(out, step, cfg, lr.model, {n: p.detach() for n, p in lr.model.named_parameters()},
+                                    (lr.optim.state_tensors(), lr.optim.step_count) if rank == 0 else None,
+                                    source=lr.source, stats=final_stats)
+                saved.append(step)
+            if done:
+                break
     if rank == 0:
+        end_pushes(push_group)
         parts = [None] * world
         dist.gather_object(None, parts, dst=0)
         mine = weights_digest(lr.model)
@@ -475,7 +584,7 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
         info = {"train_ranks": list(pools.train_ranks), "rollout_ranks": list(pools.rollout_ranks),
                 "split": pools.how, "max_staleness": k, "train_digest": mine,
                 "rollout_digests": [p[0] for p in rollout_parts], "rollout_swaps": [p[1] for p in rollout_parts],
-                "weights_equal": all(p[0] == mine for p in rollout_parts)}
+                "weights_equal": all(p[0] == mine for p in rollout_parts), "mid_run_checkpoints": saved}
         atomic_write_text(out / ASYNC_JSON, json.dumps(info, indent=2))
         box = [(lr.optim.state_tensors(), lr.optim.step_count) if cfg.checkpoints and info["weights_equal"] else None]
     else:
@@ -484,19 +593,41 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
     dist.broadcast_object_list(box, src=0)
     if rank == 0 and not info["weights_equal"]:
         raise RuntimeError("after the final weight push a rollout replica's weights differ from training's")
-    ckpt = None
     if box[0] is not None:
-        ckpt = save_async_checkpoint(out, last, cfg, world, lr.model, *box[0], source=lr.source, stats=final_stats)
-        if rank == 0:
+        ckpt = save_async_checkpoint(out, step, cfg, world, lr.model, *box[0], source=lr.source, stats=final_stats)
+        if rank == 0 and not preempted:  # a preempted job's grace period is for the checkpoint only
             export_hf(out / HF_EXPORT, {n: p.detach() for n, p in lr.model.named_parameters()}, lr.model.config,
                       lr.tokenizer)
-    return (rec.metrics.rows if rec is not None else []), ckpt, first
+    return (rec.metrics.rows if rec is not None else []), ckpt, first, step, preempted
 
 
-def run_async_training(cfg: RunConfig, out: Path, rank: int, world: int, *, resume,
-                       echo) -> tuple[list[dict], Path | None, int]:
+def _train_spans(origin: float, step: int, t0: float, t1: float, t2: float, t3: float, tstats: dict) -> list[Span]:
+    return [Span(name="wait_samples", stage="dispatch", rank=0, t_start=t0 - origin, t_end=t1 - origin, step=step),
+            Span(name="train_step", stage="train", rank=0, t_start=t1 - origin, t_end=t2 - origin, step=step,
+                 tokens=int(tstats["train_tokens"])),
+            Span(name="weight_push", stage="reshard", rank=0, t_start=t2 - origin, t_end=t3 - origin, step=step)]
+
+
+def _metrics_row(cfg: RunConfig, lr: Learner, pools: Pools, step: int, ordered: list[SampleMeta], share: list[int],
+                 tstats: dict, staleness: list[int], versions: dict, world: int, times: tuple) -> dict:
+    t0, t1, t2, t3, t_prev = times
+    gap = lr.trainer.gap[0] if share else dict.fromkeys(SUM_KEYS, 0.0)
+    gen_tokens = sum(m.generated for m in ordered)
+    return {"step": step, **outcome_metrics(ordered), **tstats,
+            **mismatch_metrics(gap, lr.trainer.gap[1], lr.trainer.cfg.tis_cap),
+            "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness),
+            "episodes_spanning_versions": sum(a != b for a, b in versions.values()),
+            "rollout_pool": len(pools.rollout_ranks), "train_pool": len(pools.train_ranks),
+            "wait_samples_s": t1 - t0, "train_s": t2 - t1, "weight_push_s": t3 - t2,
+            "step_s": t3 - t_prev, "gen_tokens_per_s": gen_tokens / max(t3 - t_prev, 1e-9),
+            "world": world, "schedule": "async", "plan_rollout": "tp1-dp1 x " + str(len(pools.rollout_ranks)),
+            "plan_train": f"tp1-dp{len(pools.train_ranks)}", "samples_trained": len(ordered)}
+
+
+def run_async_training(cfg: RunConfig, out: Path, rank: int, world: int, *, resume, echo, stop_at=None,
+                       deadline_s=None, t_call=None) -> tuple[list[dict], Path | None, int, int, bool]:
     """`earl run` with `schedule.mode = "async"` on this rank (earl.runtime.run branches here):
-    (metrics rows, the last checkpoint, the first step run)."""
+    (metrics rows, the last checkpoint, the first step run, the last, stopped by SIGTERM)."""
     if rank == 0:
         check_out(out, resume)
     torch.set_num_threads(cfg.threads)
@@ -505,4 +636,4 @@ def run_async_training(cfg: RunConfig, out: Path, rank: int, world: int, *, resu
     tokenizer = load_policy(cfg.model.path, seed=cfg.seed, dtype=cfg.model.dtype).tokenizer
     stats = start_stats(cfg, tokenizer, sampling_params(cfg).max_new_tokens)
     return run_async(cfg, out, rank, world, hardware=hw, spec=model_spec(cfg.model.path), stats=stats,
-                     echo=echo, resume=resume)
+                     echo=echo, resume=resume, stop_at=stop_at, deadline_s=deadline_s, t_call=t_call)

@@ -30,6 +30,7 @@ from earl.runtime.async_rl import (
     Replica,
     WeightReceiver,
     _flat,
+    end_pushes,
     experience,
     push_weights,
     split_pools,
@@ -136,10 +137,11 @@ def _gate(k: int, delays: list[float]):
             with torch.no_grad():
                 for p in lr.model.parameters():
                     p.add_(float(step))  # a distinct version each push
-            push_weights(lr.model, group)
+            push_weights(lr.model, group, version=step)
+        end_pushes(group)
         return weights_digest(lr.model)
     rep = Replica(cfg, version=0)
-    recv = WeightReceiver(_flat(rep.model), group, pushes=len(delays), first_version=1)
+    recv = WeightReceiver(_flat(rep.model), group)
     recv.start()
     held = []
     for step in range(1, steps + 1):
@@ -215,21 +217,6 @@ def test_resume_across_modes(tmp_path):
     assert [x["step"] for x in rows] == [1, 2, 3, 4, 5]
     assert [x.get("schedule", "sync") for x in rows] == ["sync", "sync", "async", "async", "sync"]
     assert all(math.isfinite(x["loss"]) for x in rows)
-
-
-@pytest.mark.slow
-@pytest.mark.dist
-@pytest.mark.parametrize("pool", ["train", "rollout"])
-def test_a_killed_rank_stops_the_run(tmp_path, pool):
-    """A rank of either pool dies at step 2: the run stops with the launcher's one line."""
-    rank = 0 if pool == "train" else 1
-    r = subprocess.run([sys.executable, "-m", "earl.cli", "run", "--quiet", "--nproc", "2", "--steps", "3", "--out",
-                        str(tmp_path / "run"), "--set", "groups=2", "--set", "plots=false",
-                        "--set", "schedule.mode=async"], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "OMP_NUM_THREADS": "1", "EARL_FAULT_RANK_STEP": f"{rank}:2"})
-    assert r.returncode != 0
-    lines = [x for x in r.stderr.splitlines() if x.strip()]
-    assert any("failed" in x and "checkpoint" in x for x in lines), r.stdout + r.stderr
 
 
 @pytest.mark.slow
