@@ -17,16 +17,19 @@ ones waiting) and corrects them with the decoupled-PPO weight min(pi_prox / pi_b
 per token (earl.runtime.mismatch.tis_weights; pi_prox is the policy before this step, C is
 `trainer.tis_cap`, or ASYNC_TIS_CAP when that is 0), on every algorithm of the trainer.
 
-After each optimizer step rank 0 broadcasts the weights, in buckets, to a group of itself and
-the rollout ranks; a thread on each rollout rank receives them into a staging buffer and the
-replica swaps them in between steps' episodes (the replica drains first), or, with
-`schedule.partial_rollout`, between the engine's decode steps (its `between_steps` callback),
-episodes in flight. Partial rollout keeps the KV cache (no recompute): the K/V already cached
-were made by the old weights, as in AReaL and PipelineRL; a recompute would cost a prefill of
-every running episode at every push, while the extra off-policyness is recorded token by token
-(each behaviour log-prob is the one of the weights that sampled the token) and corrected by the
-same importance weight. Each episode records (version_first, version_last); its staleness is
-its oldest token's, step - 1 - version_first, so the gate above still bounds it by K.
+After each optimizer step the training pool pushes the weights through the re-shard planner
+(`WeightPush`: earl.policies.reshard.plan_pool_push from tp1-dpT on the training ranks to tp1
+replicas on the rollout ranks, executed in buckets by earl.runtime.move_weights.execute_reshard);
+a thread on each rollout rank receives them into staging tensors and the replica swaps them in
+between steps' episodes (the replica drains first), or, with `schedule.partial_rollout`,
+between the engine's decode steps (its `between_steps` callback), episodes in flight. Partial
+rollout keeps the KV cache (no recompute): the K/V already cached were made by the old weights,
+as in AReaL and PipelineRL; a recompute would cost a prefill of every running episode at every
+push, while the extra off-policyness is recorded token by token (each behaviour log-prob is the
+one of the weights that sampled the token) and corrected by the same importance weight. Each
+episode records (version_first, version_last); its staleness is its oldest token's,
+step - 1 - version_first, so the gate above still bounds it by K.
+
 Checkpoints: every `checkpoint_every` steps and at the end, whole on every rank (tp1-dpN), so
 that both pools join DCP's collective; a rollout rank saves the push of that version it
 received (not the weights it may be playing with), after every rank's copy is checked equal.
@@ -62,6 +65,7 @@ import torch.distributed as dist
 
 from earl.parallel import build_plan_groups, deal
 from earl.policies.pools import choose_pool_split
+from earl.policies.reshard import plan_pool_push
 from earl.policies.types import Sample
 from earl.runtime.advantages import AdvantageSpec, fill_advantages, local_stats
 from earl.runtime.checkpoint import export_hf, find_checkpoint, load_checkpoint, rng_state, save_checkpoint
@@ -72,6 +76,7 @@ from earl.runtime.engine import as_stepper, make_engine, set_between_steps
 from earl.runtime.hf_model import load_policy
 from earl.runtime.metrics import RunRecorder
 from earl.runtime.mismatch import SUM_KEYS, mismatch_metrics
+from earl.runtime.move_weights import allocate_local, execute_reshard
 from earl.runtime.optim import ReplicatedAdamW
 from earl.runtime.resolve import check_out, initial_plans, model_spec, resolve_hardware, selector_cost_model
 from earl.runtime.rollout import Trajectory
@@ -94,7 +99,7 @@ from earl.specs import ParallelPlan, Stage, StagePlan, WorkloadStats
 from earl.trace import Span, atomic_write_text
 
 ASYNC_TIS_CAP = 2.0  # the behaviour-weight cap when trainer.tis_cap is 0 (verl's default TIS cap)
-PUSH_BUCKET_BYTES = 32 * 2**20  # one weight-push broadcast carries at most this many bytes
+PUSH_BUCKET_BYTES = 32 * 2**20  # one weight-push message carries at most this many bytes
 ASYNC_JSON = "async.json"  # the pool split and the weight-push check, written by rank 0
 HF_EXPORT = "hf"  # the run folder's HF export of the final policy (earl.runtime.run's)
 END_OF_PUSHES = -1  # the version number that ends a run's weight pushes
@@ -124,10 +129,6 @@ def split_pools(cfg: RunConfig, world: int, hardware: str, spec, stats: Workload
     return Pools(train_ranks=tuple(range(t)), rollout_ranks=tuple(range(t, world)), how=how)
 
 
-def _flat(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
 def weights_digest(model: torch.nn.Module | dict[str, torch.Tensor]) -> str:
     """sha256 of every parameter's bytes, in order (bitwise equality of two copies)."""
     h = hashlib.sha256()
@@ -137,11 +138,6 @@ def weights_digest(model: torch.nn.Module | dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def _buckets(numel: int, itemsize: int) -> list[tuple[int, int]]:
-    per = max(1, PUSH_BUCKET_BYTES // itemsize)
-    return [(a, min(numel, a + per)) for a in range(0, numel, per)]
-
-
 def _header(version: int, group) -> int:
     """Rank 0's version number to every rank of `group` (END_OF_PUSHES: no more)."""
     t = torch.tensor([version], dtype=torch.int64, device=comm_device())
@@ -149,53 +145,79 @@ def _header(version: int, group) -> int:
     return int(t.item())
 
 
-def push_weights(model: torch.nn.Module, group, version: int) -> None:
-    """Rank 0: weight version `version` to the rollout ranks of `group`: its number, then the
-    weights bucket by bucket."""
-    _header(version, group)
-    flat = _flat(model)
-    for a, b in _buckets(flat.numel(), flat.element_size()):
-        dist.broadcast(flat[a:b].contiguous(), src=0, group=group)
+def _named(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach() for n, p in model.named_parameters()}
 
 
-def end_pushes(group) -> None:
-    """Rank 0: no more versions; the rollout ranks' receivers end."""
-    _header(END_OF_PUSHES, group)
+class WeightPush:
+    """The training pool's weights to the rollout replicas through the re-shard planner
+    (earl.policies.reshard.plan_pool_push: tp1-dpT on the training ranks to R tp1 replicas, dp=R,
+    on the rollout ranks; each slice from the least loaded training rank, so the sends spread over
+    the training pool), executed by earl.runtime.move_weights.execute_reshard in buckets of
+    PUSH_BUCKET_BYTES (gloo here, NCCL on GPUs, the same code) on `group`, a process group of the
+    whole world apart from the default one (a rollout rank receives on a thread). Each version
+    goes out after a header with its number from rank 0."""
+
+    def __init__(self, model: torch.nn.Module, pools: Pools, group):
+        self.group, self.rank = group, dist.get_rank()
+        self.shapes = param_shapes(model)
+        self.dtypes = {n: p.dtype for n, p in model.named_parameters()}
+        self.plan = plan_pool_push(self.shapes, ParallelPlan(dp=len(pools.train_ranks)), pools.train_ranks,
+                                   ParallelPlan(dp=len(pools.rollout_ranks)), pools.rollout_ranks)
+
+    def send(self, model: torch.nn.Module, version: int) -> int:
+        """A training rank: version `version` of `model` (every training rank calls it); returns
+        the bytes this rank sent."""
+        _header(version, self.group)
+        return execute_reshard(self.plan, self.shapes, _named(model), {}, rank=self.rank,
+                               bucket_bytes=PUSH_BUCKET_BYTES, group=self.group).bytes_sent
+
+    def end(self) -> None:
+        """A training rank: no more versions; the rollout ranks' receivers end."""
+        _header(END_OF_PUSHES, self.group)
+
+    def receive(self) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """A rollout rank: the next version and its weights in fresh tensors, or None at the end."""
+        version = _header(0, self.group)
+        if version == END_OF_PUSHES:
+            return None
+        me = self.plan.dst_ranks.index(self.rank)
+        dst = allocate_local(self.shapes, self.plan.dst_plan, me, list(self.dtypes), dtype=self.dtypes,
+                             device=str(comm_device()))
+        execute_reshard(self.plan, self.shapes, {}, dst, rank=self.rank, bucket_bytes=PUSH_BUCKET_BYTES,
+                        group=self.group)
+        return version, dst
 
 
 class WeightReceiver(threading.Thread):
-    """A rollout rank's receiver of weight versions until END_OF_PUSHES: each arrives in a fresh
-    staging buffer and waits in `ready` (version, flat tensor) until the replica swaps it in;
-    `latest` keeps the newest for a checkpoint (`weights_of`)."""
+    """A rollout rank's receiver of weight versions (`push.receive`) until the end: each waits
+    in `ready` (version, named tensors) until the replica swaps it in; `latest` keeps the newest
+    for a checkpoint (`weights_of`)."""
 
-    def __init__(self, like: torch.Tensor, group):
+    def __init__(self, push: WeightPush):
         super().__init__(daemon=True)
-        self.like, self.group = like, group
+        self.push = push
         self.ready: queue.Queue = queue.Queue()
         self.error: BaseException | None = None
-        self.latest: tuple[int, torch.Tensor] | None = None
+        self.latest: tuple[int, dict[str, torch.Tensor]] | None = None
         self.arrived = threading.Condition()
 
     def run(self) -> None:
         try:
-            while (version := _header(0, self.group)) != END_OF_PUSHES:
-                buf = torch.empty_like(self.like)
-                for a, b in _buckets(buf.numel(), buf.element_size()):
-                    part = buf[a:b]
-                    dist.broadcast(part, src=0, group=self.group)
+            while (got := self.push.receive()) is not None:
                 with self.arrived:
-                    self.latest = (version, buf)
+                    self.latest = got
                     self.arrived.notify_all()
-                self.ready.put((version, buf))
+                self.ready.put(got)
         except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
             self.error = e
             self.ready.put((None, None))
             with self.arrived:
                 self.arrived.notify_all()
 
-    def weights_of(self, version: int, timeout_s: float = 600) -> torch.Tensor:
-        """The flat weights of `version`, once pushed (the newest: rank 0 pushes no later one
-        before the checkpoint of `version` this is for)."""
+    def weights_of(self, version: int, timeout_s: float = 600) -> dict[str, torch.Tensor]:
+        """The weights of `version`, once pushed (the newest: rank 0 pushes no later one before
+        the checkpoint of `version` this is for)."""
         with self.arrived:
             got = self.arrived.wait_for(lambda: self.error is not None or (self.latest is not None
                                                                           and self.latest[0] >= version), timeout_s)
@@ -231,13 +253,8 @@ class Replica:
             set_between_steps(self.engine, None if recv is None else
                               lambda: self.take_newest(recv, at_least=self.version))
 
-    def swap_in(self, flat: torch.Tensor, version: int) -> None:
-        off = 0
-        with torch.no_grad():
-            for p in self.model.parameters():
-                n = p.numel()
-                p.copy_(flat[off:off + n].view_as(p))
-                off += n
+    def swap_in(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        self.engine.update_weights(weights.items())
         self.version, self.swaps = version, self.swaps + 1
 
     def take_newest(self, recv: WeightReceiver, at_least: int) -> None:
@@ -313,7 +330,7 @@ def run_rollout_rank(cfg: RunConfig, pools: Pools, push_group, rank: int, first:
     rep = Replica(cfg, version=first - 1)
     if weights is not None:
         load_weights(rep.model, weights)
-    recv = WeightReceiver(_flat(rep.model), push_group)
+    recv = WeightReceiver(WeightPush(rep.model, pools, push_group))
     recv.start()
     rep.attach(recv)
     k, j = cfg.schedule.max_staleness, pools.rollout_ranks.index(rank)
@@ -341,7 +358,7 @@ def run_rollout_rank(cfg: RunConfig, pools: Pools, push_group, rank: int, first:
                     final = step - 1
                     break
                 if word == SAVE:
-                    save_mid_run(out, step - 1, cfg, rep.model, _unflat(rep.model, recv.weights_of(step - 1)), None)
+                    save_mid_run(out, step - 1, cfg, rep.model, recv.weights_of(step - 1), None)
             dist.send_object_list([(versions, trajs, sigterm.requested)], dst=0)
         else:
             assert _hear(last) == STOP
@@ -381,14 +398,6 @@ def save_mid_run(out: Path, step: int, cfg: RunConfig, model: torch.nn.Module, p
     dist.broadcast_object_list(box, src=0)
     return save_async_checkpoint(out, step, cfg, dist.get_world_size(), model, *box[0], source=source,
                                  stats=stats or {}, params=params)
-
-
-def _unflat(model: torch.nn.Module, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-    out, off = {}, 0
-    for n, p in model.named_parameters():
-        out[n] = flat[off:off + p.numel()].view_as(p)
-        off += p.numel()
-    return out
 
 
 def fault_hook(rank: int, step: int) -> None:
@@ -479,7 +488,7 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
     step; the last step; stopped by SIGTERM)."""
     pools = split_pools(cfg, world, hardware, spec, stats)
     train_groups = build_plan_groups(ParallelPlan(dp=len(pools.train_ranks)))  # collective, every rank
-    push_group = dist.new_group([0, *pools.rollout_ranks])
+    push_group = dist.new_group(list(range(world)))  # the weight push's own communicator (a thread uses it)
     origin = time.perf_counter()
     last, first, state = min(cfg.steps, stop_at or cfg.steps), 1, None
     if resume is not None:
@@ -494,6 +503,7 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
                                 weights=state[0] if state is not None else None)
         return [], None, first, step, False
     lr = Learner(cfg, train_groups, state=state)
+    push = WeightPush(lr.model, pools, push_group)
     rec = None
     every = cfg.checkpoint_every if cfg.checkpoints else 0
     if rank == 0:
@@ -539,8 +549,7 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
             batch, meta = experience(lr, trajs, share)
             tstats = seeded_train_step(lr.trainer, lr.optim, batch, cfg, step, train_groups.dp_rank)
             t2 = time.perf_counter()
-            if rank == 0:
-                push_weights(lr.model, push_group, version=step)
+            push_bytes = push.send(lr.model, version=step)
             t3 = time.perf_counter()
             # stop after this step? rank 0's clock, any rank's SIGTERM (a rollout rank's came with its episodes)
             past = deadline_s is not None and time.perf_counter() - (t_call or origin) > deadline_s
@@ -556,6 +565,7 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
                 spans += _train_spans(origin, step, t0, t1, t2, t3, tstats)
                 row = _metrics_row(cfg, lr, pools, step, ordered, share, tstats, staleness, versions, world,
                                    (t0, t1, t2, t3, t_prev))
+                row["weight_push_sent_bytes"] = push_bytes  # rank 0's share: the planner spreads the sends
                 t_prev = t3
                 records = [{**r, "version_first": versions[r["id"]][0], "version_last": versions[r["id"]][1]}
                            for r in episode_records(ordered)]
@@ -570,8 +580,8 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
                 saved.append(step)
             if done:
                 break
+    push.end()
     if rank == 0:
-        end_pushes(push_group)
         parts = [None] * world
         dist.gather_object(None, parts, dst=0)
         mine = weights_digest(lr.model)

@@ -27,12 +27,11 @@ from earl.policies.pools import choose_pool_split
 from earl.runtime.async_rl import (
     ASYNC_JSON,
     Learner,
+    Pools,
     Replica,
+    WeightPush,
     WeightReceiver,
-    _flat,
-    end_pushes,
     experience,
-    push_weights,
     split_pools,
     weights_digest,
 )
@@ -129,19 +128,21 @@ def _gate(k: int, delays: list[float]):
     steps 1..len(delays)+1 (tiny: one episode), recording the version it held at each."""
     cfg = apply_overrides(RunConfig(), {**SMALL, "groups": 1, "group_size": 1, "max_staleness": k})
     group = dist.new_group([0, 1])
+    pools = Pools(train_ranks=(0,), rollout_ranks=(1,), how="test")
     steps = len(delays) + 1
     if dist.get_rank() == 0:
         lr = Learner(cfg, build_plan_groups(ParallelPlan()))
+        push = WeightPush(lr.model, pools, group)
         for step, d in enumerate(delays, start=1):
             time.sleep(d)
             with torch.no_grad():
                 for p in lr.model.parameters():
                     p.add_(float(step))  # a distinct version each push
-            push_weights(lr.model, group, version=step)
-        end_pushes(group)
+            push.send(lr.model, version=step)
+        push.end()
         return weights_digest(lr.model)
     rep = Replica(cfg, version=0)
-    recv = WeightReceiver(_flat(rep.model), group)
+    recv = WeightReceiver(WeightPush(rep.model, pools, group))
     recv.start()
     held = []
     for step in range(1, steps + 1):
