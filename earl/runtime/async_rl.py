@@ -322,11 +322,11 @@ class _VersionedBatch:
 
 
 def run_rollout_rank(cfg: RunConfig, pools: Pools, push_group, rank: int, first: int, last: int,
-                     origin: float, out: Path, weights: dict | None) -> int:
+                     origin: float, out: Path, weights: dict | None) -> tuple[int, bool]:
     """Steps first..last of one rollout replica, or until the training pool says stop; returns
-    the last step trained. Pushes arrive after every training step. Step s's episodes go to
-    rank 0 after rank 0's word on step s-1 ("go", "save" or "stop"), so that a checkpoint of
-    step s-1 comes between the two in both ranks' order."""
+    the last step trained and whether SIGTERM stopped the run. Pushes arrive after every
+    training step. Step s's episodes go to rank 0 after rank 0's word on step s-1 ("go", "save"
+    or "stop"), so that a checkpoint of step s-1 comes between the two in both ranks' order."""
     rep = Replica(cfg, version=first - 1)
     if weights is not None:
         load_weights(rep.model, weights)
@@ -335,7 +335,7 @@ def run_rollout_rank(cfg: RunConfig, pools: Pools, push_group, rank: int, first:
     rep.attach(recv)
     k, j = cfg.schedule.max_staleness, pools.rollout_ranks.index(rank)
     spans = []
-    final = last
+    final, preempted = last, False
     with Preemption() as sigterm:  # SIGTERM reaches every rank: this one says so to rank 0 and goes on
         for step in range(first, last + 1):
             fault_hook(rank, step)
@@ -353,7 +353,7 @@ def run_rollout_rank(cfg: RunConfig, pools: Pools, push_group, rank: int, first:
                               step=step, tokens=sum(t.generated_tokens for t in trajs),
                               args={"version": v0, "version_end": rep.version}))
             if step > first:
-                word = _hear(step - 1)
+                word, preempted = _hear(step - 1)
                 if word == STOP:  # these episodes are not trained
                     final = step - 1
                     break
@@ -361,7 +361,8 @@ def run_rollout_rank(cfg: RunConfig, pools: Pools, push_group, rank: int, first:
                     save_mid_run(out, step - 1, cfg, rep.model, recv.weights_of(step - 1), None)
             dist.send_object_list([(versions, trajs, sigterm.requested)], dst=0)
         else:
-            assert _hear(last) == STOP
+            word, preempted = _hear(last)
+            assert word == STOP, word
     rep.attach(None)
     rep.take_newest(recv, at_least=final)  # the final push: the test of push equality reads it
     recv.join()
@@ -370,17 +371,18 @@ def run_rollout_rank(cfg: RunConfig, pools: Pools, push_group, rank: int, first:
     dist.broadcast_object_list(box, src=0)  # rank 0's optimizer state, or None: no checkpoint
     if box[0] is not None:
         save_async_checkpoint(out, final, cfg, dist.get_world_size(), rep.model, *box[0], source="", stats={})
-    return final
+    return final, preempted
 
 
 GO, SAVE, STOP = "go", "save", "stop"  # rank 0's word to the rollout ranks after each step
 
 
-def _hear(step: int) -> str:
+def _hear(step: int) -> tuple[str, bool]:
+    """Rank 0's word on `step`, and whether the run stops for SIGTERM."""
     box = [None]
     dist.recv_object_list(box, src=0)
     assert box[0][0] == step, (box[0], step)
-    return box[0][1]
+    return box[0][1], box[0][2]
 
 
 def save_mid_run(out: Path, step: int, cfg: RunConfig, model: torch.nn.Module, params: dict[str, torch.Tensor],
@@ -499,9 +501,9 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
             raise ValueError(f"the checkpoint is at step {first - 1} and steps={cfg.steps}: nothing to do "
                              "(raise --steps)")
     if rank in pools.rollout_ranks:
-        step = run_rollout_rank(cfg, pools, push_group, rank, first, last, origin, out,
-                                weights=state[0] if state is not None else None)
-        return [], None, first, step, False
+        step, preempted = run_rollout_rank(cfg, pools, push_group, rank, first, last, origin, out,
+                                           weights=state[0] if state is not None else None)
+        return [], None, first, step, preempted
     lr = Learner(cfg, train_groups, state=state)
     push = WeightPush(lr.model, pools, push_group)
     rec = None
@@ -559,7 +561,7 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
             due = bool(every) and step % every == 0 and not done
             if rank == 0:
                 for r in pools.rollout_ranks:
-                    dist.send_object_list([(step, STOP if done else SAVE if due else GO)], dst=r)
+                    dist.send_object_list([(step, STOP if done else SAVE if due else GO, stop)], dst=r)
                 ordered = [meta[t.episode_id] for t in trajs]
                 final_stats = dataclasses.asdict(workload_stats(ordered, step, cfg.sampling.max_context))
                 spans += _train_spans(origin, step, t0, t1, t2, t3, tstats)
