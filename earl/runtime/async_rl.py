@@ -377,12 +377,23 @@ def run_rollout_rank(cfg: RunConfig, pools: Pools, push_group, rank: int, first:
 GO, SAVE, STOP = "go", "save", "stop"  # rank 0's word to the rollout ranks after each step
 
 
+WORDS = (GO, SAVE, STOP)
+
+
+def _say(step: int, word: str, preempted: bool, ranks: tuple[int, ...]) -> list:
+    """Rank 0: its word on `step` to the rollout `ranks`, without waiting for them to hear it
+    (the sends to wait on; their tensor lives as long as they do)."""
+    t = torch.tensor([step, WORDS.index(word), int(preempted)], dtype=torch.int64, device=comm_device())
+    return [(dist.isend(t, dst=r), t) for r in ranks]
+
+
 def _hear(step: int) -> tuple[str, bool]:
-    """Rank 0's word on `step`, and whether the run stops for SIGTERM."""
-    box = [None]
-    dist.recv_object_list(box, src=0)
-    assert box[0][0] == step, (box[0], step)
-    return box[0][1], box[0][2]
+    """A rollout rank: rank 0's word on `step`, and whether the run stops for SIGTERM."""
+    t = torch.zeros(3, dtype=torch.int64, device=comm_device())
+    dist.recv(t, src=0)
+    got, word, preempted = t.tolist()
+    assert got == step, (got, step)
+    return WORDS[word], bool(preempted)
 
 
 def save_mid_run(out: Path, step: int, cfg: RunConfig, model: torch.nn.Module, params: dict[str, torch.Tensor],
@@ -528,10 +539,14 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
     ckpt = None
     preempted = False
     saved: list[int] = []  # steps checkpointed mid-run, each after checking every rank's copy equal
+    said: list = []  # rank 0's word on the last step, on its way to the replicas
     with Preemption() as sigterm:
         for step in range(first, last + 1):
             fault_hook(rank, step)
             t0 = time.perf_counter()
+            for work, _ in said:  # the replicas hear the last word after playing this step
+                work.wait()
+            said = []
             got = []
             if rank == 0:
                 for r in pools.rollout_ranks:  # step s's episodes: the oldest waiting
@@ -560,8 +575,7 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
             done = past or stop or step == last
             due = bool(every) and step % every == 0 and not done
             if rank == 0:
-                for r in pools.rollout_ranks:
-                    dist.send_object_list([(step, STOP if done else SAVE if due else GO, stop)], dst=r)
+                said = _say(step, STOP if done else SAVE if due else GO, stop, pools.rollout_ranks)
                 ordered = [meta[t.episode_id] for t in trajs]
                 final_stats = dataclasses.asdict(workload_stats(ordered, step, cfg.sampling.max_context))
                 spans += _train_spans(origin, step, t0, t1, t2, t3, tstats)
@@ -582,6 +596,8 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
                 saved.append(step)
             if done:
                 break
+    for work, _ in said:
+        work.wait()
     push.end()
     if rank == 0:
         parts = [None] * world
