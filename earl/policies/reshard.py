@@ -81,6 +81,28 @@ def plan_reshard(param_shapes: dict[str, ParamShape], src_plan: ParallelPlan,
     return ReshardPlan(src_plan=src_plan, dst_plan=dst_plan, transfers=transfers)
 
 
+def plan_pool_push(param_shapes: dict[str, ParamShape], src_plan: ParallelPlan, src_ranks: tuple[int, ...],
+                   dst_plan: ParallelPlan, dst_ranks: tuple[int, ...]) -> ReshardPlan:
+    """The weight slices that go from `src_plan`'s layout on the global ranks `src_ranks` to
+    `dst_plan`'s on `dst_ranks`: two pools of one world, e.g. an async run's training pool
+    (tp1-dpT on ranks 0..T-1) to its rollout replicas (R replicas of tp1: dp=R on ranks T..N-1).
+    Plan rank i of each plan is global rank ranks[i]; each destination slice comes from the
+    least loaded source holding it, so the sends spread over the source replicas."""
+    for plan, ranks, what in ((src_plan, src_ranks, "source"), (dst_plan, dst_ranks, "destination")):
+        check_tp_dp(plan, len(ranks), f"{what} plan")
+        if plan.world_size != len(ranks) or len(set(ranks)) != len(ranks):
+            raise ValueError(f"{what} plan {plan.short()} needs {plan.world_size} distinct ranks, got {ranks}")
+    load = dict.fromkeys((*src_ranks, *dst_ranks), 0)
+    transfers: list[SliceTransfer] = []
+    for name in sorted(param_shapes):
+        p = param_shapes[name]
+        src = {src_ranks[i]: b for i, b in holdings(p, src_plan, optimizer=False).items()}
+        dst = {dst_ranks[i]: b for i, b in holdings(p, dst_plan, optimizer=False).items()}
+        transfers += _plan_tensor(name, p, src, dst, load)
+    return ReshardPlan(src_plan=src_plan, dst_plan=dst_plan, transfers=transfers, src_ranks=tuple(src_ranks),
+                       dst_ranks=tuple(dst_ranks))
+
+
 def max_rank_bytes(plan: ReshardPlan) -> int:
     """The largest number of bytes any one rank sends or receives (the bandwidth bound's
     numerator: a rank's link moves its bytes one after another)."""

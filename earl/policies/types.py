@@ -107,6 +107,9 @@ class ReshardPlan:
     src_plan: ParallelPlan
     dst_plan: ParallelPlan
     transfers: list[SliceTransfer] = field(default_factory=list)
+    # the global ranks each plan's ranks 0, 1, ... are (two pools of one world); () = themselves
+    src_ranks: tuple[int, ...] = ()
+    dst_ranks: tuple[int, ...] = ()
 
     @property
     def total_bytes(self) -> int:

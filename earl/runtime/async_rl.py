@@ -17,15 +17,34 @@ ones waiting) and corrects them with the decoupled-PPO weight min(pi_prox / pi_b
 per token (earl.runtime.mismatch.tis_weights; pi_prox is the policy before this step, C is
 `trainer.tis_cap`, or ASYNC_TIS_CAP when that is 0), on every algorithm of the trainer.
 
-After each optimizer step rank 0 broadcasts the weights, in buckets, to a group of itself and
-the rollout ranks; a thread on each rollout rank receives them into a staging buffer and the
-replica swaps them in between steps' episodes (no partial rollout: the replica drains first).
-A checkpoint is written at the end of the run (not every `checkpoint_every` steps yet), whole
-on every rank (tp1-dpN), so that both pools join DCP's collective; it resumes in either mode,
-and an async run resumes from a sync run's checkpoint too (DCP re-shards both ways).
+After each optimizer step the training pool pushes the weights through the re-shard planner
+(`WeightPush`: earl.policies.reshard.plan_pool_push from tp1-dpT on the training ranks to tp1
+replicas on the rollout ranks, executed in buckets by earl.runtime.move_weights.execute_reshard);
+a thread on each rollout rank receives them into staging tensors and the replica swaps them in
+between steps' episodes (the replica drains first), or, with `schedule.partial_rollout`,
+between the engine's decode steps (its `between_steps` callback), episodes in flight. Partial
+rollout keeps the KV cache (no recompute): the K/V already cached were made by the old weights,
+as in AReaL and PipelineRL; a recompute would cost a prefill of every running episode at every
+push, while the extra off-policyness is recorded token by token (each behaviour log-prob is the
+one of the weights that sampled the token) and corrected by the same importance weight. Each
+episode records (version_first, version_last); its staleness is its oldest token's,
+step - 1 - version_first, so the gate above still bounds it by K.
+
+Checkpoints: every `checkpoint_every` steps and at the end, whole on every rank (tp1-dpN), so
+that both pools join DCP's collective; a rollout rank saves the push of that version it
+received (not the weights it may be playing with), after every rank's copy is checked equal.
+After each step rank 0 tells each rollout rank "go", "save" or "stop", which the replica hears
+after playing its next step and before sending it, so both ranks meet the checkpoint in the
+same order without the replica waiting for training. A checkpoint resumes in either mode, and
+an async run resumes from a sync run's checkpoint too (DCP re-shards both ways). SIGTERM (any
+rank's: a rollout rank's rides with its episodes) and a deadline stop the run after a step, as
+in the sync loop (earl.runtime.control.vote_stop over the training pool, the console's
+Preemption); the replica's step in flight is then dropped. A killed rank reaches the others as
+a gloo error, and the launcher prints its one line and the resume hint.
 
     earl run --nproc 2 --steps 4 --set schedule.mode=async --set schedule.max_staleness=1
-    OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_async.py
+    earl run --nproc 2 --steps 4 --set schedule.mode=async --set schedule.partial_rollout=true
+    OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_async.py tests/runtime/test_async_partial.py
 """
 
 from __future__ import annotations
@@ -46,14 +65,18 @@ import torch.distributed as dist
 
 from earl.parallel import build_plan_groups, deal
 from earl.policies.pools import choose_pool_split
+from earl.policies.reshard import plan_pool_push
 from earl.policies.types import Sample
 from earl.runtime.advantages import AdvantageSpec, fill_advantages, local_stats
 from earl.runtime.checkpoint import export_hf, find_checkpoint, load_checkpoint, rng_state, save_checkpoint
+from earl.runtime.console import Preemption
+from earl.runtime.control import vote_stop
 from earl.runtime.dist import comm_device
-from earl.runtime.engine import make_engine
+from earl.runtime.engine import as_stepper, make_engine, set_between_steps
 from earl.runtime.hf_model import load_policy
 from earl.runtime.metrics import RunRecorder
 from earl.runtime.mismatch import SUM_KEYS, mismatch_metrics
+from earl.runtime.move_weights import allocate_local, execute_reshard
 from earl.runtime.optim import ReplicatedAdamW
 from earl.runtime.resolve import check_out, initial_plans, model_spec, resolve_hardware, selector_cost_model
 from earl.runtime.rollout import Trajectory
@@ -76,9 +99,10 @@ from earl.specs import ParallelPlan, Stage, StagePlan, WorkloadStats
 from earl.trace import Span, atomic_write_text
 
 ASYNC_TIS_CAP = 2.0  # the behaviour-weight cap when trainer.tis_cap is 0 (verl's default TIS cap)
-PUSH_BUCKET_BYTES = 32 * 2**20  # one weight-push broadcast carries at most this many bytes
+PUSH_BUCKET_BYTES = 32 * 2**20  # one weight-push message carries at most this many bytes
 ASYNC_JSON = "async.json"  # the pool split and the weight-push check, written by rank 0
 HF_EXPORT = "hf"  # the run folder's HF export of the final policy (earl.runtime.run's)
+END_OF_PUSHES = -1  # the version number that ends a run's weight pushes
 
 
 @dataclass(frozen=True)
@@ -105,56 +129,110 @@ def split_pools(cfg: RunConfig, world: int, hardware: str, spec, stats: Workload
     return Pools(train_ranks=tuple(range(t)), rollout_ranks=tuple(range(t, world)), how=how)
 
 
-def _flat(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
-def weights_digest(model: torch.nn.Module) -> str:
+def weights_digest(model: torch.nn.Module | dict[str, torch.Tensor]) -> str:
     """sha256 of every parameter's bytes, in order (bitwise equality of two copies)."""
     h = hashlib.sha256()
-    for name, p in model.named_parameters():
+    for name, p in (model.items() if isinstance(model, dict) else model.named_parameters()):
         h.update(name.encode())
         h.update(p.detach().cpu().contiguous().view(torch.uint8).reshape(-1).numpy().tobytes())
     return h.hexdigest()
 
 
-def _buckets(numel: int, itemsize: int) -> list[tuple[int, int]]:
-    per = max(1, PUSH_BUCKET_BYTES // itemsize)
-    return [(a, min(numel, a + per)) for a in range(0, numel, per)]
+def _header(version: int, group) -> int:
+    """Rank 0's version number to every rank of `group` (END_OF_PUSHES: no more)."""
+    t = torch.tensor([version], dtype=torch.int64, device=comm_device())
+    dist.broadcast(t, src=0, group=group)
+    return int(t.item())
 
 
-def push_weights(model: torch.nn.Module, group) -> None:
-    """Rank 0: the training weights to the rollout ranks of `group`, bucket by bucket."""
-    flat = _flat(model)
-    for a, b in _buckets(flat.numel(), flat.element_size()):
-        dist.broadcast(flat[a:b].contiguous(), src=0, group=group)
+def _named(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach() for n, p in model.named_parameters()}
+
+
+class WeightPush:
+    """The training pool's weights to the rollout replicas through the re-shard planner
+    (earl.policies.reshard.plan_pool_push: tp1-dpT on the training ranks to R tp1 replicas, dp=R,
+    on the rollout ranks; each slice from the least loaded training rank, so the sends spread over
+    the training pool), executed by earl.runtime.move_weights.execute_reshard in buckets of
+    PUSH_BUCKET_BYTES (gloo here, NCCL on GPUs, the same code) on `group`, a process group of the
+    whole world apart from the default one (a rollout rank receives on a thread). Each version
+    goes out after a header with its number from rank 0."""
+
+    def __init__(self, model: torch.nn.Module, pools: Pools, group):
+        self.group, self.rank = group, dist.get_rank()
+        self.shapes = param_shapes(model)
+        self.dtypes = {n: p.dtype for n, p in model.named_parameters()}
+        self.plan = plan_pool_push(self.shapes, ParallelPlan(dp=len(pools.train_ranks)), pools.train_ranks,
+                                   ParallelPlan(dp=len(pools.rollout_ranks)), pools.rollout_ranks)
+
+    def send(self, model: torch.nn.Module, version: int) -> int:
+        """A training rank: version `version` of `model` (every training rank calls it); returns
+        the bytes this rank sent."""
+        _header(version, self.group)
+        return execute_reshard(self.plan, self.shapes, _named(model), {}, rank=self.rank,
+                               bucket_bytes=PUSH_BUCKET_BYTES, group=self.group).bytes_sent
+
+    def end(self) -> None:
+        """A training rank: no more versions; the rollout ranks' receivers end."""
+        _header(END_OF_PUSHES, self.group)
+
+    def receive(self) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """A rollout rank: the next version and its weights in fresh tensors, or None at the end."""
+        version = _header(0, self.group)
+        if version == END_OF_PUSHES:
+            return None
+        me = self.plan.dst_ranks.index(self.rank)
+        dst = allocate_local(self.shapes, self.plan.dst_plan, me, list(self.dtypes), dtype=self.dtypes,
+                             device=str(comm_device()))
+        execute_reshard(self.plan, self.shapes, {}, dst, rank=self.rank, bucket_bytes=PUSH_BUCKET_BYTES,
+                        group=self.group)
+        return version, dst
 
 
 class WeightReceiver(threading.Thread):
-    """A rollout rank's receiver of `pushes` weight versions: each arrives in a fresh staging
-    buffer and waits in `ready` (version, flat tensor) until the replica swaps it in."""
+    """A rollout rank's receiver of weight versions (`push.receive`) until the end: each waits
+    in `ready` (version, named tensors) until the replica swaps it in; `latest` keeps the newest
+    for a checkpoint (`weights_of`)."""
 
-    def __init__(self, like: torch.Tensor, group, pushes: int, first_version: int):
+    def __init__(self, push: WeightPush):
         super().__init__(daemon=True)
-        self.like, self.group, self.pushes, self.first = like, group, pushes, first_version
+        self.push = push
         self.ready: queue.Queue = queue.Queue()
         self.error: BaseException | None = None
+        self.latest: tuple[int, dict[str, torch.Tensor]] | None = None
+        self.arrived = threading.Condition()
 
     def run(self) -> None:
         try:
-            for k in range(self.pushes):
-                buf = torch.empty_like(self.like)
-                for a, b in _buckets(buf.numel(), buf.element_size()):
-                    part = buf[a:b]
-                    dist.broadcast(part, src=0, group=self.group)
-                self.ready.put((self.first + k, buf))
+            while (got := self.push.receive()) is not None:
+                with self.arrived:
+                    self.latest = got
+                    self.arrived.notify_all()
+                self.ready.put(got)
         except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
             self.error = e
             self.ready.put((None, None))
+            with self.arrived:
+                self.arrived.notify_all()
+
+    def weights_of(self, version: int, timeout_s: float = 600) -> dict[str, torch.Tensor]:
+        """The weights of `version`, once pushed (the newest: rank 0 pushes no later one before
+        the checkpoint of `version` this is for)."""
+        with self.arrived:
+            got = self.arrived.wait_for(lambda: self.error is not None or (self.latest is not None
+                                                                          and self.latest[0] >= version), timeout_s)
+        if self.error is not None:
+            raise RuntimeError(f"weight push failed: {self.error}") from self.error
+        if not got:
+            raise RuntimeError(f"timed out waiting for weight version {version} from the training pool")
+        assert self.latest[0] == version, (self.latest[0], version)
+        return self.latest[1]
 
 
 class Replica:
-    """A rollout rank: its own copy of the policy, its engine, the version it holds."""
+    """A rollout rank: its own copy of the policy, its engine, the version it holds. With
+    `schedule.partial_rollout` the engine calls back between its decode steps and the replica
+    swaps in the newest pushed version there, episodes in flight (`attach`)."""
 
     def __init__(self, cfg: RunConfig, version: int):
         self.cfg = cfg
@@ -168,13 +246,15 @@ class Replica:
         self.version = version
         self.swaps = 0
 
-    def swap_in(self, flat: torch.Tensor, version: int) -> None:
-        off = 0
-        with torch.no_grad():
-            for p in self.model.parameters():
-                n = p.numel()
-                p.copy_(flat[off:off + n].view_as(p))
-                off += n
+    def attach(self, recv: WeightReceiver | None) -> None:
+        """Partial rollout: between decode steps, swap in whatever push has arrived (never wait).
+        None: detach."""
+        if self.cfg.schedule.partial_rollout:
+            set_between_steps(self.engine, None if recv is None else
+                              lambda: self.take_newest(recv, at_least=self.version))
+
+    def swap_in(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        self.engine.update_weights(weights.items())
         self.version, self.swaps = version, self.swaps + 1
 
     def take_newest(self, recv: WeightReceiver, at_least: int) -> None:
@@ -194,43 +274,143 @@ class Replica:
         if newest is not None:
             self.swap_in(newest[1], newest[0])
 
-    def play(self, step: int, share: list[int]) -> list[Trajectory]:
-        return play_episodes(self.engine, self.cfg, self.params, step, share)
+    def play(self, step: int, share: list[int]) -> tuple[list[Trajectory], dict[int, tuple[int, int]]]:
+        """Step `step`'s episodes `share`, and per episode id (version_first, version_last): the
+        version held when it was submitted (its first token's is at least that) and the one its
+        last token was generated with (equal unless a swap came mid-episode: partial rollout)."""
+        log = _VersionLog(self)
+        trajs = play_episodes(log, self.cfg, self.params, step, share)
+        spans = [v for b in log.batches for v in zip(b.first, b.last, strict=True)]
+        assert len(spans) == len(share)
+        return trajs, dict(zip(share, spans, strict=True))
+
+
+class _VersionLog:
+    """The replica's engine as play_episodes sees it, recording for each episode batch it opens
+    the version each row started on and the version its latest turn ended on."""
+
+    def __init__(self, rep: Replica):
+        self.rep, self.tokenizer, self.stats = rep, rep.engine.tokenizer, rep.engine.stats
+        self.batches: list[_VersionedBatch] = []
+
+    def open(self, n: int, seeds=None) -> _VersionedBatch:
+        self.batches.append(_VersionedBatch(as_stepper(self.rep.engine.open(n, seeds)), n, self.rep))
+        return self.batches[-1]
+
+
+class _VersionedBatch:
+    def __init__(self, inner, n: int, rep: Replica):
+        self.inner, self.rep = inner, rep
+        self.first = [rep.version] * n
+        self.last = [rep.version] * n
+
+    def submit(self, inputs, params) -> None:
+        self.inner.submit(inputs, params)
+
+    def step(self):
+        done = self.inner.step()  # any swap comes at its start (between_steps): its tokens are rep.version's
+        for r in done:
+            self.last[r] = self.rep.version
+        return done
+
+    @property
+    def busy(self) -> bool:
+        return self.inner.busy
+
+    def close(self, rows) -> None:
+        self.inner.close(rows)
 
 
 def run_rollout_rank(cfg: RunConfig, pools: Pools, push_group, rank: int, first: int, last: int,
-                     origin: float, out: Path, weights: dict | None) -> list[Span]:
-    """Steps first..last of one rollout replica; returns its spans. Pushes arrive after every
-    training step (versions first..last)."""
+                     origin: float, out: Path, weights: dict | None) -> tuple[int, bool]:
+    """Steps first..last of one rollout replica, or until the training pool says stop; returns
+    the last step trained and whether SIGTERM stopped the run. Pushes arrive after every
+    training step. Step s's episodes go to rank 0 after rank 0's word on step s-1 ("go", "save"
+    or "stop"), so that a checkpoint of step s-1 comes between the two in both ranks' order."""
     rep = Replica(cfg, version=first - 1)
     if weights is not None:
         load_weights(rep.model, weights)
-    recv = WeightReceiver(_flat(rep.model), push_group, pushes=last - first + 1, first_version=first)
+    recv = WeightReceiver(WeightPush(rep.model, pools, push_group))
     recv.start()
+    rep.attach(recv)
     k, j = cfg.schedule.max_staleness, pools.rollout_ranks.index(rank)
     spans = []
-    for step in range(first, last + 1):
-        fault_hook(rank, step)
-        t0 = time.perf_counter()
-        rep.take_newest(recv, at_least=step - 1 - k)  # never generate a sample staler than K
-        t1 = time.perf_counter()
-        if t1 - t0 > 1e-3:
-            spans.append(Span(name="wait_weights", stage="reshard", rank=rank, t_start=t0 - origin,
-                              t_end=t1 - origin, step=step))
-        share = list(deal(cfg.episodes_per_step, len(pools.rollout_ranks))[j])
-        trajs = rep.play(step, share)
-        t2 = time.perf_counter()
-        spans.append(Span(name="rollout", stage="rollout", rank=rank, t_start=t1 - origin, t_end=t2 - origin,
-                          step=step, tokens=sum(t.generated_tokens for t in trajs), args={"version": rep.version}))
-        dist.send_object_list([(rep.version, trajs)], dst=0)
-    rep.take_newest(recv, at_least=last)  # the final push: the test of push equality reads it
+    final, preempted = last, False
+    with Preemption() as sigterm:  # SIGTERM reaches every rank: this one says so to rank 0 and goes on
+        for step in range(first, last + 1):
+            fault_hook(rank, step)
+            t0 = time.perf_counter()
+            rep.take_newest(recv, at_least=step - 1 - k)  # never generate a sample staler than K
+            t1 = time.perf_counter()
+            if t1 - t0 > 1e-3:
+                spans.append(Span(name="wait_weights", stage="reshard", rank=rank, t_start=t0 - origin,
+                                  t_end=t1 - origin, step=step))
+            share = list(deal(cfg.episodes_per_step, len(pools.rollout_ranks))[j])
+            v0 = rep.version
+            trajs, versions = rep.play(step, share)
+            t2 = time.perf_counter()
+            spans.append(Span(name="rollout", stage="rollout", rank=rank, t_start=t1 - origin, t_end=t2 - origin,
+                              step=step, tokens=sum(t.generated_tokens for t in trajs),
+                              args={"version": v0, "version_end": rep.version}))
+            if step > first:
+                word, preempted = _hear(step - 1)
+                if word == STOP:  # these episodes are not trained
+                    final = step - 1
+                    break
+                if word == SAVE:
+                    save_mid_run(out, step - 1, cfg, rep.model, recv.weights_of(step - 1), None)
+            dist.send_object_list([(versions, trajs, sigterm.requested)], dst=0)
+        else:
+            word, preempted = _hear(last)
+            assert word == STOP, word
+    rep.attach(None)
+    rep.take_newest(recv, at_least=final)  # the final push: the test of push equality reads it
     recv.join()
     dist.gather_object((weights_digest(rep.model), rep.swaps, spans), None, dst=0)
     box = [None]
     dist.broadcast_object_list(box, src=0)  # rank 0's optimizer state, or None: no checkpoint
     if box[0] is not None:
-        save_async_checkpoint(out, last, cfg, dist.get_world_size(), rep.model, *box[0], source="", stats={})
-    return spans
+        save_async_checkpoint(out, final, cfg, dist.get_world_size(), rep.model, *box[0], source="", stats={})
+    return final, preempted
+
+
+GO, SAVE, STOP = "go", "save", "stop"  # rank 0's word to the rollout ranks after each step
+
+
+WORDS = (GO, SAVE, STOP)
+
+
+def _say(step: int, word: str, preempted: bool, ranks: tuple[int, ...]) -> list:
+    """Rank 0: its word on `step` to the rollout `ranks`, without waiting for them to hear it
+    (the sends to wait on; their tensor lives as long as they do)."""
+    t = torch.tensor([step, WORDS.index(word), int(preempted)], dtype=torch.int64, device=comm_device())
+    return [(dist.isend(t, dst=r), t) for r in ranks]
+
+
+def _hear(step: int) -> tuple[str, bool]:
+    """A rollout rank: rank 0's word on `step`, and whether the run stops for SIGTERM."""
+    t = torch.zeros(3, dtype=torch.int64, device=comm_device())
+    dist.recv(t, src=0)
+    got, word, preempted = t.tolist()
+    assert got == step, (got, step)
+    return WORDS[word], bool(preempted)
+
+
+def save_mid_run(out: Path, step: int, cfg: RunConfig, model: torch.nn.Module, params: dict[str, torch.Tensor],
+                 state: tuple[dict, int] | None, source: str = "", stats: dict | None = None) -> Path:
+    """Every rank's part of the checkpoint of `step` during an async run: `params`, this rank's
+    copy of version `step` (a rollout rank's is the push it received, not necessarily the
+    weights it plays with), checked equal on every rank first (DCP writes any one rank's copy
+    of a replicated tensor), and `state`, rank 0's optimizer state (tensors, steps), sent to
+    every rank. Collective; RuntimeError if the copies differ."""
+    digests: list = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, weights_digest(params))
+    if len(set(digests)) != 1:
+        raise RuntimeError(f"checkpoint of step {step}: the ranks' copies of version {step} differ")
+    box = [state]
+    dist.broadcast_object_list(box, src=0)
+    return save_async_checkpoint(out, step, cfg, dist.get_world_size(), model, *box[0], source=source,
+                                 stats=stats or {}, params=params)
 
 
 def fault_hook(rank: int, step: int) -> None:
@@ -280,15 +460,18 @@ def load_async_checkpoint(ckpt: Path, model: torch.nn.Module, rank: int, world: 
 
 
 def save_async_checkpoint(out: Path, step: int, cfg: RunConfig, world: int, model: torch.nn.Module,
-                          optimizer: dict, optimizer_step: int, source: str, stats: dict) -> Path:
+                          optimizer: dict, optimizer_step: int, source: str, stats: dict,
+                          params: dict[str, torch.Tensor] | None = None) -> Path:
     """The run's checkpoint after `step`, by every rank (rollout ranks hold the pushed weights,
-    equal to training's, and rank 0's optimizer state, broadcast to them). Collective."""
+    equal to training's, and rank 0's optimizer state, broadcast to them); `params`: the
+    weights to save when they are not `model`'s. Collective."""
     meta = {"config": to_dict(cfg), "plans": {s.value: initial_plans(cfg, world).for_stage(s).describe()
                                               for s in Stage},
             "world": world, "model_source": source, "stats": stats, "rng": rng_state(), "schedule": "async"}
-    return save_checkpoint(out, step, params={n: p.detach() for n, p in model.named_parameters()},
-                           optimizer=optimizer, optimizer_step=optimizer_step, shapes=param_shapes(model),
-                           plan=checkpoint_plan(world), meta=meta, keep=cfg.keep_checkpoints)
+    params = params if params is not None else {n: p.detach() for n, p in model.named_parameters()}
+    return save_checkpoint(out, step, params=params, optimizer=optimizer, optimizer_step=optimizer_step,
+                           shapes=param_shapes(model), plan=checkpoint_plan(world), meta=meta,
+                           keep=cfg.keep_checkpoints)
 
 
 def experience(lr: Learner, trajs: list[Trajectory], share: list[int]):
@@ -310,91 +493,112 @@ def experience(lr: Learner, trajs: list[Trajectory], share: list[int]):
 
 
 def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str, spec, stats: WorkloadStats,
-              echo, resume: Path | None = None) -> tuple[list[dict], Path | None, int]:
+              echo, resume: Path | None = None, stop_at: int | None = None, deadline_s: float | None = None,
+              t_call: float | None = None) -> tuple[list[dict], Path | None, int, int, bool]:
     """The whole asynchronous run on this rank, from the start or from a checkpoint of either
-    mode; returns (rank 0: every metrics row, else []; the checkpoint written; the first step)."""
+    mode, to `cfg.steps` or `stop_at`, or the first step ending `deadline_s` after `t_call`, or
+    SIGTERM; returns (rank 0: every metrics row, else []; the last checkpoint written; the first
+    step; the last step; stopped by SIGTERM)."""
     pools = split_pools(cfg, world, hardware, spec, stats)
     train_groups = build_plan_groups(ParallelPlan(dp=len(pools.train_ranks)))  # collective, every rank
-    push_group = dist.new_group([0, *pools.rollout_ranks])
+    push_group = dist.new_group(list(range(world)))  # the weight push's own communicator (a thread uses it)
     origin = time.perf_counter()
-    last, first, state = cfg.steps, 1, None
+    last, first, state = min(cfg.steps, stop_at or cfg.steps), 1, None
     if resume is not None:
         params, optimizer, optimizer_step, meta = load_async_checkpoint(find_checkpoint(resume),
                                                                         load_policy(cfg.model.path).model, rank, world)
         first, state = int(meta["step"]) + 1, (params, optimizer, optimizer_step)
-        if first > last:
-            raise ValueError(f"the checkpoint is at step {first - 1} and steps={last}: nothing to do (raise --steps)")
+        if first > cfg.steps:
+            raise ValueError(f"the checkpoint is at step {first - 1} and steps={cfg.steps}: nothing to do "
+                             "(raise --steps)")
     if rank in pools.rollout_ranks:
-        run_rollout_rank(cfg, pools, push_group, rank, first, last, origin, out,
-                         weights=state[0] if state is not None else None)
-        return [], None, first
+        step, preempted = run_rollout_rank(cfg, pools, push_group, rank, first, last, origin, out,
+                                           weights=state[0] if state is not None else None)
+        return [], None, first, step, preempted
     lr = Learner(cfg, train_groups, state=state)
+    push = WeightPush(lr.model, pools, push_group)
     rec = None
+    every = cfg.checkpoint_every if cfg.checkpoints else 0
     if rank == 0:
-        echo(f"earl run: schedule async, max_staleness {cfg.schedule.max_staleness}: rollout pool "
+        echo(f"earl run: schedule async, max_staleness {cfg.schedule.max_staleness}"
+             f"{', partial rollout' if cfg.schedule.partial_rollout else ''}: rollout pool "
              f"{len(pools.rollout_ranks)} process(es) (ranks {pools.rollout_ranks[0]}-{pools.rollout_ranks[-1]}, "
              f"tp1 replicas), training pool {len(pools.train_ranks)} (tp1-dp{len(pools.train_ranks)}); split by "
              f"{pools.how}; behaviour-weight cap {lr.trainer.cfg.tis_cap:g}; steps {first}-{last}"
-             + (f" from {resume}" if resume is not None else "") + "; a checkpoint at the end only")
+             + (f" from {resume}" if resume is not None else "")
+             + (f"; a checkpoint every {every} steps and at the end" if every else
+                "; a checkpoint at the end" if cfg.checkpoints else "; no checkpoints"))
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "config.json", json.dumps(to_dict(cfg), indent=2))
         rec = RunRecorder(out, resume_step=first - 1 if resume is not None else None,
                           wandb_config=to_dict(cfg) if cfg.wandb else None)
     k = cfg.schedule.max_staleness
-    rows, spans = [], []
+    spans = []
     t_prev = time.perf_counter()
     final_stats: dict = {}
-    for step in range(first, last + 1):
-        fault_hook(rank, step)
-        t0 = time.perf_counter()
-        got = []
-        if rank == 0:
-            for r in pools.rollout_ranks:  # step s's episodes: the oldest waiting
-                box = [None]
-                dist.recv_object_list(box, src=r)
-                got.append(box[0])
-        if len(pools.train_ranks) > 1:
-            box = [got]
-            dist.broadcast_object_list(box, src=0, group=train_groups.dp_group)
-            got = box[0]
-        version_of = {t.episode_id: v for v, trajs in got for t in trajs}
-        trajs = sorted((t for _, ts in got for t in ts), key=lambda t: t.episode_id)
-        staleness = [step - 1 - version_of[t.episode_id] for t in trajs]
-        assert max(staleness) <= k and min(staleness) >= 0, f"staleness {staleness} outside 0..{k}"
-        t1 = time.perf_counter()
-        share = list(deal(len(trajs), len(pools.train_ranks))[train_groups.dp_rank])
-        batch, meta = experience(lr, trajs, share)
-        tstats = seeded_train_step(lr.trainer, lr.optim, batch, cfg, step, train_groups.dp_rank)
-        t2 = time.perf_counter()
-        if rank == 0:
-            push_weights(lr.model, push_group)
-        t3 = time.perf_counter()
-        if rank != 0:
-            continue
-        spans += [Span(name="wait_samples", stage="dispatch", rank=0, t_start=t0 - origin, t_end=t1 - origin,
-                       step=step),
-                  Span(name="train_step", stage="train", rank=0, t_start=t1 - origin, t_end=t2 - origin, step=step,
-                       tokens=int(tstats["train_tokens"])),
-                  Span(name="weight_push", stage="reshard", rank=0, t_start=t2 - origin, t_end=t3 - origin,
-                       step=step)]
-        ordered = [meta[t.episode_id] for t in trajs]
-        final_stats = dataclasses.asdict(workload_stats(ordered, step, cfg.sampling.max_context))
-        gap = lr.trainer.gap[0] if share else dict.fromkeys(SUM_KEYS, 0.0)
-        gen_tokens = sum(m.generated for m in ordered)
-        row = {"step": step, **outcome_metrics(ordered), **tstats,
-               **mismatch_metrics(gap, lr.trainer.gap[1], lr.trainer.cfg.tis_cap),
-               "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness),
-               "rollout_pool": len(pools.rollout_ranks), "train_pool": len(pools.train_ranks),
-               "wait_samples_s": t1 - t0, "train_s": t2 - t1, "weight_push_s": t3 - t2,
-               "step_s": t3 - t_prev, "gen_tokens_per_s": gen_tokens / max(t3 - t_prev, 1e-9),
-               "world": world, "schedule": "async", "plan_rollout": "tp1-dp1 x " + str(len(pools.rollout_ranks)),
-               "plan_train": f"tp1-dp{len(pools.train_ranks)}", "samples_trained": len(trajs)}
-        t_prev = t3
-        rows.append(row)
-        rec.log_step(row, episode_records(ordered), [])
-        rec.flush(with_trace=False)
-        echo(f"step {step:4d}  reward {row['reward_mean']:+.3f}  loss {row['loss']:+.4f}  staleness mean "
-             f"{row['staleness_mean']:.2f} max {row['staleness_max']}  {row['step_s']:.2f}s/step")
+    ckpt = None
+    preempted = False
+    saved: list[int] = []  # steps checkpointed mid-run, each after checking every rank's copy equal
+    said: list = []  # rank 0's word on the last step, on its way to the replicas
+    with Preemption() as sigterm:
+        for step in range(first, last + 1):
+            fault_hook(rank, step)
+            t0 = time.perf_counter()
+            for work, _ in said:  # the replicas hear the last word after playing this step
+                work.wait()
+            said = []
+            got = []
+            if rank == 0:
+                for r in pools.rollout_ranks:  # step s's episodes: the oldest waiting
+                    box = [None]
+                    dist.recv_object_list(box, src=r)
+                    got.append(box[0])
+            if len(pools.train_ranks) > 1:
+                box = [got]
+                dist.broadcast_object_list(box, src=0, group=train_groups.dp_group)
+                got = box[0]
+            versions = {e: v for vs, _, _ in got for e, v in vs.items()}  # id -> (version_first, version_last)
+            trajs = sorted((t for _, ts, _ in got for t in ts), key=lambda t: t.episode_id)
+            staleness = [step - 1 - versions[t.episode_id][0] for t in trajs]  # its oldest token's version
+            assert max(staleness) <= k and min(staleness) >= 0, f"staleness {staleness} outside 0..{k}"
+            t1 = time.perf_counter()
+            share = list(deal(len(trajs), len(pools.train_ranks))[train_groups.dp_rank])
+            batch, meta = experience(lr, trajs, share)
+            tstats = seeded_train_step(lr.trainer, lr.optim, batch, cfg, step, train_groups.dp_rank)
+            t2 = time.perf_counter()
+            push_bytes = push.send(lr.model, version=step)
+            t3 = time.perf_counter()
+            # stop after this step? rank 0's clock, any rank's SIGTERM (a rollout rank's came with its episodes)
+            past = deadline_s is not None and time.perf_counter() - (t_call or origin) > deadline_s
+            past, stop = vote_stop(past, sigterm.requested or any(s for _, _, s in got), train_groups.dp_group)
+            preempted = preempted or stop
+            done = past or stop or step == last
+            due = bool(every) and step % every == 0 and not done
+            if rank == 0:
+                said = _say(step, STOP if done else SAVE if due else GO, stop, pools.rollout_ranks)
+                ordered = [meta[t.episode_id] for t in trajs]
+                final_stats = dataclasses.asdict(workload_stats(ordered, step, cfg.sampling.max_context))
+                spans += _train_spans(origin, step, t0, t1, t2, t3, tstats)
+                row = _metrics_row(cfg, lr, pools, step, ordered, share, tstats, staleness, versions, world,
+                                   (t0, t1, t2, t3, t_prev))
+                row["weight_push_sent_bytes"] = push_bytes  # rank 0's share: the planner spreads the sends
+                t_prev = t3
+                records = [{**r, "version_first": versions[r["id"]][0], "version_last": versions[r["id"]][1]}
+                           for r in episode_records(ordered)]
+                rec.log_step(row, records, [])
+                rec.flush(with_trace=False)
+                echo(f"step {step:4d}  reward {row['reward_mean']:+.3f}  loss {row['loss']:+.4f}  staleness mean "
+                     f"{row['staleness_mean']:.2f} max {row['staleness_max']}  {row['step_s']:.2f}s/step")
+            if due:
+                ckpt = save_mid_run(out, step, cfg, lr.model, {n: p.detach() for n, p in lr.model.named_parameters()},
+                                    (lr.optim.state_tensors(), lr.optim.step_count) if rank == 0 else None,
+                                    source=lr.source, stats=final_stats)
+                saved.append(step)
+            if done:
+                break
+    for work, _ in said:
+        work.wait()
+    push.end()
     if rank == 0:
         parts = [None] * world
         dist.gather_object(None, parts, dst=0)
@@ -408,7 +612,7 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
         info = {"train_ranks": list(pools.train_ranks), "rollout_ranks": list(pools.rollout_ranks),
                 "split": pools.how, "max_staleness": k, "train_digest": mine,
                 "rollout_digests": [p[0] for p in rollout_parts], "rollout_swaps": [p[1] for p in rollout_parts],
-                "weights_equal": all(p[0] == mine for p in rollout_parts)}
+                "weights_equal": all(p[0] == mine for p in rollout_parts), "mid_run_checkpoints": saved}
         atomic_write_text(out / ASYNC_JSON, json.dumps(info, indent=2))
         box = [(lr.optim.state_tensors(), lr.optim.step_count) if cfg.checkpoints and info["weights_equal"] else None]
     else:
@@ -417,19 +621,41 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
     dist.broadcast_object_list(box, src=0)
     if rank == 0 and not info["weights_equal"]:
         raise RuntimeError("after the final weight push a rollout replica's weights differ from training's")
-    ckpt = None
     if box[0] is not None:
-        ckpt = save_async_checkpoint(out, last, cfg, world, lr.model, *box[0], source=lr.source, stats=final_stats)
-        if rank == 0:
+        ckpt = save_async_checkpoint(out, step, cfg, world, lr.model, *box[0], source=lr.source, stats=final_stats)
+        if rank == 0 and not preempted:  # a preempted job's grace period is for the checkpoint only
             export_hf(out / HF_EXPORT, {n: p.detach() for n, p in lr.model.named_parameters()}, lr.model.config,
                       lr.tokenizer)
-    return (rec.metrics.rows if rec is not None else []), ckpt, first
+    return (rec.metrics.rows if rec is not None else []), ckpt, first, step, preempted
 
 
-def run_async_training(cfg: RunConfig, out: Path, rank: int, world: int, *, resume,
-                       echo) -> tuple[list[dict], Path | None, int]:
+def _train_spans(origin: float, step: int, t0: float, t1: float, t2: float, t3: float, tstats: dict) -> list[Span]:
+    return [Span(name="wait_samples", stage="dispatch", rank=0, t_start=t0 - origin, t_end=t1 - origin, step=step),
+            Span(name="train_step", stage="train", rank=0, t_start=t1 - origin, t_end=t2 - origin, step=step,
+                 tokens=int(tstats["train_tokens"])),
+            Span(name="weight_push", stage="reshard", rank=0, t_start=t2 - origin, t_end=t3 - origin, step=step)]
+
+
+def _metrics_row(cfg: RunConfig, lr: Learner, pools: Pools, step: int, ordered: list[SampleMeta], share: list[int],
+                 tstats: dict, staleness: list[int], versions: dict, world: int, times: tuple) -> dict:
+    t0, t1, t2, t3, t_prev = times
+    gap = lr.trainer.gap[0] if share else dict.fromkeys(SUM_KEYS, 0.0)
+    gen_tokens = sum(m.generated for m in ordered)
+    return {"step": step, **outcome_metrics(ordered), **tstats,
+            **mismatch_metrics(gap, lr.trainer.gap[1], lr.trainer.cfg.tis_cap),
+            "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness),
+            "episodes_spanning_versions": sum(a != b for a, b in versions.values()),
+            "rollout_pool": len(pools.rollout_ranks), "train_pool": len(pools.train_ranks),
+            "wait_samples_s": t1 - t0, "train_s": t2 - t1, "weight_push_s": t3 - t2,
+            "step_s": t3 - t_prev, "gen_tokens_per_s": gen_tokens / max(t3 - t_prev, 1e-9),
+            "world": world, "schedule": "async", "plan_rollout": "tp1-dp1 x " + str(len(pools.rollout_ranks)),
+            "plan_train": f"tp1-dp{len(pools.train_ranks)}", "samples_trained": len(ordered)}
+
+
+def run_async_training(cfg: RunConfig, out: Path, rank: int, world: int, *, resume, echo, stop_at=None,
+                       deadline_s=None, t_call=None) -> tuple[list[dict], Path | None, int, int, bool]:
     """`earl run` with `schedule.mode = "async"` on this rank (earl.runtime.run branches here):
-    (metrics rows, the last checkpoint, the first step run)."""
+    (metrics rows, the last checkpoint, the first step run, the last, stopped by SIGTERM)."""
     if rank == 0:
         check_out(out, resume)
     torch.set_num_threads(cfg.threads)
@@ -438,4 +664,4 @@ def run_async_training(cfg: RunConfig, out: Path, rank: int, world: int, *, resu
     tokenizer = load_policy(cfg.model.path, seed=cfg.seed, dtype=cfg.model.dtype).tokenizer
     stats = start_stats(cfg, tokenizer, sampling_params(cfg).max_new_tokens)
     return run_async(cfg, out, rank, world, hardware=hw, spec=model_spec(cfg.model.path), stats=stats,
-                     echo=echo, resume=resume)
+                     echo=echo, resume=resume, stop_at=stop_at, deadline_s=deadline_s, t_call=t_call)

@@ -103,3 +103,14 @@ def broadcast_object(obj, counter: ControlBytes, what: str, src: int = 0):
     if dist.get_rank() != src:
         counter.add(what, len(pickle.dumps(box[0])))
     return box[0]
+
+
+def vote_stop(past: bool, stop: bool, group=None) -> tuple[bool, bool]:
+    """(past the deadline, stop) for every rank of `group` alike, so that all stop after the same
+    step: rank 0's clock (`past`) and any rank's SIGTERM (`stop`). Collective over `group`."""
+    n = dist.get_world_size(group)
+    if n == 1:
+        return past, stop
+    votes: list = [None] * n
+    dist.all_gather_object(votes, (past, stop), group=group)
+    return votes[0][0], any(v[1] for v in votes)

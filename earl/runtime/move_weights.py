@@ -60,6 +60,14 @@ def allocate_local(shapes: dict[str, ParamShape], plan: ParallelPlan, rank: int,
                            dtype=dtype[n] if isinstance(dtype, dict) else dtype) for n in names}
 
 
+def _plan_rank(ranks: tuple[int, ...], rank: int) -> int:
+    """`rank`'s rank in a plan laid over the global ranks `ranks` (`()`: the whole world, so itself;
+    -1: not one of them, it holds nothing there)."""
+    if not ranks:
+        return rank
+    return ranks.index(rank) if rank in ranks else -1
+
+
 def _view(t: torch.Tensor, tr: SliceTransfer, lo: int) -> torch.Tensor:
     return t.narrow(tr.dim, tr.start - lo, tr.stop - tr.start)
 
@@ -84,9 +92,11 @@ def execute_reshard(plan: ReshardPlan, shapes: dict[str, ParamShape], src: dict[
                     bucket_bytes: int = DEFAULT_BUCKET_BYTES, group=None) -> ReshardStats:
     """Move slices from this rank's `src` tensors (laid out by plan.src_plan) into its `dst`
     tensors (plan.dst_plan's layout, pre-allocated, written in place). Collective over the
-    ranks the plan names."""
+    ranks the plan names. A plan between two pools (earl.policies.reshard.plan_pool_push) lays
+    each layout over its own ranks: a rank sends from one and receives into the other."""
     rank = (dist.get_rank() if dist.is_initialized() else 0) if rank is None else rank
     t0 = time.perf_counter()
+    src_rank, dst_rank = _plan_rank(plan.src_ranks, rank), _plan_rank(plan.dst_ranks, rank)  # in each layout
     sends: dict[int, list[SliceTransfer]] = defaultdict(list)
     recvs: dict[int, list[SliceTransfer]] = defaultdict(list)
     local_bytes = 0
@@ -105,7 +115,7 @@ def execute_reshard(plan: ReshardPlan, shapes: dict[str, ParamShape], src: dict[
             direct = None
             if len(bucket) == 1:
                 tr = bucket[0]
-                view = _view(dst[tr.name], tr, local_range(shapes, plan.dst_plan, rank, tr.name)[0])
+                view = _view(dst[tr.name], tr, local_range(shapes, plan.dst_plan, dst_rank, tr.name)[0])
                 if view.is_contiguous():
                     direct = view.reshape(-1).view(torch.uint8)
             if direct is not None:
@@ -121,15 +131,15 @@ def execute_reshard(plan: ReshardPlan, shapes: dict[str, ParamShape], src: dict[
         for i, bucket in enumerate(_buckets(sends[peer], bucket_bytes)):
             parts = []
             for tr in bucket:
-                lo = local_range(shapes, plan.src_plan, rank, tr.name)[0]
+                lo = local_range(shapes, plan.src_plan, src_rank, tr.name)[0]
                 parts.append(_view(src[tr.name], tr, lo).contiguous().view(torch.uint8).flatten())
             buf = torch.cat(parts) if len(parts) > 1 else parts[0]
             works.append(dist.isend(buf, dst=peer, group=group, tag=i))
             sent += buf.numel()
             msgs += 1
     for tr in local:  # copies this rank keeps, while the messages are in flight
-        s_lo = local_range(shapes, plan.src_plan, rank, tr.name)[0]
-        d_lo = local_range(shapes, plan.dst_plan, rank, tr.name)[0]
+        s_lo = local_range(shapes, plan.src_plan, src_rank, tr.name)[0]
+        d_lo = local_range(shapes, plan.dst_plan, dst_rank, tr.name)[0]
         _view(dst[tr.name], tr, d_lo).copy_(_view(src[tr.name], tr, s_lo))
         local_bytes += tr.bytes
     for w in works:
@@ -137,7 +147,7 @@ def execute_reshard(plan: ReshardPlan, shapes: dict[str, ParamShape], src: dict[
     for bucket, buf in inbox:
         off = 0
         for tr in bucket:
-            lo = local_range(shapes, plan.dst_plan, rank, tr.name)[0]
+            lo = local_range(shapes, plan.dst_plan, dst_rank, tr.name)[0]
             view = _view(dst[tr.name], tr, lo)
             raw = buf[off:off + tr.bytes]
             if off % view.element_size():  # keep the dtype view aligned

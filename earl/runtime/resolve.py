@@ -213,8 +213,10 @@ def check_schedule(cfg: RunConfig, world: int) -> None:
     if sc.rollout_gpus and not 1 <= sc.rollout_gpus < world:
         raise ValueError(f"schedule.rollout_gpus = {sc.rollout_gpus}: the rollout pool must leave processes to "
                          f"train (--nproc {world}: 1-{world - 1}, or 0: the cost model splits)")
-    unsupported = [(sc.partial_rollout, "schedule.partial_rollout = true (a replica drains before a weight swap)"),
-                   (cfg.engine not in LOCAL_ENGINES, f"engine {cfg.engine!r} (use pytorch or pytorch-static)"),
+    if sc.partial_rollout and cfg.engine != "pytorch":
+        raise ValueError(f"schedule.partial_rollout = true swaps weights between decode steps, which engine "
+                         f"{cfg.engine!r} cannot call back from; use engine pytorch (or partial_rollout false)")
+    unsupported = [(cfg.engine not in LOCAL_ENGINES, f"engine {cfg.engine!r} (use pytorch or pytorch-static)"),
                    (bool(cfg.trainer.kl_coef), "trainer.kl_coef > 0 (no reference model in the training pool yet)"),
                    (cfg.trainer.filter_uniform_groups, "trainer.filter_uniform_groups"),
                    (bool(cfg.plan.schedule), "plan.schedule (scripted plan switches)"),

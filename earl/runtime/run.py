@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from earl.runtime.async_rl import run_async_training
 from earl.runtime.checkpoint import export_policy, find_checkpoint, load_run, save_run
 from earl.runtime.console import Preemption, Progress, library_progress_bars, step_line
+from earl.runtime.control import vote_stop
 from earl.runtime.defaults import describe_defaults
 from earl.runtime.dist import process_group
 from earl.runtime.metrics import RunRecorder, plot_run
@@ -75,8 +75,10 @@ def _run(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume, 
     check_config(cfg, world)
     out = Path(out_dir)
     if cfg.schedule.mode == "async":
-        rows, ckpt, first = run_async_training(cfg, out, rank, world, resume=resume, echo=echo)
-        return RunResult(out_dir=out, first_step=first, last_step=cfg.steps, metrics=rows, last_checkpoint=ckpt)
+        rows, ckpt, first, step, preempted = run_async_training(cfg, out, rank, world, resume=resume, echo=echo,
+                                                                stop_at=stop_at, deadline_s=deadline_s, t_call=t_call)
+        return RunResult(out_dir=out, first_step=first, last_step=step, metrics=rows, last_checkpoint=ckpt,
+                         preempted=preempted)
     ckpt = find_checkpoint(resume) if resume is not None else None
     if rank == 0:  # the one writer; later ranks would see its first files
         check_out(out, resume)
@@ -118,10 +120,7 @@ def _run(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume, 
             row, prev, decisions, episodes = run_step(worker, ctx, step, prev)
             past = deadline_s is not None and time.perf_counter() - t_call > deadline_s
             stop = preemption.requested
-            if world > 1:  # every rank stops after the same step: rank 0's clock, any rank's SIGTERM
-                votes: list = [None] * world
-                dist.all_gather_object(votes, (past, stop))
-                past, stop = votes[0][0], any(v[1] for v in votes)
+            past, stop = vote_stop(past, stop)  # every rank stops after the same step
             preempted = preempted or stop
             if past or stop:
                 last = step

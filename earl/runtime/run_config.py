@@ -194,7 +194,7 @@ class ScheduleConfig:
 
     mode: str = "sync"  # sync (stages in turn on every process) | async (a rollout pool + a training pool)
     max_staleness: int = 1  # async: policy versions a trained sample may lag the policy it trains (>= 1)
-    partial_rollout: bool = False  # async: a weight update interrupts episodes in flight (not in the runtime yet)
+    partial_rollout: bool = False  # async: a weight update reaches episodes in flight (between decode steps)
     rollout_gpus: int = 0  # async: processes of the rollout pool; 0 = the cost model splits (choose_pool_split)
 
     def __post_init__(self):

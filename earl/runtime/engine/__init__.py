@@ -22,6 +22,7 @@ from earl.runtime.engine.base import (
     TurnSync,
     as_stepper,
     sample_tokens,
+    set_between_steps,
 )
 from earl.runtime.engine.pytorch import TorchEngine, TorchEpisodeBatch
 from earl.runtime.engine.static import StaticEpisodeBatch, StaticTorchEngine
@@ -58,4 +59,4 @@ def make_engine(name: str, model: torch.nn.Module, tokenizer: Tokenizer, *, reus
 __all__ = ["DECODE_STEPS", "ENGINES", "LOCAL_ENGINES", "Engine", "EngineStats", "EpisodeBatch", "Generation",
            "SamplingParams", "StaticEpisodeBatch", "StaticTorchEngine", "SteppedBatch", "TorchEngine",
            "TorchEpisodeBatch", "TurnSync", "VLLMEngine", "as_stepper", "counter_uniform", "engine_plan_error",
-           "make_engine", "sample_tokens"]
+           "make_engine", "sample_tokens", "set_between_steps"]

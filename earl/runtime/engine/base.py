@@ -20,7 +20,7 @@ tokens alone, in any batch, on one process or many.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -137,6 +137,16 @@ class Engine(Protocol):
     def open(self, n: int, seeds: Sequence[int] | None = None) -> EpisodeBatch: ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+
+
+def set_between_steps(engine: Engine, fn: Callable[[], None] | None) -> None:
+    """Have `engine` call `fn` between its decode steps (with episodes in flight; `fn` may copy
+    new weights into the module the engine runs: the KV already cached stays). Only engines
+    that step their own decode loop in this process can (the `pytorch` engine); ValueError else."""
+    if not hasattr(engine, "between_steps"):
+        raise ValueError(f"engine {type(engine).__name__} cannot call back between decode steps (a turn-synchronous "
+                         "or external engine); use engine 'pytorch'")
+    engine.between_steps = fn
 
 
 def finish_reason(tokenizer: Tokenizer, g: Generation, params: SamplingParams) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -212,6 +212,8 @@ class TorchEpisodeBatch:
         """One forward over the running rows and the newly admitted ones, or, when no waiting row
         joins, a block of up to `decode_steps` decode steps; returns the rows whose turn finished."""
         eng = self.engine
+        if eng.between_steps is not None:  # between any two forwards: e.g. an async replica's weight swap
+            eng.between_steps()
         t0 = time.perf_counter()
         # admit waiting rows (first come, first served) under the decode width and token budget
         budget = eng.step_tokens - len(self.running)
@@ -370,7 +372,11 @@ class TorchEngine:
     (a waiting row's whole new segment joins only if it fits, unless nothing else runs);
     `decode_steps`: decode steps run on the device per host sync when no waiting row joins (0: by
     the model's device, `DECODE_STEPS`);
-    `compile`: pure decode steps (forward + sampling) through `torch.compile` (CUDA graphs on a GPU)."""
+    `compile`: pure decode steps (forward + sampling) through `torch.compile` (CUDA graphs on a GPU).
+    `between_steps` (set with earl.runtime.engine.base.set_between_steps): called before every
+    `step` of a batch, so between any two of its forwards (decode blocks when decode_steps > 1)."""
+
+    between_steps: Callable[[], None] | None = None
 
     @classmethod
     def build(cls, model: torch.nn.Module, tokenizer: Tokenizer, *, reuse_kv: bool, decode_steps: int,
