@@ -269,7 +269,7 @@ class FlatDraw:
     truncated: np.ndarray  # (n,) bool: hit max_context
 
     def _per_episode(self, flat: np.ndarray, dtype) -> np.ndarray:
-        return np.add.reduceat(flat, self.first, dtype=dtype) if len(self.ids) else np.zeros(0, dtype)
+        return np.add.reduceat(flat, self.first).astype(dtype) if len(self.ids) else np.zeros(0, dtype)
 
     @functools.cached_property
     def context(self) -> np.ndarray:
@@ -281,7 +281,7 @@ class FlatDraw:
 
     @functools.cached_property
     def lat_total(self) -> np.ndarray:
-        return self._per_episode(self.lat, np.float64)
+        return self._per_episode(self.lat.astype(np.float64), np.float64)
 
     @property
     def prompts(self) -> np.ndarray:
@@ -405,9 +405,10 @@ class Workload:
             np.zeros(m, np.float32)
         obs_i, gen_i = (np.maximum(np.rint(a, out=a), 1, out=a).astype(np.int32) for a in (obs, gen))
         kept, cut = turns.astype(np.int64), np.zeros(n, bool)
+        # per-episode sums (int32 holds them: under 2**31 tokens an episode)
+        obs_sum, gen_sum = (np.add.reduceat(a, first).astype(np.int64) for a in (obs_i, gen_i))
         if s.max_context > 0:  # only the episodes whose whole context passes the cap are walked
-            total = np.add.reduceat(obs_i + gen_i, first, dtype=np.int64)
-            rows = np.nonzero(total > s.max_context)[0]
+            rows = np.nonzero(obs_sum + gen_sum > s.max_context)[0]
             if len(rows):
                 col = np.arange(s.turns_max)
                 live = col[None, :] < kept[rows][:, None]
@@ -416,8 +417,10 @@ class Workload:
                 obs_i[at[live]], gen_i[at[live]] = o[live], g[live]
                 lat[at[live]] *= (col[None, :] < k[:, None])[live]
                 kept[rows], cut[rows] = k, c
-        return FlatDraw(ids=np.arange(n), first=first, obs=obs_i, gen=gen_i, lat=lat, turns=kept,
-                        truncated=cut)
+                obs_sum[rows], gen_sum[rows] = o.sum(axis=1), g.sum(axis=1)
+        d = FlatDraw(ids=np.arange(n), first=first, obs=obs_i, gen=gen_i, lat=lat, turns=kept, truncated=cut)
+        d.__dict__.update(context=obs_sum + gen_sum, generated=gen_sum)  # the cached properties, known
+        return d
 
     @staticmethod
     def stats(episodes: list[Episode], *, step: int = 0, max_context: int = 0,
