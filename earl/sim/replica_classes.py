@@ -18,7 +18,8 @@ count. Past `engine.sample_episodes` samples (65,536), log-probs and training ar
 evenly strided sample of about that many, scaled to the batch's token total (the draw, the
 stragglers and every count stay whole: `Simulation.priced_sample`). `earl simulate --exact`
 simulates every replica instead; the two agree within 2% on step time and throughput at 1,024
-and 4,096 GPUs, sampled pricing included (tests/sim/test_scale.py).
+and 4,096 GPUs, sampled pricing included, with the per-episode draw and with the compact one that
+131,072 GPUs take (`engine.compact_draw_above`, earl/sim/workload.py; tests/sim/test_scale.py).
 
     python -m pytest tests/sim/test_scale.py -q
 """

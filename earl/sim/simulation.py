@@ -228,7 +228,7 @@ class Simulation:
             edges = np.rint(np.arange(len(lengths) + 1) * weight).astype(np.int64)
             lengths = np.repeat(lengths, np.diff(edges))
             lengths = np.maximum(np.rint(lengths * (total / lengths.sum())), 1).astype(np.int64)
-        est = self.cm.mixed_batch(stage, plan, lengths.astype(np.int64), buckets=MAX_BUCKETS, passes=passes,
+        est = self.cm.mixed_batch(stage, plan, lengths, buckets=MAX_BUCKETS, passes=passes,
                                   imbalance=imbalance, padded=self.padded, token_budget=self.token_budget,
                                   groups=groups, fsdp=self.fsdp, head_frac=self._head_frac)
         assert est.feasible, f"{stage} {plan.describe()} infeasible at {longest} tokens after OOM filter"
