@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ from earl.sim.replica_classes import choose_replicas, deal, kv_drops
 from earl.sim.rollout_engine import Replica
 from earl.sim.scenario import load_scenario, parse_stage_plan
 from earl.sim.simulation import Simulation
-from earl.sim.workload import Draw, FlatDraw, Workload, preset, truncate_turns
+from earl.sim.workload import Draw, FlatDraw, Workload, keep_freed_memory, preset, truncate_turns
 from earl.specs import ClusterSpec, HardwareSpec, ModelSpec, Stage
 
 
@@ -219,6 +220,7 @@ def test_compact_draw_is_the_same_workload_in_flat_arrays():
     assert np.allclose(rows.lat_total, f.lat_total) and np.array_equal(rows.prompts, f.prompts)
     assert np.array_equal(rows.turns, f.turns) and f.context.max() <= 6000
     assert f.rows(f.turns > 0) is f and deal(f, 7, 3).ids.tolist() == list(range(3, 20000, 7))
+    assert keep_freed_memory() is (sys.platform == "linux")  # glibc here: freed arrays stay for reuse
     # truncation: the drawn turns before the cap, cut as truncate_turns cuts them
     wide = Workload(dataclasses.replace(spec, max_context=0), compact_above=10000).draw(60)
     for e, w in zip(rows.rows(slice(0, 300)).episodes(), wide.rows(slice(0, 300)).episodes(), strict=True):
