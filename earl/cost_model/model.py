@@ -533,7 +533,7 @@ class CostModel:
         `head_frac`: the share of positions that get logits (see `head_tokens`)."""
         if stage not in ("logprob", "train"):
             raise ValueError(f"mixed_batch prices logprob or train, not {stage!r}")
-        ctx = sorted(int(c) for c in lengths)
+        ctx = sorted(lengths.astype("int64").tolist() if hasattr(lengths, "astype") else (int(c) for c in lengths))
         if not ctx:
             raise ValueError("mixed_batch needs at least one sequence length")
         # a bucket smaller than one micro-batch per dp group would add micro-batches (and their

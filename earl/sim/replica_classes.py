@@ -18,7 +18,8 @@ count. Past `engine.sample_episodes` samples (65,536), log-probs and training ar
 evenly strided sample of about that many, scaled to the batch's token total (the draw, the
 stragglers and every count stay whole: `Simulation.priced_sample`). `earl simulate --exact`
 simulates every replica instead; the two agree within 2% on step time and throughput at 1,024
-and 4,096 GPUs, sampled pricing included (tests/sim/test_scale.py).
+and 4,096 GPUs, sampled pricing included, with the per-episode draw and with the compact one that
+131,072 GPUs take (`engine.compact_draw_above`, earl/sim/workload.py; tests/sim/test_scale.py).
 
     python -m pytest tests/sim/test_scale.py -q
 """
@@ -32,7 +33,7 @@ import numpy as np
 
 from earl.parallel import deal as parallel_deal
 
-from .workload import Draw
+from .workload import Draw, FlatDraw
 
 STRAGGLERS = 3  # replicas with the longest critical paths, simulated exactly
 LOADED = 1  # most loaded replica (generated tokens), simulated exactly
@@ -57,13 +58,13 @@ def _dealt(n_items: int, replicas: int) -> tuple[np.ndarray, ...]:
     return tuple(np.asarray(b, dtype=np.int64) for b in parallel_deal(n_items, replicas))
 
 
-def deal(drawn: Draw, replicas: int, index: int) -> Draw:
+def deal(drawn: Draw | FlatDraw, replicas: int, index: int) -> Draw:
     """The episodes replica `index` of `replicas` serves: the round-robin dealing of
     `earl.parallel.deal` over the step's draw."""
     return drawn.rows(_dealt(len(drawn.ids), replicas)[index])
 
 
-def choose_replicas(drawn: Draw, replicas: int, seconds_per_token: float) -> ReplicaChoice:
+def choose_replicas(drawn: Draw | FlatDraw, replicas: int, seconds_per_token: float) -> ReplicaChoice:
     """The stragglers' tail and the representatives (every replica when they are all of them).
     `seconds_per_token`: one decode iteration at the replica's opening batch, to weigh an
     episode's generated tokens against its environment latency."""
@@ -71,7 +72,7 @@ def choose_replicas(drawn: Draw, replicas: int, seconds_per_token: float) -> Rep
     if replicas <= STRAGGLERS + LOADED + REPRESENTATIVES:
         return ReplicaChoice(simulated=every, representatives=every, replicas=replicas)
     owner = np.arange(len(drawn.ids)) % replicas
-    critical = drawn.generated * seconds_per_token + drawn.lat.sum(axis=1)
+    critical = drawn.generated * seconds_per_token + drawn.lat_total
     longest = np.full(replicas, -1.0)
     np.maximum.at(longest, owner, critical)
     load = np.bincount(owner, weights=drawn.generated, minlength=replicas)
@@ -82,12 +83,14 @@ def choose_replicas(drawn: Draw, replicas: int, seconds_per_token: float) -> Rep
                          replicas=replicas)
 
 
-def kv_drops(drawn: Draw, capacity_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+def kv_drops(drawn: Draw | FlatDraw, capacity_tokens: int) -> tuple[np.ndarray, np.ndarray]:
     """What every engine decides from the episode alone: (dropped, generated tokens). A turn
     whose context with it exceeds the replica's KV capacity can never be admitted, so the
     episode is dropped there (an OOM event) after generating its earlier turns."""
     if len(drawn.ids) == 0 or drawn.context.max() <= capacity_tokens:
         return np.zeros(len(drawn.ids), bool), drawn.generated
+    if isinstance(drawn, FlatDraw):
+        drawn = drawn.rows(np.arange(len(drawn.ids)))  # the per-turn detail, here only
     through = np.cumsum(drawn.obs + drawn.gen, axis=1)  # context after each turn
     live = np.arange(drawn.obs.shape[1])[None, :] < drawn.turns[:, None]
     fits = np.cumprod(~(live & (through > capacity_tokens)), axis=1).astype(bool)

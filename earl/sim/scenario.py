@@ -63,6 +63,8 @@ class Scenario:
     #                          above it, replica classes (earl/sim/replica_classes.py)
     sample_episodes: int = 65536  # replica classes: log-probs and training of a larger batch are
     #                               priced on an evenly strided sample of about this many samples
+    compact_draw_above: int = 65536  # episodes per step above which the workload is drawn compactly
+    #                                  (float32, drawn turns only, a stream of its own; 0: never)
     oom_restart_s: float = 0.0  # s charged to a step with an OOM event (job restart from checkpoint)
     mode: str = "sync"  # schedule: "sync" (stages in turn on all GPUs) | "async" (rollout pool + training pool)
     max_staleness: int = 1  # async: policy versions a trained sample may lag the trained policy
@@ -82,7 +84,7 @@ class Scenario:
                              f"{self.gpus_per_node!r}")
         if self.mode not in SCHEDULE_MODES:
             raise ValueError(f"schedule.mode {self.mode!r}; valid: {', '.join(SCHEDULE_MODES)}")
-        for n in ("max_staleness", "rollout_gpus"):
+        for n in ("max_staleness", "rollout_gpus", "compact_draw_above"):
             v = getattr(self, n)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"{_KEY_OF[n]} must be an integer >= 0, got {v!r}")
@@ -202,7 +204,7 @@ KEY_NAMES = {
     "max_num_seqs": "engine.max_num_seqs", "fine": "engine.fine",
     "logprob_passes": "experience.logprob_passes",
     "exact": "engine.exact", "exact_up_to": "engine.exact_up_to",
-    "sample_episodes": "engine.sample_episodes",
+    "sample_episodes": "engine.sample_episodes", "compact_draw_above": "engine.compact_draw_above",
     "oom_restart_s": "failure.oom_restart_s",
     "mode": "schedule.mode", "max_staleness": "schedule.max_staleness",
     "partial_rollout": "schedule.partial_rollout", "rollout_gpus": "schedule.rollout_gpus",

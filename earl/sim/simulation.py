@@ -101,7 +101,8 @@ class Simulation:
         self.cm = cost_model
         self.cluster = Cluster(self.env, cost_model.cluster, cost_model)
         self.gpus = self.cluster.num_gpus
-        self.workload = Workload(scenario.workload_spec(), seed=scenario.seed)
+        self.workload = Workload(scenario.workload_spec(), seed=scenario.seed,
+                                 compact_above=scenario.compact_draw_above)
         self.split = None  # async with schedule.rollout_gpus = 0: the cost model's PoolSplit
         if scenario.mode == "async" and not scenario.rollout_gpus:
             self.split = choose_split(scenario, cost_model, self.workload)
@@ -230,7 +231,7 @@ class Simulation:
             edges = np.rint(np.arange(len(lengths) + 1) * weight).astype(np.int64)
             lengths = np.repeat(lengths, np.diff(edges))
             lengths = np.maximum(np.rint(lengths * (total / lengths.sum())), 1).astype(np.int64)
-        est = self.cm.mixed_batch(stage, plan, lengths.tolist(), buckets=MAX_BUCKETS, passes=passes,
+        est = self.cm.mixed_batch(stage, plan, lengths, buckets=MAX_BUCKETS, passes=passes,
                                   imbalance=imbalance, padded=self.padded, token_budget=self.token_budget,
                                   groups=groups, fsdp=self.fsdp, head_frac=self._head_frac)
         assert est.feasible, f"{stage} {plan.describe()} infeasible at {longest} tokens after OOM filter"
@@ -242,7 +243,7 @@ class Simulation:
     def _prompt_stats(self, drawn: Draw, step: int) -> WorkloadStats:
         """What is known before the first rollout: the prompts."""
         n = len(drawn.ids)
-        return stats_of(drawn.obs[:, 0], np.ones(n, np.int64), np.zeros(n, np.int64), step=step,
+        return stats_of(drawn.prompts, np.ones(n, np.int64), np.zeros(n, np.int64), step=step,
                         max_context=self.sc.workload.max_context)
 
     def aggregated(self, episodes: int) -> bool:

@@ -8,7 +8,9 @@ plans without a dp degree fill the cluster, and the batch can follow the cluster
 
 from __future__ import annotations
 
+import dataclasses
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -20,7 +22,7 @@ from earl.sim.replica_classes import choose_replicas, deal, kv_drops
 from earl.sim.rollout_engine import Replica
 from earl.sim.scenario import load_scenario, parse_stage_plan
 from earl.sim.simulation import Simulation
-from earl.sim.workload import Draw, Workload, preset, truncate_turns
+from earl.sim.workload import Draw, FlatDraw, Workload, keep_freed_memory, preset, truncate_turns
 from earl.specs import ClusterSpec, HardwareSpec, ModelSpec, Stage
 
 
@@ -52,6 +54,17 @@ def test_replica_classes_agree_with_every_replica_at_1024_gpus_fast():
     check_within_2_percent(agg, exact)
 
 
+def test_compact_draw_classes_agree_with_every_replica_at_1024_gpus_fast():
+    """The compact draw (engine.compact_draw_above lowered to take it at 1,024 episodes per step)
+    with replica classes and sampled pricing: within 2% of every replica on the same episodes."""
+    sets = {"cluster.nodes": "128", "workload.episodes_per_gpu": "1", "engine.exact_up_to": "512",
+            "engine.compact_draw_above": "512", "engine.sample_episodes": "256",
+            "scenario.steps": "3", "workload.growth_steps": "2"}
+    agg, exact = agreement(sets)
+    assert agg.workload.compact() and exact.workload.compact()
+    check_within_2_percent(agg, exact)
+
+
 def test_sampled_stage_pricing_agrees_with_every_replica_at_1024_gpus_fast():
     """Log-probs and training priced on a strided sample of a quarter of the batch
     (engine.sample_episodes): still within 2% of every replica and every sample."""
@@ -62,11 +75,14 @@ def test_sampled_stage_pricing_agrees_with_every_replica_at_1024_gpus_fast():
 
 
 @pytest.mark.slow
-def test_replica_classes_agree_with_every_replica_at_4096_gpus():
+@pytest.mark.parametrize("compact", ["0", "8192"])
+def test_replica_classes_agree_with_every_replica_at_4096_gpus(compact):
     """The default scenario on 4,096 GPUs (16,384 episodes per step, 512 replicas), log-probs
-    and training priced on a sample of 4,096: within 2% of every replica and every sample."""
+    and training priced on a sample of 4,096, drawn per episode or compactly (the 131,072-GPU
+    path): within 2% of every replica and every sample."""
     agg, exact = agreement({"cluster.nodes": "512", "scenario.steps": "2", "workload.growth_steps": "1",
-                            "engine.sample_episodes": "4096"})
+                            "engine.sample_episodes": "4096", "engine.compact_draw_above": compact})
+    assert agg.workload.compact() == (compact != "0")
     for a, b in zip(agg.rows, exact.rows, strict=True):
         assert a["replicas_simulated"] < b["replicas_simulated"] == 512
         for k in ("step_time_s", "throughput_tokens_per_gpu_s", "rollout_s", "train_s", "experience_s"):
@@ -189,3 +205,35 @@ def test_deal_is_the_one_round_robin():
     assert [deal(draw, 4, b).ids.tolist() for b in range(4)] == deal_items(50, 4)
     with pytest.raises(ValueError, match="n_bins >= 1"):
         deal_items(3, 0)
+
+
+def test_compact_draw_is_the_same_workload_in_flat_arrays():
+    """The compact draw's per-episode view equals its per-turn rows, its truncation equals
+    truncate_turns, and its distributions are the per-episode draw's (a different sample)."""
+    spec = dataclasses.replace(preset("connect-four"), episodes_per_step=20000, max_context=6000)
+    flat, full = Workload(spec, compact_above=10000), Workload(spec)
+    assert flat.compact() and not full.compact() and not Workload(spec, compact_above=20000).compact()
+    f, d = flat.draw(60), full.draw(60)
+    assert isinstance(f, FlatDraw) and isinstance(d, Draw) and 0 < f.truncated.sum() < len(f.ids)
+    rows = f.rows(np.arange(len(f.ids)))
+    assert np.array_equal(rows.context, f.context) and np.array_equal(rows.generated, f.generated)
+    assert np.allclose(rows.lat_total, f.lat_total) and np.array_equal(rows.prompts, f.prompts)
+    assert np.array_equal(rows.turns, f.turns) and f.context.max() <= 6000
+    assert f.rows(f.turns > 0) is f and deal(f, 7, 3).ids.tolist() == list(range(3, 20000, 7))
+    assert keep_freed_memory() is (sys.platform == "linux")  # glibc here: freed arrays stay for reuse
+    # truncation: the drawn turns before the cap, cut as truncate_turns cuts them
+    wide = Workload(dataclasses.replace(spec, max_context=0), compact_above=10000).draw(60)
+    for e, w in zip(rows.rows(slice(0, 300)).episodes(), wide.rows(slice(0, 300)).episodes(), strict=True):
+        turns, cut = truncate_turns([(o, g, la) for o, g, la in w.turns], 6000)
+        assert [(o, g) for o, g, _ in e.turns] == [(o, g) for o, g, _ in turns] and e.truncated == cut
+    for k in ("context", "generated", "turns"):  # 20,000 episodes: means within 2%
+        assert getattr(f, k).mean() == pytest.approx(getattr(d, k).mean(), rel=0.02), k
+    assert f.truncated.mean() == pytest.approx(d.truncated.mean(), abs=0.01)
+    assert f.lat_total.mean() == pytest.approx(d.lat.sum(axis=1).mean(), rel=0.02)
+
+
+def test_compact_draw_above_is_checked_and_off_at_16k_gpus():
+    sc = load_scenario(None, {"cluster.nodes": "2048"})  # 65,536 episodes: the per-episode draw
+    assert sc.compact_draw_above == 65536 and not Simulation(sc, "static", "centralized").workload.compact()
+    with pytest.raises(ValueError, match="engine.compact_draw_above must be an integer >= 0"):
+        load_scenario(None, {"engine.compact_draw_above": "-1"})
