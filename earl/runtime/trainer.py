@@ -131,6 +131,76 @@ def _hidden_states(model, decoder, input_ids: torch.Tensor, attention_mask: torc
     return got[-1]
 
 
+SHARE_MIN_FRAC = 0.1  # share prompt prefixes when that saves at least this fraction of the tokens
+
+
+def _shared_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor, sel: torch.Tensor):
+    """Rows that open on the same tokens before their first position needing logits (a GRPO
+    group's members: one prompt, several completions): (the rows' prefix lengths [n], one row per
+    distinct prefix, each row's prefix index [n]), or None when sharing saves under
+    SHARE_MIN_FRAC of the tokens. A row's prefix ends before the first position whose hidden
+    state feeds the head (so the prefix pass needs no output)."""
+    has = sel.any(1)
+    first = torch.where(has, sel.float().argmax(1), torch.zeros_like(has, dtype=torch.long))
+    ids, lens, starts = input_ids.tolist(), attention_mask.sum(1).tolist(), first.tolist()
+    index: dict[tuple[int, ...], int] = {}
+    leaders, of_row, saved = [], [], 0
+    for r, p in enumerate(starts):
+        key = tuple(ids[r][:p])
+        if p and key in index:
+            saved += p
+        elif p:
+            index[key] = len(leaders)
+            leaders.append(r)
+        of_row.append(index.get(key, 0) if p else 0)
+    if not leaders or saved < SHARE_MIN_FRAC * sum(lens):
+        return None
+    return first, leaders, of_row
+
+
+def _plain_params(model) -> bool:
+    """Every parameter a plain tensor (no FSDP2 / DTensor shard)."""
+    return all(type(p) in (torch.Tensor, torch.nn.Parameter) for p in model.parameters())
+
+
+def _hidden_states_shared(model, decoder, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          sel: torch.Tensor, first: torch.Tensor, leaders: list[int], of_row: list[int]):
+    """The final hidden states at the positions `sel` [n, t-1] (as `h[:, :-1][sel]`), with each
+    distinct prefix (`_shared_prefixes`) run once: its KV, kept in the autograd graph, is
+    gathered for every row that opens on it, and only the rest of each row runs per row. Prefix
+    and suffix batches are right-padded (every query sees at least one real key)."""
+    from transformers import DynamicCache
+
+    dev, n = input_ids.device, input_ids.shape[0]
+    lens = attention_mask.sum(1)
+    lead = torch.tensor(leaders, device=dev)
+    p_lead = first[lead]
+    width = int(p_lead.max())
+    ar = torch.arange(width, device=dev)
+    pre_mask = ar[None, :] < p_lead[:, None]
+    pre_ids = torch.where(pre_mask, input_ids[lead, :width], 0)
+    s = int((lens - first).max())
+    cols = torch.arange(s, device=dev)
+    suf_mask = cols[None, :] < (lens - first)[:, None]
+    src = (first[:, None] + cols[None, :]).clamp(max=input_ids.shape[1] - 1)
+    suf_ids = torch.where(suf_mask, input_ids.gather(1, src), 0)
+    cache = DynamicCache(config=model.config)
+    empty = torch.empty(0, dtype=torch.long, device=dev)
+    model(input_ids=pre_ids, attention_mask=pre_mask.long(), cache=cache, use_cache=True, logits_to_keep=empty)
+    cache.batch_select_indices(torch.tensor(of_row, device=dev))
+    mask = torch.cat([ar[None, :] < first[:, None], suf_mask], 1).long()  # [n, width + s]
+    got = []
+    hook = decoder.register_forward_hook(lambda mod, args, out: got.append(out.last_hidden_state))
+    try:
+        model(input_ids=suf_ids, attention_mask=mask, position_ids=first[:, None] + cols[None, :], cache=cache,
+              use_cache=True, logits_to_keep=empty)
+    finally:
+        hook.remove()
+    rows, ts = sel.nonzero(as_tuple=True)
+    assert n == suf_ids.shape[0] and bool((ts >= first[rows]).all())
+    return got[-1][rows, ts - first[rows]]
+
+
 def _chunk_logprobs(head, h_KH: torch.Tensor, targets_K: torch.Tensor, temperature: float,
                     with_entropy: bool, vocab_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(target) and the entropy at K positions from their hidden states, over the first
@@ -225,8 +295,11 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         need = attention_mask.bool()
     sel = need[:, 1:].bool() & attention_mask[:, 1:].bool()  # [n, t-1]: predicts token t+1
     decoder, head = _decoder_and_head(model)
-    h = _hidden_states(model, decoder, input_ids, attention_mask)
-    h_KH = h[:, :-1][sel]
+    shared = _shared_prefixes(input_ids, attention_mask, sel) if _plain_params(model) else None
+    if shared is None:
+        h_KH = _hidden_states(model, decoder, input_ids, attention_mask)[:, :-1][sel]
+    else:  # a group's prompt runs once (its members' completions attend to its KV)
+        h_KH = _hidden_states_shared(model, decoder, input_ids, attention_mask, sel, *shared)
     targets = input_ids[:, 1:][sel]
     grad = torch.is_grad_enabled()
     weight = _plain_head_weight(head) if grad else None
