@@ -19,6 +19,7 @@ from earl.runtime.advantages.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -184,16 +185,21 @@ def _hidden_states_shared(model, decoder, input_ids: torch.Tensor, attention_mas
     suf_mask = cols[None, :] < (lens - first)[:, None]
     src = (first[:, None] + cols[None, :]).clamp(max=input_ids.shape[1] - 1)
     suf_ids = torch.where(suf_mask, input_ids.gather(1, src), 0)
-    cache = DynamicCache(config=model.config)
+    # transformers 5.2x names the argument `cache` (`past_key_values` before)
+    arg = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    try:
+        cache = DynamicCache(config=model.config)
+    except TypeError:  # transformers 4.x
+        cache = DynamicCache()
     empty = torch.empty(0, dtype=torch.long, device=dev)
-    model(input_ids=pre_ids, attention_mask=pre_mask.long(), cache=cache, use_cache=True, logits_to_keep=empty)
+    model(input_ids=pre_ids, attention_mask=pre_mask.long(), use_cache=True, logits_to_keep=empty, **{arg: cache})
     cache.batch_select_indices(torch.tensor(of_row, device=dev))
     mask = torch.cat([ar[None, :] < first[:, None], suf_mask], 1).long()  # [n, width + s]
     got = []
     hook = decoder.register_forward_hook(lambda mod, args, out: got.append(out.last_hidden_state))
     try:
-        model(input_ids=suf_ids, attention_mask=mask, position_ids=first[:, None] + cols[None, :], cache=cache,
-              use_cache=True, logits_to_keep=empty)
+        model(input_ids=suf_ids, attention_mask=mask, position_ids=first[:, None] + cols[None, :], use_cache=True,
+              logits_to_keep=empty, **{arg: cache})
     finally:
         hook.remove()
     rows, ts = sel.nonzero(as_tuple=True)
