@@ -226,10 +226,13 @@ class _HeadLogprobs(torch.autograd.Function):
     backward: it recomputes the chunk's logits from h and W (the [K, V] fp32 logits are never
     kept between the passes) and forms d/dlogits directly, g_lp * (onehot - p) plus, for an
     entropy with a gradient, -g_ent * p * (log p + H). Against checkpointing the head, this skips
-    re-running the log-sum-exp and autograd's zero-filled scatter of the gather."""
+    re-running the log-sum-exp and autograd's zero-filled scatter of the gather. `keep`: the
+    micro-batch's last chunk keeps its logits for the backward instead (autograd runs that
+    chunk's backward first, so one chunk's logits still exist at a time: this saves one
+    recompute, a [K, H] x [H, V] matmul, per micro-batch)."""
 
     @staticmethod
-    def forward(ctx, h_KH, weight, targets_K, temperature, vocab_size, with_entropy):
+    def forward(ctx, h_KH, weight, targets_K, temperature, vocab_size, with_entropy, keep=False):
         w = weight[:vocab_size]
         logits = (h_KH @ w.T).float()
         if temperature != 1:
@@ -237,21 +240,24 @@ class _HeadLogprobs(torch.autograd.Function):
         lse = logits.logsumexp(-1)
         lp = logits.gather(-1, targets_K[:, None]).squeeze(-1) - lse
         ent = lse - (torch.softmax(logits, -1) * logits).sum(-1) if with_entropy else torch.zeros_like(lp)
-        ctx.save_for_backward(h_KH, weight, targets_K, lse, ent)
+        ctx.save_for_backward(h_KH, weight, targets_K, lse, ent, *((logits,) if keep else ()))
         ctx.temperature, ctx.vocab_size, ctx.with_entropy = temperature, vocab_size, with_entropy
         return lp, ent
 
     @staticmethod
     def backward(ctx, g_lp, g_ent):
-        h_KH, weight, targets_K, lse, ent = ctx.saved_tensors
+        h_KH, weight, targets_K, lse, ent, *kept = ctx.saved_tensors
         temperature = ctx.temperature
         w = weight[:ctx.vocab_size]
         if g_lp is None:
             g_lp = torch.zeros_like(lse)
         # in place on the one [K, V] buffer: logits -> log p -> d loss / d logits
-        grad = (h_KH @ w.T).float()
-        if temperature != 1:
-            grad.div_(temperature)
+        if kept:
+            grad = kept[0]
+        else:
+            grad = (h_KH @ w.T).float()
+            if temperature != 1:
+                grad.div_(temperature)
         grad.sub_(lse[:, None])
         if ctx.with_entropy and g_ent is not None:
             p = grad.exp()
@@ -268,7 +274,7 @@ class _HeadLogprobs(torch.autograd.Function):
             g_w = grad.T @ h_KH
             if g_w.shape[0] != weight.shape[0]:  # rows past the vocabulary cut get no gradient
                 g_w = torch.cat([g_w, g_w.new_zeros(weight.shape[0] - g_w.shape[0], weight.shape[1])])
-        return g_h, g_w, None, None, None, None
+        return g_h, g_w, None, None, None, None, None
 
 
 def _plain_head_weight(head) -> torch.Tensor | None:
@@ -313,7 +319,8 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     for a in range(0, h_KH.shape[0], chunk_tokens):
         args = (head, h_KH[a:a + chunk_tokens], targets[a:a + chunk_tokens], temperature, with_entropy, vocab_size)
         if weight is not None:
-            lp, ent = _HeadLogprobs.apply(args[1], weight, args[2], temperature, vocab_size, with_entropy)
+            last = a + chunk_tokens >= h_KH.shape[0]
+            lp, ent = _HeadLogprobs.apply(args[1], weight, args[2], temperature, vocab_size, with_entropy, last)
         elif grad:
             lp, ent = torch.utils.checkpoint.checkpoint(_chunk_logprobs, *args, use_reentrant=False)
         else:
