@@ -19,6 +19,7 @@ from earl.runtime.advantages.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -131,6 +132,81 @@ def _hidden_states(model, decoder, input_ids: torch.Tensor, attention_mask: torc
     return got[-1]
 
 
+SHARE_MIN_FRAC = 0.1  # share prompt prefixes when that saves at least this fraction of the tokens
+
+
+def _shared_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor, sel: torch.Tensor):
+    """Rows that open on the same tokens before their first position needing logits (a GRPO
+    group's members: one prompt, several completions): (the rows' prefix lengths [n], one row per
+    distinct prefix, each row's prefix index [n]), or None when sharing saves under
+    SHARE_MIN_FRAC of the tokens. A row's prefix ends before the first position whose hidden
+    state feeds the head (so the prefix pass needs no output)."""
+    has = sel.any(1)
+    first = torch.where(has, sel.float().argmax(1), torch.zeros_like(has, dtype=torch.long))
+    ids, lens, starts = input_ids.tolist(), attention_mask.sum(1).tolist(), first.tolist()
+    index: dict[tuple[int, ...], int] = {}
+    leaders, of_row, saved = [], [], 0
+    for r, p in enumerate(starts):
+        key = tuple(ids[r][:p])
+        if p and key in index:
+            saved += p
+        elif p:
+            index[key] = len(leaders)
+            leaders.append(r)
+        of_row.append(index.get(key, 0) if p else 0)
+    if not leaders or saved < SHARE_MIN_FRAC * sum(lens):
+        return None
+    return first, leaders, of_row
+
+
+def _plain_params(model) -> bool:
+    """Every parameter a plain tensor (no FSDP2 / DTensor shard)."""
+    return all(type(p) in (torch.Tensor, torch.nn.Parameter) for p in model.parameters())
+
+
+def _hidden_states_shared(model, decoder, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          sel: torch.Tensor, first: torch.Tensor, leaders: list[int], of_row: list[int]):
+    """The final hidden states at the positions `sel` [n, t-1] (as `h[:, :-1][sel]`), with each
+    distinct prefix (`_shared_prefixes`) run once: its KV, kept in the autograd graph, is
+    gathered for every row that opens on it, and only the rest of each row runs per row. Prefix
+    and suffix batches are right-padded (every query sees at least one real key)."""
+    from transformers import DynamicCache
+
+    dev, n = input_ids.device, input_ids.shape[0]
+    lens = attention_mask.sum(1)
+    lead = torch.tensor(leaders, device=dev)
+    p_lead = first[lead]
+    width = int(p_lead.max())
+    ar = torch.arange(width, device=dev)
+    pre_mask = ar[None, :] < p_lead[:, None]
+    pre_ids = torch.where(pre_mask, input_ids[lead, :width], 0)
+    s = int((lens - first).max())
+    cols = torch.arange(s, device=dev)
+    suf_mask = cols[None, :] < (lens - first)[:, None]
+    src = (first[:, None] + cols[None, :]).clamp(max=input_ids.shape[1] - 1)
+    suf_ids = torch.where(suf_mask, input_ids.gather(1, src), 0)
+    # transformers 5.2x names the argument `cache` (`past_key_values` before)
+    arg = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    try:
+        cache = DynamicCache(config=model.config)
+    except TypeError:  # transformers 4.x
+        cache = DynamicCache()
+    empty = torch.empty(0, dtype=torch.long, device=dev)
+    model(input_ids=pre_ids, attention_mask=pre_mask.long(), use_cache=True, logits_to_keep=empty, **{arg: cache})
+    cache.batch_select_indices(torch.tensor(of_row, device=dev))
+    mask = torch.cat([ar[None, :] < first[:, None], suf_mask], 1).long()  # [n, width + s]
+    got = []
+    hook = decoder.register_forward_hook(lambda mod, args, out: got.append(out.last_hidden_state))
+    try:
+        model(input_ids=suf_ids, attention_mask=mask, position_ids=first[:, None] + cols[None, :], use_cache=True,
+              logits_to_keep=empty, **{arg: cache})
+    finally:
+        hook.remove()
+    rows, ts = sel.nonzero(as_tuple=True)
+    assert n == suf_ids.shape[0] and bool((ts >= first[rows]).all())
+    return got[-1][rows, ts - first[rows]]
+
+
 def _chunk_logprobs(head, h_KH: torch.Tensor, targets_K: torch.Tensor, temperature: float,
                     with_entropy: bool, vocab_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(target) and the entropy at K positions from their hidden states, over the first
@@ -150,10 +226,13 @@ class _HeadLogprobs(torch.autograd.Function):
     backward: it recomputes the chunk's logits from h and W (the [K, V] fp32 logits are never
     kept between the passes) and forms d/dlogits directly, g_lp * (onehot - p) plus, for an
     entropy with a gradient, -g_ent * p * (log p + H). Against checkpointing the head, this skips
-    re-running the log-sum-exp and autograd's zero-filled scatter of the gather."""
+    re-running the log-sum-exp and autograd's zero-filled scatter of the gather. `keep`: the
+    micro-batch's last chunk keeps its logits for the backward instead (autograd runs that
+    chunk's backward first, so one chunk's logits still exist at a time: this saves one
+    recompute, a [K, H] x [H, V] matmul, per micro-batch)."""
 
     @staticmethod
-    def forward(ctx, h_KH, weight, targets_K, temperature, vocab_size, with_entropy):
+    def forward(ctx, h_KH, weight, targets_K, temperature, vocab_size, with_entropy, keep=False):
         w = weight[:vocab_size]
         logits = (h_KH @ w.T).float()
         if temperature != 1:
@@ -161,21 +240,24 @@ class _HeadLogprobs(torch.autograd.Function):
         lse = logits.logsumexp(-1)
         lp = logits.gather(-1, targets_K[:, None]).squeeze(-1) - lse
         ent = lse - (torch.softmax(logits, -1) * logits).sum(-1) if with_entropy else torch.zeros_like(lp)
-        ctx.save_for_backward(h_KH, weight, targets_K, lse, ent)
+        ctx.save_for_backward(h_KH, weight, targets_K, lse, ent, *((logits,) if keep else ()))
         ctx.temperature, ctx.vocab_size, ctx.with_entropy = temperature, vocab_size, with_entropy
         return lp, ent
 
     @staticmethod
     def backward(ctx, g_lp, g_ent):
-        h_KH, weight, targets_K, lse, ent = ctx.saved_tensors
+        h_KH, weight, targets_K, lse, ent, *kept = ctx.saved_tensors
         temperature = ctx.temperature
         w = weight[:ctx.vocab_size]
         if g_lp is None:
             g_lp = torch.zeros_like(lse)
         # in place on the one [K, V] buffer: logits -> log p -> d loss / d logits
-        grad = (h_KH @ w.T).float()
-        if temperature != 1:
-            grad.div_(temperature)
+        if kept:
+            grad = kept[0]
+        else:
+            grad = (h_KH @ w.T).float()
+            if temperature != 1:
+                grad.div_(temperature)
         grad.sub_(lse[:, None])
         if ctx.with_entropy and g_ent is not None:
             p = grad.exp()
@@ -192,7 +274,7 @@ class _HeadLogprobs(torch.autograd.Function):
             g_w = grad.T @ h_KH
             if g_w.shape[0] != weight.shape[0]:  # rows past the vocabulary cut get no gradient
                 g_w = torch.cat([g_w, g_w.new_zeros(weight.shape[0] - g_w.shape[0], weight.shape[1])])
-        return g_h, g_w, None, None, None, None
+        return g_h, g_w, None, None, None, None, None
 
 
 def _plain_head_weight(head) -> torch.Tensor | None:
@@ -225,8 +307,11 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         need = attention_mask.bool()
     sel = need[:, 1:].bool() & attention_mask[:, 1:].bool()  # [n, t-1]: predicts token t+1
     decoder, head = _decoder_and_head(model)
-    h = _hidden_states(model, decoder, input_ids, attention_mask)
-    h_KH = h[:, :-1][sel]
+    shared = _shared_prefixes(input_ids, attention_mask, sel) if _plain_params(model) else None
+    if shared is None:
+        h_KH = _hidden_states(model, decoder, input_ids, attention_mask)[:, :-1][sel]
+    else:  # a group's prompt runs once (its members' completions attend to its KV)
+        h_KH = _hidden_states_shared(model, decoder, input_ids, attention_mask, sel, *shared)
     targets = input_ids[:, 1:][sel]
     grad = torch.is_grad_enabled()
     weight = _plain_head_weight(head) if grad else None
@@ -234,7 +319,8 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     for a in range(0, h_KH.shape[0], chunk_tokens):
         args = (head, h_KH[a:a + chunk_tokens], targets[a:a + chunk_tokens], temperature, with_entropy, vocab_size)
         if weight is not None:
-            lp, ent = _HeadLogprobs.apply(args[1], weight, args[2], temperature, vocab_size, with_entropy)
+            last = a + chunk_tokens >= h_KH.shape[0]
+            lp, ent = _HeadLogprobs.apply(args[1], weight, args[2], temperature, vocab_size, with_entropy, last)
         elif grad:
             lp, ent = torch.utils.checkpoint.checkpoint(_chunk_logprobs, *args, use_reentrant=False)
         else:

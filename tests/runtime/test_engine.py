@@ -149,6 +149,26 @@ def test_top_p_samples_only_the_nucleus():
         sample_tokens(logits, SamplingParams(temperature=1.0))
 
 
+def test_sampled_frequencies_follow_the_distribution():
+    """Inverse-CDF sampling with one uniform per row: over many streams each token comes up in
+    proportion to its probability, a token of probability 0 never; the vocabulary cut applies."""
+    probs = torch.tensor([0.4, 0.0, 0.25, 0.2, 0.1, 0.05, 0.0])
+    n = 20000
+    logits = torch.log(probs).repeat(n, 1)
+    logits[:, -1] = 50.0  # past the tokenizer's vocabulary: never drawn
+    toks, lps = sample_tokens(logits, SamplingParams(temperature=1.0), torch.arange(n),
+                              torch.full((n,), 3, dtype=torch.long), vocab_size=6)
+    freq = torch.bincount(toks, minlength=7).double() / n
+    assert freq[1] == 0 and freq[6] == 0
+    assert torch.allclose(freq[:6], probs[:6].double(), atol=0.012), freq
+    assert torch.allclose(lps, torch.log(probs[toks]), atol=1e-6)
+    # temperature 2 flattens the distribution: p ~ sqrt(probs), renormalised
+    toks2, _ = sample_tokens(torch.log(probs[:6]).repeat(n, 1), SamplingParams(temperature=2.0), torch.arange(n),
+                             torch.zeros(n, dtype=torch.long))
+    want = probs[:6].double().sqrt() / probs[:6].double().sqrt().sum()
+    assert torch.allclose(torch.bincount(toks2, minlength=6).double() / n, want, atol=0.012)
+
+
 def test_counter_noise_is_a_function_of_seed_and_position_only():
     seeds, pos = torch.tensor([7, 7, 8, 7]), torch.tensor([3, 4, 3, 3])
     u = counter_uniform(seeds, pos, 50)

@@ -82,6 +82,36 @@ def test_greedy_tokens_and_logprobs_equal_hf_forward(tiny, reuse_kv):
             assert abs(logp[p - 1, seq[p]].item() - lp) < 1e-4, (r, p)
 
 
+def test_group_members_share_one_prefill(tiny):
+    """Episodes opening on the same prompt (a GRPO group) prefill it once: the others get a copy
+    of its KV. Each member samples what it samples alone (temperature 1, its own seed), with the
+    same log-probs, over two turns; only one copy of each prompt's tokens runs through prefill."""
+    tok = tiny.tokenizer
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, stop_at_eos=False)
+    prompts = [tok.encode(p) for p in ("tic tac", "a longer prompt here")]
+    rows = [prompts[i // 4] for i in range(8)]  # 2 groups of 4
+    seeds = [11 * i + 3 for i in range(8)]
+
+    def play(eng, idx):
+        b = eng.open(len(idx), [seeds[i] for i in idx])
+        first = b.generate({j: list(rows[i]) for j, i in enumerate(idx)}, params)
+        second = b.generate({j: tok.encode("obs|") for j in range(len(idx))}, params)
+        return [(first[j].token_ids, first[j].logprobs, second[j].token_ids, second[j].logprobs)
+                for j in range(len(idx))]
+
+    eng = TorchEngine(tiny.model, tok)
+    together = play(eng, list(range(8)))
+    # turn 2 feeds each row its last sampled token and the observation
+    assert eng.stats.prefill_tokens == sum(len(p) for p in prompts) + 8 * (1 + len(tok.encode("obs|")))
+    assert eng.stats.extra["shared_prefill_tokens"] == 3 * sum(len(p) for p in prompts)
+    for i in range(8):
+        alone = play(TorchEngine(tiny.model, tok), [i])[0]
+        assert alone[0] == together[i][0] and alone[2] == together[i][2], i
+        assert alone[1] == pytest.approx(together[i][1], abs=1e-5)
+        assert alone[3] == pytest.approx(together[i][3], abs=1e-5)
+    assert len({tuple(t[0] + t[2]) for t in together[:4]}) > 1  # seeds keep group members apart
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_continuous_equals_static_token_for_token(tiny, temperature):
     """Unequal turn lengths (per-episode max_new_tokens and a stop string), episodes of 1-3

@@ -288,3 +288,77 @@ def test_bf16_model_keeps_fp32_master_weights_an_update_at_lr_1e_6_does_not_roun
         assert all(t.dtype == torch.float32 for t in optim.state_tensors().values())
     assert changed[torch.float32] > 0.9
     assert changed[torch.bfloat16] > 0.95 * changed[torch.float32], changed
+
+
+def grouped_trajs(groups=3, size=4, seed=0):
+    """GRPO groups: each group's members open on one prompt (of its own length), then two
+    turns of their own (completion, observation, completion) of unequal lengths."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for k in range(groups):
+        prompt = torch.randint(3, 64, (6 + 3 * k,), generator=g).tolist()
+        for j in range(size):
+            gen1 = torch.randint(3, 64, (2 + j,), generator=g).tolist()
+            obs = torch.randint(3, 64, (3,), generator=g).tolist()
+            gen2 = torch.randint(3, 64, (1 + (j + k) % 3,), generator=g).tolist()
+            t = Trajectory(episode_id=k * size + j, group_id=k)
+            t._append(prompt, False)
+            t._append(gen1, True, [-1.0] * len(gen1))
+            t._append(obs, False)
+            t._append(gen2, True, [-1.0] * len(gen2))
+            t.step_rewards.append((len(t.token_ids) - 1, float(j % 2)))
+            t.reward = float(j % 2)
+            out.append(t)
+    return out
+
+
+def test_shared_prompt_prefix_equals_the_unshared_forward(tiny, monkeypatch):
+    """Group members' common prompt runs once (its KV gathered for each member): log-probs and
+    gradients equal the plain forward of every row; a batch of distinct prompts runs plain."""
+    import earl.runtime.trainer as trainer_mod
+
+    batch = collate(grouped_trajs(), 0)
+    ids, attn, need = batch.input_ids, batch.attention_mask, batch.loss_mask
+    sel = need[:, 1:] & attn[:, 1:]
+    first, leaders, of_row = trainer_mod._shared_prefixes(ids, attn, sel)
+    assert leaders == [0, 4, 8] and of_row == [0] * 4 + [1] * 4 + [2] * 4
+    assert first.tolist() == [5] * 4 + [8] * 4 + [11] * 4  # the prompt but its last token
+    distinct = collate(fake_trajs(), 0)
+    assert trainer_mod._shared_prefixes(distinct.input_ids, distinct.attention_mask,
+                                        distinct.loss_mask[:, 1:] & distinct.attention_mask[:, 1:]) is None
+    w = torch.randn(ids.shape, generator=torch.Generator().manual_seed(2))
+    got = {}
+    for share in (True, False):
+        monkeypatch.setattr(trainer_mod, "SHARE_MIN_FRAC", 0.1 if share else 2.0)
+        m = copy.deepcopy(tiny.model)
+        lp, _ = trainer_mod.token_logprobs(m, ids, attn, 0.8, need=need)
+        (lp * w).sum().backward()
+        with torch.no_grad():
+            lp_ng, _ = trainer_mod.token_logprobs(m, ids, attn, 0.8, need=need)
+        got[share] = (lp.detach(), lp_ng, {n: p.grad for n, p in m.named_parameters()})
+    (a, a_ng, ga), (b, b_ng, gb) = got[True], got[False]
+    assert bool((a[need] != 0).all()) and torch.all(a[~need] == 0)
+    assert torch.allclose(a, b, atol=1e-5) and torch.allclose(a_ng, b_ng, atol=1e-5)
+    for n in ga:
+        assert torch.allclose(ga[n], gb[n], atol=1e-5, rtol=1e-4), n
+
+
+def test_fp32_optimizer_steps_the_model_itself_as_torch_adamw(tiny):
+    """An fp32 model of plain tensors is its own optimizer state's parameters (no weight or
+    gradient copies) and one step equals torch's AdamW after global-norm clipping."""
+    cfg = TrainerConfig(algo="grpo", lr=1e-3, grad_clip=0.1, weight_decay=0.01)
+    model, ref = copy.deepcopy(tiny.model), copy.deepcopy(tiny.model)
+    optim = one_process_optim(model, cfg)
+    assert all(optim.owned[n] is p for n, p in model.named_parameters())
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    ids = torch.randint(3, 64, (3, 9), generator=torch.Generator().manual_seed(0))
+    for _ in range(2):
+        for m in (model, ref):
+            m.zero_grad(set_to_none=True)
+            (m(input_ids=ids).logits.float() ** 2).mean().backward()
+        want = float(torch.nn.utils.clip_grad_norm_(list(ref.parameters()), cfg.grad_clip))
+        assert want > cfg.grad_clip  # the clip is exercised
+        assert optim.step() == pytest.approx(want, rel=1e-5)
+        ref_opt.step()
+    for (n, a), b in zip(model.named_parameters(), ref.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6), n

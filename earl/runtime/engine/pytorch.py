@@ -74,6 +74,18 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 INITIAL_CAPACITY = 256  # tokens of KV cache each episode's slot starts with (it doubles as needed)
+KV_ROUND = 64  # an eager decode step attends to its rows' longest length rounded up to this
+
+
+def _round_up(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+def _as_slice(slots: list[int]) -> slice | None:
+    """slice(a, a + n) when `slots` are the consecutive a, a+1, ..., else None."""
+    if slots and slots[-1] - slots[0] == len(slots) - 1 and slots == list(range(slots[0], slots[-1] + 1)):
+        return slice(slots[0], slots[-1] + 1)
+    return None
 
 class _Row:
     """One episode's host-side state."""
@@ -265,8 +277,9 @@ class TorchEpisodeBatch:
         ids_pos = self._upload([[self.rows[r].pending for r in decode] + [0] * pad,
                                 [self.rows[r].length for r in decode] + [0] * pad])
         slot_B = self._upload(slots)
+        kv_len = min(self.capacity, _round_up(max(self.rows[r].length for r in decode) + steps, KV_ROUND))
         tok_KB, lp_KB = eng.decode_block(self.k, self.v, ids_pos[0], slot_B, ids_pos[1], self.seeds_t[slot_B],
-                                         self._groups(decode, width), steps)
+                                         self._groups(decode, width), steps, kv_len, _as_slice(slots))
         toks, lps = self._read(tok_KB[:, :len(decode)].T, lp_KB[:, :len(decode)].T)
         finished, used = self._accept(decode, toks, lps)
         for r, n in zip(decode, used, strict=True):
@@ -340,9 +353,14 @@ class TorchEpisodeBatch:
     def _forward_mixed(self, decode: list[int], admitted: list[int]) -> torch.Tensor:
         """Logits [len(decode) + len(admitted), V]: the next token of each decode row and of the
         last new token of each admitted row. All new tokens go through the linear layers packed
-        as one sequence; attention runs batched for decode rows and per admitted segment."""
+        as one sequence; attention runs batched for decode rows and per admitted segment.
+        Admitted rows starting an episode on the same prompt (a GRPO group's members) share one
+        prefill: the first runs it, the others get a copy of its KV and its logits (they sample
+        apart by their seeds)."""
         eng, dev = self.engine, self.device
         ids, slots, pos, segs, last = [], [], [], [], []
+        first_of: dict[tuple[int, ...], int] = {}  # a fresh prompt -> the admitted row that prefills it
+        copies: list[tuple[int, int, int]] = []  # (from slot, to slot, positions)
         for r in decode:
             row = self.rows[r]
             ids.append(row.pending)
@@ -351,6 +369,14 @@ class TorchEpisodeBatch:
             last.append(len(last))
         for r in admitted:
             row = self.rows[r]
+            if row.length == 0:
+                key = tuple(row.unfed)
+                if key in first_of:
+                    lead = first_of[key]
+                    copies.append((lead, r, len(row.unfed)))
+                    last.append(last[len(decode) + admitted.index(lead)])
+                    continue
+                first_of[key] = r
             start = len(ids)
             ids += row.unfed
             slots += [r] * len(row.unfed)
@@ -359,9 +385,18 @@ class TorchEpisodeBatch:
             last.append(len(ids) - 1)
             eng.stats.prefill_tokens += len(row.unfed)
         n_dec = len(decode)
-        kv_len = min(self.capacity, -(-(max(pos[:n_dec], default=0) + 1) // 64) * 64)
+        kv_len = min(self.capacity, _round_up(max(pos[:n_dec], default=0) + 1, KV_ROUND))
         t = lambda x: torch.tensor(x, dtype=torch.long, device=dev)  # noqa: E731
-        return eng.forward(self.k, self.v, t(ids), t(slots), t(pos), n_dec, kv_len, segs, t(last))
+        logits = eng.forward(self.k, self.v, t(ids), t(slots), t(pos), n_dec, kv_len, segs, t(last),
+                             _as_slice(decode))
+        if copies:
+            src = t([[a, p] for a, _, n in copies for p in range(n)]).T
+            dst = t([[b, p] for _, b, n in copies for p in range(n)]).T
+            for cache in (*self.k, *self.v):
+                cache.index_put_((dst[0], dst[1]), cache[src[0], src[1]])
+            eng.stats.extra["shared_prefill_tokens"] = (eng.stats.extra.get("shared_prefill_tokens", 0)
+                                                        + sum(n for *_, n in copies))
+        return logits
 
 
 class TorchEngine:
@@ -426,11 +461,14 @@ class TorchEngine:
     # -- the model forward over the slot cache ---------------------------------------------------
     def forward(self, k_cache: list[torch.Tensor], v_cache: list[torch.Tensor], ids_N: torch.Tensor,
                 slot_N: torch.Tensor, pos_N: torch.Tensor, n_dec: int, kv_len: int,
-                segs: list[tuple[int, int, int, int]], out_N: torch.Tensor) -> torch.Tensor:
+                segs: list[tuple[int, int, int, int]], out_N: torch.Tensor,
+                dec_slots: slice | None = None) -> torch.Tensor:
         """Run the packed tokens `ids_N` (token i of slot `slot_N[i]` at position `pos_N[i]`),
         writing their KV into the slots; return logits [len(out_N), V] at the positions `out_N`.
         Tokens 0..n_dec-1 are one per decode row (attention over `kv_len` positions of their
-        slot); `segs` are (start, end, slot, length after) prefill segments."""
+        slot); `segs` are (start, end, slot, length after) prefill segments. `dec_slots`: the
+        decode rows' slots when they are consecutive (the usual case), read as a view of the
+        cache instead of gathered (a [rows, kv_len] copy per layer and step)."""
         m = self.model.model
         D = self.head_dim
         h = m.embed_tokens(ids_N)[None]  # [1, N, hidden]
@@ -453,8 +491,9 @@ class TorchEngine:
             vc.index_put_((slot_N, pos_N), v)
             outs = []
             if n_dec:
-                kd = kc[slot_dec, :kv_len].transpose(1, 2)  # [B, Hkv, kv, D]
-                vd = vc[slot_dec, :kv_len].transpose(1, 2)
+                sd = slot_dec if dec_slots is None else dec_slots
+                kd = kc[sd, :kv_len].transpose(1, 2)  # [B, Hkv, kv, D]
+                vd = vc[sd, :kv_len].transpose(1, 2)
                 o = F.scaled_dot_product_attention(q[:n_dec, :, None, :], kd, vd, attn_mask=mask_dec,
                                                    scale=attn.scaling, enable_gqa=True)
                 outs.append(o[:, :, 0, :])
@@ -478,20 +517,26 @@ class TorchEngine:
             self._samplers[key] = SamplingParams(temperature=temperature, top_p=top_p)
         return self._samplers[key]
 
-    def decode_step(self, k_cache, v_cache, ids_B, slot_B, pos_B, seed_B, groups):
+    def decode_step(self, k_cache, v_cache, ids_B, slot_B, pos_B, seed_B, groups, kv_len: int = 0,
+                    dec_slots: slice | None = None):
         """One decode step on the device: forward, sampling at each row's next position, and the
-        sampled token as the next step's input. Returns (next ids, next positions, tokens, log-probs)."""
+        sampled token as the next step's input. Returns (next ids, next positions, tokens, log-probs).
+        Attention reads `kv_len` positions of each slot (0: the whole cache, the compiled step's
+        static shape; eager steps pass the rows' longest length rounded up)."""
         B = ids_B.shape[0]
-        logits = self.forward(k_cache, v_cache, ids_B, slot_B, pos_B, B, k_cache[0].shape[1], [],
-                              torch.arange(B, device=ids_B.device))
+        logits = self.forward(k_cache, v_cache, ids_B, slot_B, pos_B, B, kv_len or k_cache[0].shape[1], [],
+                              torch.arange(B, device=ids_B.device), dec_slots)
         nxt = pos_B + 1
         tok_B, lp_B = sample_groups(logits, groups, seed_B, nxt, self.tokenizer.vocab_size)
         return tok_B, nxt, tok_B, lp_B
 
     def decode_block(self, k_cache, v_cache, ids_B, slot_B, pos_B, seed_B, groups,
-                     steps: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """`steps` decode steps back to back with no host sync; ([steps, B] tokens, [steps, B] log-probs)."""
+                     steps: int, kv_len: int = 0, dec_slots: slice | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`steps` decode steps back to back with no host sync; ([steps, B] tokens, [steps, B] log-probs).
+        `kv_len` (positions attended, enough for the block's last step) and `dec_slots` (see
+        `forward`) apply to eager steps; a compiled step runs at the cache's static shape."""
         step = self.decode_step
+        extra = () if self.compile else (kv_len, dec_slots)
         if self.compile:
             if self._compiled is None:
                 self._compiled = _compile(self.decode_step, self.device)
@@ -508,7 +553,7 @@ class TorchEngine:
         for _ in range(steps):
             if cuda_graphs:
                 torch.compiler.cudagraph_mark_step_begin()
-            ids_B, pos_B, tok_B, lp_B = step(k_cache, v_cache, ids_B, slot_B, pos_B, seed_B, groups)
+            ids_B, pos_B, tok_B, lp_B = step(k_cache, v_cache, ids_B, slot_B, pos_B, seed_B, groups, *extra)
             if cuda_graphs:  # the graph's outputs are overwritten by its next replay
                 ids_B, pos_B, tok_B, lp_B = ids_B.clone(), pos_B.clone(), tok_B.clone(), lp_B.clone()
             toks.append(tok_B)
