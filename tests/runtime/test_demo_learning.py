@@ -52,3 +52,19 @@ def test_discount_flows_into_the_per_turn_advantages():
     assert "turn_ids" not in AdvantageSpec(estimator="reinforce++").inputs
     with pytest.raises(ValueError, match=r"trainer.gamma must be in \[0, 1\] \(1: undiscounted\), got 1.5"):
         resolve_config(overrides={"trainer.gamma": 1.5})
+
+
+def test_bench_learning_curve_is_ten_step_means(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_learning.py"
+    spec = importlib.util.spec_from_file_location("bench_learning", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cols = ["step"] + [k for _, k in bench.CURVE]
+    lines = [",".join(cols)] + [",".join([str(s)] + [str(s / 100)] * (len(cols) - 1)) for s in range(1, 13)]
+    (tmp_path / "metrics.csv").write_text("\n".join(lines) + "\n")
+    out = bench.curve(str(tmp_path / "metrics.csv"))
+    assert out[0].endswith(": 12 steps") and len(out) == 3
+    assert out[1].startswith("  step   10 win 0.055 ") and out[2].startswith("  step   12 win 0.115 ")
