@@ -74,7 +74,7 @@ class EnvConfig:
     name: str = "tic-tac-toe"
     opponent: str = "random"  # games: random | lookahead (built-in) | mcts (openspiel)
     agent_starts: str = "always"  # games: always | never | alternate
-    invalid_action: str = "end"  # games: end the episode, "retry", or "substitute" (charged, a random legal move stands in)
+    invalid_action: str = "end"  # games: end the episode, "retry", or "substitute" (charged; a random legal move)
     invalid_reward: float = -1.0  # games: reward of an invalid move (per-try share in retry mode)
     max_retries: int = 2  # games: consecutive invalid tries allowed in retry mode
     valid_move_reward: float = 0.1  # games: reward of each legal move (dense shaping)
