@@ -216,3 +216,9 @@ def test_unknown_env_and_option():
         make_env("chess")
     with pytest.raises(ValueError, match="opponent"):
         make_env("tic-tac-toe", opponent="perfect")
+
+
+def test_openspiel_games_refuse_substitute_mode():
+    msg = "invalid_action 'substitute' is not offered by openspiel games; valid: end, retry"
+    with pytest.raises(ValueError, match=msg):
+        make_env("openspiel:tic_tac_toe", invalid_action="substitute")
