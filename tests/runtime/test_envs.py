@@ -219,6 +219,7 @@ def test_unknown_env_and_option():
 
 
 def test_openspiel_games_refuse_substitute_mode():
+    pytest.importorskip("pyspiel")
     msg = "invalid_action 'substitute' is not offered by openspiel games; valid: end, retry"
     with pytest.raises(ValueError, match=msg):
         make_env("openspiel:tic_tac_toe", invalid_action="substitute")
