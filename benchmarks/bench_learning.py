@@ -14,11 +14,13 @@ every 50 steps: whether the model can read the board at all, apart from how RL e
     OMP_NUM_THREADS=1 python benchmarks/bench_learning.py --seeds 0,1,2,3 --jobs 2 [--steps 600]
         [--minutes 30] [--set env.show=board ...]
     OMP_NUM_THREADS=1 python benchmarks/bench_learning.py --probe 200
+    python benchmarks/bench_learning.py --curve RUN/metrics.csv   # a run's curve, 10-step means
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import multiprocessing as mp
 import random
 import tempfile
@@ -101,6 +103,23 @@ def probe_legal(show: str, steps: int, batch: int = 128, lr: float = 2e-3) -> li
     return out
 
 
+CURVE = (("win", "win_rate"), ("loss", "loss_rate"), ("inv_move", "invalid_move_rate"), ("ent", "entropy"),
+         ("s/step", "step_s"), ("cpu", "step_cpu_s"))
+
+
+def curve(path: str, every: int = 10) -> list[str]:
+    """A run's metrics.csv as lines of `every`-step means (the learning curve, so that runs
+    stopped at different steps compare at the same step)."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    out = [f"{path}: {len(rows)} steps"]
+    for i in range(0, len(rows), every):
+        chunk = rows[i:i + every]
+        cells = " ".join(f"{name} {sum(float(r[k]) for r in chunk) / len(chunk):.3f}" for name, k in CURVE)
+        out.append(f"  step {int(chunk[-1]['step']):4d} {cells}")
+    return out
+
+
 def met(res: dict) -> bool:
     last = res["last"]
     return last["win_rate"] >= WIN_TARGET and last["invalid_move_rate"] <= INVALID_TARGET
@@ -115,7 +134,13 @@ def main() -> None:
     ap.add_argument("--out", default="", help="folder for the runs (one sub-folder per seed)")
     ap.add_argument("--set", dest="sets", action="append", default=[])
     ap.add_argument("--probe", type=int, default=0, help="steps of the supervised legality probe (no RL)")
+    ap.add_argument("--curve", nargs="+", default=[], metavar="METRICS_CSV",
+                    help="print these runs' curves (10-step means) and exit")
     args = ap.parse_args()
+    if args.curve:
+        for path in args.curve:
+            print("\n".join(curve(path)))
+        return
     if args.probe:
         torch.set_num_threads(1)
         for show in ("board", "moves"):

@@ -10,7 +10,9 @@ batch:
   (with a KL penalty, the experience stage has already subtracted kl_coef * (old - ref) from
   each generated token's reward), minus a baseline (the batch mean, or the mean of the same
   turn index with `per_turn`), divided by the std of the centred returns over all generated
-  tokens of the batch.
+  tokens of the batch. With `gamma` < 1 each later turn's rewards count gamma^(turns later):
+  a move is credited mostly with what it caused itself (an invalid move's own penalty), less
+  with what the rest of the game brought.
 Each rank sums, per key (group or turn), [sum, sum of squares, count] of the values it holds;
 one reduction of those scalars (`reduce_small`) gives every rank the batch statistics.
 
@@ -40,18 +42,42 @@ class AdvantageSpec:
 
     estimator: str = "grpo"  # grpo | reinforce++ | rloo
     per_turn: bool = False  # reinforce++: baseline per turn index instead of one batch mean
+    gamma: float = 1.0  # reinforce++: discount per turn of the return-to-go (1: undiscounted)
     eps: float = 1e-6  # added to the std
 
     def __post_init__(self):
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"advantage estimator {self.estimator!r} unknown; valid: {', '.join(ESTIMATORS)}")
+        if not 0 <= self.gamma <= 1:
+            raise ValueError(f"advantage gamma must be in [0, 1] (1: undiscounted), got {self.gamma}")
 
     @property
     def inputs(self) -> tuple[str, ...]:
         """Per-token tensors beyond the dispatched ones that computing advantages reads."""
         if self.estimator in GROUP_ESTIMATORS:
             return ()
-        return ("token_rewards", "turn_ids") if self.per_turn else ("token_rewards",)
+        return ("token_rewards", "turn_ids") if self.per_turn or self.gamma < 1 else ("token_rewards",)
+
+
+def returns_to_go(item: dict[str, torch.Tensor], gamma: float = 1.0) -> torch.Tensor:
+    """Per token (float64): the sum of the rewards from this token on, each later turn's
+    discounted by gamma per turn (`turn_ids`; rewards sit on generated tokens)."""
+    r = item["token_rewards"].double()
+    plain = r.flip(0).cumsum(0).flip(0)
+    if gamma == 1:
+        return plain
+    tid = item["turn_ids"].long()
+    turn = tid >= 0
+    n = int(tid.max()) + 1 if turn.any() else 0
+    if n == 0:
+        return plain
+    per_turn = torch.zeros(n, dtype=torch.float64).index_add_(0, tid[turn], r[turn])
+    later = torch.cat([per_turn.flip(0).cumsum(0).flip(0)[1:], per_turn.new_zeros(1)])  # undiscounted, turns > k
+    disc = per_turn.new_zeros(n + 1)
+    for k in range(n - 1, -1, -1):
+        disc[k] = per_turn[k] + gamma * disc[k + 1]
+    k = tid.clamp(min=0)
+    return torch.where(turn, plain - later[k] + gamma * disc[k + 1], plain)
 
 
 def _entries(item: dict[str, torch.Tensor], s: Sample, spec: AdvantageSpec):
@@ -59,7 +85,7 @@ def _entries(item: dict[str, torch.Tensor], s: Sample, spec: AdvantageSpec):
     if spec.estimator in GROUP_ESTIMATORS:
         return torch.tensor([s.group]), item["rewards"].double().reshape(1)
     mask = item["loss_mask"].bool()
-    returns = item["token_rewards"].double().flip(0).cumsum(0).flip(0)
+    returns = returns_to_go(item, spec.gamma)
     keys = item["turn_ids"][mask].long() if spec.per_turn else torch.zeros(int(mask.sum()), dtype=torch.long)
     return keys, returns[mask]
 
@@ -119,7 +145,7 @@ def fill_advantages(store: Store, samples: list[Sample], stats: dict[int, torch.
                 * item["loss_mask"]
             continue
         mask = item["loss_mask"].bool()
-        returns = item["token_rewards"].double().flip(0).cumsum(0).flip(0)
+        returns = returns_to_go(item, spec.gamma)
         keys = item["turn_ids"].long() if spec.per_turn else torch.zeros_like(item["input_ids"])
         means = mean_of[keys.clamp(0, len(mean_of) - 1)]
         item["advantages"] = ((returns - means) / (std + spec.eps) * mask).float()

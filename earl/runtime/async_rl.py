@@ -481,7 +481,8 @@ def experience(lr: Learner, trajs: list[Trajectory], share: list[int]):
     meta = {t.episode_id: SampleMeta.of(t) for t in trajs}
     samples = [Sample(id=m.id, tokens=m.tokens, group=m.group) for m in meta.values()]
     store = rollout_store(trajs)
-    spec = AdvantageSpec(estimator=cfg.trainer.algo, per_turn=cfg.trainer.baseline == "per-turn")
+    spec = AdvantageSpec(estimator=cfg.trainer.algo, per_turn=cfg.trainer.baseline == "per-turn",
+                         gamma=cfg.trainer.gamma)
     fill_advantages(store, samples, local_stats(store, samples, spec), spec)
     batch = padded_batch(store, share, meta, lr.tokenizer.pad_id)  # zeros where the store has no field
     batch.ref_logprobs = None  # no reference model (check_schedule: kl_coef 0)

@@ -74,7 +74,7 @@ class EnvConfig:
     name: str = "tic-tac-toe"
     opponent: str = "random"  # games: random | lookahead (built-in) | mcts (openspiel)
     agent_starts: str = "always"  # games: always | never | alternate
-    invalid_action: str = "end"  # games: end the episode, or "retry"
+    invalid_action: str = "end"  # games: end the episode, "retry", or "substitute" (charged; a random legal move)
     invalid_reward: float = -1.0  # games: reward of an invalid move (per-try share in retry mode)
     max_retries: int = 2  # games: consecutive invalid tries allowed in retry mode
     valid_move_reward: float = 0.1  # games: reward of each legal move (dense shaping)
@@ -150,6 +150,7 @@ class TrainerConfig:
     token_budget: int = 16384  # padded tokens per micro-batch (forward+backward at once)
     minibatches: int = 1  # optimizer steps per training step (the batch is split)
     baseline: str = "per-turn"  # reinforce++: per-turn (mean return-to-go per turn index) | batch
+    gamma: float = 1.0  # reinforce++: discount per turn of the return-to-go, in [0, 1] (1: undiscounted)
     lr_decay: str = "none"  # none | linear (to lr_min_frac * lr at the last step) | cosine
     lr_min_frac: float = 0.1  # final lr as a fraction of lr when decaying
     # truncated importance sampling: each token's policy-gradient loss times the detached
@@ -181,6 +182,8 @@ class TrainerConfig:
         if self.loss_agg == "constant" and self.loss_tokens < 1:
             raise ValueError(f"trainer.loss_agg constant divides by sequences x trainer.loss_tokens: loss_tokens "
                              f"must be >= 1, got {self.loss_tokens}")
+        if not 0 <= self.gamma <= 1:
+            raise ValueError(f"trainer.gamma must be in [0, 1] (1: undiscounted), got {self.gamma}")
         if not (self.tis_cap == 0 or 1 <= self.tis_cap < float("inf")):
             raise ValueError(f"trainer.tis_cap must be 0 (off) or a finite cap >= 1, got {self.tis_cap}")
 

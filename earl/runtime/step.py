@@ -330,7 +330,8 @@ def train(w: Worker, ctx: StepContext, step: int, store: Store, src: Layout, sam
     """Dispatch to the training layout, then the training step (re-planning on a memory-budget
     miss and retrying on the same samples)."""
     cfg = w.cfg
-    spec = AdvantageSpec(estimator=cfg.trainer.algo, per_turn=cfg.trainer.baseline == "per-turn")
+    spec = AdvantageSpec(estimator=cfg.trainer.algo, per_turn=cfg.trainer.baseline == "per-turn",
+                         gamma=cfg.trainer.gamma)
     skip_old = not w.trainer.needs_old_logprobs
     # TIS's behaviour policy; the engine gap, when the training forward measures it
     extra = ("engine_logprobs",) if cfg.trainer.tis_cap or skip_old else ()

@@ -57,6 +57,27 @@ def test_tictactoe_retry_mode():
     assert r.done and r.outcome == "invalid"
 
 
+def test_tictactoe_substitute_mode_charges_the_move_and_plays_on():
+    """"substitute": an invalid move costs invalid_reward, a random free cell is played for the
+    agent and the opponent replies, so the game goes on; a final substituted move keeps both."""
+    e = TicTacToe(invalid_action="substitute", invalid_reward=-1.0, valid_move_reward=0.1, show="moves")
+    e.reset(0)
+    r = e.step("5")
+    assert not r.done and not r.invalid and r.reward == pytest.approx(0.1)
+    taken = e.moves[1][1]
+    r = e.step(str(taken))  # the opponent's cell
+    assert r.invalid and not r.done and r.reward == -1.0 and len(e.moves) == 4
+    assert e.moves[2][0] == "x" and e.moves[2][1] != taken and r.observation == " ".join(
+        f"{p}{m}" for p, m in e.moves) + "\n"
+    e = ttt("xx." "oo." "...")
+    e.invalid_action = "substitute"
+    e.legal_moves = lambda: [3]  # the substitute can only complete the row
+    r = e.step("x")
+    assert r.done and r.invalid and r.outcome == "win" and r.reward == 0.0  # +1 win, -1 invalid
+    with pytest.raises(ValueError, match="invalid_action 'skip' unknown; valid: end, retry, substitute"):
+        TicTacToe(invalid_action="skip")
+
+
 def test_tictactoe_opponent_starts_and_board_format():
     e = TicTacToe(agent_starts="never")
     obs = e.reset(3)
@@ -195,3 +216,10 @@ def test_unknown_env_and_option():
         make_env("chess")
     with pytest.raises(ValueError, match="opponent"):
         make_env("tic-tac-toe", opponent="perfect")
+
+
+def test_openspiel_games_refuse_substitute_mode():
+    pytest.importorskip("pyspiel")
+    msg = "invalid_action 'substitute' is not offered by openspiel games; valid: end, retry"
+    with pytest.raises(ValueError, match=msg):
+        make_env("openspiel:tic_tac_toe", invalid_action="substitute")

@@ -19,7 +19,7 @@ from typing import Protocol
 OUTCOMES = ("win", "draw", "loss", "invalid", "correct", "wrong", "truncated", "reward_error", "env_error")
 OPPONENTS = ("random", "lookahead")
 AGENT_STARTS = ("always", "never", "alternate")
-INVALID_MODES = ("end", "retry")
+INVALID_MODES = ("end", "retry", "substitute")
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,10 @@ class BoardGameEnv:
     Rewards: win 1, draw 0, loss -1, plus `valid_move_reward` for each legal move (a dense
     signal that teaches legal play first). An illegal or unparseable move either ends the episode
     with `invalid_reward` ("end") or, in "retry" mode, costs `invalid_reward / (max_retries+1)`
-    and shows the board again; more than `max_retries` invalid moves in a row end it."""
+    and shows the board again; more than `max_retries` invalid moves in a row end it; or, in
+    "substitute" mode, costs `invalid_reward` and a random legal move is played in its place, so
+    the game goes on (every episode reaches the late positions, each invalid move is scored in
+    its own position)."""
 
     max_new_tokens = 1
     stop: tuple[str, ...] = ("\n",)
@@ -129,29 +132,35 @@ class BoardGameEnv:
 
     def step(self, action: str) -> StepResult:
         move = self.parse_move(action)
-        if move is None or move not in self.legal_moves():
+        invalid = move is None or move not in self.legal_moves()
+        if invalid and self.invalid_action != "substitute":
             return self._invalid()
+        if invalid:  # a random legal move stands in for it; the invalid one is charged
+            move = self.rng.choice(self.legal_moves())
         self.retries = 0
         self.apply(move, "x")
         if (w := self.winner()) is None:
             self.apply(self.opponent_move(), "o")
             w = self.winner()
+        reward = self.invalid_reward if invalid else self.valid_move_reward
         if w is not None:
-            return self._end(w)
-        return StepResult(observation=f"{self.render()}\n", reward=self.valid_move_reward, done=False)
+            return self._end(w, reward, invalid)
+        return StepResult(observation=f"{self.render()}\n", reward=reward, done=False, invalid=invalid)
 
     def _invalid(self) -> StepResult:
         self.retries += 1
-        if self.invalid_action == "end" or self.retries > self.max_retries:
+        if self.invalid_action != "retry" or self.retries > self.max_retries:
             return StepResult(observation="invalid\n", reward=self.invalid_reward, done=True,
                               invalid=True, outcome="invalid")
         return StepResult(observation=f"invalid\n{self.render()}\n", invalid=True, done=False,
                           reward=self.invalid_reward / (self.max_retries + 1))
 
-    def _end(self, w: str) -> StepResult:
+    def _end(self, w: str, move_reward: float | None = None, invalid: bool = False) -> StepResult:
+        """The final step; `move_reward` (default `valid_move_reward`) is the last move's own."""
         outcome = {"x": "win", "o": "loss", "draw": "draw"}[w]
-        reward = {"win": 1.0, "loss": -1.0, "draw": 0.0}[outcome] + self.valid_move_reward
-        return StepResult(observation=f"{outcome}\n", reward=reward, done=True, outcome=outcome)
+        move_reward = self.valid_move_reward if move_reward is None else move_reward
+        reward = {"win": 1.0, "loss": -1.0, "draw": 0.0}[outcome] + move_reward
+        return StepResult(observation=f"{outcome}\n", reward=reward, done=True, outcome=outcome, invalid=invalid)
 
     # ---- scripted opponent -----------------------------------------------------------------
     def opponent_move(self) -> int:

@@ -135,6 +135,8 @@ class OpenSpielEnv(BoardGameEnv):
     opponents = OPPONENTS
 
     def __init__(self, game: str, **options):
+        if options.get("invalid_action") == "substitute":
+            raise ValueError("invalid_action 'substitute' is not offered by openspiel games; valid: end, retry")
         super().__init__(**options)
         self.game_name = game
         self.game = load_game(game)
