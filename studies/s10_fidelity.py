@@ -1,4 +1,4 @@
-"""Study 9: fidelity: the cost model's predictions next to published measurements, with the
+"""Study 10: fidelity: the cost model's predictions next to published measurements, with the
 error of each and the assumptions it rests on (docs/fidelity.md's table comes from here).
 
 Rows:
@@ -162,7 +162,7 @@ def run(out: Path, quick: bool = False) -> pd.DataFrame:
     df = pd.DataFrame(dispatch_rows(quick) + megatron_rows(quick) + megatron_rows(quick, published=True) + kernel_rows)
     df["error"] = df["predicted"] / df["published"] - 1
     write_csv(df, out, NAME)
-    print_table(df, "Study 9: predicted vs published", ["reference", "quantity", "published", "predicted", "error",
+    print_table(df, "Study 10: predicted vs published", ["reference", "quantity", "published", "predicted", "error",
                                                         "setting"])
     plot(df, out)
     return df
