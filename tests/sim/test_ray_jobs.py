@@ -113,5 +113,5 @@ def test_studies_side_by_side_as_ray_tasks_write_where_asked(tmp_path, monkeypat
     lines = []
     assert studies.run_studies("all", out="rel", quick=True, jobs="ray", echo=lines.append) == []
     assert sorted(p.name for p in (tmp_path / "rel").glob("*.csv")) == [
-        "s4_dispatch_latency.csv", "s9_async.csv", "s9_async_steps.csv"]
+        "s4_dispatch_latency.csv", "s9_async.csv", "s9_async_measured.csv", "s9_async_steps.csv"]
     assert len(lines) == 2 and all("--jobs 1" in line for line in lines)
