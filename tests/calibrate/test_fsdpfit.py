@@ -58,24 +58,28 @@ def test_fsdp_weight_sync_prices_tensors_times_gathered_shards(dp):
     assert _cm(PROF, dp).reshard(src, dst).breakdown["host"] == 0.0  # not FSDP2: no gather, no term
 
 
-def _synthetic_points(truth: dict[str, float], host_parallel: int) -> list:
-    """Points whose measured time is what `truth`'s constants predict (stretched like validate's)."""
+def _synthetic_points(truth: dict[str, float], host_parallel: int, prof: HardwareProfile = PROF,
+                      shares: dict[int, float] | None = None) -> list:
+    """Points whose measured time is what `truth`'s constants predict on `prof` (stretched like
+    validate's); `shares`: the share of a core each point's ranks got, per process count
+    (None: fsdpfit.PROCS on an idle host)."""
     points = []
-    for n in fsdpfit.PROCS:
+    for n, share in (shares or dict.fromkeys(fsdpfit.PROCS)).items():
         for case in fsdpfit.TRAIN_CASES:
             layers, seqs, longest, budget = case
             mbs = max(len(fsdpfit.pack_micro_batches(
                 [fsdpfit.lengths(seqs, longest)[i] for i in fsdpfit.rank_share(seqs, n, r)], budget))
                 for r in range(n))
             points.append(fsdpfit.FsdpPoint(kind="train", procs=n, layers=layers, label=fsdpfit.label(case),
-                                            measured_s=0.0, counts={"fsdp_unit_s": (layers + 1) * mbs,
-                                                                    "fsdp_tensor_s": 12 * layers + 2}))
+                                            measured_s=0.0, share=share,
+                                            counts={"fsdp_unit_s": (layers + 1) * mbs,
+                                                    "fsdp_tensor_s": 12 * layers + 2}))
         for layers in (2, 4):
             points.append(fsdpfit.FsdpPoint(kind="sync", procs=n, layers=layers, label="sync", measured_s=0.0,
-                                            counts={"reshard_tensor_s": (12 * layers + 2) * (n - 1)}))
+                                            share=share, counts={"reshard_tensor_s": (12 * layers + 2) * (n - 1)}))
     out = []
     for p in points:
-        priced = fsdpfit.price(PROF, p, host_parallel=host_parallel)
+        priced = fsdpfit.price(prof, p, host_parallel=host_parallel)
         true_s = (priced.priced_s + sum(truth[f] * c for f, c in p.counts.items())) * priced.stretch
         out.append(dataclasses.replace(p, measured_s=true_s))
     return out

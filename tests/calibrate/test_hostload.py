@@ -11,6 +11,7 @@ import pytest
 from earl.calibrate import fsdpfit, hostload
 from earl.calibrate.validate import dispatch_stretch, host_stretch
 from earl.cost_model.profile import DispatchPath, HardwareProfile, load_profile
+from tests.calibrate.test_fsdpfit import _synthetic_points
 
 PROF = load_profile("cpu-measured")
 
@@ -90,26 +91,9 @@ def test_fsdp_fit_recovers_constants_from_points_measured_under_load():
     is the profile-share time x host_share / share; the fit recovers the constants exactly."""
     truth = {"fsdp_unit_s": 2.5e-3, "fsdp_tensor_s": 9e-4, "reshard_tensor_s": 3e-4}
     prof = dataclasses.replace(PROF, host_share=0.4)
-    points = []
-    for n, share in ((2, 1 / 6), (4, 1 / 5)):
-        for case in fsdpfit.TRAIN_CASES:
-            layers, seqs, longest, budget = case
-            mbs = max(len(fsdpfit.pack_micro_batches(
-                [fsdpfit.lengths(seqs, longest)[i] for i in fsdpfit.rank_share(seqs, n, r)], budget))
-                for r in range(n))
-            points.append(fsdpfit.FsdpPoint(kind="train", procs=n, layers=layers, label=fsdpfit.label(case),
-                                            measured_s=0.0, share=share,
-                                            counts={"fsdp_unit_s": (layers + 1) * mbs,
-                                                    "fsdp_tensor_s": 12 * layers + 2}))
-        for layers in (2, 4):
-            points.append(fsdpfit.FsdpPoint(kind="sync", procs=n, layers=layers, label="sync", measured_s=0.0,
-                                            share=share, counts={"reshard_tensor_s": (12 * layers + 2) * (n - 1)}))
-    synth = []
-    for p in points:
-        priced = fsdpfit.price(prof, p, host_parallel=2)
-        assert priced.stretch == pytest.approx(0.4 / p.share)
-        synth.append(dataclasses.replace(p, measured_s=(priced.priced_s + sum(
-            truth[f] * c for f, c in p.counts.items())) * priced.stretch))
+    synth = _synthetic_points(truth, 2, prof, shares={2: 1 / 6, 4: 1 / 5})
+    for p in synth:
+        assert fsdpfit.price(prof, p, host_parallel=2).stretch == pytest.approx(0.4 / p.share)
     fields, quality = fsdpfit.fit_fsdp_costs(prof, synth, host_parallel=2)
     for k, v in truth.items():
         assert fields[k] == pytest.approx(v, rel=1e-6), k
