@@ -613,7 +613,7 @@ class CostModel:
         for r in range(span):
             need = model_slice(dst, r, num_layers=layers, width=width)
             have = model_slice(src, r, num_layers=layers, width=width)
-            moved = (_units(need) - _overlap_units(need, have)) * per_unit * memory.WEIGHT_BYTES
+            moved = (_units(need) - _overlap_units(need, have)) * per_unit * self.model.dtype_bytes
             if include_optimizer:
                 need_o = model_slice(dst, r, num_layers=layers, width=width, optimizer=True)
                 have_o = model_slice(src, r, num_layers=layers, width=width, optimizer=True)

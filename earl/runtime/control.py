@@ -10,7 +10,10 @@ One process is a world of size 1: the same calls run, and move nothing.
 
 from __future__ import annotations
 
+import os
 import pickle
+import sys
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -114,3 +117,18 @@ def vote_stop(past: bool, stop: bool, group=None) -> tuple[bool, bool]:
     votes: list = [None] * n
     dist.all_gather_object(votes, (past, stop), group=group)
     return votes[0][0], any(v[1] for v in votes)
+
+
+def fault_hook(rank: int, step: int) -> None:
+    """The fault-injection test hook of both loops: EARL_FAULT_RANK_STEP=RANK:STEP kills rank
+    RANK as step STEP starts; RANK:STEP:hang makes it hang there instead (alive, silent), which
+    the others see as a collective timing out after `collective_timeout_s`."""
+    spec = os.environ.get("EARL_FAULT_RANK_STEP", "")
+    if spec.split(":")[:2] != [str(rank), str(step)]:
+        return
+    if spec.endswith(":hang"):
+        print(f"rank {rank}: injected hang at step {step}", file=sys.stderr, flush=True)
+        while True:
+            time.sleep(3600)
+    print(f"rank {rank}: injected fault at step {step}", file=sys.stderr, flush=True)
+    os._exit(17)

@@ -162,11 +162,12 @@ if __name__ == "__main__":
 
 
 @contextlib.contextmanager
-def process_group():
-    """(rank, world) of this process's group for the duration: torchrun's job, or a one-rank
-    gloo group made here and destroyed on exit (so a later fork starts without one)."""
+def process_group(timeout_s: float = 300.0):
+    """(rank, world) of this process's group for the duration: torchrun's job (its collectives
+    fail after `timeout_s` waiting for a rank), or a one-rank gloo group made here and destroyed
+    on exit (so a later fork starts without one)."""
     created = not dist.is_initialized()
-    rank, world = init_process_group()
+    rank, world = init_process_group(timeout_s)
     try:
         yield rank, world
     finally:
@@ -174,7 +175,7 @@ def process_group():
             dist.destroy_process_group()
 
 
-def init_process_group() -> tuple[int, int]:
+def init_process_group(timeout_s: float = 300.0) -> tuple[int, int]:
     """Join torchrun's job, or make a one-rank gloo group for a single process (rank, world)."""
-    env = init_distributed(timeout_s=300)
+    env = init_distributed(timeout_s=timeout_s)
     return env.rank, env.world

@@ -14,7 +14,6 @@ calls `run_training`. Rank 0 alone writes the run's files (earl.runtime.metrics)
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ import torch
 from earl.runtime.async_rl import run_async_training
 from earl.runtime.checkpoint import export_policy, find_checkpoint, load_run, save_run
 from earl.runtime.console import Preemption, Progress, library_progress_bars, step_line
-from earl.runtime.control import vote_stop
+from earl.runtime.control import fault_hook, vote_stop
 from earl.runtime.defaults import describe_defaults
 from earl.runtime.dist import process_group
 from earl.runtime.metrics import RunRecorder, plot_run
@@ -64,7 +63,7 @@ def run_training(cfg: RunConfig, out_dir: str | Path, *, resume: str | Path | No
     `stop_at` ends this call after that step and `deadline_s` after the first step that ends
     past that many seconds; either way a checkpoint is written, and `--resume` continues the
     same schedule (the learning-rate decay follows `cfg.steps`, not the stopping point)."""
-    with process_group() as (rank, world), library_progress_bars(progress):
+    with process_group(cfg.collective_timeout_s) as (rank, world), library_progress_bars(progress):
         return _run(cfg, out_dir, rank, world, resume=resume, progress=progress, echo=echo, stop_at=stop_at,
                     deadline_s=deadline_s)
 
@@ -114,9 +113,7 @@ def _run(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume, 
     try:
         preemption.__enter__()
         for step in range(start + 1, last + 1):
-            if os.environ.get("EARL_FAULT_RANK_STEP") == f"{rank}:{step}":  # fault-injection test hook
-                print(f"rank {rank}: injected fault at step {step}", file=sys.stderr, flush=True)
-                os._exit(17)
+            fault_hook(rank, step)
             row, prev, decisions, episodes = run_step(worker, ctx, step, prev)
             past = deadline_s is not None and time.perf_counter() - t_call > deadline_s
             stop = preemption.requested

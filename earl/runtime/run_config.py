@@ -241,6 +241,9 @@ class RunConfig:
     transcript_every: int = 10  # steps between episode transcripts (episodes.jsonl; and the last step); 0 = never
     transcript_episodes: int = 4  # episodes per transcript write (rank 0's own episodes)
     wandb: bool = False  # also log metrics to Weights & Biases (needs wandb; WANDB_MODE defaults to offline)
+    # seconds a rank waits in a collective or a send/receive for the other ranks before the run
+    # fails with the launcher's line and resume hint (a hung rank, a lost node); torch.distributed's timeout
+    collective_timeout_s: float = 300.0
 
     def __post_init__(self):
         for name in ("steps", "groups", "group_size", "threads", "nproc"):
@@ -249,6 +252,8 @@ class RunConfig:
         if self.transcript_every < 0 or self.transcript_episodes < 0:
             raise ValueError(f"transcript_every and transcript_episodes must be >= 0, got "
                              f"{self.transcript_every} and {self.transcript_episodes}")
+        if not self.collective_timeout_s > 0:
+            raise ValueError(f"collective_timeout_s must be > 0 seconds, got {self.collective_timeout_s}")
         if self.decode_steps < 0:
             raise ValueError(f"decode_steps must be >= 0 (0: by device), got {self.decode_steps}")
         if self.compile_decode and self.engine != "pytorch":

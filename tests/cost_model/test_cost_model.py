@@ -1,5 +1,7 @@
 """Cost model formulas and directions."""
 
+import dataclasses
+
 import pytest
 
 from earl.cost_model import CostModel, rank_plans
@@ -99,6 +101,10 @@ def test_reshard_same_plan_is_free_and_bigger_tp_keeps_local_slices():
     assert grow.extras["bytes_per_gpu"] == 0
     shrink = cm.reshard(ParallelPlan(tp=4, dp=1), ParallelPlan(tp=1, dp=4))
     assert shrink.extras["bytes_per_gpu"] == pytest.approx(0.75 * cm.model.num_params * 2)
+    # the weights move in the model's dtype: an fp32 run (earl run's CPU default) moves twice the bytes
+    fp32 = CostModel(dataclasses.replace(cm.model, dtype="fp32"), cm.cluster, cm.profile)
+    moved = fp32.reshard(ParallelPlan(tp=4, dp=1), ParallelPlan(tp=1, dp=4)).extras["bytes_per_gpu"]
+    assert moved == pytest.approx(0.75 * cm.model.num_params * 4)
 
 
 def test_rank_plans_orders_feasible_first():

@@ -16,7 +16,8 @@ def test_overrides_dotted_and_leaf():
 @pytest.mark.parametrize("over,match", [
     ({"trainer.lrr": "1"}, "did you mean"), ({"steps": "1.5"}, "expected int"), ({"steps": "0"}, ">= 1"),
     ({"selector": "best"}, "valid: static"), ({"trainer.algo": "ppo"}, "valid: grpo"),
-    ({"plots": "maybe"}, "expected bool"), ({"trainer.algo": "grpo", "group_size": "1"}, "group_size")])
+    ({"plots": "maybe"}, "expected bool"), ({"trainer.algo": "grpo", "group_size": "1"}, "group_size"),
+    ({"collective_timeout_s": "0"}, "collective_timeout_s must be > 0")])
 def test_bad_overrides(over, match):
     with pytest.raises(ValueError, match=match):
         apply_overrides(RunConfig(), over)

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -194,6 +195,25 @@ def test_killed_rank_stops_cleanly_and_resume_on_another_plan(tmp_path):
     assert [x["step"] for x in rows] == [1, 2, 3, 4, 5]
     assert rows[-1]["plan_train"] == "tp2-dp1-mb1"
     assert (out / "checkpoints" / "step-000005").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_hung_rank_times_out_into_the_resume_hint_and_resumes(tmp_path):
+    # a rank alive but silent (stuck user code, a wedged node): the others' collective gives up
+    # after collective_timeout_s and the run stops with one line, its checkpoints intact
+    out = tmp_path / "run"
+    args = ["--out", str(out), "--nproc", "2", "--train-plan", "tp1-dp2", "--steps", "4", "--set",
+            "checkpoint_every=2", "--set", "collective_timeout_s=5", *SMALL]
+    t0 = time.monotonic()
+    r = earl_run(args, {"EARL_FAULT_RANK_STEP": "1:3:hang"})
+    assert r.returncode != 0 and "injected hang at step 3" in r.stderr
+    assert "Timed out" in r.stderr and r.stderr.count("--resume") == 1, r.stderr
+    assert time.monotonic() - t0 < 150  # the timeout, then the launcher's grace period; never a hang
+    assert (out / "checkpoints" / "step-000002").is_dir() and len(rows_of(out)) == 2
+    r = earl_run(["--resume", str(out), "--nproc", "2", "--steps", "4", "--quiet"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [x["step"] for x in rows_of(out)] == [1, 2, 3, 4]
 
 
 @pytest.mark.slow
