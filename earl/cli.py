@@ -67,7 +67,7 @@ PRESET_HELP = ("training-cluster preset (sets --hardware and --network unless gi
 @app.command("estimate")
 @user_errors
 def estimate_cmd(
-    stage: str = typer.Argument(..., help="prefill | decode | logprob | train | reshard | dispatch"),
+    stage: str = typer.Argument(..., help="prefill | decode | logprob | train | reshard | dispatch | rollout"),
     model: str = typer.Option("qwen2.5-7b", help="catalog name or path to an HF config.json / checkpoint dir"),
     hardware: Optional[str] = typer.Option(None, help="hardware profile name or profile JSON path "
                                                       "(default h100-sxm-80gb)"),
@@ -79,6 +79,7 @@ def estimate_cmd(
     cp: int = typer.Option(1, help="context parallel"),
     batch: int = typer.Option(64, help="sequences (decode: spread over all replicas; train: global batch)"),
     context: int = typer.Option(4096, help="tokens per sequence"),
+    prompt: int = typer.Option(0, help="rollout: prompt tokens per sequence (each grows from them to --context)"),
     micro_batch: int = typer.Option(1, help="sequences per micro-batch"),
     recompute: str = typer.Option("none", help="none | selective | full"),
     sharded_optimizer: bool = typer.Option(False, help="shard grads + optimizer over dp (ZeRO-2)"),
@@ -109,7 +110,7 @@ def estimate_cmd(
                                 context)
     else:
         est = estimate_stage(stage, cm, plan, gpus=gpus, batch=batch, context=context, to=to,
-                             optimizer_state=optimizer_state)
+                             optimizer_state=optimizer_state, prompt=prompt)
     if json_out:
         print(json.dumps({**est.to_dict(), "network": cm.cluster.network.name, "nodes": cm.cluster.nodes},
                          indent=2, default=str))

@@ -39,14 +39,24 @@ def cost_model_for(model: str, *, hardware: str | None, gpus: int, network: str 
     return cm
 
 
+ESTIMATED = (*STAGES, "rollout")  # what `earl estimate` prices: the cost model's stages and a whole rollout
+
+
 def estimate_stage(stage: str, cm: CostModel, plan: ParallelPlan, *, gpus: int, batch: int = 64,
-                   context: int = 4096, to: str | None = None, optimizer_state: bool = False) -> Estimate:
-    """Price one stage (prefill | decode | logprob | train | reshard) on `gpus` GPUs; reshard goes
-    from `plan` to `to` (default: the same plan). Dispatch is priced on the dispatcher's own
-    TransferPlan (earl.policies.dispatch_cost.estimate_dispatch), one layer up."""
-    if stage not in STAGES or stage == "dispatch":
-        raise ValueError(f"unknown stage {stage!r}; valid: {', '.join(STAGES)}")
+                   context: int = 4096, to: str | None = None, optimizer_state: bool = False,
+                   prompt: int = 0) -> Estimate:
+    """Price one stage (prefill | decode | logprob | train | reshard | rollout) on `gpus` GPUs;
+    reshard goes from `plan` to `to` (default: the same plan); rollout is `batch` responses grown
+    from `prompt` tokens to `context` (CostModel.rollout: prefill, decode as the KV grows,
+    preemption). Dispatch is priced on the dispatcher's own TransferPlan
+    (earl.policies.dispatch_cost.estimate_dispatch), one layer up."""
+    if stage not in ESTIMATED or stage == "dispatch":
+        raise ValueError(f"unknown stage {stage!r}; valid: {', '.join(ESTIMATED)}")
     plan = plan.resolve(gpus)
+    if stage == "rollout":
+        if not 0 <= prompt < context:
+            raise ValueError(f"--prompt {prompt} must be >= 0 and below --context {context}")
+        return cm.rollout(plan, batch, context, prompt)
     if stage == "reshard":
         dst = ParallelPlan.parse(to).resolve(gpus) if to else plan
         return cm.reshard(plan, dst, include_optimizer=optimizer_state)

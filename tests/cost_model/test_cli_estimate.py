@@ -34,6 +34,20 @@ def test_estimate_dispatch_and_reshard():
     assert json.loads(r.output)["time_s"] > 0
 
 
+def test_estimate_rollout_prices_the_whole_rollout_and_its_preemptions():
+    def rollout(batch):
+        r = run("estimate", "rollout", "--model", "qwen2.5-72b", "--gpus", "8", "--tp", "4", "--batch", str(batch),
+                "--context", "8192", "--prompt", "1024", "--json")
+        assert r.exit_code == 0, r.output
+        return json.loads(r.output)
+    small, big = rollout(8), rollout(128)
+    assert small["extras"]["status"] == "fits" and big["extras"]["status"] == "preempting"
+    assert big["extras"]["recomputed_tokens"] > 0 and big["time_s"] > small["time_s"]
+    assert big["breakdown"]["prefill"] > 0 and big["breakdown"]["decode"] > big["breakdown"]["prefill"]
+    bad = run("estimate", "rollout", "--context", "4096", "--prompt", "4096")
+    assert bad.exit_code == 2 and "--prompt 4096 must be >= 0 and below --context 4096" in bad.output
+
+
 def test_estimate_table_output():
     r = run("estimate", "train", "--model", "qwen2.5-7b", "--gpus", "8", "--tp", "2")
     assert r.exit_code == 0, r.output
