@@ -233,3 +233,28 @@ def test_earl_run_nproc4_two_pools_of_two(tmp_path):
     assert all(x["staleness_max"] <= 1 and x["samples_trained"] == 4 for x in rows)
     info = json.loads((out / ASYNC_JSON).read_text())
     assert info["rollout_ranks"] == [2, 3] and info["rollout_digests"] == [info["train_digest"]] * 2
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+@pytest.mark.parametrize("k", [1, 2])
+def test_replica_runs_up_to_k_steps_ahead(tmp_path, k):
+    """A trainer slower than the rollout (EARL_SLOW_TRAIN_S, a test hook): the replica plays
+    ahead until the gate holds it, so step s's samples are min(s-1, K) versions old at most,
+    the oldest reaching K (K = 2 buys a second step of overlap) and never exceeding it; the
+    steps it played past the end are drained, not trained."""
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "earl.cli", "run", "--nproc", "2", "--steps", "4", "--out", str(out),
+                        "--set", "groups=2", "--set", "group_size=2", "--set", "plots=false",
+                        "--set", "transcript_every=0", "--set", "schedule.mode=async",
+                        "--set", f"schedule.max_staleness={k}", "--quiet"],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "EARL_SLOW_TRAIN_S": "4"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert [x["step"] for x in rows] == [1, 2, 3, 4]
+    worst = [x["staleness_max"] for x in rows]
+    assert all(0 <= w <= min(s - 1, k) for s, w in zip(range(1, 5), worst, strict=True)), worst
+    assert max(worst) == k, worst
+    info = json.loads((out / ASYNC_JSON).read_text())
+    assert info["weights_equal"] and info["steps_played_not_trained"] == 0  # steps stops the replica too
