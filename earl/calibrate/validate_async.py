@@ -123,8 +123,8 @@ def span_seconds(spans: list[Span], steps: list[int], names: tuple[str, ...]) ->
 
 def handoff_spans(spans: list[Span]) -> list[Span]:
     """The runtime's rollout ranks' hand-off waits, which it does not record as spans: from the
-    end of a rank's rollout of step s to the start of its next span (its send of step s's
-    episodes blocks until rank 0 receives them), attributed to step s."""
+    end of a rank's rollout of step s to the start of its next span (step s's episodes put in
+    its send queue, waiting only while the queue is full), attributed to step s."""
     by_rank: dict[int, list[Span]] = {}
     for sp in spans:
         if sp.name in ("rollout", "wait_weights"):
