@@ -58,6 +58,7 @@ a gloo error, and the launcher prints its one line and the resume hint.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -99,6 +100,7 @@ from earl.runtime.step import (
     rollout_store,
     seeded_train_step,
     start_stats,
+    trainable_samples,
     workload_stats,
 )
 from earl.runtime.tp import param_shapes
@@ -337,7 +339,7 @@ class _VersionedBatch:
 
 
 class EpisodeSender(threading.Thread):
-    """A rollout rank's finished steps, (step, versions, trajectories), to rank 0 in step order on
+    """A rollout rank's finished steps, (step, versions, trajectories, spans), to rank 0 in step order on
     `group` (the episode channel's own communicator: gloo's send blocks until rank 0 takes the
     step, and the replica plays on meanwhile). At most `k` finished steps wait in `box` (the
     staleness gate keeps the replica within that, so a put never waits long); None ends the
@@ -441,7 +443,8 @@ def run_rollout_rank(cfg: RunConfig, pools: Pools, groups: dict, rank: int, firs
             spans.append(Span(name="rollout", stage="rollout", rank=rank, t_start=t1 - origin, t_end=t2 - origin,
                               step=step, tokens=sum(t.generated_tokens for t in trajs),
                               args={"version": v0, "version_end": rep.version}))
-            sender.put((step, versions, trajs))
+            sender.put((step, versions, trajs, spans))
+            spans = []
         sender.put(None)
         sender.join()
         words.join()
@@ -534,6 +537,11 @@ class Learner:
         self.cfg, self.groups = cfg, groups
         policy = load_policy(cfg.model.path, seed=cfg.seed, dtype=cfg.model.dtype)
         self.model, self.tokenizer, self.source = policy.model.to(comm_device()), policy.tokenizer, policy.source
+        self.ref_model = None  # the KL term's frozen initial model (trainer.kl_coef > 0), as the sync Worker's
+        if cfg.trainer.kl_coef:
+            self.ref_model = copy.deepcopy(self.model).eval()
+            for p in self.ref_model.parameters():
+                p.requires_grad_(False)
         if state is not None:
             load_weights(self.model, state[0])
         self.params = sampling_params(cfg)
@@ -580,22 +588,52 @@ def save_async_checkpoint(out: Path, step: int, cfg: RunConfig, world: int, mode
                            keep=cfg.keep_checkpoints)
 
 
-def experience(lr: Learner, trajs: list[Trajectory], share: list[int]):
+def step_samples(lr: Learner, trajs: list[Trajectory]) -> tuple[list[Sample], list[int], set[int], int]:
+    """The step's trainable episodes (earl.runtime.step.trainable_samples, the sync loop's rule:
+    no env_error episode, and with `trainer.filter_uniform_groups` no group of equal rewards)
+    and this training rank's share of them; returns (samples, share, filtered groups, env_error
+    episodes dropped)."""
+    samples, filtered, broken = trainable_samples(lr.cfg, [SampleMeta.of(t) for t in trajs])
+    share = [samples[i].id for i in deal(len(samples), lr.groups.plan.dp)[lr.groups.dp_rank]]
+    return samples, share, filtered, broken
+
+
+def experience(lr: Learner, trajs: list[Trajectory], share: list[int], samples: list[Sample] | None = None):
     """This training rank's ExperienceBatch of `share` (episode ids) with advantages over the
-    whole step's episodes."""
+    step's `samples` (default: every episode of `trajs`). With `trainer.kl_coef` > 0 the frozen
+    initial model's log-probs of every sample (REINFORCE++'s KL penalty is part of the per-token
+    rewards, so of every baseline; grpo / rloo put the KL term in the loss)."""
     cfg = lr.cfg
     meta = {t.episode_id: SampleMeta.of(t) for t in trajs}
-    samples = [Sample(id=m.id, tokens=m.tokens, group=m.group) for m in meta.values()]
+    if samples is None:
+        samples = [Sample(id=m.id, tokens=m.tokens, group=m.group) for m in meta.values()]
     store = rollout_store(trajs)
+    temp, budget, vocab, pad = (lr.params.logprob_temperature, cfg.trainer.token_budget, lr.tokenizer.vocab_size,
+                                lr.tokenizer.pad_id)
+    if lr.ref_model is not None and samples:
+        ids = [x.id for x in samples]
+        whole = padded_batch(store, ids, meta, pad)
+        ref = batch_logprobs(lr.ref_model, whole, temp, budget, vocab)
+        old = batch_logprobs(lr.model, whole, temp, budget, vocab) if lr.trainer.needs_old_logprobs else None
+        for r, i in enumerate(ids):
+            k, item = store[i]["input_ids"].numel(), dict(store[i])
+            item["ref_logprobs"] = ref[r, :k]
+            if old is not None:  # the proximal policy: the weights before this step
+                item["old_logprobs"] = old[r, :k]
+            if cfg.trainer.algo == "reinforce++":
+                item["token_rewards"] = item["token_rewards"] - cfg.trainer.kl_coef * (old[r, :k] - ref[r, :k]) \
+                    * item["loss_mask"]
+            store[i] = item
     spec = AdvantageSpec(estimator=cfg.trainer.algo, per_turn=cfg.trainer.baseline == "per-turn",
                          gamma=cfg.trainer.gamma)
     fill_advantages(store, samples, local_stats(store, samples, spec), spec)
-    batch = padded_batch(store, share, meta, lr.tokenizer.pad_id)  # zeros where the store has no field
-    batch.ref_logprobs = None  # no reference model (check_schedule: kl_coef 0)
-    batch.old_logprobs = None  # one optimizer step: the training forward is the proximal policy
-    if lr.trainer.needs_old_logprobs:  # minibatches > 1: the proximal policy is the one before this step
-        batch.old_logprobs = batch_logprobs(lr.model, batch, lr.params.logprob_temperature,
-                                            cfg.trainer.token_budget, lr.tokenizer.vocab_size)
+    batch = padded_batch(store, share, meta, pad)  # zeros where the store has no field
+    if lr.ref_model is None:
+        batch.ref_logprobs = None  # no KL term
+    if not lr.trainer.needs_old_logprobs:
+        batch.old_logprobs = None  # one optimizer step: the training forward is the proximal policy
+    elif lr.ref_model is None:  # minibatches > 1: the proximal policy is the one before this step
+        batch.old_logprobs = batch_logprobs(lr.model, batch, temp, budget, vocab)
     return batch, meta
 
 
@@ -642,7 +680,6 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
         rec = RunRecorder(out, resume_step=first - 1 if resume is not None else None,
                           wandb_config=to_dict(cfg) if cfg.wandb else None)
     k = cfg.schedule.max_staleness
-    spans = []
     t_prev = time.perf_counter()
     final_stats: dict = {}
     ckpt = None
@@ -667,13 +704,13 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
                 box = [got]
                 dist.broadcast_object_list(box, src=0, group=train_groups.dp_group)
                 got = box[0]
-            versions = {e: v for vs, _, _ in got for e, v in vs.items()}  # id -> (version_first, version_last)
-            trajs = sorted((t for _, ts, _ in got for t in ts), key=lambda t: t.episode_id)
+            versions = {e: v for vs, _, _, _ in got for e, v in vs.items()}  # id -> (version_first, version_last)
+            trajs = sorted((t for _, ts, _, _ in got for t in ts), key=lambda t: t.episode_id)
             staleness = [step - 1 - versions[t.episode_id][0] for t in trajs]  # its oldest token's version
             assert max(staleness) <= k and min(staleness) >= 0, f"staleness {staleness} outside 0..{k}"
             t1 = time.perf_counter()
-            share = list(deal(len(trajs), len(pools.train_ranks))[train_groups.dp_rank])
-            batch, meta = experience(lr, trajs, share)
+            samples, share, filtered, broken = step_samples(lr, trajs)
+            batch, meta = experience(lr, trajs, share, samples)
             slow_train_hook()
             tstats = seeded_train_step(lr.trainer, lr.optim, batch, cfg, step, train_groups.dp_rank)
             t2 = time.perf_counter()
@@ -681,7 +718,7 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
             t3 = time.perf_counter()
             # stop after this step? rank 0's clock, any rank's SIGTERM (a rollout rank's came with its episodes)
             past = deadline_s is not None and time.perf_counter() - (t_call or origin) > deadline_s
-            past, stop = vote_stop(past, sigterm.requested or any(s for _, _, s in got), train_groups.dp_group)
+            past, stop = vote_stop(past, sigterm.requested or any(s for _, _, _, s in got), train_groups.dp_group)
             preempted = preempted or stop
             done = past or stop or step == last
             due = bool(every) and step % every == 0 and not done
@@ -689,15 +726,17 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
                 said = _say(step, STOP if done else SAVE if due else GO, stop, pools.rollout_ranks, groups["words"])
                 ordered = [meta[t.episode_id] for t in trajs]
                 final_stats = dataclasses.asdict(workload_stats(ordered, step, cfg.sampling.max_context))
-                spans += _train_spans(origin, step, t0, t1, t2, t3, tstats)
+                rec.spans += _train_spans(origin, step, t0, t1, t2, t3, tstats)
+                rec.spans += [sp for _, _, sps, _ in got for sp in sps]  # the replicas' spans ride with their episodes
                 row = _metrics_row(cfg, lr, pools, step, ordered, share, tstats, staleness, versions, world,
                                    (t0, t1, t2, t3, t_prev))
-                row["weight_push_sent_bytes"] = push_bytes  # rank 0's share: the planner spreads the sends
+                row.update(weight_push_sent_bytes=push_bytes,  # rank 0's share: the planner spreads the sends
+                           samples_trained=len(samples), groups_filtered=len(filtered), env_errors_dropped=broken)
                 t_prev = t3
                 records = [{**r, "version_first": versions[r["id"]][0], "version_last": versions[r["id"]][1]}
                            for r in episode_records(ordered)]
                 rec.log_step(row, records, [])
-                rec.flush(with_trace=False)
+                rec.flush(with_trace=due or done)  # the trace with each checkpoint, as the sync loop writes it
                 echo(f"step {step:4d}  reward {row['reward_mean']:+.3f}  loss {row['loss']:+.4f}  staleness mean "
                      f"{row['staleness_mean']:.2f} max {row['staleness_max']}  {row['step_s']:.2f}s/step")
             if due:
@@ -716,9 +755,8 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
         dist.gather_object(None, parts, dst=0)
         mine = weights_digest(lr.model)
         rollout_parts = [parts[r] for r in pools.rollout_ranks]
-        for _, _, sp in rollout_parts:
-            spans += sp
-        rec.spans += spans
+        for _, _, sp in rollout_parts:  # those of steps not trained, and waits after the last send
+            rec.spans += sp
         rec.flush(with_trace=True)
         rec.close()
         info = {"train_ranks": list(pools.train_ranks), "rollout_ranks": list(pools.rollout_ranks),
@@ -762,7 +800,7 @@ def _metrics_row(cfg: RunConfig, lr: Learner, pools: Pools, step: int, ordered: 
             "wait_samples_s": t1 - t0, "train_s": t2 - t1, "weight_push_s": t3 - t2,
             "step_s": t3 - t_prev, "gen_tokens_per_s": gen_tokens / max(t3 - t_prev, 1e-9),
             "world": world, "schedule": "async", "plan_rollout": "tp1-dp1 x " + str(len(pools.rollout_ranks)),
-            "plan_train": f"tp1-dp{len(pools.train_ranks)}", "samples_trained": len(ordered)}
+            "plan_train": f"tp1-dp{len(pools.train_ranks)}"}
 
 
 def run_async_training(cfg: RunConfig, out: Path, rank: int, world: int, *, resume, echo, stop_at=None,
