@@ -47,8 +47,8 @@ alone until the end. A checkpoint resumes in either mode, and an async run resum
 run's checkpoint too (DCP re-shards both ways). SIGTERM (any rank's: a rollout rank's rides
 with its episodes) and a deadline stop the run after a step, as in the sync loop
 (earl.runtime.control.vote_stop over the training pool, the console's Preemption); the steps the
-replica played ahead are then dropped (rank 0 drains them; `async.json`:
-`steps_played_not_trained`). A killed rank reaches the others as
+replica played ahead are then dropped (those still queued on the replica, and those already
+on their way, which rank 0 drains: `async.json`, `steps_drained`). A killed rank reaches the others as
 a gloo error, and the launcher prints its one line and the resume hint.
 
     earl run --nproc 2 --steps 4 --set schedule.mode=async --set schedule.max_staleness=1
@@ -750,7 +750,7 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
         work.wait()
     push.end()
     if rank == 0:
-        played_ahead = _drain(pools.rollout_ranks, groups["episodes"])
+        drained = _drain(pools.rollout_ranks, groups["episodes"])
         parts = [None] * world
         dist.gather_object(None, parts, dst=0)
         mine = weights_digest(lr.model)
@@ -763,7 +763,7 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
                 "split": pools.how, "max_staleness": k, "train_digest": mine,
                 "rollout_digests": [p[0] for p in rollout_parts], "rollout_swaps": [p[1] for p in rollout_parts],
                 "weights_equal": all(p[0] == mine for p in rollout_parts), "mid_run_checkpoints": saved,
-                "steps_played_not_trained": played_ahead}
+                "steps_drained": drained}
         atomic_write_text(out / ASYNC_JSON, json.dumps(info, indent=2))
         box = [(lr.optim.state_tensors(), lr.optim.step_count) if cfg.checkpoints and info["weights_equal"] else None]
     else:

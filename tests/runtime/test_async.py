@@ -257,7 +257,7 @@ def test_replica_runs_up_to_k_steps_ahead(tmp_path, k):
     assert all(0 <= w <= min(s - 1, k) for s, w in zip(range(1, 5), worst, strict=True)), worst
     assert max(worst) == k, worst
     info = json.loads((out / ASYNC_JSON).read_text())
-    assert info["weights_equal"] and info["steps_played_not_trained"] == 0  # steps stops the replica too
+    assert info["weights_equal"] and info["steps_drained"] == 0  # --steps stops the replica too
 
 
 def test_env_errors_and_uniform_groups_leave_the_async_batch():
