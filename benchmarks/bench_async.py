@@ -16,7 +16,7 @@ task, printed side by side, and the samples each needs to reach the sync run's f
 (mean of its last `--window` steps).
 
     OMP_NUM_THREADS=1 python benchmarks/bench_async.py [--nproc 2 4] [--steps 6] [--staleness 1 2] \
-        [--env calculator] [--groups 8] [--repeat 2] [--partial] [--out docs/cpu/bench_async.txt]
+        [--env calculator] [--groups 8] [--repeat 2] [--partial] [--both KEY=VALUE] [--out docs/cpu/bench_async.txt]
     OMP_NUM_THREADS=1 python benchmarks/bench_async.py --learning --steps 60 --nproc 2 [--set groups=16]
 """
 
@@ -54,11 +54,12 @@ def throughput(a, tmp: Path, emit) -> None:
     from earl.runtime.resolve import resolve_config
 
     prof = load_profile(a.hardware)
-    base = [f"groups={a.groups}", "plots=false", "checkpoints=false", "transcript_every=0"]
+    base = [f"groups={a.groups}", "plots=false", "checkpoints=false", "transcript_every=0", *a.both]
     async_sets = list(a.set)  # e.g. schedule.rollout_gpus=3: the async runs only
     cfg = resolve_config(None, overrides={"env.name": a.env, **dict(s.split("=", 1) for s in base)})
     emit(f"bench_async: {a.env}, {a.groups} groups x {cfg.group_size}, steps 2-{a.steps} scored; simulated with "
-         f"{a.hardware}; async --set {' '.join(async_sets) or '-'}; load average at start {load_avg()}")
+         f"{a.hardware}; --both {' '.join(a.both) or '-'}; async --set {' '.join(async_sets) or '-'}; load average "
+         f"at start {load_avg()}")
     emit(f"{'run':34s} {'tok/s':>8s} {'ratio':>6s} {'sim':>6s} {'sim/meas':>8s}  {'stale mean':>10s} {'sim':>5s}"
          f"  {'max':>3s} {'sim':>3s}  pools")
     for n in a.nproc:
@@ -147,6 +148,9 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=10, help="--learning: steps the reward is averaged over")
     ap.add_argument("--set", action="append", default=[],
                     help="config override key=value: both runs with --learning, else the async runs")
+    ap.add_argument("--both", action="append", default=[],
+                    help="config override key=value of the sync and the async runs alike (throughput; e.g. "
+                         "model.path=qwen2-27m: a training-bound run, where a replica runs ahead)")
     ap.add_argument("--out", help="also write the output to this file")
     a = ap.parse_args()
     lines: list[str] = []

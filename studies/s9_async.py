@@ -86,12 +86,16 @@ def measured_rows(path: Path = BENCH_TXT) -> pd.DataFrame:
     """The runtime's measured async / sync generated tokens/s and staleness next to the
     simulator's prediction of each (per-step feed, calibrated CPU profile), read from
     benchmarks/bench_async.py's output: one row per async run (empty when there is no file)."""
-    rows = []
+    rows, workload = [], ""
     for line in path.read_text().splitlines() if path.is_file() else []:
+        if line.startswith("bench_async: "):  # a call's header: its env, episodes and overrides of both runs
+            parts = line.removeprefix("bench_async: ").split("; ")
+            workload = parts[0] + "".join(f"; {p}" for p in parts if p.startswith("--both ") and p != "--both -")
         m = BENCH_ROW.match(line)
         if m:
             g = m.groups()
-            rows.append({"source": "measured (bench_async.py)", "nproc": int(g[0]), "max staleness": int(g[1]),
+            rows.append({"source": "measured (bench_async.py)", "workload": workload,
+                         "nproc": int(g[0]), "max staleness": int(g[1]),
                          "partial rollout": bool(g[2]), "async tok/s": float(g[3]),
                          "measured vs sync": float(g[4]), "simulated vs sync": float(g[5]),
                          "simulated / measured": float(g[6]), "staleness mean": float(g[7]),
@@ -139,7 +143,7 @@ def run(out: Path, quick: bool = False, jobs: int | str = 1) -> pd.DataFrame:
     if len(measured):
         write_csv(measured, out, f"{NAME}_measured")
         print_table(measured, f"Study 9, measured on the runtime ({BENCH_TXT.name}): async / sync next to the "
-                              "simulator's prediction", ["nproc", "max staleness", "partial rollout",
+                              "simulator's prediction", ["workload", "nproc", "max staleness", "partial rollout",
                                                          "measured vs sync", "simulated vs sync",
                                                          "simulated / measured", "staleness mean",
                                                          "simulated staleness mean", "staleness max"])

@@ -25,7 +25,7 @@ from pathlib import Path
 from rich.table import Table
 
 from earl.calibrate.host import local_cluster, sim_engine
-from earl.calibrate.validate import DTYPE_NAMES, _run_runtime, _simulate, host_stretch
+from earl.calibrate.validate import DTYPE_NAMES, _run_runtime, _simulate, host_stretch, logprob_passes
 from earl.cost_model import CostModel
 from earl.cost_model.profile import HardwareProfile, load_profile
 from earl.outputs import check_out_dir
@@ -91,7 +91,9 @@ def simulate_async(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, ste
                    rollout_gpus: int, partial: bool | None = None) -> Simulation:
     """The simulator's async scheduler with the runtime's per-step feed on `trace`: tp1 replicas
     filling `rollout_gpus` processes, tp1 training filling the rest (micro-batches packed up
-    to the trainer's token budget, as `earl validate` packs them)."""
+    to the trainer's token budget, as `earl validate` packs them; the experience stage's log-prob
+    passes are the sync run's, `logprob_passes`: the async trainer skips the old policy's pass
+    the same way and adds the reference's with a KL term)."""
     cm = CostModel(spec, local_cluster(prof, nproc), prof)
     episodes = cfg.episodes_per_step
     longest = max(sum(o + g for o, g, _ in turns) for line in load_trace(trace) for turns in line)
@@ -103,7 +105,7 @@ def simulate_async(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, ste
                                         max_context=cfg.sampling.max_context),
                   rollout_plan="tp1", experience_plan=train, train_plan=train, selector="static",
                   dispatcher=cfg.policy.dispatcher, max_num_seqs=cfg.engine_batch or episodes,
-                  logprob_passes=2 if cfg.trainer.kl_coef else 1, mode="async",
+                  logprob_passes=logprob_passes(cfg.trainer), mode="async",
                   max_staleness=cfg.schedule.max_staleness, rollout_gpus=rollout_gpus,
                   partial_rollout=cfg.schedule.partial_rollout if partial is None else partial)
     return Simulation(sc, "static", cfg.policy.dispatcher, cost_model=cm, engine=sim_engine(cfg.engine),
@@ -123,8 +125,8 @@ def span_seconds(spans: list[Span], steps: list[int], names: tuple[str, ...]) ->
 
 def handoff_spans(spans: list[Span]) -> list[Span]:
     """The runtime's rollout ranks' hand-off waits, which it does not record as spans: from the
-    end of a rank's rollout of step s to the start of its next span (its send of step s's
-    episodes blocks until rank 0 receives them), attributed to step s."""
+    end of a rank's rollout of step s to the start of its next span (step s's episodes put in
+    its send queue, waiting only while the queue is full), attributed to step s."""
     by_rank: dict[int, list[Span]] = {}
     for sp in spans:
         if sp.name in ("rollout", "wait_weights"):

@@ -9,13 +9,17 @@ Each rollout rank is an independent replica (tp1) playing its share of every ste
 the training pool trains data-parallel over its ranks (tp1-dpT, ReplicatedAdamW).
 
 Policy version v = optimizer steps taken. Step s trains on version s-1's weights and makes
-version s. A rollout replica plays step s's episodes with the newest version it holds, and
-before starting them waits until it holds at least version s-1-K (K = `max_staleness`): a sample
-older than K is never generated, so none is ever dropped. Each episode carries its version and
-its per-token behaviour log-probs (the engine's); training takes step s's episodes (the oldest
-ones waiting) and corrects them with the decoupled-PPO weight min(pi_prox / pi_behaviour, C)
-per token (earl.runtime.mismatch.tis_weights; pi_prox is the policy before this step, C is
-`trainer.tis_cap`, or ASYNC_TIS_CAP when that is 0), on every algorithm of the trainer.
+version s. A rollout replica plays step after step, each with the newest version it holds, and
+before starting step s waits until it holds at least version s-1-K (K = `max_staleness`): a
+sample older than K is never generated, so none is ever dropped, and a replica faster than
+training runs up to K steps ahead of it (it plays step s+K while training takes step s). Its
+finished steps wait in a queue of at most K for a sender thread, which hands them to rank 0 in
+step order (gloo's send blocks until rank 0 takes the step; the replica plays on meanwhile).
+Each episode carries its version and its per-token behaviour log-probs (the engine's); training
+takes step s's episodes (the oldest ones waiting) and corrects them with the decoupled-PPO weight
+min(pi_prox / pi_behaviour, C) per token (earl.runtime.mismatch.tis_weights; pi_prox is the
+policy before this step, C is `trainer.tis_cap`, or ASYNC_TIS_CAP when that is 0), on every
+algorithm of the trainer.
 
 After each optimizer step the training pool pushes the weights through the re-shard planner
 (`WeightPush`: earl.policies.reshard.plan_pool_push from tp1-dpT on the training ranks to tp1
@@ -33,13 +37,18 @@ step - 1 - version_first, so the gate above still bounds it by K.
 Checkpoints: every `checkpoint_every` steps and at the end, whole on every rank (tp1-dpN), so
 that both pools join DCP's collective; a rollout rank saves the push of that version it
 received (not the weights it may be playing with), after every rank's copy is checked equal.
-After each step rank 0 tells each rollout rank "go", "save" or "stop", which the replica hears
-after playing its next step and before sending it, so both ranks meet the checkpoint in the
-same order without the replica waiting for training. A checkpoint resumes in either mode, and
-an async run resumes from a sync run's checkpoint too (DCP re-shards both ways). SIGTERM (any
-rank's: a rollout rank's rides with its episodes) and a deadline stop the run after a step, as
-in the sync loop (earl.runtime.control.vote_stop over the training pool, the console's
-Preemption); the replica's step in flight is then dropped. A killed rank reaches the others as
+After each step rank 0 tells each rollout rank "go", "save" or "stop"; a listener thread on
+the rollout rank hears it at once, whatever step the replica is playing, and on "save" joins the
+checkpoint with the push of that version (so both pools meet each checkpoint in the same order
+without the replica waiting for training). Threads and gloo: the weight push, the episode
+channel and the words each have their own communicator (one process group used from two
+threads at once is not safe), and the default group, used by the checkpoint, is the listener's
+alone until the end. A checkpoint resumes in either mode, and an async run resumes from a sync
+run's checkpoint too (DCP re-shards both ways). SIGTERM (any rank's: a rollout rank's rides
+with its episodes) and a deadline stop the run after a step, as in the sync loop
+(earl.runtime.control.vote_stop over the training pool, the console's Preemption); the steps the
+replica played ahead are then dropped (those still queued on the replica, and those already
+on their way, which rank 0 drains: `async.json`, `steps_drained`). A killed rank reaches the others as
 a gloo error, and the launcher prints its one line and the resume hint.
 
     earl run --nproc 2 --steps 4 --set schedule.mode=async --set schedule.max_staleness=1
@@ -49,6 +58,7 @@ a gloo error, and the launcher prints its one line and the resume hint.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -90,6 +100,7 @@ from earl.runtime.step import (
     rollout_store,
     seeded_train_step,
     start_stats,
+    trainable_samples,
     workload_stats,
 )
 from earl.runtime.tp import param_shapes
@@ -191,8 +202,8 @@ class WeightPush:
 
 class WeightReceiver(threading.Thread):
     """A rollout rank's receiver of weight versions (`push.receive`) until the end: each waits
-    in `ready` (version, named tensors) until the replica swaps it in; `latest` keeps the newest
-    for a checkpoint (`weights_of`)."""
+    in `ready` (version, named tensors) until the replica swaps it in, and (END_OF_PUSHES, None)
+    follows the last; `latest` keeps the newest for a checkpoint (`weights_of`)."""
 
     def __init__(self, push: WeightPush):
         super().__init__(daemon=True)
@@ -201,6 +212,7 @@ class WeightReceiver(threading.Thread):
         self.error: BaseException | None = None
         self.latest: tuple[int, dict[str, torch.Tensor]] | None = None
         self.arrived = threading.Condition()
+        self.ended = False  # the training pool sent its last version
 
     def run(self) -> None:
         try:
@@ -209,6 +221,8 @@ class WeightReceiver(threading.Thread):
                     self.latest = got
                     self.arrived.notify_all()
                 self.ready.put(got)
+            self.ended = True  # set before the marker: a reader that sees it finds every push queued
+            self.ready.put((END_OF_PUSHES, None))
         except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
             self.error = e
             self.ready.put((None, None))
@@ -257,11 +271,12 @@ class Replica:
         self.engine.update_weights(weights.items())
         self.version, self.swaps = version, self.swaps + 1
 
-    def take_newest(self, recv: WeightReceiver, at_least: int) -> None:
-        """Swap in the newest pushed version, waiting for pushes until it is >= `at_least`."""
+    def take_newest(self, recv: WeightReceiver, at_least: int) -> bool:
+        """Swap in the newest pushed version, waiting for pushes until it is >= `at_least`; False
+        when the pushes ended first (the training pool stopped)."""
         newest = None
         while True:
-            block = (newest[0] if newest else self.version) < at_least
+            block = (newest[0] if newest else self.version) < at_least and not recv.ended
             try:
                 got = recv.ready.get(block=block, timeout=600 if block else None)
             except queue.Empty:
@@ -270,9 +285,11 @@ class Replica:
                 break
             if got[0] is None:
                 raise RuntimeError(f"weight push failed: {recv.error}") from recv.error
-            newest = got
+            if got[0] != END_OF_PUSHES:
+                newest = got
         if newest is not None:
             self.swap_in(newest[1], newest[0])
+        return self.version >= at_least
 
     def play(self, step: int, share: list[int]) -> tuple[list[Trajectory], dict[int, tuple[int, int]]]:
         """Step `step`'s episodes `share`, and per episode id (version_first, version_last): the
@@ -321,26 +338,100 @@ class _VersionedBatch:
         self.inner.close(rows)
 
 
-def run_rollout_rank(cfg: RunConfig, pools: Pools, push_group, rank: int, first: int, last: int,
+class EpisodeSender(threading.Thread):
+    """A rollout rank's finished steps, (step, versions, trajectories, spans), to rank 0 in step order on
+    `group` (the episode channel's own communicator: gloo's send blocks until rank 0 takes the
+    step, and the replica plays on meanwhile). At most `k` finished steps wait in `box` (the
+    staleness gate keeps the replica within that, so a put never waits long); None ends the
+    channel, and a last None goes to rank 0. After rank 0's "stop" (`stopped`) the steps still
+    waiting are dropped: none of them is trained."""
+
+    def __init__(self, group, k: int, stopped: threading.Event, sigterm: Preemption):
+        super().__init__(daemon=True)
+        self.group, self.stopped, self.sigterm = group, stopped, sigterm
+        self.box: queue.Queue = queue.Queue(maxsize=k)
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while (item := self.box.get()) is not None:
+                if not self.stopped.is_set():  # a rollout rank's SIGTERM rides with its episodes
+                    dist.send_object_list([(*item, self.sigterm.requested)], dst=0, group=self.group)
+            dist.send_object_list([None], dst=0, group=self.group)
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
+            self.error = e
+
+    def put(self, item) -> None:
+        """Queue `item` (the main thread), waiting for room; raises what stopped the sender."""
+        while True:
+            if self.error is not None:
+                raise RuntimeError(f"sending episodes to rank 0 failed: {self.error}") from self.error
+            try:
+                return self.box.put(item, timeout=1.0)
+            except queue.Full:
+                continue
+
+
+class WordListener(threading.Thread):
+    """A rollout rank's ear for rank 0's word after each training step, on `group` (the word
+    channel's communicator), steps first..last in order: "save" joins the checkpoint of that
+    step (a collective on the default group, which nothing else on this rank uses meanwhile)
+    with the push of that version; "stop" ends it (`final`: the step, `preempted`: SIGTERM's).
+    `stopped` is set at the end, by "stop" or an error (`error`). A rollout rank's injected
+    fault at step s (EARL_FAULT_RANK_STEP) fires here on hearing the word on step s-1: the
+    training pool's clock, since the replica itself may be up to K steps ahead."""
+
+    def __init__(self, cfg: RunConfig, out: Path, rank: int, rep: Replica, recv: WeightReceiver, steps: range,
+                 group):
+        super().__init__(daemon=True)
+        self.cfg, self.out, self.rank, self.rep, self.recv, self.steps, self.group = \
+            cfg, out, rank, rep, recv, steps, group
+        self.stopped = threading.Event()
+        self.final, self.preempted = steps[-1], False
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for step in self.steps:
+                word, self.preempted = _hear(step, self.group)
+                if word == STOP:
+                    self.final = step
+                    break
+                fault_hook(self.rank, step + 1)
+                if word == SAVE:
+                    save_mid_run(self.out, step, self.cfg, self.rep.model, self.recv.weights_of(step), None)
+            else:
+                raise AssertionError(f"no stop from rank 0 by step {self.steps[-1]}")
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
+            self.error = e
+        finally:
+            self.stopped.set()
+
+
+def run_rollout_rank(cfg: RunConfig, pools: Pools, groups: dict, rank: int, first: int, last: int,
                      origin: float, out: Path, weights: dict | None) -> tuple[int, bool]:
     """Steps first..last of one rollout replica, or until the training pool says stop; returns
-    the last step trained and whether SIGTERM stopped the run. Pushes arrive after every
-    training step. Step s's episodes go to rank 0 after rank 0's word on step s-1 ("go", "save"
-    or "stop"), so that a checkpoint of step s-1 comes between the two in both ranks' order."""
+    the last step trained and whether SIGTERM stopped the run. The replica plays step after
+    step, each once it holds version >= s-1-K, so up to K steps ahead of training; three threads
+    beside it, each on its own communicator (`groups`: "push", "episodes", "words"): the weight
+    receiver, the episode sender and the word listener (which joins the checkpoints)."""
     rep = Replica(cfg, version=first - 1)
     if weights is not None:
         load_weights(rep.model, weights)
-    recv = WeightReceiver(WeightPush(rep.model, pools, push_group))
+    recv = WeightReceiver(WeightPush(rep.model, pools, groups["push"]))
     recv.start()
     rep.attach(recv)
     k, j = cfg.schedule.max_staleness, pools.rollout_ranks.index(rank)
     spans = []
-    final, preempted = last, False
     with Preemption() as sigterm:  # SIGTERM reaches every rank: this one says so to rank 0 and goes on
+        words = WordListener(cfg, out, rank, rep, recv, range(first, last + 1), groups["words"])
+        sender = EpisodeSender(groups["episodes"], k, words.stopped, sigterm)
+        words.start()
+        sender.start()
         for step in range(first, last + 1):
-            fault_hook(rank, step)
             t0 = time.perf_counter()
-            rep.take_newest(recv, at_least=step - 1 - k)  # never generate a sample staler than K
+            if words.stopped.is_set() or not rep.take_newest(recv, at_least=step - 1 - k):
+                break  # training stopped: this step is not trained
             t1 = time.perf_counter()
             if t1 - t0 > 1e-3:
                 spans.append(Span(name="wait_weights", stage="reshard", rank=rank, t_start=t0 - origin,
@@ -352,26 +443,23 @@ def run_rollout_rank(cfg: RunConfig, pools: Pools, push_group, rank: int, first:
             spans.append(Span(name="rollout", stage="rollout", rank=rank, t_start=t1 - origin, t_end=t2 - origin,
                               step=step, tokens=sum(t.generated_tokens for t in trajs),
                               args={"version": v0, "version_end": rep.version}))
-            if step > first:
-                word, preempted = _hear(step - 1)
-                if word == STOP:  # these episodes are not trained
-                    final = step - 1
-                    break
-                if word == SAVE:
-                    save_mid_run(out, step - 1, cfg, rep.model, recv.weights_of(step - 1), None)
-            dist.send_object_list([(versions, trajs, sigterm.requested)], dst=0)
-        else:
-            word, preempted = _hear(last)
-            assert word == STOP, word
+            sender.put((step, versions, trajs, spans))
+            spans = []
+        sender.put(None)
+        sender.join()
+        words.join()
+    for thread in (words, sender, recv):
+        if thread.error is not None:
+            raise RuntimeError(f"rollout rank {rank}: {type(thread).__name__}: {thread.error}") from thread.error
     rep.attach(None)
-    rep.take_newest(recv, at_least=final)  # the final push: the test of push equality reads it
+    rep.take_newest(recv, at_least=words.final)  # the final push: the test of push equality reads it
     recv.join()
     dist.gather_object((weights_digest(rep.model), rep.swaps, spans), None, dst=0)
     box = [None]
     dist.broadcast_object_list(box, src=0)  # rank 0's optimizer state, or None: no checkpoint
     if box[0] is not None:
-        save_async_checkpoint(out, final, cfg, dist.get_world_size(), rep.model, *box[0], source="", stats={})
-    return final, preempted
+        save_async_checkpoint(out, words.final, cfg, dist.get_world_size(), rep.model, *box[0], source="", stats={})
+    return words.final, words.preempted
 
 
 GO, SAVE, STOP = "go", "save", "stop"  # rank 0's word to the rollout ranks after each step
@@ -380,20 +468,34 @@ GO, SAVE, STOP = "go", "save", "stop"  # rank 0's word to the rollout ranks afte
 WORDS = (GO, SAVE, STOP)
 
 
-def _say(step: int, word: str, preempted: bool, ranks: tuple[int, ...]) -> list:
-    """Rank 0: its word on `step` to the rollout `ranks`, without waiting for them to hear it
-    (the sends to wait on; their tensor lives as long as they do)."""
+def _say(step: int, word: str, preempted: bool, ranks: tuple[int, ...], group) -> list:
+    """Rank 0: its word on `step` to the rollout `ranks` on `group`, without waiting for them to
+    hear it (the sends to wait on; their tensor lives as long as they do)."""
     t = torch.tensor([step, WORDS.index(word), int(preempted)], dtype=torch.int64, device=comm_device())
-    return [(dist.isend(t, dst=r), t) for r in ranks]
+    return [(dist.isend(t, dst=r, group=group), t) for r in ranks]
 
 
-def _hear(step: int) -> tuple[str, bool]:
-    """A rollout rank: rank 0's word on `step`, and whether the run stops for SIGTERM."""
+def _hear(step: int, group) -> tuple[str, bool]:
+    """A rollout rank: rank 0's word on `step` (on `group`), and whether the run stops for SIGTERM."""
     t = torch.zeros(3, dtype=torch.int64, device=comm_device())
-    dist.recv(t, src=0)
+    dist.recv(t, src=0, group=group)
     got, word, preempted = t.tolist()
     assert got == step, (got, step)
     return WORDS[word], bool(preempted)
+
+
+def _drain(ranks: tuple[int, ...], group) -> int:
+    """Rank 0 after its last step: every rollout rank's steps still on their way (played ahead,
+    not trained), up to each one's closing None; returns how many were dropped."""
+    dropped = 0
+    for r in ranks:
+        while True:
+            box = [None]
+            dist.recv_object_list(box, src=r, group=group)
+            if box[0] is None:
+                break
+            dropped += 1
+    return dropped
 
 
 def save_mid_run(out: Path, step: int, cfg: RunConfig, model: torch.nn.Module, params: dict[str, torch.Tensor],
@@ -413,6 +515,13 @@ def save_mid_run(out: Path, step: int, cfg: RunConfig, model: torch.nn.Module, p
                                  stats=stats or {}, params=params)
 
 
+def slow_train_hook() -> None:
+    """A test hook: a training step EARL_SLOW_TRAIN_S seconds longer (a rollout faster than
+    training, so the replicas run ahead)."""
+    if os.environ.get("EARL_SLOW_TRAIN_S"):
+        time.sleep(float(os.environ["EARL_SLOW_TRAIN_S"]))
+
+
 def fault_hook(rank: int, step: int) -> None:
     """The fault-injection test hook of the sync loop (EARL_FAULT_RANK_STEP=RANK:STEP)."""
     if os.environ.get("EARL_FAULT_RANK_STEP") == f"{rank}:{step}":
@@ -428,6 +537,11 @@ class Learner:
         self.cfg, self.groups = cfg, groups
         policy = load_policy(cfg.model.path, seed=cfg.seed, dtype=cfg.model.dtype)
         self.model, self.tokenizer, self.source = policy.model.to(comm_device()), policy.tokenizer, policy.source
+        self.ref_model = None  # the KL term's frozen initial model (trainer.kl_coef > 0), as the sync Worker's
+        if cfg.trainer.kl_coef:
+            self.ref_model = copy.deepcopy(self.model).eval()
+            for p in self.ref_model.parameters():
+                p.requires_grad_(False)
         if state is not None:
             load_weights(self.model, state[0])
         self.params = sampling_params(cfg)
@@ -474,22 +588,52 @@ def save_async_checkpoint(out: Path, step: int, cfg: RunConfig, world: int, mode
                            keep=cfg.keep_checkpoints)
 
 
-def experience(lr: Learner, trajs: list[Trajectory], share: list[int]):
+def step_samples(lr: Learner, trajs: list[Trajectory]) -> tuple[list[Sample], list[int], set[int], int]:
+    """The step's trainable episodes (earl.runtime.step.trainable_samples, the sync loop's rule:
+    no env_error episode, and with `trainer.filter_uniform_groups` no group of equal rewards)
+    and this training rank's share of them; returns (samples, share, filtered groups, env_error
+    episodes dropped)."""
+    samples, filtered, broken = trainable_samples(lr.cfg, [SampleMeta.of(t) for t in trajs])
+    share = [samples[i].id for i in deal(len(samples), lr.groups.plan.dp)[lr.groups.dp_rank]]
+    return samples, share, filtered, broken
+
+
+def experience(lr: Learner, trajs: list[Trajectory], share: list[int], samples: list[Sample] | None = None):
     """This training rank's ExperienceBatch of `share` (episode ids) with advantages over the
-    whole step's episodes."""
+    step's `samples` (default: every episode of `trajs`). With `trainer.kl_coef` > 0 the frozen
+    initial model's log-probs of every sample (REINFORCE++'s KL penalty is part of the per-token
+    rewards, so of every baseline; grpo / rloo put the KL term in the loss)."""
     cfg = lr.cfg
     meta = {t.episode_id: SampleMeta.of(t) for t in trajs}
-    samples = [Sample(id=m.id, tokens=m.tokens, group=m.group) for m in meta.values()]
+    if samples is None:
+        samples = [Sample(id=m.id, tokens=m.tokens, group=m.group) for m in meta.values()]
     store = rollout_store(trajs)
+    temp, budget, vocab, pad = (lr.params.logprob_temperature, cfg.trainer.token_budget, lr.tokenizer.vocab_size,
+                                lr.tokenizer.pad_id)
+    if lr.ref_model is not None and samples:
+        ids = [x.id for x in samples]
+        whole = padded_batch(store, ids, meta, pad)
+        ref = batch_logprobs(lr.ref_model, whole, temp, budget, vocab)
+        old = batch_logprobs(lr.model, whole, temp, budget, vocab) if lr.trainer.needs_old_logprobs else None
+        for r, i in enumerate(ids):
+            k, item = store[i]["input_ids"].numel(), dict(store[i])
+            item["ref_logprobs"] = ref[r, :k]
+            if old is not None:  # the proximal policy: the weights before this step
+                item["old_logprobs"] = old[r, :k]
+            if cfg.trainer.algo == "reinforce++":
+                item["token_rewards"] = item["token_rewards"] - cfg.trainer.kl_coef * (old[r, :k] - ref[r, :k]) \
+                    * item["loss_mask"]
+            store[i] = item
     spec = AdvantageSpec(estimator=cfg.trainer.algo, per_turn=cfg.trainer.baseline == "per-turn",
                          gamma=cfg.trainer.gamma)
     fill_advantages(store, samples, local_stats(store, samples, spec), spec)
-    batch = padded_batch(store, share, meta, lr.tokenizer.pad_id)  # zeros where the store has no field
-    batch.ref_logprobs = None  # no reference model (check_schedule: kl_coef 0)
-    batch.old_logprobs = None  # one optimizer step: the training forward is the proximal policy
-    if lr.trainer.needs_old_logprobs:  # minibatches > 1: the proximal policy is the one before this step
-        batch.old_logprobs = batch_logprobs(lr.model, batch, lr.params.logprob_temperature,
-                                            cfg.trainer.token_budget, lr.tokenizer.vocab_size)
+    batch = padded_batch(store, share, meta, pad)  # zeros where the store has no field
+    if lr.ref_model is None:
+        batch.ref_logprobs = None  # no KL term
+    if not lr.trainer.needs_old_logprobs:
+        batch.old_logprobs = None  # one optimizer step: the training forward is the proximal policy
+    elif lr.ref_model is None:  # minibatches > 1: the proximal policy is the one before this step
+        batch.old_logprobs = batch_logprobs(lr.model, batch, temp, budget, vocab)
     return batch, meta
 
 
@@ -502,7 +646,9 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
     step; the last step; stopped by SIGTERM)."""
     pools = split_pools(cfg, world, hardware, spec, stats)
     train_groups = build_plan_groups(ParallelPlan(dp=len(pools.train_ranks)))  # collective, every rank
-    push_group = dist.new_group(list(range(world)))  # the weight push's own communicator (a thread uses it)
+    # a communicator each for the weight push, the episode channel and rank 0's words, created in
+    # this order on every rank: a rollout rank uses them from three threads at once
+    groups = {name: dist.new_group(list(range(world))) for name in ("push", "episodes", "words")}
     origin = time.perf_counter()
     last, first, state = min(cfg.steps, stop_at or cfg.steps), 1, None
     if resume is not None:
@@ -513,11 +659,11 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
             raise ValueError(f"the checkpoint is at step {first - 1} and steps={cfg.steps}: nothing to do "
                              "(raise --steps)")
     if rank in pools.rollout_ranks:
-        step, preempted = run_rollout_rank(cfg, pools, push_group, rank, first, last, origin, out,
+        step, preempted = run_rollout_rank(cfg, pools, groups, rank, first, last, origin, out,
                                            weights=state[0] if state is not None else None)
         return [], None, first, step, preempted
     lr = Learner(cfg, train_groups, state=state)
-    push = WeightPush(lr.model, pools, push_group)
+    push = WeightPush(lr.model, pools, groups["push"])
     rec = None
     every = cfg.checkpoint_every if cfg.checkpoints else 0
     if rank == 0:
@@ -534,7 +680,6 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
         rec = RunRecorder(out, resume_step=first - 1 if resume is not None else None,
                           wandb_config=to_dict(cfg) if cfg.wandb else None)
     k = cfg.schedule.max_staleness
-    spans = []
     t_prev = time.perf_counter()
     final_stats: dict = {}
     ckpt = None
@@ -545,49 +690,53 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
         for step in range(first, last + 1):
             fault_hook(rank, step)
             t0 = time.perf_counter()
-            for work, _ in said:  # the replicas hear the last word after playing this step
+            for work, _ in said:  # the replicas' listeners hear the last word at once
                 work.wait()
             said = []
             got = []
             if rank == 0:
                 for r in pools.rollout_ranks:  # step s's episodes: the oldest waiting
                     box = [None]
-                    dist.recv_object_list(box, src=r)
-                    got.append(box[0])
+                    dist.recv_object_list(box, src=r, group=groups["episodes"])
+                    assert box[0][0] == step, (r, box[0][0], step)
+                    got.append(box[0][1:])
             if len(pools.train_ranks) > 1:
                 box = [got]
                 dist.broadcast_object_list(box, src=0, group=train_groups.dp_group)
                 got = box[0]
-            versions = {e: v for vs, _, _ in got for e, v in vs.items()}  # id -> (version_first, version_last)
-            trajs = sorted((t for _, ts, _ in got for t in ts), key=lambda t: t.episode_id)
+            versions = {e: v for vs, _, _, _ in got for e, v in vs.items()}  # id -> (version_first, version_last)
+            trajs = sorted((t for _, ts, _, _ in got for t in ts), key=lambda t: t.episode_id)
             staleness = [step - 1 - versions[t.episode_id][0] for t in trajs]  # its oldest token's version
             assert max(staleness) <= k and min(staleness) >= 0, f"staleness {staleness} outside 0..{k}"
             t1 = time.perf_counter()
-            share = list(deal(len(trajs), len(pools.train_ranks))[train_groups.dp_rank])
-            batch, meta = experience(lr, trajs, share)
+            samples, share, filtered, broken = step_samples(lr, trajs)
+            batch, meta = experience(lr, trajs, share, samples)
+            slow_train_hook()
             tstats = seeded_train_step(lr.trainer, lr.optim, batch, cfg, step, train_groups.dp_rank)
             t2 = time.perf_counter()
             push_bytes = push.send(lr.model, version=step)
             t3 = time.perf_counter()
             # stop after this step? rank 0's clock, any rank's SIGTERM (a rollout rank's came with its episodes)
             past = deadline_s is not None and time.perf_counter() - (t_call or origin) > deadline_s
-            past, stop = vote_stop(past, sigterm.requested or any(s for _, _, s in got), train_groups.dp_group)
+            past, stop = vote_stop(past, sigterm.requested or any(s for _, _, _, s in got), train_groups.dp_group)
             preempted = preempted or stop
             done = past or stop or step == last
             due = bool(every) and step % every == 0 and not done
             if rank == 0:
-                said = _say(step, STOP if done else SAVE if due else GO, stop, pools.rollout_ranks)
+                said = _say(step, STOP if done else SAVE if due else GO, stop, pools.rollout_ranks, groups["words"])
                 ordered = [meta[t.episode_id] for t in trajs]
                 final_stats = dataclasses.asdict(workload_stats(ordered, step, cfg.sampling.max_context))
-                spans += _train_spans(origin, step, t0, t1, t2, t3, tstats)
+                rec.spans += _train_spans(origin, step, t0, t1, t2, t3, tstats)
+                rec.spans += [sp for _, _, sps, _ in got for sp in sps]  # the replicas' spans ride with their episodes
                 row = _metrics_row(cfg, lr, pools, step, ordered, share, tstats, staleness, versions, world,
                                    (t0, t1, t2, t3, t_prev))
-                row["weight_push_sent_bytes"] = push_bytes  # rank 0's share: the planner spreads the sends
+                row.update(weight_push_sent_bytes=push_bytes,  # rank 0's share: the planner spreads the sends
+                           samples_trained=len(samples), groups_filtered=len(filtered), env_errors_dropped=broken)
                 t_prev = t3
                 records = [{**r, "version_first": versions[r["id"]][0], "version_last": versions[r["id"]][1]}
                            for r in episode_records(ordered)]
                 rec.log_step(row, records, [])
-                rec.flush(with_trace=False)
+                rec.flush(with_trace=due or done)  # the trace with each checkpoint, as the sync loop writes it
                 echo(f"step {step:4d}  reward {row['reward_mean']:+.3f}  loss {row['loss']:+.4f}  staleness mean "
                      f"{row['staleness_mean']:.2f} max {row['staleness_max']}  {row['step_s']:.2f}s/step")
             if due:
@@ -601,19 +750,20 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
         work.wait()
     push.end()
     if rank == 0:
+        drained = _drain(pools.rollout_ranks, groups["episodes"])
         parts = [None] * world
         dist.gather_object(None, parts, dst=0)
         mine = weights_digest(lr.model)
         rollout_parts = [parts[r] for r in pools.rollout_ranks]
-        for _, _, sp in rollout_parts:
-            spans += sp
-        rec.spans += spans
+        for _, _, sp in rollout_parts:  # those of steps not trained, and waits after the last send
+            rec.spans += sp
         rec.flush(with_trace=True)
         rec.close()
         info = {"train_ranks": list(pools.train_ranks), "rollout_ranks": list(pools.rollout_ranks),
                 "split": pools.how, "max_staleness": k, "train_digest": mine,
                 "rollout_digests": [p[0] for p in rollout_parts], "rollout_swaps": [p[1] for p in rollout_parts],
-                "weights_equal": all(p[0] == mine for p in rollout_parts), "mid_run_checkpoints": saved}
+                "weights_equal": all(p[0] == mine for p in rollout_parts), "mid_run_checkpoints": saved,
+                "steps_drained": drained}
         atomic_write_text(out / ASYNC_JSON, json.dumps(info, indent=2))
         box = [(lr.optim.state_tensors(), lr.optim.step_count) if cfg.checkpoints and info["weights_equal"] else None]
     else:
@@ -650,7 +800,7 @@ def _metrics_row(cfg: RunConfig, lr: Learner, pools: Pools, step: int, ordered: 
             "wait_samples_s": t1 - t0, "train_s": t2 - t1, "weight_push_s": t3 - t2,
             "step_s": t3 - t_prev, "gen_tokens_per_s": gen_tokens / max(t3 - t_prev, 1e-9),
             "world": world, "schedule": "async", "plan_rollout": "tp1-dp1 x " + str(len(pools.rollout_ranks)),
-            "plan_train": f"tp1-dp{len(pools.train_ranks)}", "samples_trained": len(ordered)}
+            "plan_train": f"tp1-dp{len(pools.train_ranks)}"}
 
 
 def run_async_training(cfg: RunConfig, out: Path, rank: int, world: int, *, resume, echo, stop_at=None,

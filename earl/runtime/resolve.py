@@ -217,8 +217,6 @@ def check_schedule(cfg: RunConfig, world: int) -> None:
         raise ValueError(f"schedule.partial_rollout = true swaps weights between decode steps, which engine "
                          f"{cfg.engine!r} cannot call back from; use engine pytorch (or partial_rollout false)")
     unsupported = [(cfg.engine not in LOCAL_ENGINES, f"engine {cfg.engine!r} (use pytorch or pytorch-static)"),
-                   (bool(cfg.trainer.kl_coef), "trainer.kl_coef > 0 (no reference model in the training pool yet)"),
-                   (cfg.trainer.filter_uniform_groups, "trainer.filter_uniform_groups"),
                    (bool(cfg.plan.schedule), "plan.schedule (scripted plan switches)"),
                    (bool(cfg.plan.memory_budget_mb), "plan.memory_budget_mb")]
     for bad, what in unsupported:

@@ -13,9 +13,10 @@ engine when version j - K exists, so up to K + 1 batches share an engine and tra
 oldest finished episodes) and "per-step", the runtime's design (earl.runtime.async_rl, what
 `earl validate --schedule async` and benchmarks/bench_async.py hold it to): each tp1 replica plays
 its share of batch j alone, starts it on the newest version it holds once that is >= j - K, and
-hands the finished share over only when training takes batch j (a blocking send: at most one
-batch ahead of training, whatever K >= 1); training takes exactly batch j; the push is rank 0's
-broadcast of the whole policy to the replicas (`broadcast_push_s`).
+puts the finished share in its send queue (K shares wait there, one more is on its way to
+training), so a replica faster than training runs up to K batches ahead of it; training takes
+exactly batch j; the push is rank 0's broadcast of the whole policy to the replicas
+(`broadcast_push_s`).
 
     earl simulate --set schedule.mode=async --set schedule.max_staleness=2 --steps 20
 """
@@ -228,12 +229,13 @@ def run_async(sim):
 
     def replica_loop(e: int, eng: StreamReplica):
         """Per-step: engine e plays its share of each batch in turn (the runtime's replica), with
-        the runtime's spans: "hand-off" (its finished share waits for training to take it),
+        the runtime's spans: "hand-off" (its finished share waits for room in the send queue:
+        K + 1 shares not yet taken at most, which the staleness gate already implies),
         "wait_weights" (for version >= j - K) and "rollout"."""
         rank = sim.stage_gpus[Stage.TRAIN] + e  # the runtime's rollout ranks follow the training pool's
         for j in range(sc.steps):
             t0 = env.now
-            yield from wait_for(lambda j=j: state["taken"] >= j - 1)  # the blocking send of batch j - 1
+            yield from wait_for(lambda j=j: state["taken"] >= j - 2 - K)  # batch j - 1 put in the queue
             t1 = env.now
             yield from wait_for(lambda j=j: state["version"] >= j - K)  # never staler than K
             t2 = env.now

@@ -233,3 +233,135 @@ def test_earl_run_nproc4_two_pools_of_two(tmp_path):
     assert all(x["staleness_max"] <= 1 and x["samples_trained"] == 4 for x in rows)
     info = json.loads((out / ASYNC_JSON).read_text())
     assert info["rollout_ranks"] == [2, 3] and info["rollout_digests"] == [info["train_digest"]] * 2
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+@pytest.mark.parametrize("k", [1, 2])
+def test_replica_runs_up_to_k_steps_ahead(tmp_path, k):
+    """A trainer slower than the rollout (EARL_SLOW_TRAIN_S, a test hook): the replica plays
+    ahead until the gate holds it, so step s's samples are min(s-1, K) versions old at most,
+    the oldest reaching K (K = 2 buys a second step of overlap) and never exceeding it; the
+    steps it played past the end are drained, not trained."""
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "earl.cli", "run", "--nproc", "2", "--steps", "4", "--out", str(out),
+                        "--set", "groups=2", "--set", "group_size=2", "--set", "plots=false",
+                        "--set", "transcript_every=0", "--set", "schedule.mode=async",
+                        "--set", f"schedule.max_staleness={k}", "--quiet"],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "EARL_SLOW_TRAIN_S": "4"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert [x["step"] for x in rows] == [1, 2, 3, 4]
+    worst = [x["staleness_max"] for x in rows]
+    assert all(0 <= w <= min(s - 1, k) for s, w in zip(range(1, 5), worst, strict=True)), worst
+    assert max(worst) == k, worst
+    info = json.loads((out / ASYNC_JSON).read_text())
+    assert info["weights_equal"] and info["steps_drained"] == 0  # --steps stops the replica too
+
+
+def test_env_errors_and_uniform_groups_leave_the_async_batch():
+    """The sync loop's rule (earl.runtime.step.trainable_samples) in the async one: an env_error
+    episode leaves the batch and its group's baseline; with filter_uniform_groups a group whose
+    remaining rewards are equal leaves too; the rest train with the advantages they would have
+    alone."""
+    from earl.runtime.async_rl import step_samples
+
+    cfg = apply_overrides(RunConfig(), {"trainer.algo": "grpo", "group_size": 3})
+    trajs = fake_trajs(6)  # groups 0 (ids 0-2, rewards .1 1.1 .1) and 1 (ids 3-5: 1.1 .1 1.1)
+    trajs[1].outcome = "env_error"
+    lr = Learner(cfg, build_plan_groups(ParallelPlan()))
+    samples, share, filtered, broken = step_samples(lr, trajs)
+    assert ([x.id for x in samples], share, filtered, broken) == ([0, 2, 3, 4, 5], [0, 2, 3, 4, 5], set(), 1)
+    batch, _ = experience(lr, trajs, share, samples)
+    alone, _ = experience(lr, [t for t in trajs if t.episode_id != 1], share)
+    assert batch.sample_ids.tolist() == share
+    torch.testing.assert_close(batch.advantages, alone.advantages)
+    assert float(batch.advantages[:2].abs().sum()) == 0.0  # group 0 left with two equal rewards
+    lr = Learner(apply_overrides(cfg, {"trainer.filter_uniform_groups": True}), build_plan_groups(ParallelPlan()))
+    samples, share, filtered, broken = step_samples(lr, trajs)
+    assert ([x.id for x in samples], share, filtered, broken) == ([3, 4, 5], [3, 4, 5], {0}, 1)
+
+
+@pytest.mark.parametrize("algo", ["reinforce++", "grpo"])
+def test_kl_reference_is_the_initial_model(algo):
+    """trainer.kl_coef > 0: the training pool keeps a frozen copy of the initial policy; its
+    log-probs reach the batch, REINFORCE++'s rewards carry -kl_coef (log pi_old - log pi_ref)
+    per generated token, and grpo's loss has a KL term once the policy has moved."""
+    cfg = apply_overrides(RunConfig(), {"trainer.algo": algo, "group_size": 3, "trainer.kl_coef": 0.5})
+    lr = Learner(cfg, build_plan_groups(ParallelPlan()))
+    initial = {n: p.detach().clone() for n, p in lr.model.named_parameters()}
+    with torch.no_grad():
+        for p in lr.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # the policy has moved since the start
+    trajs = fake_trajs(6)
+    ids = [t.episode_id for t in trajs]
+    batch, _ = experience(lr, trajs, ids)
+    assert weights_digest(lr.ref_model) == weights_digest(initial)
+    temp, vocab = lr.params.logprob_temperature, lr.tokenizer.vocab_size
+    ref = batch_logprobs(lr.ref_model, batch, temp, 4096, vocab)
+    torch.testing.assert_close(batch.ref_logprobs, ref)
+    if algo == "reinforce++":
+        old = batch_logprobs(lr.model, batch, temp, 4096, vocab)
+        torch.testing.assert_close(batch.old_logprobs, old)
+        no_kl = Learner(apply_overrides(cfg, {"trainer.kl_coef": 0.0}), build_plan_groups(ParallelPlan()))
+        plain, _ = experience(no_kl, trajs, ids)
+        mask = batch.loss_mask.float()
+        torch.testing.assert_close(batch.token_rewards, plain.token_rewards - 0.5 * (old - ref) * mask)
+        assert float(((old - ref) * mask).abs().sum()) > 0
+    else:
+        assert batch.old_logprobs is None  # one optimizer step: the training forward is the old policy
+        sums = lr.trainer.backward(batch, float(batch.loss_mask.sum()))
+        assert sums["kl"] > 0
+
+
+BROKEN_ENV = '''
+from earl.runtime.envs import StepResult
+
+class SometimesBroken:
+    """One turn: reward 1 for an action starting with a digit; raises on seed `bad`."""
+    max_new_tokens = 2
+    stop = ("\\n",)
+
+    def __init__(self, bad=-1):
+        self.bad, self.seed = int(bad), 0
+
+    def reset(self, seed):
+        self.seed = seed
+        return "say a digit\\n"
+
+    def step(self, action):
+        if self.seed == self.bad:
+            raise ValueError("the board fell over")
+        good = action[:1].isdigit()
+        return StepResult(observation="", reward=float(good), done=True, outcome="win" if good else "loss")
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_earl_run_async_drops_env_errors_and_trains_with_kl_and_filtering(tmp_path):
+    """`earl run --nproc 2` async with a user env that raises for group 0 of step 1, a KL term
+    and filter_uniform_groups (both refused before): the broken episodes are counted and not
+    trained, groups are filtered as in sync, the KL to the initial model is measured once the
+    policy has moved, and the trace is written."""
+    from earl.runtime.seeds import mix_seed
+
+    env = tmp_path / "broken.py"
+    env.write_text(BROKEN_ENV)
+    bad = mix_seed(0, 1, 0) % (2**31)  # seed 0's step 1, group 0
+    out = tmp_path / "run"
+    r = _earl_run("--nproc", "2", "--steps", "3", "--out", str(out), "--env", f"{env}:SometimesBroken",
+                  "--set", "seed=0", "--set", f"env.options=bad={bad}", "--set", "groups=4", "--set", "group_size=2",
+                  "--set", "plots=false", "--set", "transcript_every=0", "--set", "schedule.mode=async",
+                  "--set", "trainer.kl_coef=0.1", "--set", "trainer.algo=grpo",
+                  "--set", "trainer.filter_uniform_groups=true")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert [x["env_errors_dropped"] for x in rows] == [2, 0, 0]
+    for x in rows:
+        left = 4 - (x["env_errors_dropped"] // 2)  # groups with an episode left
+        assert x["samples_trained"] == 2 * (left - x["groups_filtered"])
+        assert math.isfinite(x["loss"])
+    assert rows[-1]["kl"] != 0.0  # the policy moved away from the frozen initial one
+    assert {s.rank for s in read_chrome_trace(out / "trace.json") if s.name == "rollout"} == {1}

@@ -23,6 +23,7 @@ from earl.runtime.async_rl import ASYNC_JSON
 from earl.runtime.checkpoint import find_checkpoint, read_meta
 from earl.runtime.dist import run_local
 from earl.runtime.run_config import RunConfig, apply_overrides
+from earl.trace import read_chrome_trace
 
 ASYNC = ["--set", "groups=2", "--set", "group_size=2", "--set", "plots=false", "--set", "transcript_every=0",
          "--set", "schedule.mode=async"]
@@ -75,6 +76,10 @@ def test_a_killed_rank_stops_the_run_and_its_checkpoint_resumes(tmp_path, pool):
     saved = read_meta(find_checkpoint(out))["step"]
     assert 1 <= saved <= 2  # the trainer dies after its checkpoint of step 2; a rollout rank before
     assert [x["step"] for x in _rows(out)][:saved] == list(range(1, saved + 1))
+    # the trace is written with each checkpoint, both pools' spans in it (the replica's ride with its episodes)
+    spans = read_chrome_trace(out / "trace.json")
+    for name, rank in (("rollout", 1), ("train_step", 0)):
+        assert set(range(1, saved + 1)) <= {s.step for s in spans if s.name == name and s.rank == rank}, name
     r = _earl_run("--resume", str(out), "--nproc", "2", "--steps", "4")
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"steps {saved + 1}-4 from" in r.stdout

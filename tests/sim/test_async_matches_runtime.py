@@ -1,7 +1,7 @@
 """The simulator's "per-step" async feed models the runtime's async design
 (earl.runtime.async_rl): tp1 replicas play each step's share in turn, start it once they hold
-version >= s - K, hand it over only when training takes it (so at most one batch ahead), and
-the weight push is one broadcast of the whole policy.
+version >= s - K, queue it for training (so up to K batches ahead when training is the slower
+side), and the weight push is one broadcast of the whole policy.
 
     OMP_NUM_THREADS=1 python -m pytest -q tests/sim/test_async_matches_runtime.py
 """
@@ -26,13 +26,35 @@ def run(feed: str = "per-step", **sets) -> Simulation:
     return Simulation(load_scenario("connect-four-small", merged), "static", "centralized", async_feed=feed).run()
 
 
-def test_per_step_staleness_is_one_batch_ahead_whatever_k():
+def test_per_step_rollout_bound_stays_one_batch_ahead_whatever_k():
+    """Rollout slower than training (7B, Connect Four): a replica never gets ahead, so K = 2
+    runs as K = 1, step for step."""
     one, two = run(schedule__max_staleness=1), run(schedule__max_staleness=2)
     for sim in (one, two):
         assert [r["staleness_max"] for r in sim.rows] == [0, 1, 1, 1, 1, 1]
         assert all(r["episodes"] == 32 for r in sim.rows)
-    # the blocking hand-off: K = 2 lets a replica run no further ahead than K = 1
     assert [r["step_time_s"] for r in two.rows] == pytest.approx([r["step_time_s"] for r in one.rows], rel=1e-12)
+
+
+SHORT = {"schedule__rollout_gpus": 6, "workload__turns_max": 1, "workload__turns_min": 1, "workload__growth": "none"}
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_per_step_training_bound_runs_k_batches_ahead(k):
+    """Short episodes on 6 rollout GPUs, training on 2: each replica plays ahead until the gate
+    holds it, so batch j's samples are min(j, K) versions old, K reached and never exceeded."""
+    sim = run(schedule__max_staleness=k, workload__gen_tokens=16, **SHORT)
+    assert [r["staleness_max"] for r in sim.rows] == [min(j, k) for j in range(6)]
+    assert all(r["episodes"] == 32 for r in sim.rows)
+
+
+def test_per_step_long_tail_k2_buys_overlap():
+    """A long tail of episode lengths (cv 1.5) with rollout about as long as training: a batch
+    played ahead absorbs a slow one, so K = 2 is faster than K = 1, and K = 3 than K = 2."""
+    tail = {**SHORT, "workload__gen_tokens": 64, "workload__gen_tokens_cv": 1.5, "scenario__steps": 12,
+            "workload__growth_steps": 12}
+    total = {k: sum(r["step_time_s"] for r in run(schedule__max_staleness=k, **tail).rows[1:]) for k in (1, 2, 3)}
+    assert total[2] < 0.9 * total[1] and total[3] < total[2], total
 
 
 def test_per_step_k0_is_the_sum_of_its_stages_and_k1_overlaps():
