@@ -64,7 +64,6 @@ import hashlib
 import json
 import os
 import queue
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -80,7 +79,7 @@ from earl.policies.types import Sample
 from earl.runtime.advantages import AdvantageSpec, fill_advantages, local_stats
 from earl.runtime.checkpoint import export_hf, find_checkpoint, load_checkpoint, rng_state, save_checkpoint
 from earl.runtime.console import Preemption
-from earl.runtime.control import vote_stop
+from earl.runtime.control import fault_hook, vote_stop
 from earl.runtime.dist import comm_device
 from earl.runtime.engine import as_stepper, make_engine, set_between_steps
 from earl.runtime.hf_model import load_policy
@@ -229,7 +228,7 @@ class WeightReceiver(threading.Thread):
             with self.arrived:
                 self.arrived.notify_all()
 
-    def weights_of(self, version: int, timeout_s: float = 600) -> dict[str, torch.Tensor]:
+    def weights_of(self, version: int, timeout_s: float) -> dict[str, torch.Tensor]:
         """The weights of `version`, once pushed (the newest: rank 0 pushes no later one before
         the checkpoint of `version` this is for)."""
         with self.arrived:
@@ -278,7 +277,7 @@ class Replica:
         while True:
             block = (newest[0] if newest else self.version) < at_least and not recv.ended
             try:
-                got = recv.ready.get(block=block, timeout=600 if block else None)
+                got = recv.ready.get(block=block, timeout=weight_wait_s(self.cfg) if block else None)
             except queue.Empty:
                 if block:
                     raise RuntimeError("timed out waiting for a weight push from the training pool") from None
@@ -399,7 +398,8 @@ class WordListener(threading.Thread):
                     break
                 fault_hook(self.rank, step + 1)
                 if word == SAVE:
-                    save_mid_run(self.out, step, self.cfg, self.rep.model, self.recv.weights_of(step), None)
+                    pushed = self.recv.weights_of(step, weight_wait_s(self.cfg))
+                    save_mid_run(self.out, step, self.cfg, self.rep.model, pushed, None)
             else:
                 raise AssertionError(f"no stop from rank 0 by step {self.steps[-1]}")
         except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
@@ -515,18 +515,17 @@ def save_mid_run(out: Path, step: int, cfg: RunConfig, model: torch.nn.Module, p
                                  stats=stats or {}, params=params)
 
 
+def weight_wait_s(cfg: RunConfig) -> float:
+    """How long a replica waits for a weight version: a training step and its push, bounded like
+    any wait on the other ranks (twice `collective_timeout_s`: 600 s by default)."""
+    return 2 * cfg.collective_timeout_s
+
+
 def slow_train_hook() -> None:
     """A test hook: a training step EARL_SLOW_TRAIN_S seconds longer (a rollout faster than
     training, so the replicas run ahead)."""
     if os.environ.get("EARL_SLOW_TRAIN_S"):
         time.sleep(float(os.environ["EARL_SLOW_TRAIN_S"]))
-
-
-def fault_hook(rank: int, step: int) -> None:
-    """The fault-injection test hook of the sync loop (EARL_FAULT_RANK_STEP=RANK:STEP)."""
-    if os.environ.get("EARL_FAULT_RANK_STEP") == f"{rank}:{step}":
-        print(f"rank {rank}: injected fault at step {step}", file=sys.stderr, flush=True)
-        os._exit(17)
 
 
 class Learner:
