@@ -30,6 +30,7 @@ class TicTacToe(BoardGameEnv):
     max_new_tokens = 1
     stop = ("\n",)
     title = "tic-tac-toe"
+    actions = tuple("123456789")
 
     def __init__(self, *, show: str = "board", **game_options):
         super().__init__(**game_options)
