@@ -80,7 +80,7 @@ class EnvConfig:
     valid_move_reward: float = 0.1  # games: reward of each legal move (dense shaping)
     # tic-tac-toe: "board" (the whole board each turn, free cells as digits) | "moves" (the
     # moves so far, so the digits in the context are exactly the taken cells)
-    show: str = "board"
+    show: str = "moves"
     max_turns: int = 4  # calculator, jsonl with tools: model turns per episode
     tool_timeout_s: float = 1.0  # calculator, jsonl: seconds before a tool call becomes an error
     reward: str = ""  # jsonl: the reward function, FILE.py:FUNC (FUNC(sample, messages) -> float)
@@ -147,7 +147,7 @@ class TrainerConfig:
     filter_uniform_groups: bool = False
     # games: weight of the legality term, -log P(a legal move) at each move from the env's legal
     # moves (Env.actions / legal_action_bits; a dense per-move signal); 0 = off
-    legal_coef: float = 0.0
+    legal_coef: float = 5.0
     entropy_coef: float = 0.01  # entropy bonus on generated tokens (keeps the policy from saturating); 0: not computed
     grad_clip: float = 1.0  # max global grad norm; 0 = off
     token_budget: int = 16384  # padded tokens per micro-batch (forward+backward at once)
