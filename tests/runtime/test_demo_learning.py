@@ -153,7 +153,7 @@ def test_the_legality_term_moves_mass_onto_the_free_cells(tiny):
                                        action_ids=torch.tensor(acts))
         return float((legality_loss(act, batch.legal_bits) * batch.loss_mask).sum() / batch.loss_mask.sum())
 
-    off = Trainer(model, TrainerConfig(entropy_coef=0.0), temperature=1.0, action_ids=acts)
+    off = Trainer(model, TrainerConfig(entropy_coef=0.0, legal_coef=0.0), temperature=1.0, action_ids=acts)
     assert not off.uses_legal_bits
     assert off.backward(batch, float(batch.loss_mask.sum()))["legal_loss"] == 0.0
     on = Trainer(model, TrainerConfig(entropy_coef=0.0, legal_coef=1.0), temperature=1.0, action_ids=acts)
@@ -168,3 +168,16 @@ def test_the_legality_term_moves_mass_onto_the_free_cells(tiny):
     assert sums["legal_loss"] > 0 and after < 0.5 * before, (before, after)
     with pytest.raises(ValueError, match=r"trainer.legal_coef must be a finite number >= 0 \(0: off\), got -1"):
         resolve_config(overrides={"trainer.legal_coef": -1})
+
+
+def test_the_default_run_trains_with_the_legality_term(tmp_path):
+    from earl.runtime.run import run_training
+
+    cfg = resolve_config(overrides={"steps": 2, "groups": 8, "plots": False, "checkpoints": False})
+    assert cfg.trainer.legal_coef == 5.0 and cfg.env.show == "moves"  # the demo's defaults (session 3)
+    rows = run_training(cfg, str(tmp_path), progress=False).metrics
+    # -log P(legal) of a near-uniform policy over 64 symbols, most moves on a near-empty board
+    assert [r["step"] for r in rows] == [1, 2] and all(1.0 < float(r["legal_loss"]) < 3.5 for r in rows)
+    off = resolve_config(overrides={"steps": 1, "groups": 8, "plots": False, "checkpoints": False,
+                                    "trainer.legal_coef": 0})
+    assert float(run_training(off, str(tmp_path / "off"), progress=False).metrics[0]["legal_loss"]) == 0.0
