@@ -361,9 +361,11 @@ def legality_loss(action_lp: torch.Tensor, legal_bits: torch.Tensor) -> torch.Te
     where no bit is set. A dense signal at every move: it names every legal cell of the position,
     where the policy gradient of one sampled move names one (docs/cpu/learning/README.md)."""
     a = action_lp.shape[-1]
-    legal = (legal_bits[..., None] >> torch.arange(a, device=legal_bits.device)) & 1
-    mass = action_lp.masked_fill(legal == 0, float("-inf")).logsumexp(-1)
-    return torch.where(legal_bits > 0, -mass, torch.zeros_like(mass))
+    listed = legal_bits > 0
+    legal = ((legal_bits[..., None] >> torch.arange(a, device=legal_bits.device)) & 1).bool()
+    legal = legal | ~listed[..., None]  # no list: a finite placeholder (its gradient must not be NaN)
+    mass = action_lp.masked_fill(~legal, float("-inf")).logsumexp(-1)
+    return torch.where(listed, -mass, torch.zeros_like(mass))
 
 
 def full_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float,

@@ -106,6 +106,10 @@ def test_legality_loss_by_hand():
     bits = torch.tensor([[0b101]])  # actions 0 and 2 legal
     assert float(legality_loss(p.log(), bits)) == pytest.approx(-torch.tensor(0.6).log().item())
     assert float(legality_loss(p.log(), torch.tensor([[0]]))) == 0.0  # no list: no term
+    lp = torch.tensor([[[0.5, 0.2, 0.1], [0.3, 0.3, 0.3]]]).log().requires_grad_(True)
+    legality_loss(lp, torch.tensor([[0b101, 0]])).sum().backward()  # a position without a list
+    assert torch.isfinite(lp.grad).all() and float(lp.grad[0, 1].abs().sum()) == 0.0
+    assert lp.grad[0, 0].tolist() == pytest.approx([-0.5 / 0.6, 0.0, -0.1 / 0.6])  # d(-log mass)/d log p
 
 
 def test_token_logprobs_action_log_probs_equal_the_full_softmax(tiny):
