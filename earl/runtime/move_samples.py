@@ -42,6 +42,7 @@ TENSOR_DTYPES: dict[str, torch.dtype] = {
     "rewards": torch.float32,  # one value per sample
     "token_rewards": torch.float32,  # REINFORCE++ inputs, staged at the controller (centralized)
     "turn_ids": torch.int64,
+    "legal_bits": torch.int64,  # the env's legal actions per move (trainer.legal_coef), bits over env.actions
 }
 # What the rollout -> experience hand-off moves per episode (the same executor, other tensors).
 HANDOFF_TENSORS: tuple[str, ...] = ("input_ids", "loss_mask", "engine_logprobs", "token_rewards", "turn_ids",

@@ -34,6 +34,9 @@ class Trajectory:
     token_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)  # 1 on generated tokens only
     logprobs: list[float] = field(default_factory=list)  # engine log-probs; 0 off the mask
+    # per token: the env's legal actions as bits (`legal_action_bits`) on each turn's first
+    # generated token, where the env lists them; 0 elsewhere
+    legal_bits: list[int] = field(default_factory=list)
     reward: float = 0.0  # episode return (sum of the step rewards)
     step_rewards: list[tuple[int, float]] = field(default_factory=list)  # (token index, reward)
     outcome: str = ""  # win | draw | loss | invalid | correct | wrong | truncated
@@ -54,6 +57,7 @@ class Trajectory:
         self.token_ids.extend(ids)
         self.loss_mask.extend([1 if generated else 0] * len(ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+        self.legal_bits.extend([0] * len(ids))
 
 
 def _encode_obs(conv: Conversation, text: str, role: str = "user") -> list[int]:
@@ -89,7 +93,10 @@ def play_episodes(engine: Engine, envs: list[Env], seeds: list[int], params: Sam
     while batch.busy:
         for i, gen in batch.step().items():
             tr = trajs[i]
+            start = len(tr.token_ids)
             tr._append(gen.token_ids, generated=True, logprobs=gen.logprobs)
+            if gen.token_ids and hasattr(envs[i], "legal_action_bits"):  # before step changes the state
+                tr.legal_bits[start] = envs[i].legal_action_bits()
             convs[i].reply(gen.token_ids, gen.text)
             t0 = time.perf_counter()
             res = envs[i].step(gen.text)

@@ -80,7 +80,7 @@ class EnvConfig:
     valid_move_reward: float = 0.1  # games: reward of each legal move (dense shaping)
     # tic-tac-toe: "board" (the whole board each turn, free cells as digits) | "moves" (the
     # moves so far, so the digits in the context are exactly the taken cells)
-    show: str = "board"
+    show: str = "moves"
     max_turns: int = 4  # calculator, jsonl with tools: model turns per episode
     tool_timeout_s: float = 1.0  # calculator, jsonl: seconds before a tool call becomes an error
     reward: str = ""  # jsonl: the reward function, FILE.py:FUNC (FUNC(sample, messages) -> float)
@@ -145,6 +145,9 @@ class TrainerConfig:
     # dynamic sampling (DAPO): drop the groups whose rewards are all equal before the experience
     # stage (their group-relative advantages are 0); the count is the metric groups_filtered
     filter_uniform_groups: bool = False
+    # games: weight of the legality term, -log P(a legal move) at each move from the env's legal
+    # moves (Env.actions / legal_action_bits; a dense per-move signal); 0 = off
+    legal_coef: float = 5.0
     entropy_coef: float = 0.01  # entropy bonus on generated tokens (keeps the policy from saturating); 0: not computed
     grad_clip: float = 1.0  # max global grad norm; 0 = off
     token_budget: int = 16384  # padded tokens per micro-batch (forward+backward at once)
@@ -182,6 +185,8 @@ class TrainerConfig:
         if self.loss_agg == "constant" and self.loss_tokens < 1:
             raise ValueError(f"trainer.loss_agg constant divides by sequences x trainer.loss_tokens: loss_tokens "
                              f"must be >= 1, got {self.loss_tokens}")
+        if not 0 <= self.legal_coef < float("inf"):
+            raise ValueError(f"trainer.legal_coef must be a finite number >= 0 (0: off), got {self.legal_coef}")
         if not 0 <= self.gamma <= 1:
             raise ValueError(f"trainer.gamma must be in [0, 1] (1: undiscounted), got {self.gamma}")
         if not (self.tis_cap == 0 or 1 <= self.tis_cap < float("inf")):

@@ -228,6 +228,7 @@ def rollout_store(trajs: list[Trajectory]) -> Store:
     engine_lp = torch.tensor([x for t in trajs for x in t.logprobs], dtype=torch.float32)
     tok_r = torch.zeros(len(ids))
     turn_ids = torch.full((len(ids),), -1, dtype=torch.long)
+    legal = torch.tensor([x for t in trajs for x in t.legal_bits], dtype=torch.long)
     off = 0
     for t, k in zip(trajs, lengths, strict=True):
         start = 0
@@ -240,7 +241,8 @@ def rollout_store(trajs: list[Trajectory]) -> Store:
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
     parts = {"input_ids": ids.split(lengths), "loss_mask": mask.split(lengths),
              "engine_logprobs": engine_lp.split(lengths),
-             "token_rewards": tok_r.split(lengths), "turn_ids": turn_ids.split(lengths)}
+             "token_rewards": tok_r.split(lengths), "turn_ids": turn_ids.split(lengths),
+             "legal_bits": legal.split(lengths)}
     return {t.episode_id: {**{k: v[j] for k, v in parts.items()}, "rewards": rewards[j:j + 1]}
             for j, t in enumerate(trajs)}
 
@@ -254,7 +256,8 @@ def padded_batch(store: Store, ids: list[int], meta: dict[int, SampleMeta], pad_
     attn = torch.arange(width)[None, :] < lengths[:, None]
     rows = {"input_ids": torch.full((n, width), pad_id, dtype=torch.long), "attention_mask": attn,
             "loss_mask": torch.zeros(n, width, dtype=torch.bool),
-            "turn_ids": torch.full((n, width), -1, dtype=torch.long)}
+            "turn_ids": torch.full((n, width), -1, dtype=torch.long),
+            "legal_bits": torch.zeros(n, width, dtype=torch.long)}
     for name in ("engine_logprobs", "token_rewards", "old_logprobs", "ref_logprobs", "advantages"):
         rows[name] = torch.zeros(n, width)
     present = set(store[ids[0]]) if n else set()
@@ -295,7 +298,8 @@ def prepare_experience(w: Worker, ctx: StepContext, step: int, trajs: list[Traje
     t0 = time.perf_counter()
     store = rollout_store(trajs)  # tp peers of a replica hold the same episodes: any may send
     tplan = ctx.dispatcher.plan(src, dst, samples)
-    got, hstats = execute_dispatch(tplan, store, samples, src, dst, tensors=HANDOFF_TENSORS)
+    legal = ("legal_bits",) if w.trainer.uses_legal_bits else ()  # trainer.legal_coef's input
+    got, hstats = execute_dispatch(tplan, store, samples, src, dst, tensors=HANDOFF_TENSORS + legal)
     w.span("handoff", "experience", t0, step, bytes=hstats.bytes_sent)
 
     w.sync_weights(Stage.EXPERIENCE, step)
@@ -335,6 +339,7 @@ def train(w: Worker, ctx: StepContext, step: int, store: Store, src: Layout, sam
     skip_old = not w.trainer.needs_old_logprobs
     # TIS's behaviour policy; the engine gap, when the training forward measures it
     extra = ("engine_logprobs",) if cfg.trainer.tis_cap or skip_old else ()
+    extra += ("legal_bits",) if w.trainer.uses_legal_bits else ()
     for _attempt in range(4):
         plan, tg = w.plans.train, w.train_groups
         t0 = time.perf_counter()

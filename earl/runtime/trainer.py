@@ -51,6 +51,7 @@ class ExperienceBatch:
     old_logprobs: torch.Tensor | None = None  # [N, T] float, policy before this step
     ref_logprobs: torch.Tensor | None = None  # [N, T] float, frozen reference
     advantages: torch.Tensor | None = None  # [N, T] float
+    legal_bits: torch.Tensor | None = None  # [N, T] long, the env's legal actions per move (0: none listed)
 
     @property
     def size(self) -> int:
@@ -88,6 +89,7 @@ def collate(trajs: list[Trajectory], pad_id: int) -> ExperienceBatch:
     lps = torch.zeros(n, width)
     tok_r = torch.zeros(n, width)
     turn_ids = torch.full((n, width), -1, dtype=torch.long)
+    legal = torch.zeros(n, width, dtype=torch.long)
     for i, t in enumerate(trajs):
         start = 0
         for k, (pos, r) in enumerate(t.step_rewards):
@@ -100,12 +102,13 @@ def collate(trajs: list[Trajectory], pad_id: int) -> ExperienceBatch:
         mask[i, :k] = torch.tensor(t.loss_mask, dtype=torch.bool)
         turn_ids[i][~mask[i]] = -1
         lps[i, :k] = torch.tensor(t.logprobs)
+        legal[i, :k] = torch.tensor(t.legal_bits, dtype=torch.long)
     return ExperienceBatch(
         sample_ids=torch.tensor([t.episode_id for t in trajs]),
         group_ids=torch.tensor([t.group_id for t in trajs]),
         input_ids=ids, attention_mask=attn, loss_mask=mask, engine_logprobs=lps,
         rewards=torch.tensor([t.reward for t in trajs], dtype=torch.float32), token_rewards=tok_r,
-        turn_ids=turn_ids)
+        turn_ids=turn_ids, legal_bits=legal)
 
 
 LOGIT_CHUNK_TOKENS = 512  # positions whose full-vocabulary fp32 logits exist at once
@@ -208,16 +211,17 @@ def _hidden_states_shared(model, decoder, input_ids: torch.Tensor, attention_mas
 
 
 def _chunk_logprobs(head, h_KH: torch.Tensor, targets_K: torch.Tensor, temperature: float,
-                    with_entropy: bool, vocab_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    with_entropy: bool, vocab_size: int | None = None, action_ids: torch.Tensor | None = None):
     """log p(target) and the entropy at K positions from their hidden states, over the first
-    `vocab_size` ids (None: all of the head's rows); the fp32 logits [K, V] live only inside this call."""
+    `vocab_size` ids (None: all of the head's rows); the fp32 logits [K, V] live only inside this call.
+    With `action_ids` [A], also log p of each of those ids [K, A] (a third value)."""
     logits = head(h_KH)[..., :vocab_size].float() / temperature
     lse = logits.logsumexp(-1)
     lp = logits.gather(-1, targets_K[:, None]).squeeze(-1) - lse
-    if not with_entropy:
-        return lp, torch.zeros_like(lp)
-    ent = lse - (torch.softmax(logits, -1) * logits).sum(-1)
-    return lp, ent
+    ent = lse - (torch.softmax(logits, -1) * logits).sum(-1) if with_entropy else torch.zeros_like(lp)
+    if action_ids is None:
+        return lp, ent
+    return lp, ent, logits[:, action_ids] - lse[:, None]
 
 
 class _HeadLogprobs(torch.autograd.Function):
@@ -288,8 +292,11 @@ def _plain_head_weight(head) -> torch.Tensor | None:
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float,
                    with_entropy: bool = False, need: torch.Tensor | None = None,
-                   chunk_tokens: int = LOGIT_CHUNK_TOKENS, vocab_size: int | None = None):
-    """[n, t] log p(token t | < t) at `temperature` (column 0 is 0), optionally the entropy.
+                   chunk_tokens: int = LOGIT_CHUNK_TOKENS, vocab_size: int | None = None,
+                   action_ids: torch.Tensor | None = None):
+    """[n, t] log p(token t | < t) at `temperature` (column 0 is 0), optionally the entropy;
+    with `action_ids` [A] (token ids), a third value: [n, t, A] log p(each action id | < t) at
+    the positions that get logits (the input of the legality term, `legality_loss`).
 
     The softmax runs over the first `vocab_size` ids (the tokenizer's; None: every row of the
     head), as the engines sample: a checkpoint's padded embedding rows (Qwen2.5: 151,936 rows,
@@ -314,11 +321,16 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         h_KH = _hidden_states_shared(model, decoder, input_ids, attention_mask, sel, *shared)
     targets = input_ids[:, 1:][sel]
     grad = torch.is_grad_enabled()
-    weight = _plain_head_weight(head) if grad else None
-    lps, ents = [], []
+    weight = _plain_head_weight(head) if grad and action_ids is None else None
+    lps, ents, acts = [], [], []
     for a in range(0, h_KH.shape[0], chunk_tokens):
         args = (head, h_KH[a:a + chunk_tokens], targets[a:a + chunk_tokens], temperature, with_entropy, vocab_size)
-        if weight is not None:
+        if action_ids is not None:
+            args += (action_ids.to(h_KH.device),)
+            f = torch.utils.checkpoint.checkpoint if grad else (lambda fn, *xs, **_: fn(*xs))
+            lp, ent, act = f(_chunk_logprobs, *args, use_reentrant=False)
+            acts.append(act)
+        elif weight is not None:
             last = a + chunk_tokens >= h_KH.shape[0]
             lp, ent = _HeadLogprobs.apply(args[1], weight, args[2], temperature, vocab_size, with_entropy, last)
         elif grad:
@@ -335,7 +347,25 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
             out = out.masked_scatter(sel, torch.cat(parts))
         return torch.nn.functional.pad(out, (1, 0))
 
-    return place(lps), (place(ents) if with_entropy else None)
+    if action_ids is None:
+        return place(lps), (place(ents) if with_entropy else None)
+    act_all = torch.zeros(n, t - 1, len(action_ids), dtype=torch.float32, device=dev)
+    if acts:
+        act_all[sel] = torch.cat(acts)
+    return place(lps), (place(ents) if with_entropy else None), torch.nn.functional.pad(act_all, (0, 0, 1, 0))
+
+
+def legality_loss(action_lp: torch.Tensor, legal_bits: torch.Tensor) -> torch.Tensor:
+    """Per position [n, t]: -log P(a legal action) = -log sum over the set bits i of
+    `legal_bits` [n, t] of p(action i) (`action_lp` [n, t, A], token_logprobs' third value); 0
+    where no bit is set. A dense signal at every move: it names every legal cell of the position,
+    where the policy gradient of one sampled move names one (docs/cpu/learning/README.md)."""
+    a = action_lp.shape[-1]
+    listed = legal_bits > 0
+    legal = ((legal_bits[..., None] >> torch.arange(a, device=legal_bits.device)) & 1).bool()
+    legal = legal | ~listed[..., None]  # no list: a finite placeholder (its gradient must not be NaN)
+    mass = action_lp.masked_fill(~legal, float("-inf")).logsumexp(-1)
+    return torch.where(listed, -mass, torch.zeros_like(mass))
 
 
 def full_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float,
@@ -374,8 +404,11 @@ class Trainer:
     AdamW on one process)."""
 
     def __init__(self, model: torch.nn.Module, cfg: TrainerConfig, *, temperature: float, lockstep=None,
-                 vocab_size: int | None = None):
+                 vocab_size: int | None = None, action_ids: list[int] | None = None):
         self.model, self.cfg, self.temperature = model, cfg, temperature
+        # token ids of the env's actions (`Env.actions`, one token each), the legality term's
+        # vocabulary; None: the env lists none (or not as single tokens) and the term is off
+        self.action_ids = torch.tensor(action_ids, dtype=torch.long) if action_ids else None
         self.vocab_size = vocab_size  # the tokenizer's ids the softmax runs over (None: the head's rows)
         # a process group whose ranks must run the same number of forward/backward passes
         # (FSDP2 gathers weights inside each): short ranks add passes on a dummy row
@@ -398,6 +431,12 @@ class Trainer:
         return cfg.lr
 
     @property
+    def uses_legal_bits(self) -> bool:
+        """Whether the loss has the legality term (`trainer.legal_coef`), so the batch must carry
+        each move's legal actions (`legal_bits`)."""
+        return bool(self.cfg.legal_coef) and self.action_ids is not None
+
+    @property
     def needs_old_logprobs(self) -> bool:
         """Whether the experience stage must compute the old policy's log-probs for this loss.
         With one optimizer step per batch (`minibatches` 1) the weights the loss sees are the
@@ -417,7 +456,7 @@ class Trainer:
         loss terms. A batch without old log-probs is its own old policy (`needs_old_logprobs`);
         then `self.gap` holds its (`mismatch_sums`, max |delta|) against the engine."""
         cfg, dev = self.cfg, self.device
-        sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0}
+        sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0, "legal_loss": 0.0}
         self.gap = (dict.fromkeys(SUM_KEYS, 0.0), 0.0)
         self.model.train()
         mbs = micro_batches(batch.lengths.tolist(), cfg.token_budget) if batch is not None else []
@@ -438,9 +477,10 @@ class Trainer:
             sub = batch.select(mb)
             t = {k: v.to(dev) for k, v in sub.tensors().items()}
             mask = t["loss_mask"].float()
-            lp, ent = token_logprobs(self.model, t["input_ids"], t["attention_mask"],
-                                     self.temperature, with_entropy=with_entropy, need=t["loss_mask"],
-                                     vocab_size=self.vocab_size)
+            legal = self.uses_legal_bits and "legal_bits" in t
+            lp, ent, *act = token_logprobs(self.model, t["input_ids"], t["attention_mask"],
+                                           self.temperature, with_entropy=with_entropy, need=t["loss_mask"],
+                                           vocab_size=self.vocab_size, action_ids=self.action_ids if legal else None)
             old = t["old_logprobs"] if "old_logprobs" in t else lp.detach()
             if "old_logprobs" not in t:
                 g, top = mismatch_sums(old, t["engine_logprobs"], t["loss_mask"], cfg.tis_cap)
@@ -450,6 +490,10 @@ class Trainer:
             if cfg.tis_cap:  # the tokens came from the engine, not from the old policy
                 pg = pg * tis_weights(old, t["engine_logprobs"], cfg.tis_cap)
             loss_tok = pg - cfg.entropy_coef * ent if with_entropy else pg
+            if legal:
+                illegal = legality_loss(act[0], t["legal_bits"] * t["loss_mask"])
+                loss_tok = loss_tok + cfg.legal_coef * illegal
+                sums["legal_loss"] += float((illegal.detach() * mask).sum())
             if cfg.kl_coef and cfg.algo in GROUP_ALGOS:
                 if "ref_logprobs" not in t:
                     raise ValueError(f"trainer.kl_coef > 0 with {cfg.algo} needs reference log-probs in the batch")
@@ -482,7 +526,7 @@ def train_step(trainer: Trainer, optim, local: ExperienceBatch, *, progress: flo
     n = local.size
     perm = torch.randperm(n, generator=generator) if k > 1 else torch.arange(n)
     chunks = [perm[i * n // k:(i + 1) * n // k].tolist() for i in range(k)]
-    keys = ("loss", "pg_loss", "kl", "clip_frac", "entropy")
+    keys = ("loss", "pg_loss", "kl", "clip_frac", "entropy", "legal_loss")
     totals = dict.fromkeys(keys, 0.0)
     norms, tokens, steps = [], 0.0, 0
     for idx in chunks:

@@ -60,6 +60,16 @@ def sampling_params(cfg: RunConfig) -> SamplingParams:
                           stop=tuple(s.stop) or tuple(env_cls.stop))
 
 
+def action_token_ids(cfg: RunConfig, tokenizer) -> list[int] | None:
+    """Token ids of the env's actions (`Env.actions`) for the legality term (`trainer.legal_coef`);
+    None when the term is off, the env lists no actions, or one is not a single token."""
+    if not cfg.trainer.legal_coef:
+        return None
+    actions = getattr(make_env(cfg.env.name, **env_options(cfg.env.name, cfg.env)), "actions", ())
+    ids = [tokenizer.encode(a) for a in actions]
+    return [i[0] for i in ids] if ids and all(len(i) == 1 for i in ids) else None
+
+
 def runnable(plan: ParallelPlan, world: int, config, shapes: dict[str, ParamShape], stage: Stage = Stage.TRAIN,
              engine: str = "pytorch") -> str:
     """'' if the runtime can run `plan` for `stage` on `world` processes, else why not (a
@@ -154,7 +164,8 @@ class Worker:
             self.optim.load_state_tensors(state[0], state[1])
         self.trainer = Trainer(model, self.cfg.trainer, temperature=self.params.logprob_temperature,
                                lockstep=g.dp_group if uses_fsdp(plan) else None,
-                               vocab_size=self.policy.tokenizer.vocab_size)
+                               vocab_size=self.policy.tokenizer.vocab_size,
+                               action_ids=action_token_ids(self.cfg, self.policy.tokenizer))
         self.train_model, self.train_groups = model, g
         self.plans = self.plans.with_stage(Stage.TRAIN, plan)
 

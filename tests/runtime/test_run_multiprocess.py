@@ -51,7 +51,7 @@ def assert_same_computation(a: list[dict], b: list[dict]) -> None:
     for x, y in zip(a, b, strict=True):
         for k in ("reward_mean", "tokens", "train_tokens", "invalid_move_rate", "context_mean"):
             assert x[k] == y[k], (k, x[k], y[k])
-        for k in ("loss", "pg_loss", "entropy", "grad_norm"):
+        for k in ("loss", "pg_loss", "entropy", "grad_norm", "legal_loss"):
             assert x[k] == pytest.approx(y[k], rel=1e-4, abs=1e-6), k
 
 

@@ -39,7 +39,9 @@ class Env(Protocol):
     max_new_tokens: int  # default generation budget per turn, tokens
     stop: tuple[str, ...]  # default stop strings
     # optional: `tool_schemas` (JSON schemas handed to the chat template) and `context` (messages
-    # before the first observation, e.g. a system prompt), read after `reset`
+    # before the first observation, e.g. a system prompt), read after `reset`; `actions` (every
+    # action's text, e.g. the digits of a board game's cells) with `legal_action_bits()` (bit i
+    # set when actions[i] is legal now), read before each `step` for `trainer.legal_coef`
 
     def reset(self, seed: int) -> str: ...
 
@@ -84,6 +86,7 @@ class BoardGameEnv:
     stop: tuple[str, ...] = ("\n",)
     title = "game"
     opponents = OPPONENTS  # the scripted opponents this game offers
+    actions: tuple[str, ...] = ()  # every move's text, in `legal_action_bits` order (empty: not listed)
 
     def __init__(self, *, opponent: str = "random", agent_starts: str = "always",
                  invalid_action: str = "end", invalid_reward: float = -1.0, max_retries: int = 2,
@@ -119,6 +122,12 @@ class BoardGameEnv:
 
     def parse_move(self, text: str) -> int | None:
         raise NotImplementedError
+
+    def legal_action_bits(self) -> int:
+        """The legal moves now as bits over `actions` (bit i: actions[i] is legal); what the
+        trainer's legality term (`trainer.legal_coef`) pushes the move's probability onto."""
+        index = {a: i for i, a in enumerate(self.actions)}
+        return sum(1 << index[str(m)] for m in self.legal_moves() if str(m) in index)
 
     # ---- the protocol ----------------------------------------------------------------------
     def reset(self, seed: int) -> str:

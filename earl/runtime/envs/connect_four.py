@@ -16,6 +16,7 @@ class ConnectFour(BoardGameEnv):
     max_new_tokens = 1
     stop = ("\n",)
     title = "connect-four"
+    actions = tuple("1234567")
 
     def new_board(self) -> list[str]:
         return ["."] * (ROWS * COLS)  # row 0 is the top row

@@ -2,7 +2,7 @@
 
 Two observation formats (`show`):
 
-    "board" (default)               "moves"
+    "board"                         "moves" (`earl run`'s default)
     tic-tac-toe x                   tic-tac-toe x
     123|456|789                     (empty: no move yet)
     -> agent answers "5"            -> agent answers "5"
@@ -13,7 +13,8 @@ Two observation formats (`show`):
 "board" draws free cells as their digits, so every earlier board in the context still shows a
 now-taken cell as free; "moves" lists the moves so far, so only taken cells appear as digits
 and no observation contradicts a later one. The tiny model learns legality from either when
-taught directly (docs/cpu/learning/README.md: the demo's plateau is not the format).
+taught directly; under RL with the legality term (`trainer.legal_coef`) "moves" learned faster
+(docs/cpu/learning/README.md, session 3).
 
     python -c "from earl.runtime.envs import make_env; e = make_env('tic-tac-toe'); print(e.reset(1))"
 """
@@ -30,6 +31,7 @@ class TicTacToe(BoardGameEnv):
     max_new_tokens = 1
     stop = ("\n",)
     title = "tic-tac-toe"
+    actions = tuple("123456789")
 
     def __init__(self, *, show: str = "board", **game_options):
         super().__init__(**game_options)
