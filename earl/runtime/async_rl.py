@@ -104,7 +104,7 @@ from earl.runtime.step import (
 )
 from earl.runtime.tp import param_shapes
 from earl.runtime.trainer import Trainer, batch_logprobs
-from earl.runtime.worker import sampling_params
+from earl.runtime.worker import action_token_ids, sampling_params
 from earl.specs import ParallelPlan, Stage, StagePlan, WorkloadStats
 from earl.trace import Span, atomic_write_text
 
@@ -549,7 +549,7 @@ class Learner:
         if state is not None:
             self.optim.load_state_tensors(state[1], state[2])
         self.trainer = Trainer(self.model, tcfg, temperature=self.params.logprob_temperature,
-                               vocab_size=self.tokenizer.vocab_size)
+                               vocab_size=self.tokenizer.vocab_size, action_ids=action_token_ids(cfg, self.tokenizer))
 
 
 def load_weights(model: torch.nn.Module, params: dict[str, torch.Tensor]) -> None:

@@ -186,6 +186,7 @@ def test_earl_run_nproc2_async(tmp_path):
         assert 0 <= x["staleness_mean"] <= x["staleness_max"] <= 1
         assert (x["rollout_pool"], x["train_pool"], x["schedule"]) == (1, 1, "async")
         assert x["train_tokens"] > 0 and math.isfinite(x["loss"])
+        assert x["legal_loss"] > 0  # the default's legality term (trainer.legal_coef) trains here too
     info = json.loads((out / ASYNC_JSON).read_text())
     assert info["weights_equal"] and info["rollout_digests"] == [info["train_digest"]]
     spans = read_chrome_trace(out / "trace.json")
