@@ -102,12 +102,14 @@ def test_builtin_engine_gap_is_float_noise_and_csv_has_the_columns(tmp_path):
 def test_shifted_engine_gap_is_reported_and_tis_clips_it(tmp_path, monkeypatch):
     """An engine reporting every log-prob log(3) too low: trainer - engine = log 3 on every token,
     so the k3 KL is 3 - 1 - log 3, every TIS weight is the cap 2, and the whole policy gradient
-    doubles (entropy bonus off; the reported grad norm is before clipping)."""
+    doubles (entropy bonus and legality term off; the reported grad norm is before clipping)."""
     use_shifted_engine(monkeypatch, lambda seed: -math.log(3))
     # seed 2: a batch whose rewards differ within a group (at seed 0 the tiny random model plays
     # 16 invalid moves, every advantage is 0 and there is no gradient to compare)
-    plain = run(tmp_path, "plain", steps=1, **{"trainer.entropy_coef": "0", "seed": "2"})[0]
-    tis = run(tmp_path, "tis", steps=1, **{"trainer.entropy_coef": "0", "trainer.tis_cap": "2", "seed": "2"})[0]
+    # (and the default's legality term off: TIS weights the policy gradient, not that term)
+    off = {"trainer.entropy_coef": "0", "trainer.legal_coef": "0", "seed": "2"}
+    plain = run(tmp_path, "plain", steps=1, **off)[0]
+    tis = run(tmp_path, "tis", steps=1, **off, **{"trainer.tis_cap": "2"})[0]
     for r in (plain, tis):
         assert r["logprob_diff_mean"] == pytest.approx(math.log(3), abs=1e-5)
         assert r["logprob_diff_max"] == pytest.approx(math.log(3), abs=1e-5)

@@ -126,6 +126,8 @@ class BoardGameEnv:
     def legal_action_bits(self) -> int:
         """The legal moves now as bits over `actions` (bit i: actions[i] is legal); what the
         trainer's legality term (`trainer.legal_coef`) pushes the move's probability onto."""
+        if not self.actions:  # a game that lists no actions (OpenSpiel's): no legality term
+            return 0
         index = {a: i for i, a in enumerate(self.actions)}
         return sum(1 << index[str(m)] for m in self.legal_moves() if str(m) in index)
 
