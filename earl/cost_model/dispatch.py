@@ -14,6 +14,7 @@ in the profile (`HardwareProfile.dispatch_path`, fitted by `earl calibrate`) and
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 
 import numpy as np
 
@@ -28,7 +29,8 @@ def _first_seen(ranks: np.ndarray) -> np.ndarray:
 
 
 def _phase_s(cm: CostModel, phase, central_rank: int | None, ppn: int) -> tuple[float, dict]:
-    """Seconds of one phase and a few counters: {'busiest_bytes', 'messages'}.
+    """Seconds of one phase and a few counters: {'busiest_bytes', 'messages', 'sent_bytes' (between
+    distinct ranks), 'controller_bytes' (of those, to or from `central_rank`)}.
 
     Each transfer charges host work to its ranks (a local copy to its rank alone), its bytes to
     the ranks' NVLink ports (same node) or to the nodes' NICs; the phase lasts as long as its
@@ -36,15 +38,16 @@ def _phase_s(cm: CostModel, phase, central_rank: int | None, ppn: int) -> tuple[
     transfers (per rank) and of the ranks' first appearance (per node), so the result is the
     same float as a loop over the transfers."""
     if not phase:
-        return 0.0, {"busiest_bytes": 0.0, "messages": 0}
+        return 0.0, {"busiest_bytes": 0.0, "messages": 0, "sent_bytes": 0.0, "controller_bytes": 0.0}
     path = cm.profile.dispatch_path
     g = cm.cluster.gpus_per_node
     intra = cm.profile.intra
     wire_bw = path.wire_bw_bytes_s or intra.bw_bytes_s
-    src = np.fromiter((t.src for t in phase), np.int64, len(phase))
-    dst = np.fromiter((t.dst for t in phase), np.int64, len(phase))
-    nbytes = np.fromiter((t.bytes for t in phase), np.float64, len(phase))
-    pieces = np.fromiter((len(t.sample_ids) * len(t.tensors) for t in phase), np.int64, len(phase))
+    m = len(phase)
+    src, dst = (np.fromiter(map(attrgetter(k), phase), np.int64, m) for k in ("src", "dst"))
+    nbytes = np.fromiter(map(attrgetter("bytes"), phase), np.float64, m)  # exact below 2**53
+    pieces = np.fromiter(map(len, map(attrgetter("sample_ids"), phase)), np.int64, m) * \
+        np.fromiter(map(len, map(attrgetter("tensors"), phase)), np.int64, m)
     local = src == dst
     sent = ~local
     # host work, four terms per transfer in the loop's order: sender, sender as controller,
@@ -89,7 +92,9 @@ def _phase_s(cm: CostModel, phase, central_rank: int | None, ppn: int) -> tuple[
     worst = float(max(t_host.max(), (t_nic + np.where(t_nic > 0, net.latency_s, 0.0)).max(), 0.0))
     if ppn > path.host_parallel:
         worst += path.sync_s
-    return worst, {"busiest_bytes": float(moved.max()) if sent.any() else 0.0, "messages": int(sent.sum())}
+    at_ctrl = sent & ((src == central_rank) | (dst == central_rank)) if central_rank is not None else np.zeros(m, bool)
+    return worst, {"busiest_bytes": float(moved.max()) if sent.any() else 0.0, "messages": int(sent.sum()),
+                   "sent_bytes": float(nbytes[sent].sum()), "controller_bytes": float(nbytes[at_ctrl].sum())}
 
 
 def sync_rounds(tplan) -> int:
@@ -124,12 +129,14 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
     ppn = min(world, g)  # processes on the busiest node
     oversubscribed = ppn > path.host_parallel
     central = tplan.controller if tplan.kind == "centralized" else None
-    phase_s, busiest, messages = [], 0.0, 0
+    phase_s, busiest, messages, sent, at_ctrl = [], 0.0, 0, 0.0, 0.0
     for phase in tplan.phases:
         t, info = _phase_s(cm, phase, central, ppn)
         phase_s.append(t)
         busiest = max(busiest, info["busiest_bytes"])
         messages += info["messages"]
+        sent += info["sent_bytes"]
+        at_ctrl += info["controller_bytes"]
     br: dict[str, float] = {}
     if central is not None:
         br["advantages"] = samples * path.sample_s  # the controller alone, between its phases
@@ -151,10 +158,9 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
             far = world - 1 if tplan.controller == 0 else 0
             br["metadata"] = cm.transfer_time_s(tplan.metadata_bytes, far, tplan.controller)
         br["planning"] = cm.profile.dispatch_fixed_s
-    ctrl_bytes = sum(t.bytes for t in tplan.transfers if t.src != t.dst and tplan.controller in (t.src, t.dst)) \
-        if central is not None else float(tplan.metadata_bytes)
+    ctrl_bytes = at_ctrl if central is not None else float(tplan.metadata_bytes)
     return Estimate(stage="dispatch", time_s=sum(br.values()), feasible=True, gpus=world, plan=plan,
                     breakdown=br,
-                    extras={"dispatcher": tplan.kind, "moved_bytes": float(tplan.total_bytes),
+                    extras={"dispatcher": tplan.kind, "moved_bytes": sent,
                             "controller_bytes": float(ctrl_bytes), "busiest_rank_bytes": busiest,
-                            "messages": messages, "transfers": len(tplan.transfers), "samples": samples})
+                            "messages": messages, "transfers": sum(map(len, tplan.phases)), "samples": samples})

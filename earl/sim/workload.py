@@ -352,9 +352,12 @@ def normal_quantile_tail(q: np.ndarray) -> np.ndarray:
     return num / ((((d[0] * r + d[1]) * r + d[2]) * r + d[3]) * r + 1.0)
 
 
+_STD_NORMAL = statistics.NormalDist()
+
+
 def _bin_edge(k: float) -> float:
     """The standard normal quantile at the table's bin position k (0 .. 2**TABLE_BITS)."""
-    return statistics.NormalDist().inv_cdf(TAIL_PROB + k * (1 - 2 * TAIL_PROB) / (1 << TABLE_BITS))
+    return _STD_NORMAL.inv_cdf(TAIL_PROB + k * (1 - 2 * TAIL_PROB) / (1 << TABLE_BITS))
 
 
 @functools.cache
