@@ -22,10 +22,12 @@ from earl.cost_model import comm
 from earl.cost_model.model import CostModel, Estimate
 
 
-def _first_seen(ranks: np.ndarray) -> np.ndarray:
-    """The distinct values of `ranks` in the order they first appear."""
-    uniq, first = np.unique(ranks, return_index=True)
-    return uniq[np.argsort(first, kind="stable")]
+def _first_seen(ranks: np.ndarray, size: int) -> np.ndarray:
+    """The distinct values (0 <= value < size) of `ranks` in the order they first appear."""
+    first = np.full(size, len(ranks))
+    np.minimum.at(first, ranks, np.arange(len(ranks)))
+    seen = np.flatnonzero(first < len(ranks))
+    return seen[np.argsort(first[seen], kind="stable")]
 
 
 def _phase_s(cm: CostModel, phase, central_rank: int | None, ppn: int) -> tuple[float, dict]:
@@ -50,17 +52,20 @@ def _phase_s(cm: CostModel, phase, central_rank: int | None, ppn: int) -> tuple[
         np.fromiter(map(len, map(attrgetter("tensors"), phase)), np.int64, m)
     local = src == dst
     sent = ~local
-    # host work, four terms per transfer in the loop's order: sender, sender as controller,
-    # receiver, receiver as controller (a local copy: its one term, then zeros)
+    # host work in the loop's order: the sender's term, the sender's as controller, the
+    # receiver's, the receiver's as controller (a local copy: its one term; zeros add nothing)
     per_end = (path.message_s + pieces * path.object_s) + nbytes / path.copy_bw_bytes_s
-    ctrl = nbytes / path.controller_bw_bytes_s + pieces * path.controller_object_s
-    terms = np.zeros((len(phase), 4))
+    cols = 2 if central_rank is None else 4
+    terms = np.zeros((m, cols))
+    ends = np.empty((m, cols), np.int64)
     terms[:, 0] = np.where(local, pieces * path.object_s + nbytes / path.copy_bw_bytes_s, per_end)
+    terms[:, cols // 2] = np.where(sent, per_end, 0.0)
+    ends[:, : cols // 2], ends[:, cols // 2:] = src[:, None], dst[:, None]
     if central_rank is not None:
+        ctrl = nbytes / path.controller_bw_bytes_s + pieces * path.controller_object_s
         terms[:, 1] = np.where(sent & (src == central_rank), ctrl, 0.0)
         terms[:, 3] = np.where(sent & (dst == central_rank), ctrl, 0.0)
-    terms[:, 2] = np.where(sent, per_end, 0.0)
-    ends = np.stack([src, src, np.where(local, src, dst), np.where(local, src, dst)], axis=1).ravel()
+    ends = ends.ravel()
     size = int(max(src.max(), dst.max())) + 1
     host = np.bincount(ends, weights=terms.ravel(), minlength=size)
     moved = np.bincount(np.concatenate([src[sent], dst[sent]]),
@@ -71,7 +76,7 @@ def _phase_s(cm: CostModel, phase, central_rank: int | None, ppn: int) -> tuple[
     intra_in = np.bincount(dst[same], weights=nbytes[same], minlength=size)
     wire = np.maximum(intra_in, intra_out) if path.full_duplex else intra_in + intra_out
     busy = host + np.where(wire > 0, intra.alpha_s + wire / wire_bw, 0.0)
-    ranks = _first_seen(ends)  # the ranks with host work, in the loop's order
+    ranks = _first_seen(ends, size)  # the ranks with host work, in the loop's order
     nodes_of = ranks // g
     n_nodes = int(nodes_of.max()) + 1
     t_sum = np.bincount(nodes_of, weights=busy[ranks], minlength=n_nodes)

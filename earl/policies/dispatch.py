@@ -208,12 +208,16 @@ class LayoutAwareDispatcher(Dispatcher):
         ctrl = src.base_rank if self.controller is None else self.controller
         sp = src.plan
         owner = {i: g for g, ids in enumerate(src.assignment) for i in ids}
+        if sp.cp == 1:  # a sample is one piece, held by its group's producer: look that up once
+            first_of = [_producer_first_rank(src, g, 0) for g in range(sp.dp)]
+            owner = {i: first_of[g] for i, g in owner.items()}
         transfers: list[Transfer] = []
         for d, c, ids, ranges, _ in iter_shares(dst, tokens):
             # Group the share by the producer (its tp-0 rank) holding each piece of it.
             by_producer: dict[int, tuple[list[int], list[tuple[int, int]]]] = {}
             for i, (a, b) in zip(ids, ranges, strict=True):
-                for first, lo, hi in _source_pieces(src, owner[i], tokens[i], a, b):
+                pieces = ((owner[i], a, b),) if sp.cp == 1 else _source_pieces(src, owner[i], tokens[i], a, b)
+                for first, lo, hi in pieces:
                     entry = by_producer.get(first)
                     if entry is None:
                         entry = by_producer[first] = ([], [])
