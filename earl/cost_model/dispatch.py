@@ -14,64 +14,92 @@ in the profile (`HardwareProfile.dispatch_path`, fitted by `earl calibrate`) and
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from operator import attrgetter
+
+import numpy as np
 
 from earl.cost_model import comm
 from earl.cost_model.model import CostModel, Estimate
 
 
+def _first_seen(ranks: np.ndarray, size: int) -> np.ndarray:
+    """The distinct values (0 <= value < size) of `ranks` in the order they first appear."""
+    first = np.full(size, len(ranks))
+    np.minimum.at(first, ranks, np.arange(len(ranks)))
+    seen = np.flatnonzero(first < len(ranks))
+    return seen[np.argsort(first[seen], kind="stable")]
+
+
 def _phase_s(cm: CostModel, phase, central_rank: int | None, ppn: int) -> tuple[float, dict]:
-    """Seconds of one phase and a few counters: {'busiest_bytes', 'messages'}."""
+    """Seconds of one phase and a few counters: {'busiest_bytes', 'messages', 'sent_bytes' (between
+    distinct ranks), 'controller_bytes' (of those, to or from `central_rank`)}.
+
+    Each transfer charges host work to its ranks (a local copy to its rank alone), its bytes to
+    the ranks' NVLink ports (same node) or to the nodes' NICs; the phase lasts as long as its
+    slowest node. Vectorised over the transfers; every sum adds its terms in the order of the
+    transfers (per rank) and of the ranks' first appearance (per node), so the result is the
+    same float as a loop over the transfers."""
+    if not phase:
+        return 0.0, {"busiest_bytes": 0.0, "messages": 0, "sent_bytes": 0.0, "controller_bytes": 0.0}
     path = cm.profile.dispatch_path
     g = cm.cluster.gpus_per_node
     intra = cm.profile.intra
     wire_bw = path.wire_bw_bytes_s or intra.bw_bytes_s
-    host: dict[int, float] = defaultdict(float)
-    moved: dict[int, float] = defaultdict(float)  # bytes sent + received (ranks)
-    intra_in: dict[int, float] = defaultdict(float)
-    intra_out: dict[int, float] = defaultdict(float)
-    nic_in: dict[int, float] = defaultdict(float)
-    nic_out: dict[int, float] = defaultdict(float)
-    senders: dict[int, set] = defaultdict(set)  # receiving node -> sending nodes
-    messages = 0
-    for t in phase:
-        pieces = len(t.sample_ids) * len(t.tensors)
-        if t.src == t.dst:  # a local copy: one piece read and written by the rank itself
-            host[t.src] += pieces * path.object_s + t.bytes / path.copy_bw_bytes_s
-            continue
-        messages += 1
-        for r in (t.src, t.dst):  # packed by the sender, unpacked by the receiver
-            host[r] += path.message_s + pieces * path.object_s + t.bytes / path.copy_bw_bytes_s
-            moved[r] += t.bytes
-            if r == central_rank:
-                host[r] += t.bytes / path.controller_bw_bytes_s + pieces * path.controller_object_s
-        a, b = t.src // g, t.dst // g
-        if a == b:
-            intra_out[t.src] += t.bytes
-            intra_in[t.dst] += t.bytes
-        else:
-            nic_out[a] += t.bytes
-            nic_in[b] += t.bytes
-            senders[b].add(a)
-    if not host:
-        return 0.0, {"busiest_bytes": 0.0, "messages": 0}
-    by_node: dict[int, list[float]] = defaultdict(list)
-    for r, h in host.items():
-        wire = max(intra_in[r], intra_out[r]) if path.full_duplex else intra_in[r] + intra_out[r]
-        by_node[r // g].append(h + (intra.alpha_s + wire / wire_bw if wire else 0.0))
+    m = len(phase)
+    src, dst = (np.fromiter(map(attrgetter(k), phase), np.int64, m) for k in ("src", "dst"))
+    nbytes = np.fromiter(map(attrgetter("bytes"), phase), np.float64, m)  # exact below 2**53
+    pieces = np.fromiter(map(len, map(attrgetter("sample_ids"), phase)), np.int64, m) * \
+        np.fromiter(map(len, map(attrgetter("tensors"), phase)), np.int64, m)
+    local = src == dst
+    sent = ~local
+    # host work in the loop's order: the sender's term, the sender's as controller, the
+    # receiver's, the receiver's as controller (a local copy: its one term; zeros add nothing)
+    per_end = (path.message_s + pieces * path.object_s) + nbytes / path.copy_bw_bytes_s
+    cols = 2 if central_rank is None else 4
+    terms = np.zeros((m, cols))
+    ends = np.empty((m, cols), np.int64)
+    terms[:, 0] = np.where(local, pieces * path.object_s + nbytes / path.copy_bw_bytes_s, per_end)
+    terms[:, cols // 2] = np.where(sent, per_end, 0.0)
+    ends[:, : cols // 2], ends[:, cols // 2:] = src[:, None], dst[:, None]
+    if central_rank is not None:
+        ctrl = nbytes / path.controller_bw_bytes_s + pieces * path.controller_object_s
+        terms[:, 1] = np.where(sent & (src == central_rank), ctrl, 0.0)
+        terms[:, 3] = np.where(sent & (dst == central_rank), ctrl, 0.0)
+    ends = ends.ravel()
+    size = int(max(src.max(), dst.max())) + 1
+    host = np.bincount(ends, weights=terms.ravel(), minlength=size)
+    moved = np.bincount(np.concatenate([src[sent], dst[sent]]),
+                        weights=np.concatenate([nbytes[sent], nbytes[sent]]), minlength=size)
+    a, b = src // g, dst // g
+    same = sent & (a == b)
+    intra_out = np.bincount(src[same], weights=nbytes[same], minlength=size)
+    intra_in = np.bincount(dst[same], weights=nbytes[same], minlength=size)
+    wire = np.maximum(intra_in, intra_out) if path.full_duplex else intra_in + intra_out
+    busy = host + np.where(wire > 0, intra.alpha_s + wire / wire_bw, 0.0)
+    ranks = _first_seen(ends, size)  # the ranks with host work, in the loop's order
+    nodes_of = ranks // g
+    n_nodes = int(nodes_of.max()) + 1
+    t_sum = np.bincount(nodes_of, weights=busy[ranks], minlength=n_nodes)
+    t_max = np.full(n_nodes, -np.inf)
+    np.maximum.at(t_max, nodes_of, busy[ranks])
+    cross = sent & (a != b)
+    nic_out = np.bincount(a[cross], weights=nbytes[cross], minlength=n_nodes)
+    nic_in = np.bincount(b[cross], weights=nbytes[cross], minlength=n_nodes)
+    pairs = np.unique(b[cross] * n_nodes + a[cross])  # (receiving node, sending node), distinct
+    senders = np.bincount(pairs // n_nodes, minlength=n_nodes)
     net = cm.cluster.network
     node_bw = net.node_bw_bytes_s
-    worst = 0.0
     stretch = (ppn / path.host_parallel) ** path.oversubscribed_exp if ppn > path.host_parallel else 1.0
-    for n in by_node.keys() | nic_in.keys() | nic_out.keys():
-        times = by_node.get(n, [])
-        t_host = max(stretch * max(times, default=0.0), sum(times) / path.host_parallel)
-        in_bw = node_bw * (net.incast_efficiency if len(senders[n]) > 1 else 1.0)
-        t_nic = max(nic_out[n] / node_bw, nic_in[n] / in_bw)
-        worst = max(worst, t_host, t_nic + (net.latency_s if t_nic else 0.0))
+    present = np.unique(nodes_of)
+    t_host = np.maximum(stretch * t_max[present], t_sum[present] / path.host_parallel)
+    in_bw = np.where(senders[present] > 1, node_bw * net.incast_efficiency, node_bw)
+    t_nic = np.maximum(nic_out[present] / node_bw, nic_in[present] / in_bw)
+    worst = float(max(t_host.max(), (t_nic + np.where(t_nic > 0, net.latency_s, 0.0)).max(), 0.0))
     if ppn > path.host_parallel:
         worst += path.sync_s
-    return worst, {"busiest_bytes": max(moved.values(), default=0.0), "messages": messages}
+    at_ctrl = sent & ((src == central_rank) | (dst == central_rank)) if central_rank is not None else np.zeros(m, bool)
+    return worst, {"busiest_bytes": float(moved.max()) if sent.any() else 0.0, "messages": int(sent.sum()),
+                   "sent_bytes": float(nbytes[sent].sum()), "controller_bytes": float(nbytes[at_ctrl].sum())}
 
 
 def sync_rounds(tplan) -> int:
@@ -106,12 +134,14 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
     ppn = min(world, g)  # processes on the busiest node
     oversubscribed = ppn > path.host_parallel
     central = tplan.controller if tplan.kind == "centralized" else None
-    phase_s, busiest, messages = [], 0.0, 0
+    phase_s, busiest, messages, sent, at_ctrl = [], 0.0, 0, 0.0, 0.0
     for phase in tplan.phases:
         t, info = _phase_s(cm, phase, central, ppn)
         phase_s.append(t)
         busiest = max(busiest, info["busiest_bytes"])
         messages += info["messages"]
+        sent += info["sent_bytes"]
+        at_ctrl += info["controller_bytes"]
     br: dict[str, float] = {}
     if central is not None:
         br["advantages"] = samples * path.sample_s  # the controller alone, between its phases
@@ -133,10 +163,9 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
             far = world - 1 if tplan.controller == 0 else 0
             br["metadata"] = cm.transfer_time_s(tplan.metadata_bytes, far, tplan.controller)
         br["planning"] = cm.profile.dispatch_fixed_s
-    ctrl_bytes = sum(t.bytes for t in tplan.transfers if t.src != t.dst and tplan.controller in (t.src, t.dst)) \
-        if central is not None else float(tplan.metadata_bytes)
+    ctrl_bytes = at_ctrl if central is not None else float(tplan.metadata_bytes)
     return Estimate(stage="dispatch", time_s=sum(br.values()), feasible=True, gpus=world, plan=plan,
                     breakdown=br,
-                    extras={"dispatcher": tplan.kind, "moved_bytes": float(tplan.total_bytes),
+                    extras={"dispatcher": tplan.kind, "moved_bytes": sent,
                             "controller_bytes": float(ctrl_bytes), "busiest_rank_bytes": busiest,
-                            "messages": messages, "transfers": len(tplan.transfers), "samples": samples})
+                            "messages": messages, "transfers": sum(map(len, tplan.phases)), "samples": samples})

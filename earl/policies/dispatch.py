@@ -17,6 +17,7 @@ Layout(P(tp=2), ((0, 1, 2, 3),)), s).total_bytes)"
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -57,19 +58,22 @@ def consumer_tensors(pp: int, pp_index: int) -> tuple[str, ...]:
     return ()
 
 
-def _bytes_per_token(tensors: Sequence[str]) -> int:
+@functools.lru_cache(maxsize=64)
+def _bytes_per_token(tensors: tuple[str, ...]) -> int:
     return sum(TENSOR_BYTES_PER_TOKEN[t] for t in tensors)
 
 
 def check_layouts(src: Layout, dst: Layout, samples: Sequence[Sample]) -> dict[int, int]:
     """Validate that both layouts place each sample exactly once; return {id: tokens}."""
-    tokens: dict[int, int] = {}
-    for s in samples:
-        if s.id in tokens:
-            raise ValueError(f"sample id {s.id} appears twice in the batch")
-        if s.tokens < 0:
-            raise ValueError(f"sample {s.id} has a negative token count {s.tokens}")
-        tokens[s.id] = s.tokens
+    tokens = {s.id: s.tokens for s in samples}
+    if len(tokens) != len(samples) or (tokens and min(tokens.values()) < 0):
+        tokens = {}  # name the first bad sample, in batch order
+        for s in samples:
+            if s.id in tokens:
+                raise ValueError(f"sample id {s.id} appears twice in the batch")
+            if s.tokens < 0:
+                raise ValueError(f"sample {s.id} has a negative token count {s.tokens}")
+            tokens[s.id] = s.tokens
     for name, layout in (("src", src), ("dst", dst)):
         placed = [i for ids in layout.assignment for i in ids]
         if len(placed) != len(tokens) or set(placed) != tokens.keys():
@@ -81,21 +85,33 @@ def check_layouts(src: Layout, dst: Layout, samples: Sequence[Sample]) -> dict[i
     return tokens
 
 
+def cp_share(ids: Sequence[int], tokens: dict[int, int], cp: int, index: int
+             ) -> tuple[list[int], list[tuple[int, int]], int]:
+    """(sample ids, token ranges, tokens) of cp share `index` of `cp` of the samples `ids`:
+    those with at least one token in it, in order (cp 1: every non-empty sample, whole)."""
+    if cp == 1:
+        lens = [tokens[i] for i in ids]
+        if lens and min(lens) > 0:
+            return list(ids), [(0, n) for n in lens], sum(lens)
+    kept, ranges, ntok = [], [], 0
+    for i in ids:
+        a, b = cp_token_range(tokens[i], cp, index)
+        if b > a:
+            kept.append(i)
+            ranges.append((a, b))
+            ntok += b - a
+    return kept, ranges, ntok
+
+
 def iter_shares(dst: Layout, tokens: dict[int, int]
-                ) -> Iterator[tuple[int, int, list[int], list[tuple[int, int]]]]:
-    """Yield (dp group, cp index, sample ids, token ranges) of every non-empty cp share."""
+                ) -> Iterator[tuple[int, int, list[int], list[tuple[int, int]], int]]:
+    """Yield (dp group, cp index, sample ids, token ranges, tokens) of every non-empty cp share."""
     cp = dst.plan.cp
     for d, ids in enumerate(dst.assignment):
         for c in range(cp):
-            kept, ranges = [], []
-            for i in ids:
-                n = tokens[i]
-                a, b = n * c // cp, n * (c + 1) // cp
-                if b > a:
-                    kept.append(i)
-                    ranges.append((a, b))
+            kept, ranges, ntok = cp_share(ids, tokens, cp, c)
             if kept:
-                yield d, c, kept, ranges
+                yield d, c, kept, ranges, ntok
 
 
 def share_ranks(dst: Layout, d: int, c: int) -> Iterator[tuple[int, tuple[str, ...]]]:
@@ -123,8 +139,7 @@ def paused_gc():
 
 
 def _transfer(src: int, dst: int, ids: list[int], ranges: list[tuple[int, int]],
-              tensors: tuple[str, ...]) -> Transfer:
-    ntok = sum(b - a for a, b in ranges)
+              tensors: tuple[str, ...], ntok: int) -> Transfer:
     return Transfer(src=src, dst=dst, sample_ids=tuple(ids), tensors=tensors,
                     bytes=ntok * _bytes_per_token(tensors), token_ranges=tuple(ranges))
 
@@ -165,23 +180,17 @@ class CentralizedDispatcher(Dispatcher):
             if not ids:
                 continue
             for c in range(src.plan.cp):
-                kept, ranges = [], []
-                for i in ids:
-                    a, b = cp_token_range(tokens[i], src.plan.cp, c)
-                    if b > a:
-                        kept.append(i)
-                        ranges.append((a, b))
+                kept, ranges, ntok = cp_share(ids, tokens, src.plan.cp, c)
                 producer = _producer_first_rank(src, g, c)
                 if kept:
-                    gather.append(_transfer(producer, ctrl, kept, ranges, PRODUCED_TENSORS))
+                    gather.append(_transfer(producer, ctrl, kept, ranges, PRODUCED_TENSORS, ntok))
                 if c == 0:
                     gather.append(Transfer(src=producer, dst=ctrl, sample_ids=tuple(ids),
                                            tensors=tuple(TENSOR_BYTES_PER_SAMPLE),
                                            bytes=reward_bytes * len(ids)))
         scatter = []
-        for d, c, ids, ranges in iter_shares(dst, tokens):
+        for d, c, ids, ranges, ntok in iter_shares(dst, tokens):
             ids_t, ranges_t = tuple(ids), tuple(ranges)
-            ntok = sum(b - a for a, b in ranges)
             for rank, tensors in share_ranks(dst, d, c):
                 scatter.append(Transfer(src=ctrl, dst=rank, sample_ids=ids_t, tensors=tensors,
                                         bytes=ntok * _bytes_per_token(tensors), token_ranges=ranges_t))
@@ -199,12 +208,16 @@ class LayoutAwareDispatcher(Dispatcher):
         ctrl = src.base_rank if self.controller is None else self.controller
         sp = src.plan
         owner = {i: g for g, ids in enumerate(src.assignment) for i in ids}
+        if sp.cp == 1:  # a sample is one piece, held by its group's producer: look that up once
+            first_of = [_producer_first_rank(src, g, 0) for g in range(sp.dp)]
+            owner = {i: first_of[g] for i, g in owner.items()}
         transfers: list[Transfer] = []
-        for d, c, ids, ranges in iter_shares(dst, tokens):
+        for d, c, ids, ranges, _ in iter_shares(dst, tokens):
             # Group the share by the producer (its tp-0 rank) holding each piece of it.
             by_producer: dict[int, tuple[list[int], list[tuple[int, int]]]] = {}
             for i, (a, b) in zip(ids, ranges, strict=True):
-                for first, lo, hi in _source_pieces(src, owner[i], tokens[i], a, b):
+                pieces = ((owner[i], a, b),) if sp.cp == 1 else _source_pieces(src, owner[i], tokens[i], a, b)
+                for first, lo, hi in pieces:
                     entry = by_producer.get(first)
                     if entry is None:
                         entry = by_producer[first] = ([], [])
@@ -278,7 +291,7 @@ def required_sets(dst: Layout, samples: Sequence[Sample]) -> Received:
     """Per rank of the dst layout: {(sample id, tensor): token ranges} it needs."""
     tokens = {s.id: s.tokens for s in samples}
     out: Received = {}
-    for d, c, ids, ranges in iter_shares(dst, tokens):
+    for d, c, ids, ranges, _ in iter_shares(dst, tokens):
         for rank, tensors in share_ranks(dst, d, c):
             out[rank] = {(i, name): (r,) for i, r in zip(ids, ranges, strict=True) for name in tensors}
     return out

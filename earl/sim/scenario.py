@@ -64,7 +64,7 @@ class Scenario:
     sample_episodes: int = 65536  # replica classes: log-probs and training of a larger batch are
     #                               priced on an evenly strided sample of about this many samples
     compact_draw_above: int = 65536  # episodes per step above which the workload is drawn compactly
-    #                                  (float32, drawn turns only, a stream of its own; 0: never)
+    #                                  (table lookup, drawn turns only, own stream; 0: never)
     oom_restart_s: float = 0.0  # s charged to a step with an OOM event (job restart from checkpoint)
     mode: str = "sync"  # schedule: "sync" (stages in turn on all GPUs) | "async" (rollout pool + training pool)
     max_staleness: int = 1  # async: policy versions a trained sample may lag the trained policy

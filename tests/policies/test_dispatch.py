@@ -167,6 +167,8 @@ def test_bad_layouts_are_rejected():
         LayoutAwareDispatcher().plan(good, Layout(ParallelPlan(dp=2), ((0,), (0,))), samples)
     with pytest.raises(ValueError, match="twice"):
         CentralizedDispatcher().plan(good, good, [Sample(0, 5), Sample(0, 6)])
+    with pytest.raises(ValueError, match="sample 1 has a negative token count -2"):  # the first bad one, named
+        CentralizedDispatcher().plan(good, good, [Sample(0, 5), Sample(1, -2)])
 
 
 def test_cp_token_range_partitions():

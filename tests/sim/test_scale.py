@@ -9,6 +9,7 @@ plans without a dp degree fill the cluster, and the batch can follow the cluster
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import sys
 
@@ -230,6 +231,35 @@ def test_compact_draw_is_the_same_workload_in_flat_arrays():
         assert getattr(f, k).mean() == pytest.approx(getattr(d, k).mean(), rel=0.02), k
     assert f.truncated.mean() == pytest.approx(d.truncated.mean(), abs=0.01)
     assert f.lat_total.mean() == pytest.approx(d.lat.sum(axis=1).mean(), rel=0.02)
+
+
+def test_compact_draw_lognormal_table_is_the_lognormal_within_its_bound():
+    """The compact draw's table lookup: exact tails (Acklam's quantile against the standard
+    library's), every tabled value within table_error_bound of the exact inverse-CDF value, and
+    2,000,000 draws indistinguishable from the lognormal (Kolmogorov-Smirnov distance within
+    sampling noise; the share in each exact tail is TAIL_PROB)."""
+    import statistics
+
+    from earl.sim.workload import TAIL_PROB, _bin_edge, _lognormal_table, normal_quantile_tail, table_error_bound
+    nd = statistics.NormalDist()
+    q = np.geomspace(1e-300, 0.02, 500)
+    assert np.max(np.abs(normal_quantile_tail(q) - [nd.inv_cdf(x) for x in q])) < 1e-7
+    assert 3e-4 < table_error_bound(0.6) < 4e-4 and table_error_bound(1.0) < 6e-4
+    mean, cv, n = 1000.0, 0.6, 2_000_000
+    s2 = math.log1p(cv * cv)
+    mu, sigma = math.log(mean) - s2 / 2, math.sqrt(s2)
+    x = np.sort(_lognormal_table(np.random.default_rng(7), mean, cv, n, tokens=False).astype(np.float64))
+    cdf = np.array([nd.cdf(v) for v in (np.log(x[:: n // 20000]) - mu) / sigma])
+    emp = np.arange(0, n, n // 20000) / n
+    assert np.max(np.abs(cdf - emp)) < 1.5e-3  # KS: 1.36 / sqrt(n) is 1e-3 at 95%
+    lo, hi = math.exp(mu + sigma * _bin_edge(0)), math.exp(mu + sigma * _bin_edge(1 << 16))
+    for share in ((x < lo).mean(), (x > hi).mean()):
+        assert share == pytest.approx(TAIL_PROB, rel=0.05)
+    assert len(np.unique(x[x > hi])) > 0.99 * (x > hi).sum()  # the tails are continuous draws
+    assert x.mean() == pytest.approx(mean, rel=0.003) and x.std() / x.mean() == pytest.approx(cv, rel=0.01)
+    tok = _lognormal_table(np.random.default_rng(7), 3.0, 2.0, 100_000, tokens=True)
+    assert tok.dtype == np.int64 and tok.min() == 1  # token counts: rounded, at least one
+    assert np.array_equal(_lognormal_table(np.random.default_rng(1), 5.0, 0.0, 3, tokens=True), [5, 5, 5])
 
 
 def test_compact_draw_above_is_checked_and_off_at_16k_gpus():
