@@ -263,8 +263,13 @@ class Replica:
         """Partial rollout: between decode steps, swap in whatever push has arrived (never wait).
         None: detach."""
         if self.cfg.schedule.partial_rollout:
-            set_between_steps(self.engine, None if recv is None else
-                              lambda: self.take_newest(recv, at_least=self.version))
+            set_between_steps(self.engine, None if recv is None else self._between_steps(recv))
+
+    def _between_steps(self, recv: WeightReceiver):
+        def between() -> None:
+            slow_hook("EARL_SLOW_DECODE_S")
+            self.take_newest(recv, at_least=self.version)
+        return between
 
     def swap_in(self, weights: dict[str, torch.Tensor], version: int) -> None:
         self.engine.update_weights(weights.items())
@@ -521,11 +526,12 @@ def weight_wait_s(cfg: RunConfig) -> float:
     return 2 * cfg.collective_timeout_s
 
 
-def slow_train_hook() -> None:
-    """A test hook: a training step EARL_SLOW_TRAIN_S seconds longer (a rollout faster than
-    training, so the replicas run ahead)."""
-    if os.environ.get("EARL_SLOW_TRAIN_S"):
-        time.sleep(float(os.environ["EARL_SLOW_TRAIN_S"]))
+def slow_hook(name: str) -> None:
+    """Test hooks that stretch one side: EARL_SLOW_TRAIN_S seconds more per training step (a
+    rollout faster than training, so the replicas run ahead), EARL_SLOW_DECODE_S per decode step
+    of a partial rollout (episodes long enough that every push lands mid-episode)."""
+    if os.environ.get(name):
+        time.sleep(float(os.environ[name]))
 
 
 class Learner:
@@ -710,7 +716,7 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
             t1 = time.perf_counter()
             samples, share, filtered, broken = step_samples(lr, trajs)
             batch, meta = experience(lr, trajs, share, samples)
-            slow_train_hook()
+            slow_hook("EARL_SLOW_TRAIN_S")
             tstats = seeded_train_step(lr.trainer, lr.optim, batch, cfg, step, train_groups.dp_rank)
             t2 = time.perf_counter()
             push_bytes = push.send(lr.model, version=step)

@@ -94,7 +94,10 @@ def test_earl_run_nproc2_partial_rollout(tmp_path):
                         str(out), "--set", "groups=4", "--set", "plots=false", "--set", "checkpoints=false",
                         "--set", "schedule.mode=async", "--set", "schedule.max_staleness=1",
                         "--set", "schedule.partial_rollout=true", "--set", "sampling.max_new_tokens=48"],
-                       capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                       capture_output=True, text=True, timeout=600,
+                       # decode steps of 20 ms (a test hook): episodes outlast a training step, so
+                       # pushes land mid-episode whatever the host's load
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "EARL_SLOW_DECODE_S": "0.02"})
     assert r.returncode == 0, r.stdout + r.stderr
     rows = _rows(out, "metrics.jsonl")
     assert [x["step"] for x in rows] == [1, 2, 3, 4]
