@@ -2,6 +2,12 @@
 opponent; or any `--set`) for a fixed budget over several seeds and print, per seed, the
 first-10-step vs last-10-step outcome rates, and whether the demo's target is met.
 
+Games report win/draw/loss/invalid rates and the target below. Question-answer tasks
+(`env.name=calculator`, `reasoning-gym:TASK`) report reward_mean and correct_rate, next to the
+guessing baseline: the one answer commonest among the run's own questions, given to every
+question and scored by the env (what a model that learns the answer format and the likeliest
+answer, but no arithmetic, gets).
+
 Target (games): in the last 10 steps, win >= 0.85 and invalid-move rate <= 0.02 (invalid moves
 per move played), in at least 3 of 4 seeds. The budget is a number of steps and/or wall-clock
 minutes, whichever ends first. Wall time on a shared machine depends on the load; the CPU
@@ -25,17 +31,58 @@ import multiprocessing as mp
 import random
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
 
 from earl.config_machinery import parse_sets
+from earl.runtime.envs import OPTIONS, env_options, make_env, split_env_name
 from earl.runtime.resolve import resolve_config
 from earl.runtime.run import run_training
+from earl.runtime.seeds import mix_seed
 
 WIN_TARGET, INVALID_TARGET = 0.85, 0.02  # last-10-step win rate (>=) and invalid-move rate (<=)
 RATES = ("win_rate", "draw_rate", "loss_rate", "invalid_rate", "invalid_move_rate", "correct_rate",
          "truncated_rate", "reward_mean", "entropy")
+TASK_RATES = ("reward_mean", "correct_rate", "invalid_rate", "truncated_rate", "entropy")
+# how a reply states answer A, and where the env keeps the right answer after reset()
+REPLY = {"calculator": ("ans {}", lambda env: env.answer),
+         "reasoning-gym": ("{}", lambda env: env.entry["answer"])}
+
+
+def is_game(env_name: str) -> bool:
+    """An env played against an opponent (win/draw/loss), not a question with an answer."""
+    return "opponent" in OPTIONS[split_env_name(env_name)[0]]
+
+
+def rates_for(env_name: str) -> tuple[str, ...]:
+    return RATES if is_game(env_name) else TASK_RATES
+
+
+def guess_baseline(cfg, steps: int) -> dict | None:
+    """The commonest right answer among the questions of the run's steps 1..`steps` (every group:
+    the env seeds `play_episodes` uses), replied to each of them: {answer, n, reward_mean,
+    correct_rate}; None for an env whose answers this does not know (games, jsonl, user envs)."""
+    kind, _ = split_env_name(cfg.env.name)
+    if kind not in REPLY:
+        return None
+    reply, answer_of = REPLY[kind]
+    env = make_env(cfg.env.name, **env_options(cfg.env.name, cfg.env))
+    seeds = [mix_seed(cfg.seed, step, g) % (2**31) for step in range(1, steps + 1) for g in range(cfg.groups)]
+    answers = []
+    for seed in seeds:
+        env.reset(seed)
+        answers.append(str(answer_of(env)))
+    common = Counter(answers).most_common(1)[0][0]
+    reward = correct = 0.0
+    for seed in seeds:
+        env.reset(seed)
+        res = env.step(reply.format(common))
+        reward += res.reward
+        correct += res.outcome == "correct"
+    return {"answer": common, "n": len(seeds), "reward_mean": reward / len(seeds),
+            "correct_rate": correct / len(seeds)}
 
 
 def run_seed(job: tuple[int, dict, str, float]) -> dict:
@@ -54,8 +101,10 @@ def run_seed(job: tuple[int, dict, str, float]) -> dict:
         return {k: sum(float(r[k]) for r in rs) / len(rs) for k in RATES}
 
     return {"seed": seed, "first": avg(rows[:10]), "last": avg(rows[-10:]), "steps": len(rows),
-            "wall_s": wall, "cpu_s": cpu, "out": out,
-            "line": f"{cfg.model.path} on {cfg.env.name} vs {cfg.env.opponent}, {cfg.trainer.algo}, "
+            "wall_s": wall, "cpu_s": cpu, "out": out, "game": is_game(cfg.env.name),
+            "guess": guess_baseline(cfg, len(rows)),
+            "line": f"{cfg.model.path} on {cfg.env.name}"
+                    f"{f' vs {cfg.env.opponent}' if is_game(cfg.env.name) else ''}, {cfg.trainer.algo}, "
                     f"lr {cfg.trainer.lr:g}, {cfg.groups} groups x {cfg.group_size}"}
 
 
@@ -161,18 +210,35 @@ def main() -> None:
     else:
         with mp.get_context("spawn").Pool(args.jobs) as pool:
             results = pool.map(run_seed, jobs, chunksize=1)
-    print(f"\n{results[0]['line']}; {len(seeds)} seeds, {args.jobs} at a time, "
-          f"{time.perf_counter() - t0:.0f}s wall in all; runs under {root}")
-    print(f"{'seed':>4s} {'steps':>5s} {'wall s':>6s} {'CPU s':>6s}  " +
-          "  ".join(f"{k.removesuffix('_rate'):>12s}" for k in RATES) + "  target")
-    for r in results:
-        cells = "  ".join(f"{r['first'][k]:5.3f}->{r['last'][k]:5.3f}" for k in RATES)
-        print(f"{r['seed']:4d} {r['steps']:5d} {r['wall_s']:6.0f} {r['cpu_s']:6.0f}  {cells}  "
-              f"{'met' if met(r) else 'NOT met'}")
-    n = sum(met(r) for r in results)
-    print(f"target (last 10 steps: win >= {WIN_TARGET}, invalid moves <= {INVALID_TARGET} per move): "
-          f"met in {n} of {len(results)} seeds (first 10 -> last 10 steps above)")
+    print("\n".join(report(results, args.jobs, time.perf_counter() - t0, root)))
 
+
+def report(results: list[dict], jobs: int, wall_s: float, root) -> list[str]:
+    """The summary table: per seed, first 10 -> last 10 steps of each rate; for games whether the
+    target is met, for question-answer tasks the guessing baseline."""
+    game = results[0]["game"]
+    rates = RATES if game else TASK_RATES
+    out = [f"\n{results[0]['line']}; {len(results)} seeds, {jobs} at a time, "
+           f"{wall_s:.0f}s wall in all; runs under {root}",
+           f"{'seed':>4s} {'steps':>5s} {'wall s':>6s} {'CPU s':>6s}  " +
+           "  ".join(f"{k.removesuffix('_rate'):>12s}" for k in rates) + ("  target" if game else "")]
+    for r in results:
+        cells = "  ".join(f"{r['first'][k]:5.3f}->{r['last'][k]:5.3f}" for k in rates)
+        out.append(f"{r['seed']:4d} {r['steps']:5d} {r['wall_s']:6.0f} {r['cpu_s']:6.0f}  {cells}"
+                   + (f"  {'met' if met(r) else 'NOT met'}" if game else ""))
+    if game:
+        n = sum(met(r) for r in results)
+        out.append(f"target (last 10 steps: win >= {WIN_TARGET}, invalid moves <= {INVALID_TARGET} per move): "
+                   f"met in {n} of {len(results)} seeds (first 10 -> last 10 steps above)")
+        return out
+    last = sum(r["last"]["correct_rate"] for r in results) / len(results)
+    out.append(f"correct_rate over the last 10 steps, mean of {len(results)} seeds: {last:.3f}")
+    for r in results:
+        if g := r["guess"]:
+            out.append(f"seed {r['seed']} guessing baseline: always answering {g['answer']!r} (the commonest "
+                       f"answer of the run's {g['n']} questions): correct_rate {g['correct_rate']:.3f}, "
+                       f"reward_mean {g['reward_mean']:.3f}")
+    return out
 
 if __name__ == "__main__":
     main()
