@@ -45,7 +45,7 @@ from earl.runtime.seeds import mix_seed
 WIN_TARGET, INVALID_TARGET = 0.85, 0.02  # last-10-step win rate (>=) and invalid-move rate (<=)
 RATES = ("win_rate", "draw_rate", "loss_rate", "invalid_rate", "invalid_move_rate", "correct_rate",
          "truncated_rate", "reward_mean", "entropy")
-TASK_RATES = ("reward_mean", "correct_rate", "invalid_rate", "truncated_rate", "entropy")
+TASK_RATES = ("reward_mean", "correct_rate", "invalid_move_rate", "truncated_rate", "entropy")
 # how a reply states answer A, and where the env keeps the right answer after reset()
 REPLY = {"calculator": ("ans {}", lambda env: env.answer),
          "reasoning-gym": ("{}", lambda env: env.entry["answer"])}
