@@ -21,12 +21,14 @@ every 50 steps: whether the model can read the board at all, apart from how RL e
         [--minutes 30] [--set env.show=board ...]
     OMP_NUM_THREADS=1 python benchmarks/bench_learning.py --probe 200
     python benchmarks/bench_learning.py --curve RUN/metrics.csv   # a run's curve, 10-step means
+    python benchmarks/bench_learning.py --summary RUN/seed0 RUN/seed1   # the table from run folders
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import multiprocessing as mp
 import random
 import tempfile
@@ -40,6 +42,7 @@ from earl.config_machinery import parse_sets
 from earl.runtime.envs import OPTIONS, env_options, make_env, split_env_name
 from earl.runtime.resolve import resolve_config
 from earl.runtime.run import run_training
+from earl.runtime.run_config import from_dict
 from earl.runtime.seeds import mix_seed
 
 WIN_TARGET, INVALID_TARGET = 0.85, 0.02  # last-10-step win rate (>=) and invalid-move rate (<=)
@@ -95,17 +98,32 @@ def run_seed(job: tuple[int, dict, str, float]) -> dict:
         print(f"[seed {seed} {time.perf_counter() - t0:5.0f}s] {line}", flush=True)
 
     rows = run_training(cfg, out, progress=False, echo=echo, deadline_s=60 * minutes).metrics
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return summarize(cfg, rows, time.perf_counter() - t0, time.process_time() - c0, out)
+
+
+def summarize(cfg, rows: list[dict], wall_s: float, cpu_s: float, out: str) -> dict:
+    """One run's result from its config and metrics rows (first/last 10 steps of each rate)."""
 
     def avg(rs):
         return {k: sum(float(r[k]) for r in rs) / len(rs) for k in RATES}
 
-    return {"seed": seed, "first": avg(rows[:10]), "last": avg(rows[-10:]), "steps": len(rows),
-            "wall_s": wall, "cpu_s": cpu, "out": out, "game": is_game(cfg.env.name),
+    return {"seed": cfg.seed, "first": avg(rows[:10]), "last": avg(rows[-10:]), "steps": len(rows),
+            "wall_s": wall_s, "cpu_s": cpu_s, "out": out, "game": is_game(cfg.env.name),
             "guess": guess_baseline(cfg, len(rows)),
             "line": f"{cfg.model.path} on {cfg.env.name}"
                     f"{f' vs {cfg.env.opponent}' if is_game(cfg.env.name) else ''}, {cfg.trainer.algo}, "
                     f"lr {cfg.trainer.lr:g}, {cfg.groups} groups x {cfg.group_size}"}
+
+
+def summarize_dir(run_dir: str) -> dict:
+    """A finished (or stopped) run's result from its folder (config.json, metrics.csv); wall and
+    CPU seconds are the sums of its steps' step_s and step_cpu_s (start-up not counted)."""
+    d = Path(run_dir)
+    cfg = from_dict(json.loads((d / "config.json").read_text()))
+    with open(d / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    return summarize(cfg, rows, sum(float(r["step_s"]) for r in rows), sum(float(r["step_cpu_s"]) for r in rows),
+                     run_dir)
 
 
 def probe_legal(show: str, steps: int, batch: int = 128, lr: float = 2e-3) -> list[tuple[int, float]]:
@@ -183,12 +201,18 @@ def main() -> None:
     ap.add_argument("--out", default="", help="folder for the runs (one sub-folder per seed)")
     ap.add_argument("--set", dest="sets", action="append", default=[])
     ap.add_argument("--probe", type=int, default=0, help="steps of the supervised legality probe (no RL)")
+    ap.add_argument("--summary", nargs="+", default=[], metavar="RUN_DIR",
+                    help="print the summary table of these run folders (one per seed) and exit")
     ap.add_argument("--curve", nargs="+", default=[], metavar="METRICS_CSV",
                     help="print these runs' curves (10-step means) and exit")
     args = ap.parse_args()
     if args.curve:
         for path in args.curve:
             print("\n".join(curve(path)))
+        return
+    if args.summary:
+        results = [summarize_dir(d) for d in args.summary]
+        print("\n".join(report(results, 0, sum(r["wall_s"] for r in results), ", ".join(args.summary))))
         return
     if args.probe:
         torch.set_num_threads(1)
@@ -218,8 +242,8 @@ def report(results: list[dict], jobs: int, wall_s: float, root) -> list[str]:
     target is met, for question-answer tasks the guessing baseline."""
     game = results[0]["game"]
     rates = RATES if game else TASK_RATES
-    out = [f"\n{results[0]['line']}; {len(results)} seeds, {jobs} at a time, "
-           f"{wall_s:.0f}s wall in all; runs under {root}",
+    how = f"{jobs} at a time, {wall_s:.0f}s wall in all" if jobs else "from their run folders (wall, CPU: steps only)"
+    out = [f"\n{results[0]['line']}; {len(results)} seeds, {how}; runs under {root}",
            f"{'seed':>4s} {'steps':>5s} {'wall s':>6s} {'CPU s':>6s}  " +
            "  ".join(f"{k.removesuffix('_rate'):>12s}" for k in rates) + ("  target" if game else "")]
     for r in results:

@@ -69,6 +69,26 @@ def test_report_tasks_get_the_baseline_and_games_keep_their_target():
     assert out[3].endswith("met in 1 of 1 seeds (first 10 -> last 10 steps above)")
 
 
+def test_summary_reads_a_run_folder(tmp_path):
+    import json
+
+    from earl.runtime.run_config import to_dict
+
+    bench = load_bench()
+    cfg = resolve_config(overrides={"env.name": "calculator", "groups": 2, "seed": 4})
+    (tmp_path / "config.json").write_text(json.dumps(to_dict(cfg)))
+    cols = ["step", *bench.RATES, "step_s", "step_cpu_s"]
+    rows = [[str(s), *(["0"] * len(bench.RATES)), "1.5", "1.0"] for s in range(1, 13)]
+    rows[-1][cols.index("correct_rate")] = "0.5"  # step 12: in the last 10, not the first 10
+    (tmp_path / "metrics.csv").write_text("\n".join(",".join(r) for r in [cols, *rows]) + "\n")
+    got = bench.summarize_dir(str(tmp_path))
+    assert (got["seed"], got["steps"], got["game"], got["wall_s"], got["cpu_s"]) == (4, 12, False, 18.0, 12.0)
+    assert got["first"]["correct_rate"] == 0.0 and got["last"]["correct_rate"] == pytest.approx(0.05)
+    assert got["guess"] == bench.guess_baseline(cfg, 12) and got["guess"]["n"] == 24
+    out = bench.report([got], 0, 18.0, str(tmp_path))
+    assert "from their run folders" in out[0] and "0.000->0.050" in out[2]
+
+
 @pytest.mark.rgym
 def test_reasoning_gym_guessing_baseline_is_the_commonest_answers_share():
     rg = pytest.importorskip("reasoning_gym")
