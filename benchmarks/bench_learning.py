@@ -66,7 +66,9 @@ def rates_for(env_name: str) -> tuple[str, ...]:
 def guess_baseline(cfg, steps: int) -> dict | None:
     """The commonest right answer among the questions of the run's steps 1..`steps` (every group:
     the env seeds `play_episodes` uses), replied to each of them: {answer, n, reward_mean,
-    correct_rate}; None for an env whose answers this does not know (games, jsonl, user envs)."""
+    correct_rate}, and of the 30 commonest answers the one whose constant reply earns the most
+    reward (partial credit): best_reward, best_reward_mean. None for an env whose answers this
+    does not know (games, jsonl, user envs)."""
     kind, _ = split_env_name(cfg.env.name)
     if kind not in REPLY:
         return None
@@ -77,15 +79,22 @@ def guess_baseline(cfg, steps: int) -> dict | None:
     for seed in seeds:
         env.reset(seed)
         answers.append(str(answer_of(env)))
-    common = Counter(answers).most_common(1)[0][0]
-    reward = correct = 0.0
-    for seed in seeds:
-        env.reset(seed)
-        res = env.step(reply.format(common))
-        reward += res.reward
-        correct += res.outcome == "correct"
-    return {"answer": common, "n": len(seeds), "reward_mean": reward / len(seeds),
-            "correct_rate": correct / len(seeds)}
+    counts = Counter(answers).most_common(30)
+
+    def score(reply: str) -> tuple[float, float]:
+        reward = correct = 0.0
+        for seed in seeds:
+            env.reset(seed)
+            res = env.step(reply)
+            reward += res.reward
+            correct += res.outcome == "correct"
+        return reward / len(seeds), correct / len(seeds)
+
+    common = counts[0][0]
+    scored = {a: score(reply.format(a)) for a, _ in counts}
+    best = max(scored, key=lambda a: scored[a][0])
+    return {"answer": common, "n": len(seeds), "reward_mean": scored[common][0], "correct_rate": scored[common][1],
+            "best_reward": best, "best_reward_mean": scored[best][0]}
 
 
 def run_seed(job: tuple[int, dict, str, float]) -> dict:
@@ -261,7 +270,8 @@ def report(results: list[dict], jobs: int, wall_s: float, root) -> list[str]:
         if g := r["guess"]:
             out.append(f"seed {r['seed']} guessing baseline: always answering {g['answer']!r} (the commonest "
                        f"answer of the run's {g['n']} questions): correct_rate {g['correct_rate']:.3f}, "
-                       f"reward_mean {g['reward_mean']:.3f}")
+                       f"reward_mean {g['reward_mean']:.3f}; the most rewarded constant answer "
+                       f"{g['best_reward']!r}: reward_mean {g['best_reward_mean']:.3f}")
     return out
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ def test_calculator_guessing_baseline_counts_the_runs_own_questions():
     common, count = Counter(answers).most_common(1)[0]
     assert got["n"] == 40 and Counter(answers)[got["answer"]] == count
     assert got["correct_rate"] == pytest.approx(count / 40) and got["reward_mean"] == pytest.approx(count / 40)
+    assert got["best_reward_mean"] == pytest.approx(count / 40)  # no partial credit: the commonest is best
     assert bench.guess_baseline(resolve_config(overrides={}), steps=3) is None  # a game: no answers
 
 
@@ -55,13 +56,15 @@ def test_report_tasks_get_the_baseline_and_games_keep_their_target():
     zero = dict.fromkeys(bench.RATES, 0.0)
     task = {"seed": 1, "steps": 20, "wall_s": 30.0, "cpu_s": 29.0, "game": False, "line": "tiny on calculator",
             "first": zero, "last": {**zero, "correct_rate": 0.25, "reward_mean": 0.5},
-            "guess": {"answer": "7", "n": 320, "correct_rate": 0.07, "reward_mean": 0.07}}
+            "guess": {"answer": "7", "n": 320, "correct_rate": 0.07, "reward_mean": 0.07, "best_reward": "17",
+                      "best_reward_mean": 0.09}}
     out = bench.report([task], 1, 31.0, "/runs")
     assert "target" not in out[1] and "win" not in out[1] and out[1].split()[6:8] == ["reward_mean", "correct"]
     assert "0.000->0.500  0.000->0.250" in out[2]
     assert out[3] == "correct_rate over the last 10 steps, mean of 1 seeds: 0.250"
     assert out[4].startswith("seed 1 guessing baseline: always answering '7' (the commonest answer of the "
                              "run's 320 questions): correct_rate 0.070")
+    assert out[4].endswith("the most rewarded constant answer '17': reward_mean 0.090")
     game = {**task, "game": True, "guess": None, "last": {**zero, "win_rate": 0.9, "invalid_move_rate": 0.01}}
     out = bench.report([game], 1, 31.0, "/runs")
     assert out[1].endswith("  target") and out[2].endswith("  met")
@@ -101,3 +104,12 @@ def test_reasoning_gym_guessing_baseline_is_the_commonest_answers_share():
     count = Counter(answers).most_common(1)[0][1]
     assert got["n"] == 160 and Counter(answers)[got["answer"]] == count
     assert got["correct_rate"] == pytest.approx(count / 160)
+    # partial credit: a constant reply that is not the commonest answer can earn more reward
+    assert got["best_reward_mean"] >= got["reward_mean"] > 0
+    env = bench.make_env(cfg.env.name, **bench.env_options(cfg.env.name, cfg.env))
+    seeds = [mix_seed(cfg.seed, step, g) % 2**31 for step in range(1, 11) for g in range(16)]
+    by_hand = 0.0
+    for seed in seeds:
+        env.reset(seed)
+        by_hand += env.step(got["best_reward"]).reward
+    assert got["best_reward_mean"] == pytest.approx(by_hand / 160)
