@@ -33,23 +33,29 @@ def _clean(v):
 
 
 class JsonlTable:
-    """Rows with a "step" key, kept in memory and rewritten atomically to `path`."""
+    """Rows with a "step" key, kept in memory and rewritten atomically to `path`. Each row is
+    encoded once, when appended (a run's flushes rewrite the file, not re-encode every row:
+    at 600 steps x 128 episodes the workload's re-encoding was a third of a demo run's time)."""
 
     def __init__(self, path: Path, keep_until_step: int | None = None):
         self.path = path
         self.rows: list[dict] = []
+        self._lines: list[str] = []  # rows[i] as written
         if keep_until_step is not None and path.is_file():
             for line in path.read_text().splitlines():
                 if line.strip():
                     row = json.loads(line)
                     if row["step"] <= keep_until_step:
                         self.rows.append(row)
+                        self._lines.append(line + "\n")
 
     def append(self, row: dict) -> None:
-        self.rows.append({k: _clean(v) for k, v in row.items()})
+        row = {k: _clean(v) for k, v in row.items()}
+        self.rows.append(row)
+        self._lines.append(json.dumps(row, default=str) + "\n")
 
     def write(self) -> None:
-        atomic_write_text(self.path, "".join(json.dumps(r, default=str) + "\n" for r in self.rows))
+        atomic_write_text(self.path, "".join(self._lines))
 
 
 class RunRecorder:
