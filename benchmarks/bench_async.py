@@ -9,7 +9,8 @@ shared host the load moves between runs), next to the simulator's prediction of 
 staleness mean / max measured vs predicted. The prediction is `earl validate --schedule async`'s
 (earl.calibrate.validate_async.compare_runs): each run's recorded workload replayed with the
 calibrated profile (`--hardware`, default the shipped cpu-measured) on N devices, the async one
-through the simulator's per-step feed (the runtime's replicas) with the runtime's pool split.
+through the simulator's per-step feed (the runtime's replicas) with the runtime's pool split, each
+pool stretched by its share of the host's cores (printed: rollout / training pool stretch).
 
 `--learning`: reward vs samples trained of a sync run and an async run (K = 1) of the default
 task, printed side by side, and the samples each needs to reach the sync run's final reward
@@ -65,7 +66,7 @@ def throughput(a, tmp: Path, emit) -> None:
     for n in a.nproc:
         t0 = time.perf_counter()
         variants = [(k, False) for k in a.staleness] + ([(k, True) for k in a.staleness] if a.partial else [])
-        got: dict = {v: [] for v in variants}  # variant -> per repeat (rows, pools, stretch)
+        got: dict = {v: [] for v in variants}  # variant -> per repeat (rows, pools, sync stretch, pool stretch)
         for rep in range(a.repeat):  # interleaved: each async run next to its own sync run
             sync_dir = tmp / f"sync{n}-{rep}"
             earl_run(sync_dir, n, a.steps, base, a.env)
@@ -80,7 +81,7 @@ def throughput(a, tmp: Path, emit) -> None:
         emit(f"{f'--nproc {n} sync':34s} {first['measured']:8.1f} {'':6s} {'':6s} {'':8s}  (simulated "
              f"{first['simulated']:.1f} tok/s, host stretch x{got[variants[0]][0][2]:g}; first repeat)")
         for (k, partial), reps in got.items():
-            per = [{row["what"]: row for row in rows} for rows, _, _ in reps]
+            per = [{row["what"]: row for row in rows} for rows, _, _, _ in reps]
             med = lambda what, side, per=per: statistics.median(r[what][side] for r in per)  # noqa: E731
             ratios = [r["async / sync tokens/s"]["measured"] for r in per]
             m, p = med("async / sync tokens/s", "measured"), med("async / sync tokens/s", "simulated")
@@ -90,7 +91,8 @@ def throughput(a, tmp: Path, emit) -> None:
                  f"{med('staleness mean', 'measured'):10.2f} {med('staleness mean', 'simulated'):5.2f}  "
                  f"{max(r['staleness max']['measured'] for r in per):3.0f} "
                  f"{max(r['staleness max']['simulated'] for r in per):3.0f}  rollout {pools['rollout']} / "
-                 f"train {pools['train']}  (measured ratio per repeat: {', '.join(f'{x:.2f}' for x in ratios)})")
+                 f"train {pools['train']}, stretch x{reps[0][3][0]:.2f} / x{reps[0][3][1]:.2f}  (measured ratio per "
+                 f"repeat: {', '.join(f'{x:.2f}' for x in ratios)})")
             for what in [row["what"] for row in reps[0][0][5:]]:
                 emit(f"    {what:40s} measured {med(what, 'measured'):8.4f}  simulated {med(what, 'simulated'):8.4f}")
         emit(f"  (--nproc {n}: {time.perf_counter() - t0:.0f} s wall; load average now {load_avg()})")

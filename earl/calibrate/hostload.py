@@ -82,6 +82,22 @@ class CpuShare:
         return share_of(self.cpu_s, self.wall_s, self.procs)
 
 
+def shared_makespan(works, cores: float) -> float:
+    """Wall seconds until the last of `works` is done (each the seconds one process needs on a
+    core of its own) when all start at once on `cores` cores shared fairly, as the kernel
+    shares them: n unfinished processes each run at min(1, cores / n) of a core, so a process
+    that finishes early leaves its share to the others (N ranks' rollouts of unequal length on
+    fewer cores take less than N / cores x the longest)."""
+    if cores <= 0:
+        raise ValueError(f"shared_makespan needs cores > 0, got {cores}")
+    w = sorted(float(x) for x in works)
+    t = done = 0.0
+    for i, x in enumerate(w):
+        t += (x - done) / min(1.0, cores / (len(w) - i))
+        done = x
+    return t
+
+
 if __name__ == "__main__":
 
     for _ in range(3):

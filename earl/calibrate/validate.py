@@ -30,7 +30,7 @@ from rich.table import Table
 from scipy.stats import kendalltau
 
 from earl.calibrate.host import current_stamp, local_cluster, random_checkpoint, sim_engine
-from earl.calibrate.hostload import CpuShare, share_of
+from earl.calibrate.hostload import CpuShare, share_of, shared_makespan
 from earl.config_machinery import parse_sets
 from earl.cost_model import CostModel
 from earl.cost_model.profile import HardwareProfile, check_stamp, datasheet_profile, load_profile
@@ -215,10 +215,29 @@ def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: i
     # the hand-off's share of each step's experience stage: a move over gloo, priced by the
     # dispatch path like the dispatch (and stretched like it, `dispatch_stretch`)
     handoff: dict[int, float] = {}
+    ranks: dict[int, list[float]] = {}  # step -> each replica's rollout seconds (`rollout_on_host`)
     for sp in sim.spans:
         if sp.stage == "experience" and sp.name.startswith("hand-off"):
             handoff[sp.step] = handoff.get(sp.step, 0.0) + sp.duration_s
-    return [{**r, "handoff_s": handoff.get(r["step"], 0.0)} for r in sim.rows]
+        elif sp.name == "rollout" and sp.stage == "rollout":
+            ranks.setdefault(sp.step, []).append(sp.duration_s)
+    return [{**r, "handoff_s": handoff.get(r["step"], 0.0), "rollout_ranks_s": ranks.get(r["step"], [])}
+            for r in sim.rows]
+
+
+def rollout_on_host(row: dict, prof: HardwareProfile, nproc: int, device: str, stretch: float) -> float:
+    """A simulated step's rollout seconds on this host: its replicas run on their own ranks,
+    which on a CPU host with fewer cores than ranks share them (`shared_makespan`: a rank done
+    early leaves its share to the others) instead of each taking the longest one's N / cores;
+    the rest of the stage, and other tenants' load (`stretch` over the idle host's), stretch as
+    every stage does."""
+    works = row.get("rollout_ranks_s") or []
+    over = max(1.0, nproc / prof.dispatch_path.host_parallel)
+    if device != "cpu" or over == 1.0 or len(works) < 2:
+        return float(row["rollout_s"]) * stretch
+    longest = max(works)
+    shared = shared_makespan(works, prof.dispatch_path.host_parallel)
+    return stretch / over * (shared + (float(row["rollout_s"]) - longest) * over)
 
 
 def _predicted_peak(rows: list[dict], cm_capacity: float, reserve: float) -> float:
@@ -321,6 +340,7 @@ def run_variant(cfg, name: str, overrides: dict, out_dir: Path, prof: HardwarePr
         for sr, sh in zip(sim_rows[warmup_steps:], shares, strict=True):
             k, kd = host_stretch(p, nproc, device, sh), dispatch_stretch(p, nproc, device, sh)
             row = {s: float(sr[f"{s}_s"]) * (kd if s == "dispatch" else k) for s in STAGES}
+            row["rollout"] = rollout_on_host(sr, p, nproc, device, k)
             row["reshard"] += float(sr["sync_s"]) * k
             row["experience"] += float(sr["handoff_s"]) * (kd - k)
             out.append(row)

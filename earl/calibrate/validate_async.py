@@ -7,8 +7,12 @@ hand-off; training pool: waits for samples, training, the weight push).
 The simulated sync run is `earl validate`'s own replay (earl.calibrate.validate._simulate); the
 simulated async run is the simulator's async scheduler with the runtime's "per-step" feed
 (earl/sim/async_rl.py) on the async run's recorded workload, its pools split as the runtime
-split them. On a CPU host whose `host_parallel` cores the N processes share, every predicted
-time is stretched by N / host_parallel, as `earl validate` does for the sync stages.
+split them. On a CPU host whose `host_parallel` cores the N processes share, the sync run's
+predicted times are stretched by N / host_parallel, as `earl validate` does; the async run's
+pools are not always busy together (a training pool waiting for samples leaves the cores to the
+rollout pool), so each pool's times are stretched inside the simulation by what it shares with
+the other pool's busy fraction, found by iterating the simulation to a fixed point
+(`pool_stretch`).
 
     earl validate --schedule async --nproc 2 --steps 5 --set env.name=calculator --out /tmp/va
     OMP_NUM_THREADS=1 python -m pytest -q tests/calibrate/test_validate_async.py
@@ -25,9 +29,10 @@ from pathlib import Path
 from rich.table import Table
 
 from earl.calibrate.host import local_cluster, sim_engine
-from earl.calibrate.validate import DTYPE_NAMES, _run_runtime, _simulate, host_stretch, logprob_passes
+from earl.calibrate.validate import (DTYPE_NAMES, _run_runtime, _simulate, host_stretch, logprob_passes,
+                                    rollout_on_host)
 from earl.cost_model import CostModel
-from earl.cost_model.profile import HardwareProfile, load_profile
+from earl.cost_model.profile import HardwareProfile, load_profile, slowed
 from earl.outputs import check_out_dir
 from earl.runtime.metrics import read_metrics
 from earl.runtime.run_config import apply_overrides
@@ -54,7 +59,8 @@ class AsyncValidation:
     max_staleness: int
     pools: dict  # rollout / train: processes
     scored_steps: int
-    host_stretch: float  # predicted times are the simulator's x this (N processes on the host's cores)
+    host_stretch: float  # the sync run's predicted times are the simulator's x this (N processes on the host's cores)
+    pool_stretch: tuple = (1.0, 1.0)  # the async run's (rollout, training) pools' stretch (`pool_stretch`)
     rows: list[dict] = field(default_factory=list)  # {"what", "measured", "simulated"}: see report_rows
     run_dirs: dict = field(default_factory=dict)  # sync / async -> the run's folder
 
@@ -88,13 +94,19 @@ def tokens_per_s(rows: list[dict]) -> float:
 
 
 def simulate_async(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: int, nproc: int,
-                   rollout_gpus: int, partial: bool | None = None) -> Simulation:
+                   rollout_gpus: int, partial: bool | None = None,
+                   stretch: tuple[float, float] = (1.0, 1.0)) -> Simulation:
     """The simulator's async scheduler with the runtime's per-step feed on `trace`: tp1 replicas
-    filling `rollout_gpus` processes, tp1 training filling the rest (micro-batches packed up
+    filling `rollout_gpus` processes, tp1 training filling the rest, each pool's prices
+    `stretch` (rollout, training) times the profile's (`pool_stretch`) (micro-batches packed up
     to the trainer's token budget, as `earl validate` packs them; the experience stage's log-prob
     passes are the sync run's, `logprob_passes`: the async trainer skips the old policy's pass
     the same way and adds the reference's with a KL term)."""
-    cm = CostModel(spec, local_cluster(prof, nproc), prof)
+    def priced(factor: float) -> CostModel:
+        p = slowed(prof, factor)
+        return CostModel(spec, local_cluster(p, nproc), p)
+
+    cm = priced(stretch[1])
     episodes = cfg.episodes_per_step
     longest = max(sum(o + g for o, g, _ in turns) for line in load_trace(trace) for turns in line)
     per_rank = -(-episodes // (nproc - rollout_gpus))
@@ -110,7 +122,57 @@ def simulate_async(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, ste
                   partial_rollout=cfg.schedule.partial_rollout if partial is None else partial)
     return Simulation(sc, "static", cfg.policy.dispatcher, cost_model=cm, engine=sim_engine(cfg.engine),
                       padded=True, token_budget=cfg.trainer.token_budget, fsdp=True, handoff=True,
-                      head_on="generated", train_placement="balanced", async_feed="per-step").run()
+                      head_on="generated", train_placement="balanced", async_feed="per-step",
+                      rollout_cost_model=priced(stretch[0]) if stretch[0] != stretch[1] else None).run()
+
+
+def pool_busy(sim: Simulation, scored: int) -> tuple[float, float]:
+    """(rollout, training) pool's busy fraction of the wall time of the last `scored` steps of an
+    async simulation: a rollout rank's "rollout" spans (mean over the ranks), the training
+    pool's stages after its wait for samples."""
+    rows = sim.rows[-scored:]
+    wall = sum(r["step_s"] for r in rows)
+    if wall <= 0:
+        return 1.0, 1.0
+    steps = [r["step"] for r in rows]
+    rollout = span_seconds(sim.spans, steps, ("rollout",))["rollout"] * len(steps)
+    train = sum(r[k] for r in rows for k in ("experience_s", "dispatch_s", "train_s", "reshard_s", "sync_s"))
+    return min(1.0, rollout / wall), min(1.0, train / wall)
+
+
+def pool_stretch(prof: HardwareProfile, pools: dict, busy: tuple[float, float], device: str) -> tuple[float, float]:
+    """(rollout, training) pool's stretch on a CPU host (`host_stretch` of the ranks running):
+    while the other pool works (its busy fraction b of the time) a pool's ranks share the cores
+    with all N ranks, the rest of the time with their own pool's only; its rate is the mean of
+    the two rates over time, so its stretch is their harmonic mean. (1, 1) on a GPU."""
+    if device != "cpu":
+        return 1.0, 1.0
+    both = host_stretch(prof, pools["rollout"] + pools["train"], device)
+
+    def one(own: int, other_busy: float) -> float:
+        return 1.0 / (other_busy / both + (1.0 - other_busy) / host_stretch(prof, own, device))
+
+    return one(pools["rollout"], busy[1]), one(pools["train"], busy[0])
+
+
+STRETCH_ROUNDS = 6  # simulations at most to find the pools' stretch (`simulate_async_on_host`)
+
+
+def simulate_async_on_host(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: int, nproc: int,
+                           pools: dict, device: str, scored: int) -> tuple[Simulation, tuple[float, float]]:
+    """The async simulation with its pools' stretch at a fixed point: from both pools always
+    busy (every rank stretched by N / host_parallel), simulate, take the pools' busy fractions
+    (`pool_busy`, over the `scored` steps), re-stretch (`pool_stretch`), until the busy fractions
+    move by under 0.01 (each round moves them half way: no oscillation). A GPU needs one round."""
+    busy = (1.0, 1.0)
+    for _ in range(STRETCH_ROUNDS):
+        stretch = pool_stretch(prof, pools, busy, device)
+        sim = simulate_async(cfg, spec, trace, prof, steps, nproc, pools["rollout"], stretch=stretch)
+        got = pool_busy(sim, scored)
+        if device != "cpu" or max(abs(a - b) for a, b in zip(got, busy, strict=True)) < 0.01:
+            break
+        busy = tuple((a + b) / 2 for a, b in zip(got, busy, strict=True))
+    return sim, stretch
 
 
 def span_seconds(spans: list[Span], steps: list[int], names: tuple[str, ...]) -> dict[str, float]:
@@ -147,11 +209,12 @@ def _mean(rows: list[dict], key: str) -> float:
 
 def report_rows(sync_rows, async_rows, sim_sync, sim_async: Simulation, spans: list[Span], stretch: float) -> list:
     """The comparison's rows: tokens/s of each schedule and their ratio, staleness, per-pool
-    stage seconds per scored step (the metrics rows and simulated rows given are the scored ones)."""
+    stage seconds per scored step (the metrics rows and simulated rows given are the scored ones;
+    `stretch`: the sync run's host stretch, the async simulation carries its pools' own)."""
     steps = [r["step"] for r in async_rows]
     sim_steps = [r["step"] for r in sim_async.rows[-len(async_rows):]]
     m_sync, m_async = tokens_per_s(sync_rows), tokens_per_s(async_rows)
-    p_sync, p_async = tokens_per_s(sim_sync) / stretch, tokens_per_s(sim_async.rows[-len(async_rows):]) / stretch
+    p_sync, p_async = tokens_per_s(sim_sync) / stretch, tokens_per_s(sim_async.rows[-len(async_rows):])
     out = [{"what": "sync generated tokens/s", "measured": m_sync, "simulated": p_sync},
            {"what": "async generated tokens/s", "measured": m_async, "simulated": p_async},
            {"what": "async / sync tokens/s", "measured": m_async / m_sync if m_sync else math.nan,
@@ -170,14 +233,15 @@ def report_rows(sync_rows, async_rows, sim_sync, sim_async: Simulation, spans: l
             m, p = measured_spans[key], sim_spans[key]
         else:
             m, p = _mean(async_rows, key), sim_pool[key]
-        out.append({"what": f"{pool}: {what} s/step", "measured": m, "simulated": p * stretch})
+        out.append({"what": f"{pool}: {what} s/step", "measured": m, "simulated": p})
     return out
 
 
 def compare_runs(config, prof: HardwareProfile, sync_dir: Path, async_dir: Path, nproc: int,
-                 warmup_steps: int) -> tuple[list[dict], dict, float]:
-    """(report_rows, the async run's pools, the host stretch) of a finished sync run and async
-    run of `config` on `nproc` processes, each simulated on its own recorded workload."""
+                 warmup_steps: int) -> tuple[list[dict], dict, float, tuple[float, float]]:
+    """(report_rows, the async run's pools, the sync run's host stretch, the async pools'
+    stretch) of a finished sync run and async run of `config` on `nproc` processes, each
+    simulated on its own recorded workload."""
     sync_rows, async_rows = read_metrics(sync_dir), read_metrics(async_dir)
     cfg_sync = apply_overrides(config, {"schedule.mode": "sync"})
     cfg_async = apply_overrides(config, {"schedule.mode": "async"})
@@ -186,10 +250,14 @@ def compare_runs(config, prof: HardwareProfile, sync_dir: Path, async_dir: Path,
     stretch = host_stretch(prof, nproc, device)
     sim_sync = _simulate(cfg_sync, spec, sync_dir / "workload.jsonl", prof, len(sync_rows), nproc)
     pools = {"rollout": async_rows[0]["rollout_pool"], "train": async_rows[0]["train_pool"]}
-    sim_async = simulate_async(cfg_async, spec, async_dir / "workload.jsonl", prof, steps, nproc, pools["rollout"])
-    rows = report_rows(sync_rows[warmup_steps:], async_rows[warmup_steps:], sim_sync[warmup_steps:], sim_async,
-                       read_chrome_trace(async_dir / "trace.json"), stretch)
-    return rows, pools, stretch
+    sim_async, ps = simulate_async_on_host(cfg_async, spec, async_dir / "workload.jsonl", prof, steps, nproc,
+                                           pools, device, steps - warmup_steps)
+    # the sync run on this host: every stage stretched, its ranks' rollouts sharing the cores
+    on_host = [{**r, "step_time_s": (r["step_time_s"] - r["rollout_s"]) * stretch
+                + rollout_on_host(r, prof, nproc, device, stretch)} for r in sim_sync]
+    rows = report_rows(sync_rows[warmup_steps:], async_rows[warmup_steps:], on_host[warmup_steps:], sim_async,
+                       read_chrome_trace(async_dir / "trace.json"), 1.0)
+    return rows, pools, stretch, ps
 
 
 def run_async_validation(*, config, profile: str, steps: int = 5, warmup_steps: int = 1, out_dir: str | Path,
@@ -207,9 +275,10 @@ def run_async_validation(*, config, profile: str, steps: int = 5, warmup_steps: 
     dirs = {"sync": out / "runs" / "sync", "async": out / "runs" / "async"}
     _run_runtime(cfg_sync, dirs["sync"], nproc)
     _run_runtime(cfg_async, dirs["async"], nproc)
-    rows, pools, stretch = compare_runs(config, prof, dirs["sync"], dirs["async"], nproc, warmup_steps)
+    rows, pools, stretch, ps = compare_runs(config, prof, dirs["sync"], dirs["async"], nproc, warmup_steps)
     res = AsyncValidation(nproc=nproc, profile=str(profile), max_staleness=cfg_async.schedule.max_staleness,
-                          pools=pools, scored_steps=steps - warmup_steps, host_stretch=stretch, rows=rows,
+                          pools=pools, scored_steps=steps - warmup_steps, host_stretch=stretch,
+                          pool_stretch=tuple(round(x, 4) for x in ps), rows=rows,
                           run_dirs={k: str(v) for k, v in dirs.items()})
     atomic_write_text(out / "async_validation.json", json.dumps(dataclasses.asdict(res), indent=1) + "\n")
     atomic_write_text(out / "async_validation.csv", "what,measured,simulated\n" + "".join(
@@ -221,8 +290,8 @@ def async_table(res: AsyncValidation) -> Table:
     """What `earl validate --schedule async` prints."""
     t = Table(title=f"earl validate --schedule async (cpu x{res.nproc}: rollout pool {res.pools['rollout']}, "
                     f"training pool {res.pools['train']}; max_staleness {res.max_staleness}; profile "
-                    f"{Path(res.profile).stem}; {res.scored_steps} scored steps; predicted x{res.host_stretch:g} "
-                    "for the shared host)")
+                    f"{Path(res.profile).stem}; {res.scored_steps} scored steps; for the shared host: sync predicted "
+                    f"x{res.host_stretch:g}, async pools x{res.pool_stretch[0]:.2f} / x{res.pool_stretch[1]:.2f})")
     for col in ("", "measured", "simulated", "simulated / measured"):
         t.add_column(col, justify="left" if not col else "right")
     for r in res.rows:

@@ -372,6 +372,34 @@ GEMM_FITS: dict[str, dict] = {
 GEMM_FIT_DEFAULT = GEMM_FITS["h100-sxm-80gb"]
 
 
+def slowed(profile: HardwareProfile, factor: float) -> HardwareProfile:
+    """`profile` for a device `factor` times slower at everything: every rate divided by it,
+    every fixed time multiplied, so every price the cost model makes from it is `factor` times
+    the original's. For ranks that get a 1 / factor share of a CPU host's cores
+    (earl.calibrate.validate_async: each async pool's share), or a what-if of slower devices."""
+    if not (0 < factor < math.inf):
+        raise ValueError(f"slowed: factor must be a finite number > 0, got {factor!r}")
+    if factor == 1:
+        return profile
+
+    def link(lp: LinkParams) -> LinkParams:
+        return LinkParams(alpha_s=lp.alpha_s * factor, bw_bytes_s=lp.bw_bytes_s / factor)
+
+    hw, dp = profile.hardware, profile.dispatch_path
+    hw = dataclasses.replace(hw, peak_flops=hw.peak_flops / factor, hbm_bw_bytes_s=hw.hbm_bw_bytes_s / factor,
+                             intra_bw_bytes_s=hw.intra_bw_bytes_s / factor,
+                             intra_latency_s=hw.intra_latency_s * factor)
+    dp = dataclasses.replace(
+        dp, **{k: getattr(dp, k) * factor for k in ("message_s", "object_s", "sample_s", "controller_object_s",
+                                                     "sync_s", "cold_round_s")},
+        copy_bw_bytes_s=dp.copy_bw_bytes_s / factor, controller_bw_bytes_s=dp.controller_bw_bytes_s / factor,
+        wire_bw_bytes_s=None if dp.wire_bw_bytes_s is None else dp.wire_bw_bytes_s / factor)
+    return dataclasses.replace(
+        profile, hardware=hw, intra=link(profile.intra), dispatch_path=dp,
+        collective_links={k: link(v) for k, v in profile.collective_links.items()},
+        **{k: getattr(profile, k) * factor for k in ("op_overhead_s", "step_overhead_s", *HOST_COST_FIELDS)})
+
+
 def datasheet_profile(hw: HardwareSpec) -> HardwareProfile:
     """Defaults before calibration. GPU: GEMM and copy curves fitted to measured kernels
     (GEMM_FITS); attention kernels (FlashAttention-2/3 papers) reach roughly 50-70% of peak."""

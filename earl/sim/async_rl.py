@@ -35,7 +35,7 @@ from earl.policies.pools import PoolSplit, choose_pool_split
 from earl.specs import ParallelPlan, Stage
 
 from .replica_classes import deal
-from .rollout_engine import WAITING, Replica, Seq
+from .rollout_engine import WAITING, DecodeClock, Replica, Seq
 from .workload import Workload
 
 ASYNC_REPLICAS = 16  # rollout replicas simulated in async mode; more are replica classes
@@ -189,7 +189,9 @@ def run_async(sim):
             left[ep_id // ID_STRIDE, owner.pop(ep_id)] -= 1
             ring(gate)
 
-    engines = [StreamReplica(env, cost_model=cm, tp=ro.tp, clock=sim.clock(ro.tp),
+    rcm = sim.rollout_cm  # the rollout pool's prices (its own devices or host share)
+    clock = sim.clock(ro.tp) if rcm is cm else DecodeClock(rcm, ro.tp, exact=sim.fine)
+    engines = [StreamReplica(env, cost_model=rcm, tp=ro.tp, clock=clock,
                              max_num_seqs=sc.max_num_seqs, fine=sim.fine, log=sim.log,
                              name=f"replica{i}", partial=sc.partial_rollout, on_done=on_done)
                for i in chosen]

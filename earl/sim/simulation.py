@@ -64,7 +64,8 @@ class Simulation:
                  cost_model: CostModel | None = None, log: list | None = None,
                  fine: bool | None = None, progress=None, engine: str = "continuous",
                  padded: bool = False, token_budget: int = 0, fsdp: bool = False, handoff: bool = False,
-                 head_on: str = "all", train_placement: str = "aligned", async_feed: str = "stream"):
+                 head_on: str = "all", train_placement: str = "aligned", async_feed: str = "stream",
+                 rollout_cost_model: CostModel | None = None):
         # `engine` "turn-sync", `padded` and `token_budget` model the single-process PyTorch
         # runtime for `earl validate`: its engine plays turns in lockstep (sim.rollout_engine.
         # TurnSyncReplica); its log-prob / train micro-batches are right-padded to their longest
@@ -74,7 +75,10 @@ class Simulation:
         # experience layout through the dispatcher (`_handoff`); `head_on` "generated": its LM
         # head runs on the generated (trained) positions only; `train_placement` "balanced": a
         # dispatch places the training samples as the runtime does (TRAIN_PLACEMENTS), and with
-        # `handoff` it starts from the hand-off's experience layout, where the runtime's samples are
+        # `handoff` it starts from the hand-off's experience layout, where the runtime's samples are;
+        # `rollout_cost_model` (async only): the rollout pool's own prices where its devices differ
+        # from the training pool's (slower ones, or a smaller share of a CPU host's cores:
+        # earl.calibrate.validate_async); None: `cost_model`'s
         if engine not in ENGINES:
             raise ValueError(f"unknown rollout engine model {engine!r}; valid: {', '.join(ENGINES)}")
         if async_feed not in ASYNC_FEEDS:  # async mode: "per-step" models the runtime's replicas
@@ -99,6 +103,9 @@ class Simulation:
             profile = load_profile(scenario.profile) if scenario.profile else None
             cost_model = CostModel(scenario.model_spec(), scenario.cluster_spec(), profile)
         self.cm = cost_model
+        if rollout_cost_model is not None and scenario.mode != "async":
+            raise ValueError(f"rollout_cost_model prices an async run's rollout pool; mode is {scenario.mode!r}")
+        self.rollout_cm = rollout_cost_model or cost_model
         self.cluster = Cluster(self.env, cost_model.cluster, cost_model)
         self.gpus = self.cluster.num_gpus
         self.workload = Workload(scenario.workload_spec(), seed=scenario.seed,

@@ -98,3 +98,34 @@ def test_fsdp_fit_recovers_constants_from_points_measured_under_load():
     for k, v in truth.items():
         assert fields[k] == pytest.approx(v, rel=1e-6), k
     assert quality["fit_max_err"] < 1e-6
+
+
+def test_shared_makespan_gives_an_early_finishers_share_to_the_rest():
+    """Processor sharing on 2 cores: 4 equal works of 1 s take 2 s (all at half a core); works
+    of 1, 1, 1, 3 s: three finish at 2 s (half a core each until then, the long one too), the
+    long one's last 2 s run on a core of its own: 4 s, not 4/2 x 3 = 6 s; on enough cores the
+    longest sets it."""
+    assert hostload.shared_makespan([1, 1, 1, 1], 2) == pytest.approx(2.0)
+    assert hostload.shared_makespan([3, 1, 1, 1], 2) == pytest.approx(4.0)
+    assert hostload.shared_makespan([3, 1, 1, 1], 4) == pytest.approx(3.0)
+    assert hostload.shared_makespan([], 2) == 0.0
+    with pytest.raises(ValueError, match="cores > 0"):
+        hostload.shared_makespan([1], 0)
+
+
+def test_rollout_on_host_shares_the_cores_between_ranks_only_when_oversubscribed():
+    """`earl validate`'s rollout on a CPU host: 4 replicas of 1, 1, 1, 3 s on 2 cores take the
+    shared makespan (4 s) plus the stage's common part (0.5 s) stretched x2, times other
+    tenants' load (stretch 2.2 over the idle host's 2: x1.1); on 4 cores, or on a GPU, the
+    stage's seconds times the stretch, as every other stage."""
+    import dataclasses
+
+    from earl.calibrate.validate import rollout_on_host
+    from earl.cost_model.profile import load_profile
+
+    prof = load_profile("cpu-measured")
+    two = dataclasses.replace(prof, dispatch_path=dataclasses.replace(prof.dispatch_path, host_parallel=2))
+    row = {"rollout_s": 3.5, "rollout_ranks_s": [1.0, 1.0, 1.0, 3.0]}
+    assert rollout_on_host(row, two, 4, "cpu", 2.2) == pytest.approx(1.1 * (4.0 + 0.5 * 2))
+    assert rollout_on_host(row, two, 2, "cpu", 1.0) == pytest.approx(3.5)
+    assert rollout_on_host(row, two, 4, "cuda", 1.0) == pytest.approx(3.5)

@@ -69,3 +69,24 @@ def test_async_validation_on_two_processes(tmp_path, monkeypatch):
         assert rows[what]["measured"] > 0 and rows[what]["simulated"] > 0, what
     assert rows["staleness max"]["measured"] <= 1 and rows["staleness max"]["simulated"] <= 1
     assert "async / sync tokens/s" in r.output and (tmp_path / "v" / "async_validation.csv").is_file()
+
+
+def test_pool_stretch_is_the_harmonic_mean_over_the_other_pools_busy_time():
+    """On 2 cores, a 1-rank rollout pool next to a 3-rank training pool: alone (training idle)
+    it has a core (x1), with all 4 ranks busy half a core (x2); training with the replica always
+    busy shares with all 4 (x2); half the time busy gives the harmonic mean 1 / (0.5/2 + 0.5/1)."""
+    import dataclasses
+
+    from earl.calibrate.validate_async import pool_stretch
+    from earl.cost_model.profile import load_profile
+
+    prof = load_profile("cpu-measured")
+    prof = dataclasses.replace(prof, host_share=1.0,
+                               dispatch_path=dataclasses.replace(prof.dispatch_path, host_parallel=2))
+    pools = {"rollout": 1, "train": 3}
+    assert pool_stretch(prof, pools, (1.0, 0.0), "cpu") == pytest.approx((1.0, 2.0))
+    assert pool_stretch(prof, pools, (1.0, 1.0), "cpu") == pytest.approx((2.0, 2.0))
+    assert pool_stretch(prof, pools, (1.0, 0.5), "cpu")[0] == pytest.approx(1 / (0.25 + 0.5))
+    assert pool_stretch(prof, {"rollout": 1, "train": 1}, (1.0, 1.0), "cpu") == pytest.approx((1.0, 1.0))
+    assert pool_stretch(prof, pools, (1.0, 1.0), "cuda") == (1.0, 1.0)
+

@@ -214,3 +214,34 @@ def test_rollout_integrates_growth_and_counts_each_recompute_once():
     assert cm.rollout(ParallelPlan(), 1, cap + 1).extras["status"] == "cannot run"
     with pytest.raises(ValueError, match="prompt must be in"):
         cm.rollout(ParallelPlan(), 1, 100, 100)
+
+
+@pytest.mark.parametrize("factor", [0.5, 2.0, 3.7])
+def test_slowed_profile_prices_everything_factor_times_longer(factor):
+    """`slowed(profile, f)` (an async pool's share of a CPU host, earl.calibrate.validate_async):
+    every stage price of the calibrated CPU profile, host terms, FSDP2 and links included, is f
+    times the original's; a field it missed would show as a ratio off f."""
+    from earl.calibrate.host import local_cost_model
+    from earl.cost_model.profile import load_profile, slowed
+    from earl.specs import MODEL_CATALOG
+
+    base = load_profile("cpu-measured")
+    one, slow = local_cost_model(base, 2), local_cost_model(slowed(base, factor), 2)
+    spec = MODEL_CATALOG["tiny"]
+    assert one.model == slow.model == spec
+    plan, zero = ParallelPlan(tp=1, dp=2), ParallelPlan(tp=1, dp=2, sharded_optimizer=True)
+    prices = {
+        "decode step": lambda cm: cm.decode_step_time_s(1, 8, 4096),
+        "prefill": lambda cm: cm.prefill_time_s(1, 512, 128),
+        "rollout": lambda cm: cm.rollout(plan, 16, 1024, prompt=64).time_s,
+        "logprob": lambda cm: cm.mixed_batch("logprob", plan, [300, 500, 900], padded=True, token_budget=2048,
+                                             groups=[[300, 900], [500]]).time_s,
+        "train fsdp": lambda cm: cm.mixed_batch("train", zero, [300, 500, 900], padded=True, token_budget=2048,
+                                               groups=[[300, 900], [500]], fsdp=True).time_s,
+        "reshard fsdp": lambda cm: cm.reshard(zero, ParallelPlan(tp=1, dp=2), fsdp=True).time_s,
+        "transfer": lambda cm: cm.transfer_time_s(1e6, 0, 1),
+    }
+    for what, price in prices.items():
+        assert price(slow) == pytest.approx(factor * price(one), rel=1e-9), what
+    with pytest.raises(ValueError, match="factor must be a finite number > 0"):
+        slowed(base, 0)

@@ -83,3 +83,28 @@ def test_broadcast_push_is_a_tree_of_whole_policy_copies():
 def test_unknown_feed_is_refused():
     with pytest.raises(ValueError, match="unknown async_feed 'later'; valid: stream, per-step"):
         run("later")
+
+
+
+def test_rollout_cost_model_prices_the_rollout_pool_alone():
+    """`rollout_cost_model` (an async pool's share of a CPU host, earl.calibrate.validate_async,
+    or other devices): a rollout pool priced 2x slower plays every share 2x longer; the training
+    pool's stages keep their prices (the environment's own time, not the device's, stays: under
+    1% of a share here); a sync run refuses it."""
+    from earl.cost_model.profile import slowed
+
+    sc = load_scenario("connect-four-small", {**SMALL, "schedule.max_staleness": "1"})
+    plain = Simulation(sc, "static", "centralized", async_feed="per-step").run()
+    slow = CostModel(plain.cm.model, plain.cm.cluster, slowed(plain.cm.profile, 2.0))
+    slow_ro = Simulation(sc, "static", "centralized", async_feed="per-step", rollout_cost_model=slow).run()
+
+    def rollout_s(sim):
+        return sorted(s.duration_s for s in sim.spans if s.name == "rollout")
+
+    assert rollout_s(slow_ro) == pytest.approx([2 * x for x in rollout_s(plain)], rel=0.01)
+    assert all(a < 2 * b for a, b in zip(rollout_s(slow_ro), rollout_s(plain), strict=True))
+    assert [r["train_s"] for r in slow_ro.rows] == pytest.approx([r["train_s"] for r in plain.rows], rel=1e-12)
+    assert sum(r["step_time_s"] for r in slow_ro.rows) > 1.5 * sum(r["step_time_s"] for r in plain.rows)
+    with pytest.raises(ValueError, match="rollout_cost_model prices an async run"):
+        Simulation(load_scenario("connect-four-small", {"scenario.steps": "2"}), "static", "centralized",
+                   rollout_cost_model=slow)
