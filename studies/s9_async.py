@@ -84,13 +84,14 @@ def summarize(label: str, sc, res) -> dict:
 
 def measured_rows(path: Path = BENCH_TXT) -> pd.DataFrame:
     """The runtime's measured async / sync generated tokens/s and staleness next to the
-    simulator's prediction of each (per-step feed, calibrated CPU profile), read from
+    simulator's prediction of each (per-step feed, the calibrated CPU profile its workload names), read from
     benchmarks/bench_async.py's output: one row per async run (empty when there is no file)."""
     rows, workload = [], ""
     for line in path.read_text().splitlines() if path.is_file() else []:
         if line.startswith("bench_async: "):  # a call's header: its env, episodes and overrides of both runs
             parts = line.removeprefix("bench_async: ").split("; ")
-            workload = parts[0] + "".join(f"; {p}" for p in parts if p.startswith("--both ") and p != "--both -")
+            workload = parts[0] + "".join(f"; {p}" for p in parts if p.startswith("simulated with ")
+                                          or (p.startswith("--both ") and p != "--both -"))
         m = BENCH_ROW.match(line)
         if m:
             g = m.groups()

@@ -131,7 +131,7 @@ def pool_busy(sim: Simulation, scored: int) -> tuple[float, float]:
     async simulation: a rollout rank's "rollout" spans (mean over the ranks), the training
     pool's stages after its wait for samples."""
     rows = sim.rows[-scored:]
-    wall = sum(r["step_s"] for r in rows)
+    wall = sum(r["step_time_s"] for r in rows)
     if wall <= 0:
         return 1.0, 1.0
     steps = [r["step"] for r in rows]
