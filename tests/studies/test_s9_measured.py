@@ -32,7 +32,7 @@ def test_measured_rows_parse_the_bench_output(tmp_path):
     assert len(df) == 3
     first, second = df.iloc[0], df.iloc[1]
     assert list(df["workload"]) == ["calculator, 8 groups x 1, steps 2-6 scored; simulated with cpu-measured"] * 2 + [
-        "calculator, 16 groups x 1, steps 2-8 scored; simulated with cpu-measured; --both sampling.max_new_tokens=4"]
+        "calculator, 16 groups x 1, steps 2-8 scored; --both sampling.max_new_tokens=4"]  # each row's call
     assert (first["nproc"], first["max staleness"], bool(first["partial rollout"])) == (2, 1, False)
     assert (first["measured vs sync"], first["simulated vs sync"], first["simulated / measured"]) == (1.5, 1.41, 0.94)
     assert (second["nproc"], second["max staleness"], bool(second["partial rollout"])) == (4, 2, True)
