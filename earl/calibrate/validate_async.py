@@ -29,8 +29,7 @@ from pathlib import Path
 from rich.table import Table
 
 from earl.calibrate.host import local_cluster, sim_engine
-from earl.calibrate.validate import (DTYPE_NAMES, _run_runtime, _simulate, host_stretch, logprob_passes,
-                                    rollout_on_host)
+from earl.calibrate.validate import DTYPE_NAMES, _run_runtime, _simulate, host_stretch, logprob_passes, rollout_on_host
 from earl.cost_model import CostModel
 from earl.cost_model.profile import HardwareProfile, load_profile, slowed
 from earl.outputs import check_out_dir
