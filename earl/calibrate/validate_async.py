@@ -206,14 +206,15 @@ def _mean(rows: list[dict], key: str) -> float:
     return sum(float(r[key]) for r in rows) / len(rows) if rows else 0.0
 
 
-def report_rows(sync_rows, async_rows, sim_sync, sim_async: Simulation, spans: list[Span], stretch: float) -> list:
+def report_rows(sync_rows, async_rows, sim_sync, sim_async: Simulation, spans: list[Span]) -> list:
     """The comparison's rows: tokens/s of each schedule and their ratio, staleness, per-pool
-    stage seconds per scored step (the metrics rows and simulated rows given are the scored ones;
-    `stretch`: the sync run's host stretch, the async simulation carries its pools' own)."""
+    stage seconds per scored step (the metrics rows and simulated rows given are the scored ones,
+    each simulation's times already on this host: `sim_sync` stretched, `sim_async` with its
+    pools' stretch)."""
     steps = [r["step"] for r in async_rows]
     sim_steps = [r["step"] for r in sim_async.rows[-len(async_rows):]]
     m_sync, m_async = tokens_per_s(sync_rows), tokens_per_s(async_rows)
-    p_sync, p_async = tokens_per_s(sim_sync) / stretch, tokens_per_s(sim_async.rows[-len(async_rows):])
+    p_sync, p_async = tokens_per_s(sim_sync), tokens_per_s(sim_async.rows[-len(async_rows):])
     out = [{"what": "sync generated tokens/s", "measured": m_sync, "simulated": p_sync},
            {"what": "async generated tokens/s", "measured": m_async, "simulated": p_async},
            {"what": "async / sync tokens/s", "measured": m_async / m_sync if m_sync else math.nan,
@@ -255,7 +256,7 @@ def compare_runs(config, prof: HardwareProfile, sync_dir: Path, async_dir: Path,
     on_host = [{**r, "step_time_s": (r["step_time_s"] - r["rollout_s"]) * stretch
                 + rollout_on_host(r, prof, nproc, device, stretch)} for r in sim_sync]
     rows = report_rows(sync_rows[warmup_steps:], async_rows[warmup_steps:], on_host[warmup_steps:], sim_async,
-                       read_chrome_trace(async_dir / "trace.json"), 1.0)
+                       read_chrome_trace(async_dir / "trace.json"))
     return rows, pools, stretch, ps
 
 

@@ -50,6 +50,12 @@ class Trajectory:
         return sum(self.loss_mask)
 
     @property
+    def legal_per_token(self) -> list[int]:
+        """`legal_bits`, or zeros for every token where the trajectory carries none (one made by
+        hand: calibration, tests)."""
+        return self.legal_bits or [0] * len(self.token_ids)
+
+    @property
     def prompt_tokens(self) -> int:
         return self.turns[0].obs_tokens if self.turns else len(self.token_ids)
 

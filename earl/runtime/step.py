@@ -228,7 +228,7 @@ def rollout_store(trajs: list[Trajectory]) -> Store:
     engine_lp = torch.tensor([x for t in trajs for x in t.logprobs], dtype=torch.float32)
     tok_r = torch.zeros(len(ids))
     turn_ids = torch.full((len(ids),), -1, dtype=torch.long)
-    legal = torch.tensor([x for t in trajs for x in (t.legal_bits or [0] * len(t.token_ids))], dtype=torch.long)
+    legal = torch.tensor([x for t in trajs for x in t.legal_per_token], dtype=torch.long)
     off = 0
     for t, k in zip(trajs, lengths, strict=True):
         start = 0

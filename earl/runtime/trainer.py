@@ -102,8 +102,7 @@ def collate(trajs: list[Trajectory], pad_id: int) -> ExperienceBatch:
         mask[i, :k] = torch.tensor(t.loss_mask, dtype=torch.bool)
         turn_ids[i][~mask[i]] = -1
         lps[i, :k] = torch.tensor(t.logprobs)
-        if t.legal_bits:  # a trajectory made by hand (calibration, tests) may carry none
-            legal[i, :k] = torch.tensor(t.legal_bits, dtype=torch.long)
+        legal[i, :k] = torch.tensor(t.legal_per_token, dtype=torch.long)
     return ExperienceBatch(
         sample_ids=torch.tensor([t.episode_id for t in trajs]),
         group_ids=torch.tensor([t.group_id for t in trajs]),
