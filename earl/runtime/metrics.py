@@ -68,6 +68,7 @@ class RunRecorder:
         self.workload = JsonlTable(out_dir / WORKLOAD_JSONL, resume_step)
         self.decisions = JsonlTable(out_dir / DECISIONS_JSONL, resume_step)
         self.episodes = JsonlTable(out_dir / EPISODES_JSONL, resume_step)
+        self._csv = CsvRows()
         self.spans: list[Span] = []
         if resume_step is not None and (out_dir / TRACE_JSON).is_file():
             self.spans = [s for s in read_chrome_trace(out_dir / TRACE_JSON) if s.step <= resume_step]
@@ -114,7 +115,7 @@ class RunRecorder:
         self.metrics.write()
         self.workload.write()
         self.decisions.write()
-        atomic_write_text(self.out / METRICS_CSV, rows_to_csv(self.metrics.rows))
+        atomic_write_text(self.out / METRICS_CSV, self._csv.text(self.metrics.rows))
         if with_trace:
             write_chrome_trace(self.spans, self.out / TRACE_JSON)
         if self.tb is not None:
@@ -174,15 +175,42 @@ def format_transcripts(run_dir: str | Path, *, episodes: int = 4, step: int | No
 
 
 def rows_to_csv(rows: list[dict]) -> str:
-    cols: list[str] = []
-    for r in rows:
-        cols += [k for k in r if k not in cols]
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in cols})
-    return buf.getvalue()
+    return CsvRows().text(rows)
+
+
+class CsvRows:
+    """Rows as CSV text, columns in first-seen order; each row is encoded once, as long as no
+    later row brings a new column (then all are re-encoded under the wider header), so a run's
+    per-step flush costs one row, not the whole run."""
+
+    def __init__(self) -> None:
+        self.cols: list[str] = []
+        self.lines: list[str] = []
+
+    def _encode(self, rows: list[dict]) -> list[str]:
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=self.cols, lineterminator="\n")
+        for r in rows:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in self.cols})
+        return buf.getvalue().splitlines(keepends=True)
+
+    def text(self, rows: list[dict]) -> str:
+        """The CSV of `rows`; an earlier call's rows must be a prefix of them (a resumed run's
+        rows are a prefix of the file it started from: it starts a new CsvRows)."""
+        if len(rows) < len(self.lines):
+            self.cols, self.lines = [], []
+        new = rows[len(self.lines):]
+        wider = [k for r in new for k in r if k not in self.cols]
+        if wider:
+            self.cols += list(dict.fromkeys(wider))
+            self.lines = self._encode(rows)
+        else:
+            self.lines += self._encode(new)
+        if not self.cols:
+            return ""
+        head = io.StringIO()
+        csv.writer(head, lineterminator="\n").writerow(self.cols)
+        return head.getvalue() + "".join(self.lines)
 
 
 def read_metrics(out_dir: str | Path) -> list[dict]:

@@ -72,9 +72,10 @@ def _encode_obs(conv: Conversation, text: str, role: str = "user") -> list[int]:
 
 def play_episodes(engine: Engine, envs: list[Env], seeds: list[int], params: SamplingParams, *,
                   sample_seeds: list[int], max_context: int, group_ids: list[int],
-                  episode_ids: list[int]) -> list[Trajectory]:
+                  episode_ids: list[int], legal_bits: bool = True) -> list[Trajectory]:
     """Play one episode per env together. `seeds` seed the environments; `sample_seeds` the
-    engine's per-episode sampling streams.
+    engine's per-episode sampling streams; `legal_bits`: record the env's legal actions before
+    each move (the legality term's input; off when `trainer.legal_coef` is 0).
 
     The engine batch is driven step by step (`as_stepper`): as soon as an episode's turn ends,
     its environment steps and its next observation is submitted, to join the running batch while
@@ -101,7 +102,7 @@ def play_episodes(engine: Engine, envs: list[Env], seeds: list[int], params: Sam
             tr = trajs[i]
             start = len(tr.token_ids)
             tr._append(gen.token_ids, generated=True, logprobs=gen.logprobs)
-            if gen.token_ids and hasattr(envs[i], "legal_action_bits"):  # before step changes the state
+            if legal_bits and gen.token_ids and hasattr(envs[i], "legal_action_bits"):  # before step changes the state
                 tr.legal_bits[start] = envs[i].legal_action_bits()
             convs[i].reply(gen.token_ids, gen.text)
             t0 = time.perf_counter()
@@ -128,7 +129,7 @@ def play_episodes(engine: Engine, envs: list[Env], seeds: list[int], params: Sam
 
 def rollout(engine: Engine, make_env: Callable[[], Env], *, seeds: list[int], group_ids: list[int],
             params: SamplingParams, sample_seeds: list[int] | None = None, max_context: int,
-            engine_batch: int = 0, episode_ids: list[int] | None = None) -> list[Trajectory]:
+            engine_batch: int = 0, episode_ids: list[int] | None = None, legal_bits: bool = True) -> list[Trajectory]:
     """Episodes `episode_ids` (default 0..n-1), `engine_batch` at a time (0: all together).
     Episode i's environment gets `seeds[i]` and its sampling stream `sample_seeds[i]`
     (default: from the environment seed and the episode id: members of a group share their
@@ -144,7 +145,7 @@ def rollout(engine: Engine, make_env: Callable[[], Env], *, seeds: list[int], gr
         envs = [make_env() for _ in range(start, stop)]
         out += play_episodes(engine, envs, seeds[start:stop], params, sample_seeds=streams[start:stop],
                              max_context=max_context, group_ids=group_ids[start:stop],
-                             episode_ids=ids[start:stop])
+                             episode_ids=ids[start:stop], legal_bits=legal_bits)
     return out
 
 

@@ -192,7 +192,8 @@ def play_episodes(engine, cfg, params, step: int, episode_ids: list[int]) -> lis
     return rollout(engine, env_factory, seeds=[mix_seed(cfg.seed, step, g) % (2**31) for g in groups],
                    group_ids=groups, episode_ids=episode_ids, params=params,
                    sample_seeds=[mix_seed(cfg.seed, step, SAMPLE_STREAM, e) for e in episode_ids],
-                   max_context=cfg.sampling.max_context, engine_batch=cfg.engine_batch)
+                   max_context=cfg.sampling.max_context, engine_batch=cfg.engine_batch,
+                   legal_bits=bool(cfg.trainer.legal_coef))
 
 
 def play(w: Worker, step: int) -> tuple[list[Trajectory], dict]:

@@ -29,16 +29,14 @@ from earl.runtime.async_rl import (
     Learner,
     Pools,
     Replica,
-    WeightPush,
-    WeightReceiver,
     experience,
     split_pools,
-    weights_digest,
 )
 from earl.runtime.dist import run_local
 from earl.runtime.resolve import check_config, model_spec, selector_cost_model
 from earl.runtime.run_config import RunConfig, ScheduleConfig, apply_overrides
 from earl.runtime.trainer import Trainer, batch_logprobs
+from earl.runtime.weight_push import WeightPush, WeightReceiver, weights_digest
 from earl.specs import ParallelPlan, StagePlan, WorkloadStats
 from earl.trace import read_chrome_trace
 

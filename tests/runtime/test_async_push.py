@@ -1,5 +1,5 @@
 """The async weight push through the re-shard planner (earl.policies.reshard.plan_pool_push,
-executed by earl.runtime.move_weights.execute_reshard; earl.runtime.async_rl.WeightPush): the
+executed by earl.runtime.move_weights.execute_reshard; earl.runtime.weight_push.WeightPush): the
 plan covers every replica's whole tensors from the training pool only, spreading the sends over
 the training ranks, and on 4 gloo processes (training tp1-dp2, two tp1 replicas) every replica
 receives training's weights bit for bit.
@@ -15,10 +15,11 @@ import torch.distributed as dist
 
 from earl.parallel import ParamShape
 from earl.policies.reshard import plan_pool_push, price_reshard
-from earl.runtime.async_rl import Learner, Pools, Replica, WeightPush, WeightReceiver, weights_digest
+from earl.runtime.async_rl import Learner, Pools, Replica
 from earl.runtime.dist import run_local
 from earl.runtime.resolve import model_spec, selector_cost_model
 from earl.runtime.run_config import RunConfig, apply_overrides
+from earl.runtime.weight_push import WeightPush, WeightReceiver, weights_digest
 from earl.specs import ParallelPlan
 
 SHAPES = {"a": ParamShape(shape=(8, 4), tp_dim=0), "b": ParamShape(shape=(6,), tp_dim=None),

@@ -99,3 +99,32 @@ def test_episodes_do_not_depend_on_the_engine_batch(tiny):
     # members of a group see the same environment but sample their own tokens
     gen = [[t for t, m in zip(tr.token_ids, tr.loss_mask, strict=True) if m] for tr in together]
     assert gen[0] != gen[1] and gen[2] != gen[3]
+
+
+def test_legal_bits_recorded_only_when_asked(tiny):
+    """An env that lists its legal actions has them recorded on each move's first generated
+    token (the legality term's input); with `legal_bits=False` (trainer.legal_coef = 0) the env is
+    not asked and every token carries 0, the same tokens played."""
+
+    class LegalEcho(EchoEnv):
+        actions = ("a", "b")
+        asked = 0
+
+        def legal_action_bits(self):
+            LegalEcho.asked += 1
+            return 0b10
+
+    params = SamplingParams(temperature=1.0, max_new_tokens=4, stop=("\n",))
+
+    def play(legal_bits):
+        log = {}
+        return rollout(TorchEngine(tiny.model, tiny.tokenizer), lambda: LegalEcho(log), seeds=[1, 2], group_ids=[0, 1],
+                       params=params, max_context=512, legal_bits=legal_bits)
+
+    on = play(True)
+    asked, LegalEcho.asked = LegalEcho.asked, 0
+    off = play(False)
+    assert asked == sum(t.actions for t in on) > 0 and LegalEcho.asked == 0
+    for a, b in zip(on, off, strict=True):
+        assert a.token_ids == b.token_ids and len(a.legal_per_token) == len(a.token_ids)
+        assert a.legal_per_token.count(0b10) == a.actions and set(b.legal_per_token) == {0}
