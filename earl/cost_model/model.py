@@ -100,6 +100,7 @@ class CostModel:
                                             self.profile.mem_reserve_bytes)
         # hot-path caches (the simulator calls these per event)
         self.prefill_time_s = lru_cache(maxsize=65536)(self._prefill_time_s)
+        self.mixed_step_time_s = lru_cache(maxsize=65536)(self._mixed_step_time_s)
         self.kv_capacity_tokens = lru_cache(maxsize=256)(self._kv_capacity_tokens)
 
     def with_profile(self, profile: HardwareProfile) -> CostModel:
@@ -154,6 +155,28 @@ class CostModel:
             return 0.0
         cost, tp_s, host_s = self._prefill_pass(tp, new_tokens, prefix_tokens, num_seqs, masked)
         return cost.total_s + tp_s + host_s
+
+    def _mixed_step_time_s(self, tp: int, new_tokens: int, new_seqs: int, new_pairs: float, new_kv_tokens: int,
+                           dec_seqs: int, dec_context: float) -> float:
+        """One engine forward that prefills `new_tokens` (over `new_seqs` admitted turns, with
+        `new_pairs` attention pairs and `new_kv_tokens` cached positions after it) and decodes one
+        token of each of `dec_seqs` running sequences (total context `dec_context`), every row
+        sampling a token: a continuous-batching engine's mixed step (vLLM's chunked-prefill batches
+        (Agrawal et al., Sarathi-Serve, OSDI 2024); the runtime engine's `_forward_mixed`). The
+        weights are read once for all rows, and the engine's host work is one step's plus, per
+        admitted turn, `turn_seq_overhead_s` (its own attention segment, masks, inputs) and
+        `turn_overhead_s` once (both fitted on the runtime engine's turns; 0 on datasheets)."""
+        tokens = new_tokens + dec_seqs
+        if tokens <= 0:
+            return 0.0
+        prof = self.profile
+        cost = forward_pass(self.model, prof, tp=tp, layers=self.model.num_layers, tokens=tokens,
+                            attn_pairs=new_pairs + dec_context, kv_tokens=new_kv_tokens + dec_context,
+                            lm_tokens=new_seqs + dec_seqs)
+        host = self._engine_host_s(new_seqs + dec_seqs, new_kv_tokens + dec_context)
+        if new_seqs:
+            host += prof.turn_overhead_s + prof.turn_seq_overhead_s * new_seqs
+        return cost.total_s + self._tp_comm_s(tp, tokens, passes=1) + host
 
     def _engine_host_s(self, num_seqs: float, cached_tokens: float) -> float:
         """Seconds of one engine iteration (a prefill or a decode forward, each followed by

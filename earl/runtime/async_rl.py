@@ -25,14 +25,15 @@ After each optimizer step the training pool pushes the weights through the re-sh
 (earl.runtime.weight_push.WeightPush: earl.policies.reshard.plan_pool_push from tp1-dpT on the
 training ranks to tp1 replicas on the rollout ranks, executed in buckets by
 earl.runtime.move_weights.execute_reshard); a thread on each rollout rank receives them into
-staging tensors and the replica swaps them in between steps' episodes (the replica drains first), or, with `schedule.partial_rollout`,
-between the engine's decode steps (its `between_steps` callback), episodes in flight. Partial
-rollout keeps the KV cache (no recompute): the K/V already cached were made by the old weights,
-as in AReaL and PipelineRL; a recompute would cost a prefill of every running episode at every
-push, while the extra off-policyness is recorded token by token (each behaviour log-prob is the
-one of the weights that sampled the token) and corrected by the same importance weight. Each
-episode records (version_first, version_last); its staleness is its oldest token's,
-step - 1 - version_first, so the gate above still bounds it by K.
+staging tensors and the replica swaps them in between steps' episodes (the replica drains
+first), or, with `schedule.partial_rollout`, between the engine's decode steps (its
+`between_steps` callback), episodes in flight. Partial rollout keeps the KV cache (no
+recompute): the K/V already cached were made by the old weights, as in AReaL and PipelineRL; a
+recompute would cost a prefill of every running episode at every push, while the extra
+off-policyness is recorded token by token (each behaviour log-prob is the one of the weights
+that sampled the token) and corrected by the same importance weight. Each episode records
+(version_first, version_last); its staleness is its oldest token's, step - 1 - version_first, so
+the gate above still bounds it by K.
 
 Checkpoints: every `checkpoint_every` steps and at the end, whole on every rank (tp1-dpN), so
 that both pools join DCP's collective; a rollout rank saves the push of that version it

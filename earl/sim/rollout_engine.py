@@ -1,7 +1,8 @@
 """The rollout engine of one replica: continuous batching of multi-turn episodes.
 
 One `Replica` per data-parallel group of the rollout plan (tp GPUs each) runs as a SimPy
-process: sequences are admitted while KV-cache tokens allow, prefilled, decoded together, leave
+process: sequences are admitted while KV-cache tokens allow, prefilled inside the next
+iteration's forward (a mixed step, `DecodeClock.admission_s`), decoded together, leave
 for their environment at a turn boundary and come back; a full cache evicts idle caches, then
 preempts (vLLM's recompute preemption); a turn that cannot fit alone is an OOM event. Events
 happen only when the batch changes; between them `DecodeClock` sums the decode iterations in
@@ -95,19 +96,29 @@ class DecodeClock:
         self.cm = cost_model
         self.step = AffineCache(lambda n, c: cost_model.decode_step_time_s(tp, n, c),
                                 wide_hi=2 * cost_model.kv_capacity_tokens(tp))
-        self.prefill = AffineCache(lambda new, prefix: cost_model.prefill_time_s(tp, new, prefix),
-                                   wide_hi=cost_model.kv_capacity_tokens(tp))
 
     @property
     def calls(self) -> int:
-        return self.step.calls + self.prefill.calls
+        return self.step.calls
 
-    def prefill_time_s(self, new_tokens: int, prefix_tokens: int) -> float:
-        if new_tokens <= 0:
+    def step_time_s(self, n: int, context: float) -> float:
+        """One decode iteration of `n` sequences at total context `context`."""
+        return self.cm.decode_step_time_s(self.tp, n, context) if self.exact else self.step(n, context)
+
+    def admission_s(self, batch: list[tuple[Seq, int, int]], running: int, context: float) -> float:
+        """What admitting `batch` ((seq, new tokens, cached prefix)) adds to the next iteration:
+        one mixed forward prefills the admitted turns and samples a token of every row, the
+        `running` sequences (total context `context`) included (CostModel.mixed_step_time_s),
+        less that iteration's price as a plain decode step of all of them."""
+        new = sum(n for _, n, _ in batch)
+        if new <= 0:
             return 0.0
-        if self.exact:
-            return self.cm.prefill_time_s(self.tp, new_tokens, prefix_tokens)
-        return self.prefill(new_tokens, prefix_tokens)
+        # a padding-masked segment attends its whole new x (prefix + new) rectangle (the runtime
+        # engine's per-segment attention, as the engine calibration's turns price it)
+        pairs = sum(n * (p + n) for _, n, p in batch)
+        kv = sum(n + p for _, n, p in batch)
+        mixed = self.cm.mixed_step_time_s(self.tp, new, len(batch), pairs, kv, running, context)
+        return max(0.0, mixed - self.step_time_s(running + len(batch), context + kv))
 
     def run(self, n: int, context: float, kmax: int, limit_s: float | None) -> tuple[int, float]:
         """Run up to `kmax` iterations of `n` sequences starting at total context `context`
@@ -366,7 +377,8 @@ class Replica:
             batch = self._admit()
             pre = 0.0  # prefill seconds to run before the next decode segment
             if batch:
-                pre = sum(clock.prefill_time_s(new, prefix) for _, new, prefix in batch)
+                # the admitted turns prefill inside the next iteration's forward (a mixed step)
+                pre = clock.admission_s(batch, len(self.running), self.context)
                 tokens = sum(n for _, n, _ in batch)
                 if self.log is not None:
                     self._note("prefill", None, seqs=[s.ep.id for s, _, _ in batch], tokens=tokens,
@@ -377,11 +389,6 @@ class Replica:
                 for s, _, _ in batch:
                     self._start_decoding(s)
                 st.peak_running = max(st.peak_running, len(self.running))
-                if self.arrivals and self.arrivals[0][0] <= env.now + pre:
-                    # someone arrives during the prefill: admit it before decoding
-                    yield env.timeout(pre)
-                    st.events += 1
-                    continue
             if self.running:
                 n = len(self.running)
                 if self.cap - self.used < n:  # no room for the next token of everyone
@@ -394,7 +401,8 @@ class Replica:
                     continue
                 kmax = 1 if self.fine else min(self.ends[0][0] - self.iters,
                                                (self.cap - self.used) // n)
-                limit = self.arrivals[0][0] - env.now - pre if self.arrivals else None
+                # one arriving during the mixed step joins after it (the segment's first iteration)
+                limit = max(0.0, self.arrivals[0][0] - env.now - pre) if self.arrivals else None
                 k, dt = clock.run(n, self.context, kmax, limit)
                 if self.log is not None:
                     self._note("decode", None, at=env.now + pre, seqs=n, iterations=k,

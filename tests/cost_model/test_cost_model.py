@@ -216,6 +216,25 @@ def test_rollout_integrates_growth_and_counts_each_recompute_once():
         cm.rollout(ParallelPlan(), 1, 100, 100)
 
 
+def test_mixed_step_is_one_forward_for_every_row():
+    """A continuous-batching engine's mixed step (admitted turns prefilled in the forward that
+    decodes the running rows): alone it is a padding-masked prefill plus the turn's host terms;
+    beside running rows it costs less than a separate prefill and decode step on a GPU (the
+    weights are read once), and never less than either part."""
+    cm = cm_for(gpus=1)
+    alone = cm.mixed_step_time_s(1, 100, 1, 100 * 150, 150, 0, 0)
+    assert alone == pytest.approx(cm.prefill_time_s(1, 100, 50, 1, masked=True), rel=1e-12)
+    prof = dataclasses.replace(cm.profile, turn_overhead_s=1e-3, turn_seq_overhead_s=2e-4)
+    turns = cm.with_profile(prof)
+    assert turns.mixed_step_time_s(1, 200, 2, 2 * 100 * 150, 300, 0, 0) == pytest.approx(
+        turns.prefill_time_s(1, 200, 100, 2, masked=True) + 1e-3 + 2 * 2e-4, rel=1e-12)
+    dec = cm.decode_step_time_s(1, 32, 32 * 2000)
+    both = cm.mixed_step_time_s(1, 100, 1, 100 * 150, 150, 32, 32 * 2000)
+    assert max(dec, alone) < both < dec + alone
+    assert cm.mixed_step_time_s(1, 0, 0, 0, 0, 32, 32 * 2000) == pytest.approx(
+        cm.decode_step_time_s(1, 32, 32 * 2000), rel=0.05)  # no admissions: about a decode step
+
+
 @pytest.mark.parametrize("factor", [0.5, 2.0, 3.7])
 def test_slowed_profile_prices_everything_factor_times_longer(factor):
     """`slowed(profile, f)` (an async pool's share of a CPU host, earl.calibrate.validate_async):
@@ -233,6 +252,7 @@ def test_slowed_profile_prices_everything_factor_times_longer(factor):
     prices = {
         "decode step": lambda cm: cm.decode_step_time_s(1, 8, 4096),
         "prefill": lambda cm: cm.prefill_time_s(1, 512, 128),
+        "mixed step": lambda cm: cm.mixed_step_time_s(1, 96, 3, 96 * 200, 300, 8, 4096),
         "rollout": lambda cm: cm.rollout(plan, 16, 1024, prompt=64).time_s,
         "logprob": lambda cm: cm.mixed_batch("logprob", plan, [300, 500, 900], padded=True, token_budget=2048,
                                              groups=[[300, 900], [500]]).time_s,

@@ -1,5 +1,5 @@
 """Exact event logs of the rollout engine on tiny scenarios, checked against the cost model's
-hooks by hand (each expected time is written out from `prefill_time_s` and
+hooks by hand (each expected time is written out from `mixed_step_time_s` and
 `decode_step_time_s`), in both the fast (closed-form) and fine (per-iteration) modes.
 
     python -m pytest tests/sim/test_rollout_engine.py -q
@@ -40,6 +40,16 @@ def decode_sum(cm, n: int, context: int, steps: int) -> float:
     return sum(cm.decode_step_time_s(1, n, context + j * n) for j in range(steps))
 
 
+def mixed_extra(cm, turns: list[tuple[int, int]], running: int, context: int) -> float:
+    """Seconds admitting `turns` ((new tokens, cached prefix) each) adds to the next iteration
+    of `running` sequences at total context `context`: the mixed forward less a plain decode step
+    of everyone."""
+    new = sum(n for n, _ in turns)
+    kv = sum(n + p for n, p in turns)
+    mixed = cm.mixed_step_time_s(1, new, len(turns), sum(n * (n + p) for n, p in turns), kv, running, context)
+    return mixed - cm.decode_step_time_s(1, running + len(turns), context + kv)
+
+
 @pytest.mark.parametrize("fine", [False, True])
 def test_two_episodes_one_replica_by_hand(fine):
     cm = one_gpu("qwen2.5-7b")
@@ -47,21 +57,23 @@ def test_two_episodes_one_replica_by_hand(fine):
     b = Episode(id=1, turns=((50, 5, 0.5), (20, 3, 0.0)))  # 2 turns, 0.5 s tool call between
     r, log = run_replica(cm, [a, b], fine=fine)
 
-    # t=0: both prompts prefilled together (the batch pauses while prefilling)
-    p0 = cm.prefill_time_s(1, 100, 0) + cm.prefill_time_s(1, 50, 0)
-    # 5 iterations with both running (contexts 100+50 = 150, +2 per iteration): B's turn ends
+    # t=0: both prompts prefill in one mixed forward that samples each one's first token: the
+    # first of 5 iterations with both running (contexts 100+50 = 150, +2 per iteration), priced
+    # as the mixed step; then B's turn ends
+    p0 = mixed_extra(cm, [(100, 0), (50, 0)], 0, 0)
     t1 = p0 + decode_sum(cm, 2, 150, 5)
     # A alone: context 105, 5 more tokens; B is back at t1 + 0.5, long after (ms per token)
     t2 = t1 + decode_sum(cm, 1, 105, 5)
     # B returns, prefills its 20 observation tokens on top of its 55 cached ones, decodes 3
     t3 = t1 + 0.5
-    t4 = t3 + cm.prefill_time_s(1, 20, 55) + decode_sum(cm, 1, 75, 3)
+    p3 = mixed_extra(cm, [(20, 55)], 0, 0)
+    t4 = t3 + p3 + decode_sum(cm, 1, 75, 3)
     expected = [
         (0.0, "prefill", None, {"seqs": [0, 1], "tokens": 150, "time_s": p0}),
         (t1, "turn_end", 1, {"context": 55, "back_at": t1 + 0.5}),
         (t2, "done", 0, {"context": 110, "finish": t2}),
         (t3, "arrive", 1, {"tokens": 20}),
-        (t3, "prefill", None, {"seqs": [1], "tokens": 20, "time_s": cm.prefill_time_s(1, 20, 55)}),
+        (t3, "prefill", None, {"seqs": [1], "tokens": 20, "time_s": p3}),
         (t4, "done", 1, {"context": 78, "finish": t4}),
     ]
     got = batch_events(log)
@@ -110,7 +122,7 @@ def test_kv_full_preempts_the_newest_and_recomputes_it():
     ev = batch_events(log)
     # both decode until the cache is full: k iterations of 2 sequences from 200 tokens
     k = (cap - 200) // 2
-    p0 = 2 * cm.prefill_time_s(1, 100, 0)
+    p0 = mixed_extra(cm, [(100, 0), (100, 0)], 0, 0)
     t_pre = p0 + decode_sum(cm, 2, 200, k)
     kinds = [(kind, e) for _, kind, e, _ in ev]
     assert kinds == [("prefill", None), ("preempt", 1), ("done", 0), ("prefill", None), ("done", 1)]
@@ -119,7 +131,7 @@ def test_kv_full_preempts_the_newest_and_recomputes_it():
     # A finishes alone; B then recomputes its whole context (100 + k) and finishes its turn
     t_a = t_pre + decode_sum(cm, 1, 100 + k, gen - k)
     assert ev[2][0] == pytest.approx(t_a, rel=1e-9)
-    t_b = t_a + cm.prefill_time_s(1, 100 + k, 0) + decode_sum(cm, 1, 100 + k, gen - k)
+    t_b = t_a + mixed_extra(cm, [(100 + k, 0)], 0, 0) + decode_sum(cm, 1, 100 + k, gen - k)
     assert ev[4][0] == pytest.approx(t_b, rel=1e-9)
     assert r.stats.preemptions == 1
     assert r.stats.recompute_tokens == 100 + k
@@ -171,10 +183,6 @@ def test_affine_cache_matches_the_hook_everywhere():
     for n in (1, 3, 17, 64):
         for c in (n, 1_000, 37_777, 250_000, 999_000):
             assert clock.step(n, c) == pytest.approx(cm.decode_step_time_s(1, n, c), rel=1e-9)
-    for new in (1, 20, 777):
-        for pre in (0, 1, 5_000, 400_000):
-            assert clock.prefill_time_s(new, pre) == pytest.approx(cm.prefill_time_s(1, new, pre),
-                                                                   rel=1e-9)
 
 
 def test_affine_cache_splits_a_kinked_function():
