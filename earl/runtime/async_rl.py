@@ -28,7 +28,8 @@ earl.runtime.move_weights.execute_reshard); a thread on each rollout rank receiv
 staging tensors and the replica swaps them in between steps' episodes (the replica drains
 first), or, with `schedule.partial_rollout`, between the engine's decode steps (its
 `between_steps` callback), episodes in flight. Partial rollout keeps the KV cache (no
-recompute): the K/V already cached were made by the old weights, as in AReaL and PipelineRL; a
+recompute): the K/V already cached were made by the old weights, as in PipelineRL (AReaL's
+interruptible workers recompute them instead; the simulator's stream feed prices that); a
 recompute would cost a prefill of every running episode at every push, while the extra
 off-policyness is recorded token by token (each behaviour log-prob is the one of the weights
 that sampled the token) and corrected by the same importance weight. Each episode records

@@ -16,7 +16,8 @@ its share of batch j alone, starts it on the newest version it holds once that i
 puts the finished share in its send queue (K shares wait there, one more is on its way to
 training), so a replica faster than training runs up to K batches ahead of it; training takes
 exactly batch j; the push is rank 0's broadcast of the whole policy to the replicas
-(`broadcast_push_s`).
+(`broadcast_push_s`), and a partial rollout's episodes in flight keep their K/V across it (the
+stream feed's recompute it).
 
     earl simulate --set schedule.mode=async --set schedule.max_staleness=2 --steps 20
 """
@@ -47,9 +48,12 @@ class StreamReplica(Replica):
     """A rollout engine that runs on: episodes are fed while it works, weight updates arrive,
     and each finished (or dropped) episode is reported with the version it started on."""
 
-    def __init__(self, env, *, partial: bool, on_done, **kw):
+    def __init__(self, env, *, partial: bool, on_done, keep_kv: bool = False, **kw):
         super().__init__(env, episodes=[], **kw)
         self.partial = partial  # interrupt episodes at a weight update (else drain first)
+        # partial: the episodes in flight go on with the K/V the old weights cached (the runtime's
+        # replica and PipelineRL), else they are re-admitted and recompute it (AReaL)
+        self.keep_kv = keep_kv
         self.on_done = on_done  # on_done(episode id, finish time, start version, dropped)
         self.fresh: deque[Seq] = deque()  # fed, not yet let in (held back while draining)
         self.version = 0  # policy version of the weights loaded
@@ -80,7 +84,10 @@ class StreamReplica(Replica):
         if self.wake.triggered:
             self.wake = self.env.event()
         if self.pending is not None:
-            if self.partial:
+            if self.partial and self.keep_kv:  # the swap comes between two iterations
+                self.interruptions += len(self.running)
+                self.version, self.pending = self.pending, None
+            elif self.partial:
                 for s in reversed(list(self.running.values())):  # resume on the new weights
                     self._stop_decoding(s)
                     self._release(s)
@@ -193,7 +200,8 @@ def run_async(sim):
     clock = sim.clock(ro.tp) if rcm is cm else DecodeClock(rcm, ro.tp, exact=sim.fine)
     engines = [StreamReplica(env, cost_model=rcm, tp=ro.tp, clock=clock,
                              max_num_seqs=sc.max_num_seqs, fine=sim.fine, log=sim.log,
-                             name=f"replica{i}", partial=sc.partial_rollout, on_done=on_done)
+                             name=f"replica{i}", partial=sc.partial_rollout, on_done=on_done,
+                             keep_kv=per_step)
                for i in chosen]
     info: dict[int, tuple] = {}  # episode id -> (context, turns, generated, truncated)
     fed_at: dict[int, set] = {}  # feed version -> ids fed then, not yet trained on

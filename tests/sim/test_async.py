@@ -1,5 +1,6 @@
 """Asynchronous RL in the simulator: staleness stays within its bound, K = 0 is synchronous
-training on separate pools, partial rollout interrupts and recomputes, the cost model picks a
+training on separate pools, partial rollout interrupts and recomputes (or, the runtime's way,
+keeps the cache), the cost model picks a
 pool split, and the schedule keys are checked.
 
     python -m pytest tests/sim/test_async.py -q
@@ -78,6 +79,40 @@ def test_stream_replica_drains_before_loading_new_weights():
     env.process(later())
     env.run()
     assert done == [(0, 0), (1, 1)]  # episode 1 waited for the drain and ran on version 1
+
+
+def test_partial_update_recomputes_or_keeps_the_cache():
+    """A weight update mid-episode under partial rollout: the stream feed's replica (AReaL)
+    re-admits the episode and recomputes its context; the runtime's (per-step feed, PipelineRL)
+    swaps between two iterations and goes on with the cached K/V, finishing sooner."""
+    cm = CostModel(ModelSpec.from_name("qwen2.5-7b"),
+                   ClusterSpec(hardware=HardwareSpec.from_name("h100-sxm-80gb"), nodes=1, gpus_per_node=1))
+
+    def play(keep_kv: bool):
+        env = simpy.Environment()
+        done = []
+        rep = StreamReplica(env, cost_model=cm, tp=1, partial=True, keep_kv=keep_kv,
+                            on_done=lambda i, t, v, dropped: done.append((i, v, t)))
+        rep.feed([Episode(id=0, turns=((2000, 400, 0.0),))])
+
+        def later():
+            yield env.timeout(0.05)
+            rep.update(1)  # while episode 0 decodes
+            yield env.timeout(100.0)
+            rep.stop()
+
+        env.process(later())
+        env.run()
+        (ep, version, t_done), = done
+        assert (ep, version, rep.version, rep.interruptions) == (0, 0, 1, 1)  # staleness: its first token's
+        assert rep.stats.generated_tokens == 400
+        return rep.stats, t_done
+
+    kept, t_kept = play(True)
+    redone, t_redone = play(False)
+    assert kept.recompute_tokens == 0 and kept.prefill_tokens == 2000
+    assert redone.recompute_tokens > 2000 and redone.prefill_tokens == 2000 + redone.recompute_tokens
+    assert t_kept < t_redone
 
 
 def test_cost_model_chooses_the_split():
