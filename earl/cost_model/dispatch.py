@@ -13,6 +13,7 @@ in the profile (`HardwareProfile.dispatch_path`, fitted by `earl calibrate`) and
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from operator import attrgetter
 
@@ -110,13 +111,18 @@ def sync_rounds(tplan) -> int:
 
 
 def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, world: int,
-                        plan=None, control: bool = True) -> Estimate:
+                        plan=None, control: bool = True, advantages: bool = True) -> Estimate:
     """Price `tplan` (an earl.policies TransferPlan: `kind`, `controller`, `phases` of transfers
     with src, dst, bytes, sample_ids, tensors; `metadata_bytes`, `reduce_bytes`) moving
     `samples` samples made by `producers` data-parallel groups among `world` ranks.
     `control=False` leaves out the control plane (planning, metadata to the controller) and the
     cold start of the executor's rounds (`DispatchPath.cold_round_s`): what a benchmark that
-    plans before it starts its clock and runs dispatches back to back measures."""
+    plans before it starts its clock and runs dispatches back to back measures.
+    `advantages=False`: the executor moves the plan's tensors and computes no advantages (the
+    runtime's rollout -> experience hand-off, `execute_dispatch(tensors=...)`): no advantage host
+    work, no statistics all-reduce and none of its synchronising rounds."""
+    if not advantages:
+        tplan = dataclasses.replace(tplan, reduce_bytes=0)
     if samples < 1 or producers < 1 or world < 1:
         raise ValueError(f"price_transfer_plan needs samples, producers and world >= 1, got "
                          f"{samples}, {producers}, {world}")
@@ -144,11 +150,13 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
         at_ctrl += info["controller_bytes"]
     br: dict[str, float] = {}
     if central is not None:
-        br["advantages"] = samples * path.sample_s  # the controller alone, between its phases
+        if advantages:
+            br["advantages"] = samples * path.sample_s  # the controller alone, between its phases
         names = ("gather", "scatter") if len(phase_s) == 2 else tuple(f"phase{i}" for i in range(len(phase_s)))
     else:
         per = math.ceil(samples / producers) * path.sample_s
-        br["advantages"] = max(per, per * ppn / path.host_parallel)
+        if advantages:
+            br["advantages"] = max(per, per * ppn / path.host_parallel)
         names = ("alltoall",) if len(phase_s) == 1 else tuple(f"phase{i}" for i in range(len(phase_s)))
     br.update(zip(names, phase_s, strict=True))
     if tplan.reduce_bytes and world > 1:

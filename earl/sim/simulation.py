@@ -486,7 +486,8 @@ class Simulation:
     def _handoff(self, ro: ParallelPlan, ex: ParallelPlan, ids: np.ndarray, tokens: np.ndarray, step: int):
         """SimPy process: the PyTorch runtime's rollout -> experience hand-off (earl.runtime.step.
         experience): the dispatcher's TransferPlan from the rollout replicas (episode i on replica
-        i % dp) to the experience layout, priced as the one dispatch price; returns seconds."""
+        i % dp) to the experience layout, priced as the one dispatch price without advantages (the
+        hand-off moves tensors only); returns seconds."""
         t0 = self.env.now
         samples = [Sample(i, t) for i, t in zip(ids.tolist(), tokens.tolist(), strict=True)]
         src_assign = tuple(tuple(s.id for s in samples if s.id % ro.dp == d) for d in range(ro.dp))
@@ -494,7 +495,7 @@ class Simulation:
         self._exp_assign = tuple(tuple(g) for g in dst_assign)
         tplan = self.dispatcher.plan(Layout(ro, src_assign), Layout(ex, self._exp_assign), samples)
         est = price_transfer_plan(self.cm, tplan, samples=len(samples), producers=ro.dp,
-                                  world=max(ro.world_size, ex.world_size), plan=ex)
+                                  world=max(ro.world_size, ex.world_size), plan=ex, advantages=False)
         self.events += 1
         yield self.env.timeout(est.time_s)
         self.span(f"hand-off ({tplan.kind})", "experience", tplan.controller, t0, self.env.now, step,

@@ -174,6 +174,25 @@ def test_one_process_dispatch_is_its_calibrated_host_cost():
     assert est.time_s == pytest.approx(prof.dispatch_fixed_s + 16 * prof.dispatch_seq_s)
 
 
+def test_handoff_is_priced_without_advantages():
+    """The rollout -> experience hand-off runs the same plan with tensors only
+    (`execute_dispatch(tensors=...)`): no advantage host work, no statistics all-reduce and
+    none of its two synchronising rounds; the moves themselves cost the same."""
+    prof = load_profile("cpu-measured")
+    cm = dispatchfit.local_cost_model(prof, 2)
+    for kind, tplan in dispatchfit.transfer_plans(2, 4, 2048).items():
+        full = price_transfer_plan(cm, tplan, samples=8, producers=2, world=2)
+        hand = price_transfer_plan(cm, tplan, samples=8, producers=2, world=2, advantages=False)
+        assert "advantages" in full.breakdown and "advantages" not in hand.breakdown
+        assert "advantage_stats" not in hand.breakdown
+        rounds = 1 + len(tplan.phases)
+        assert hand.breakdown["cold_start"] == pytest.approx(rounds * prof.dispatch_path.cold_round_s)
+        moves = [k for k in hand.breakdown if k in ("alltoall", "gather", "scatter")]
+        assert moves and all(hand.breakdown[k] == full.breakdown[k] for k in moves), kind
+        assert hand.time_s < full.time_s
+        assert tplan.reduce_bytes == 0 or "advantage_stats" in full.breakdown
+
+
 def test_cold_start_is_rounds_times_a_fitted_constant():
     """A dispatch inside a step (control=True) pays `cold_round_s` per synchronising round of
     the executor (sync_rounds: start barrier, phases, the advantage statistics' two rounds);
