@@ -150,14 +150,14 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
         at_ctrl += info["controller_bytes"]
     br: dict[str, float] = {}
     if central is not None:
-        if advantages:
-            br["advantages"] = samples * path.sample_s  # the controller alone, between its phases
+        adv_s = samples * path.sample_s  # the controller alone, between its phases
         names = ("gather", "scatter") if len(phase_s) == 2 else tuple(f"phase{i}" for i in range(len(phase_s)))
     else:
         per = math.ceil(samples / producers) * path.sample_s
-        if advantages:
-            br["advantages"] = max(per, per * ppn / path.host_parallel)
+        adv_s = max(per, per * ppn / path.host_parallel)
         names = ("alltoall",) if len(phase_s) == 1 else tuple(f"phase{i}" for i in range(len(phase_s)))
+    if advantages:
+        br["advantages"] = adv_s
     br.update(zip(names, phase_s, strict=True))
     if tplan.reduce_bytes and world > 1:
         link = comm.group_link(cm.cluster, cm.profile, world, collective="allreduce")

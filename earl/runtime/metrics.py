@@ -174,10 +174,6 @@ def format_transcripts(run_dir: str | Path, *, episodes: int = 4, step: int | No
     return "\n".join(lines)
 
 
-def rows_to_csv(rows: list[dict]) -> str:
-    return CsvRows().text(rows)
-
-
 class CsvRows:
     """Rows as CSV text, columns in first-seen order; each row is encoded once, as long as no
     later row brings a new column (then all are re-encoded under the wider header), so a run's
