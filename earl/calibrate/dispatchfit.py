@@ -3,9 +3,11 @@ runtime's own dispatch executor, through the one dispatch price.
 
 Each point runs both dispatchers (earl.runtime.move_samples.execute_dispatch) on local gloo
 processes, warm and cold (as the runtime's dispatch runs right after its log-prob passes);
-host costs come from timing the executor's own packing in one process; the gloo runs then fit
-the per-message cost and the oversubscription terms by least squared log error of
-`price_transfer_plan` on the plans that ran. benchmarks/bench_dispatch.py uses the same layouts
+host costs come from timing the executor's own packing in one process; each process group
+first times its synchronising rounds (back-to-back barriers: `DispatchPath.round_s`, and at more
+processes than cores `sync_s`); the gloo runs then fit the per-message cost and the
+oversubscription stretch by least squared log error of `price_transfer_plan` on the plans
+that ran. benchmarks/bench_dispatch.py uses the same layouts
 and workers. Layouts, medians and the cold-cache figures: docs/calibration.md, "Design notes".
 
     OMP_NUM_THREADS=1 python -m earl.calibrate.dispatchfit     # measure at 2 and 4, fit, print
@@ -44,11 +46,13 @@ KINDS = ("centralized", "layout-aware")
 # per-message, per-piece and per-byte terms separate
 CASES: tuple[tuple[int, int], ...] = ((1, 512), (4, 2048), (16, 1024), (4, 16384), (8, 8192), (4, 32768))
 # the dispatch-path terms the gloo runs fit, in this order (a quick fit: the first only)
-FITTED = ("message_s", "sync_s", "oversubscribed_exp", "controller_bw_bytes_s", "wire_bw_bytes_s")
+# (the rounds' terms, round_s and sync_s, are measured directly: `round_terms`)
+FITTED = ("message_s", "oversubscribed_exp", "controller_bw_bytes_s", "wire_bw_bytes_s")
 QUICK_BUDGET_S = 3.0  # seconds of dispatch budget below which only the quick set runs
 START_METHOD = "spawn"  # fresh rank processes for every measurement (see `measure`)
 # bytes each rank writes before a cold repeat: past the last-level cache (32 MiB on this host)
 EVICT_BYTES = 64 << 20
+ROUNDS = 40  # back-to-back barriers per timed loop (`round_seconds`)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +68,8 @@ class DispatchPoint:
     cold_seconds: float = math.nan  # the same on cold caches, start barrier included (nan: not measured), s
     # the share of a core its ranks got beyond their own oversubscription (earl.calibrate.hostload)
     share: float = 1.0
+    # seconds per synchronising round of its process group (`round_seconds`; nan: not measured)
+    round_s: float = math.nan
 
 
 def plans(nproc: int) -> tuple[ParallelPlan, ParallelPlan]:
@@ -136,6 +142,29 @@ def worker(cases, repeats):
     return out
 
 
+def round_seconds(rounds: int = ROUNDS, repeats: int = 5) -> float:
+    """Runs on every gloo rank: seconds per synchronising round, a barrier issued back to back
+    `rounds` times (the executor's and the weight sync's rounds follow one another so), median
+    of `repeats` loops after one warm-up, the slowest rank's. `DispatchPath.round_s` / `sync_s`."""
+
+    per = []
+    for rep in range(repeats + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            dist.barrier()
+        t = torch.tensor([(time.perf_counter() - t0) / rounds])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        if rep:
+            per.append(float(t[0]))
+    return statistics.median(per)
+
+
+def _measure_worker(cases, repeats):
+    """`worker` after `round_seconds`, in the same process group: (rounds, cases)."""
+    return round_seconds(), worker(cases, repeats)
+
+
 def measure(procs=(2, 4), cases=CASES, repeats: int = 5, trials: int = 3) -> list[DispatchPoint]:
     """Run the executor on local gloo processes; one point per (procs, case, dispatcher): the
     median over `trials` fresh process groups (process counts interleaved) of each one's
@@ -148,10 +177,13 @@ def measure(procs=(2, 4), cases=CASES, repeats: int = 5, trials: int = 3) -> lis
     before it."""
 
     seen: dict[tuple, list[tuple[float, float, float]]] = {}
+    rounds: dict[int, list[float]] = {}
     for _ in range(trials):
         for n in procs:
             with CpuShare(procs=n) as load:
-                res = run_local(worker, n, list(cases), repeats, timeout_s=600, start_method=START_METHOD)[0]
+                got, res = run_local(_measure_worker, n, list(cases), repeats, timeout_s=600,
+                                     start_method=START_METHOD)[0]
+            rounds.setdefault(n, []).append(got)
             # the share beyond the ranks' own oversubscription, which the path's terms model
             share = min(1.0, load.share() / min(1.0, cores() / n))
             for (per_rank, ctx), by_kind in res.items():
@@ -159,7 +191,8 @@ def measure(procs=(2, 4), cases=CASES, repeats: int = 5, trials: int = 3) -> lis
                     seen.setdefault((n, per_rank, ctx, k), []).append((sec, busy, cold, share))
     return [DispatchPoint(procs=n, per_rank=per_rank, context=ctx, kind=k,
                           seconds=statistics.median(x[0] for x in v), busiest_bytes=v[0][1],
-                          cold_seconds=statistics.median(x[2] for x in v), share=statistics.median(x[3] for x in v))
+                          cold_seconds=statistics.median(x[2] for x in v), share=statistics.median(x[3] for x in v),
+                          round_s=statistics.median(rounds[n]))
             for (n, per_rank, ctx, k), v in seen.items()]
 
 
@@ -214,21 +247,38 @@ def measure_host(repeats: int = 15) -> dict[str, float]:
             "sample_s": float(np.median(per_sample))}
 
 
+def round_terms(points: list[DispatchPoint], host_parallel: int, path) -> dict[str, float]:
+    """{round_s, sync_s} from the points' measured rounds: round_s the round at the largest
+    process count that fits the cores, sync_s what the smallest count beyond them adds; a term
+    with no such measurement keeps `path`'s."""
+    by = {}
+    for p in points:
+        if math.isfinite(p.round_s):
+            by.setdefault(p.procs, []).append(p.round_s)
+    fit = [n for n in by if n <= host_parallel]
+    over = [n for n in by if n > host_parallel]
+    round_s = statistics.median(by[max(fit)]) if fit else path.round_s
+    sync_s = max(0.0, statistics.median(by[min(over)]) - round_s) if over else path.sync_s
+    return {"round_s": round_s, "sync_s": sync_s}
+
+
 def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], host: dict[str, float],
                       host_parallel: int | None = None, message_only: bool = False) -> tuple[DispatchPath, dict]:
     """The DispatchPath that best predicts `points` through `price_transfer_plan` on `profile`'s
     links, with the per-piece, per-byte and per-sample terms of `host` (measure_host) fixed and
     the bytes between processes on the profile's intra link (a loopback socket costs CPU both
-    ways): the gloo runs fit the per-message cost, the oversubscription terms, the
-    centralized controller's extra per-byte cost and the executor's wire bandwidth (with
-    `message_only`, the per-message cost alone; the others stay `profile`'s). Returns it and
-    its quality {fit_median_err, fit_max_err, n, host_parallel, points}."""
+    ways), the rounds' terms as the points measured them (`round_terms`): the gloo runs fit the
+    per-message cost, the oversubscription stretch, the centralized controller's extra per-byte
+    cost and the executor's wire bandwidth (with `message_only`, the per-message cost alone;
+    the others stay `profile`'s). Returns it and its quality {fit_median_err, fit_max_err, n,
+    host_parallel, round_s, sync_s, points}."""
 
     if not points:
         raise ValueError("fit_dispatch_path needs measured points")
     hp = host_parallel or len(os.sched_getaffinity(0))
+    measured_rounds = round_terms(points, hp, profile.dispatch_path)
     base = _with_path(profile, host_parallel=hp, controller_bw_bytes_s=float("inf"), controller_object_s=0.0,
-                      full_duplex=False, **host)  # gloo on one host: loopback sockets, CPU both ways
+                      full_duplex=False, **host, **measured_rounds)  # gloo on one host: loopback sockets, CPU both ways
     plans_by = {(p.procs, p.per_rank, p.context): transfer_plans(p.procs, p.per_rank, p.context)
                 for p in points}
     cms = {n: local_cost_model(base, n) for n in {p.procs for p in points}}
@@ -250,8 +300,8 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
 
     y = np.array([p.seconds for p in points])
     link_bw = profile.intra.bw_bytes_s
-    x0 = np.log([50e-6, 1e-3, 0.3, 10 * link_bw, link_bw])
-    lo, hi = np.log([1e-7, 1e-9, 1e-4, link_bw / 100, link_bw / 100]), np.log([1e-2, 0.1, 2.0, 1e13, 100 * link_bw])
+    x0 = np.log([50e-6, 0.3, 10 * link_bw, link_bw])
+    lo, hi = np.log([1e-7, 1e-4, link_bw / 100, link_bw / 100]), np.log([1e-2, 2.0, 1e13, 100 * link_bw])
     res = least_squares(lambda x: np.log(np.array(predicted(x)) / y), x0[:k], bounds=(lo[:k], hi[:k]), x_scale="jac")
     pred = predicted(res.x)
     # cold caches: the extra time per synchronising round of the executor (through the origin)
@@ -264,7 +314,7 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
                                host_share=round(statistics.median(p.share for p in points), 4))
     errs = [abs(a / b - 1) for a, b in zip(pred, y, strict=True)]
     quality = {"fit_median_err": round(float(np.median(errs)), 4), "fit_max_err": round(float(max(errs)), 4),
-               "n": len(points), "host_parallel": hp, "cold_round_s": cold_round_s,
+               "n": len(points), "host_parallel": hp, "cold_round_s": cold_round_s, **measured_rounds,
                "points": [{"label": f"{p.kind} n={p.procs} {p.per_rank}x{p.context}", "measured_s": p.seconds,
                            "predicted_s": q, "cold_measured_s": p.cold_seconds,
                            "cold_predicted_s": q + r * cold_round_s}
@@ -275,10 +325,10 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
 def calibrate_dispatch(profile: HardwareProfile, budget_s: float = 60.0) -> HardwareProfile:
     """Measure and fit; `profile` with the fitted dispatch path and its fit quality. The full
     set (2 and 4 processes, six cases, three trials of 9; about 30 s on 2 cores, most of it
-    starting the spawned ranks) fits all five terms. A budget under QUICK_BUDGET_S measures 2
-    processes on three cases once: that exercises the path, but 2 processes on 2 cores never
-    oversubscribe, so the other terms keep `profile`'s values and only the per-message cost is
-    fitted."""
+    starting the spawned ranks) measures both rounds' terms and fits the four others. A budget
+    under QUICK_BUDGET_S measures 2 processes on three cases once: that exercises the path, but
+    2 processes on 2 cores never oversubscribe, so sync_s and the fitted terms but the
+    per-message cost keep `profile`'s values."""
     quick = budget_s < QUICK_BUDGET_S
     pts = measure((2,), CASES[:3], repeats=3, trials=1) if quick else measure((2, 4), CASES, repeats=9, trials=3)
     path, quality = fit_dispatch_path(profile, pts, measure_host(), message_only=quick)

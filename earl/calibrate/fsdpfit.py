@@ -56,6 +56,9 @@ FIELDS = {"train": ("fsdp_unit_s", "fsdp_tensor_s"), "sync": ("reshard_tensor_s"
 FITTED = tuple(f for names in FIELDS.values() for f in names)
 PROCS = (2, 4)  # ranks measured (the process counts `earl validate` checks)
 REPEATS = 6  # timed repeats per case after one warm-up
+# the weight sync's repeats (a few tens of ms each): its lockstep rounds move most from call to
+# call, and their median is what `reshard_tensor_s` is fitted to
+SYNC_REPEATS = 15
 START_METHOD = "spawn"  # fresh ranks: the calibrating process may hold CUDA or many threads
 # phase budget (s) below which only the quick set runs; the full set takes about 35 s on 2 cores
 # whatever the budget (most of it spawning ranks), the quick one about 12 s
@@ -72,7 +75,7 @@ class FsdpPoint:
     label: str  # e.g. "16x96 budget 192"
     measured_s: float  # slowest rank's wall time, median over repeats, s
     # profile field -> its counted quantity: FSDP units x micro-batches of the busiest rank and
-    # parameter tensors (train), parameter tensors x (procs - 1) gathered shards (sync)
+    # parameter tensors (train), parameter tensors gathered (sync)
     counts: dict[str, int]
     priced_s: float = 0.0  # the cost model's price without the fitted term, s (filled by `price`)
     # the share of a core each rank got over its run (earl.calibrate.hostload); None: the idle
@@ -83,6 +86,10 @@ class FsdpPoint:
     def residual_s(self) -> float:
         """Per-device seconds the priced terms leave unexplained."""
         return self.measured_s / self.stretch - self.priced_s
+
+    def predicted_s(self, fields: dict[str, float]) -> float:
+        """Wall seconds priced with the fitted constants `fields`."""
+        return (self.priced_s + sum(fields[f] * c for f, c in self.counts.items())) * self.stretch
 
 
 def lengths(seqs: int, longest: int) -> list[int]:
@@ -118,7 +125,7 @@ def depths(cases) -> list[int]:
     return sorted({c[0] for c in cases})
 
 
-def worker(cases, repeats: int) -> dict:
+def worker(cases, repeats: int, sync_repeats: int) -> dict:
     """One rank (under earl.runtime.dist.run_local): per model depth, the runtime's FSDP2
     training step on each case, then its weight sync to a rollout copy; seconds per repeat
     (the first one a warm-up)."""
@@ -155,7 +162,7 @@ def worker(cases, repeats: int) -> dict:
         rplan = plan_reshard(shapes, plan, roll_plan, world)
         dst = {n: p.data for n, p in roll.named_parameters()}
         times = []
-        for _ in range(repeats + 1):
+        for _ in range(sync_repeats + 1):
             dist.barrier()
             t0 = time.perf_counter()
             execute_reshard(rplan, shapes, optim.weights(), dst)
@@ -169,16 +176,17 @@ def label(case) -> str:
     return f"{layers}L {seqs}x{longest} budget {budget}"
 
 
-def measure(procs=PROCS, cases=TRAIN_CASES, repeats: int = REPEATS) -> list[FsdpPoint]:
+def measure(procs=PROCS, cases=TRAIN_CASES, repeats: int = REPEATS, sync_repeats: int = SYNC_REPEATS
+            ) -> list[FsdpPoint]:
     """Spawn `procs` local gloo ranks (each count in turn) and measure every case and the sync."""
 
     points = []
     for n in procs:
         with CpuShare(procs=n) as load:
-            res = run_local(worker, n, list(cases), repeats, timeout_s=600, start_method=START_METHOD)
+            res = run_local(worker, n, list(cases), repeats, sync_repeats, timeout_s=600, start_method=START_METHOD)
 
         def slowest(series: list[list[float]]) -> float:  # per repeat the slowest rank; skip warm-up
-            return statistics.median(max(s[i] for s in series) for i in range(1, repeats + 1))
+            return statistics.median(max(s[i] for s in series) for i in range(1, len(series[0])))
 
         for case in cases:
             layers, seqs, longest, budget = case
@@ -192,7 +200,7 @@ def measure(procs=PROCS, cases=TRAIN_CASES, repeats: int = REPEATS) -> list[Fsdp
         for layers in depths(cases):
             points.append(FsdpPoint(kind="sync", procs=n, layers=layers, label=f"weight sync {layers} layers",
                                     share=load.share(),
-                                    counts={"reshard_tensor_s": param_tensors(spec_of(layers)) * (n - 1)},
+                                    counts={"reshard_tensor_s": param_tensors(spec_of(layers))},
                                     measured_s=slowest([r["sync"][layers] for r in res])))
     return points
 
@@ -218,12 +226,15 @@ def price(profile: HardwareProfile, point: FsdpPoint, host_parallel: int, cases=
 
 
 def fit_constants(points: list[FsdpPoint], fields: tuple[str, ...]) -> dict[str, float]:
-    """Non-negative least squares of residual = sum of constant x count over `fields`."""
+    """Non-negative least squares of residual = sum of constant x count over `fields`, each
+    point weighted by 1 / its per-device measured seconds: relative errors, so the points at 4
+    ranks (twice as long on 2 cores) do not outweigh those at 2."""
     if not points:
         return dict.fromkeys(fields, 0.0)
 
-    x, _ = nnls(np.array([[p.counts[f] for f in fields] for p in points], dtype=float),
-                np.array([p.residual_s() for p in points], dtype=float))
+    w = np.array([p.stretch / max(p.measured_s, 1e-9) for p in points])
+    x, _ = nnls(np.array([[p.counts[f] for f in fields] for p in points], dtype=float) * w[:, None],
+                np.array([p.residual_s() for p in points], dtype=float) * w)
     return {f: float(v) for f, v in zip(fields, x, strict=True)}
 
 
@@ -237,7 +248,7 @@ def fit_fsdp_costs(profile: HardwareProfile, points: list[FsdpPoint],
         fields.update(fit_constants([p for p in priced if p.kind == kind], names))
     rows, errs = [], []
     for p in priced:
-        predicted = (p.priced_s + sum(fields[f] * c for f, c in p.counts.items())) * p.stretch
+        predicted = p.predicted_s(fields)
         errs.append(abs(predicted - p.measured_s) / p.measured_s)
         rows.append({"kind": p.kind, "procs": p.procs, "label": p.label, "counts": p.counts, "share": p.share,
                      "stretch": p.stretch,
@@ -255,7 +266,7 @@ def calibrate_fsdp(profile: HardwareProfile, budget_s: float = 30.0) -> Hardware
     return `profile` with the FITTED constants and their fit quality (`fit_quality["fsdp"]`)."""
     full = budget_s >= QUICK_BUDGET_S
     points = measure(procs=PROCS if full else PROCS[:1], cases=TRAIN_CASES if full else QUICK_CASES,
-                     repeats=REPEATS if full else 2)
+                     repeats=REPEATS if full else 2, sync_repeats=SYNC_REPEATS if full else 2)
     fields, quality = fit_fsdp_costs(profile, points)
     return dataclasses.replace(profile, **fields, fit_quality={**profile.fit_quality, "fsdp": quality})
 

@@ -108,13 +108,14 @@ def quality_table(res: CalibrationResult) -> Table:
     if dq:
         d = prof.dispatch_path
         t.add_row("dispatch path (gloo runs)", f"{dq['n']} points",
-                  f"{d.message_s * 1e6:.0f} us/message, sync {d.sync_s * 1e6:.0f} us, cold start "
+                  f"{d.message_s * 1e6:.0f} us/message, round {d.round_s * 1e6:.0f} us (+{d.sync_s * 1e6:.0f} us "
+                  f"oversubscribed), cold start "
                   f"{d.cold_round_s * 1e3:.2f} ms/round", "-", "-", "-",
                   f"{_pct(dq['fit_median_err'])} (fit)")
     if fq:
         t.add_row("FSDP2 host costs (gloo)", f"{len(fq['points'])} points",
                   f"{prof.fsdp_unit_s * 1e3:.2f} ms/unit x micro-batch, {prof.fsdp_tensor_s * 1e6:.0f} us/tensor "
-                  f"per optimizer step, weight sync {prof.reshard_tensor_s * 1e6:.0f} us/tensor x shard", "-", "-",
+                  f"per optimizer step, weight sync {prof.reshard_tensor_s * 1e6:.0f} us/tensor", "-", "-",
                   "-", f"{_pct(fq['fit_median_err'])} (fit)")
     t.caption = (f"op overhead {prof.op_overhead_s * 1e6:.2f} us; attention backend "
                  f"{prof.stamp.get('attention', '?')}; peak {prof.hardware.peak_flops / 1e9:.1f} GFLOP/s, "

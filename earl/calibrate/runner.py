@@ -186,6 +186,8 @@ def _one_process_phases(dev, dt, phases, share, base_prof, seed, progress, t_sta
     res = _build_profile(dev, dt, base_prof, overhead_s, measurements, coll, time.perf_counter() - t_start)
     if "overhead" in phases:
         res = _fit_forward_overhead(res, dev, dt, share["overhead"], progress)
+    elif "overhead" in base_prof.stamp.get("measured", ()):  # the base's effective cost, not the bare one
+        res = dataclasses.replace(res, profile=dataclasses.replace(res.profile, op_overhead_s=base_prof.op_overhead_s))
     if "runtime" in phases:
         res = _fit_host_costs(res, dev, dt, share["runtime"], progress)
     return res
@@ -323,7 +325,11 @@ def _build_profile(dev, dt, base_prof: HardwareProfile, overhead_s: float,
     def curve(kind: str, fallback):
         return fits[kind].to_curve(hw.peak_flops) if kind in fits else fallback
 
-    prof = HardwareProfile(
+    # what this run measures replaces the base's; the rest (host costs of phases not run, the
+    # dispatch path, the FSDP2 constants) is the base's, as `--base` promises. The GEMM p-norm
+    # belongs to the datasheet curves: fitted curves take max(compute, memory)
+    prof = dataclasses.replace(
+        base_prof,
         hardware=hw,
         matmul=curve("matmul", base_prof.matmul),
         attention=curve("attention", base_prof.attention),
@@ -332,10 +338,9 @@ def _build_profile(dev, dt, base_prof: HardwareProfile, overhead_s: float,
         intra=link.link if link else base_prof.intra,
         collective_links=link.collective_links if link else dict(base_prof.collective_links),
         op_overhead_s=overhead_s,
-        mem_reserve_frac=base_prof.mem_reserve_frac,
-        mem_reserve_bytes=base_prof.mem_reserve_bytes,
+        gemm_norm=None,
         stamp=stamp,
-        fit_quality=quality,
+        fit_quality={**base_prof.fit_quality, **quality},
     )
     checks = roofline_checks(prof, ms)
     prof = dataclasses.replace(prof, fit_quality={**quality, "roofline": checks})

@@ -96,8 +96,6 @@ def _phase_s(cm: CostModel, phase, central_rank: int | None, ppn: int) -> tuple[
     in_bw = np.where(senders[present] > 1, node_bw * net.incast_efficiency, node_bw)
     t_nic = np.maximum(nic_out[present] / node_bw, nic_in[present] / in_bw)
     worst = float(max(t_host.max(), (t_nic + np.where(t_nic > 0, net.latency_s, 0.0)).max(), 0.0))
-    if ppn > path.host_parallel:
-        worst += path.sync_s
     at_ctrl = sent & ((src == central_rank) | (dst == central_rank)) if central_rank is not None else np.zeros(m, bool)
     return worst, {"busiest_bytes": float(moved.max()) if sent.any() else 0.0, "messages": int(sent.sum()),
                    "sent_bytes": float(nbytes[sent].sum()), "controller_bytes": float(nbytes[at_ctrl].sum())}
@@ -138,7 +136,6 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
     path = cm.profile.dispatch_path
     g = cm.cluster.gpus_per_node
     ppn = min(world, g)  # processes on the busiest node
-    oversubscribed = ppn > path.host_parallel
     central = tplan.controller if tplan.kind == "centralized" else None
     phase_s, busiest, messages, sent, at_ctrl = [], 0.0, 0, 0.0, 0.0
     for phase in tplan.phases:
@@ -159,11 +156,17 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
     if advantages:
         br["advantages"] = adv_s
     br.update(zip(names, phase_s, strict=True))
+    # every rank waits for its peers at each of the executor's rounds: where the profile
+    # measured a round (DispatchPath.round_cost_s) it is their price, the statistics' two
+    # included, and stands for the all-reduce link's latency (timed right after a barrier)
+    round_s = path.round_cost_s(ppn) if world > 1 else 0.0
     if tplan.reduce_bytes and world > 1:
         link = comm.group_link(cm.cluster, cm.profile, world, collective="allreduce")
-        rounds = 2 * math.ceil(math.log2(world))
-        br["advantage_stats"] = comm.allreduce_s(tplan.reduce_bytes, world, link) + \
-            (rounds * path.sync_s if oversubscribed else 0.0)
+        if round_s:
+            link = dataclasses.replace(link, alpha_s=0.0)
+        br["advantage_stats"] = comm.allreduce_s(tplan.reduce_bytes, world, link)
+    if round_s:
+        br["rounds"] = sync_rounds(tplan) * round_s
     if control:
         if world > 1 and path.cold_round_s:  # the executor's rounds, started on cold caches
             br["cold_start"] = sync_rounds(tplan) * path.cold_round_s

@@ -653,9 +653,10 @@ class CostModel:
             per_tensor = params / (src.tp * src.pp) / tensors * FSDP_SHARD_BYTES
             dp_link = comm.group_link(self.cluster, self.profile, src.dp, src.model_parallel, collective="allgather")
             gather = tensors * comm.allgather_s(per_tensor, src.dp, dp_link)
-            # + per tensor and gathered peer shard: the gather's rounds in lockstep, the cast,
-            # concatenation and copy into the destination (calibrated)
-            host = tensors * (src.dp - 1) * self.profile.reshard_tensor_s
+            # + per tensor gathered: the gather's round in lockstep beyond the link's latency
+            # (timed right after a barrier), the cast, concatenation and copy into the
+            # destination (calibrated on the weight sync itself: earl.calibrate.fsdpfit)
+            host = tensors * self.profile.reshard_tensor_s
         moved = worst * world
         return Estimate(stage="reshard", time_s=t + gather + host, feasible=True, gpus=world, plan=dst,
                         breakdown={"transfer": t, "dp_gather": gather, "host": host},

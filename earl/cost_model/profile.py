@@ -78,7 +78,14 @@ class DispatchPath:
     controller_bw_bytes_s: float = float("inf")  # bytes/s
     controller_object_s: float = 0.0  # per piece, s
     host_parallel: int = 64  # processes of one node whose host work runs at once (CPU cores)
-    sync_s: float = 0.0  # per synchronising round when a node runs more processes than host_parallel, s
+    # A synchronising round: a point where every rank waits for its peers (a barrier, a phase's
+    # receives, one small collective), issued back to back as the runtime issues them. On a CPU
+    # host it costs the wake-ups of ranks asleep on a socket, far above a collective's alpha
+    # measured right after a barrier (2 gloo ranks here: ~0.5 ms a barrier in a loop, ~0.25 ms
+    # after one). Measured by `earl calibrate` (earl.calibrate.rounds: gloo barriers in a loop
+    # at 2 and 4 processes); 0 on datasheets, whose links' alpha prices NCCL's latency.
+    round_s: float = 0.0  # per round when the node's processes fit its host_parallel cores, s
+    sync_s: float = 0.0  # extra per round when a node runs more processes than host_parallel, s
     # a node running more processes than host_parallel: its slowest rank's time stretches by
     # (processes / host_parallel) ** oversubscribed_exp (its waiting peers poll and take CPU
     # from it); the node's total work is shared over host_parallel regardless. 0: no stretch
@@ -100,8 +107,8 @@ class DispatchPath:
     def __post_init__(self):
         if not 0 < self.host_share <= 1:
             raise ValueError(f"DispatchPath.host_share must be in (0, 1], got {self.host_share!r}")
-        for k in ("message_s", "object_s", "sample_s", "controller_object_s", "sync_s", "oversubscribed_exp",
-                  "cold_round_s"):
+        for k in ("message_s", "object_s", "sample_s", "controller_object_s", "round_s", "sync_s",
+                  "oversubscribed_exp", "cold_round_s"):
             if getattr(self, k) < 0:
                 raise ValueError(f"DispatchPath.{k} must be >= 0 s, got {getattr(self, k)}")
         for k in ("copy_bw_bytes_s", "controller_bw_bytes_s"):
@@ -112,6 +119,11 @@ class DispatchPath:
         if self.wire_bw_bytes_s is not None and not self.wire_bw_bytes_s > 0:
             raise ValueError(f"DispatchPath.wire_bw_bytes_s must be > 0 bytes/s (or null: the intra link), "
                              f"got {self.wire_bw_bytes_s}")
+
+    def round_cost_s(self, procs: int) -> float:
+        """Seconds of one synchronising round of ranks sharing a node that runs `procs`
+        processes: `round_s`, plus `sync_s` when they outnumber its host_parallel cores."""
+        return self.round_s + (self.sync_s if procs > self.host_parallel else 0.0)
 
 
 # Named controller paths for `--set dispatch.controller=...` style options and the sensitivity
@@ -190,8 +202,8 @@ class HardwareProfile:
     # and the lockstep of its gathers / reduce-scatters beyond their alpha-beta price, s
     fsdp_tensor_s: float = 0.0  # per optimizer step, per parameter tensor of the FSDP2 model beyond
     # optimizer_tensor_s: DTensor dispatch of the gradient scaling, norm, clipping and AdamW, s
-    reshard_tensor_s: float = 0.0  # weight sync from FSDP2 shards: per parameter tensor and peer
-    # shard gathered (dp - 1 per tensor: the gather's rounds in lockstep, cast, concatenation,
+    reshard_tensor_s: float = 0.0  # weight sync from FSDP2 shards: per parameter tensor gathered
+    # (its gather's round in lockstep beyond the link's latency, the cast, concatenation and
     # copy into the destination copy), s
     # the share of a CPU core the host terms above are a busy process's at (earl.calibrate.
     # hostload: CPU seconds per wall second, at most 1); `earl validate` scales its CPU

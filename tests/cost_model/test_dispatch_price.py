@@ -13,6 +13,7 @@ import json
 import pytest
 
 from earl.calibrate import dispatchfit
+from earl.cost_model import comm
 from earl.cost_model.dispatch import price_transfer_plan, sync_rounds
 from earl.cost_model.profile import HardwareProfile, load_profile, with_controller_path
 from earl.cost_model.resolve import make_cost_model
@@ -124,8 +125,10 @@ def test_shipped_cpu_profile_has_a_fitted_dispatch_path():
 
 
 def test_fit_recovers_known_parameters_from_synthetic_points():
+    """The rounds' terms come from the points' measured rounds (2 processes on 2 cores: round_s;
+    4: round_s + sync_s); the fit then recovers the per-message cost through the one price."""
     prof = load_profile("cpu-measured")
-    truth = dataclasses.replace(prof.dispatch_path, message_s=150e-6, sync_s=1e-3, host_parallel=2,
+    truth = dataclasses.replace(prof.dispatch_path, message_s=150e-6, round_s=4e-4, sync_s=1e-3, host_parallel=2,
                                 full_duplex=False)
     true_prof = dataclasses.replace(prof, dispatch_path=truth)
     points = []
@@ -133,18 +136,50 @@ def test_fit_recovers_known_parameters_from_synthetic_points():
         for per, ctx in dispatchfit.CASES:
             for kind, t in dispatchfit.predict(true_prof, n, per, ctx).items():
                 points.append(dispatchfit.DispatchPoint(procs=n, per_rank=per, context=ctx, kind=kind,
-                                                        seconds=t, busiest_bytes=0.0))
+                                                        seconds=t, busiest_bytes=0.0,
+                                                        round_s=truth.round_cost_s(n)))
     host = {"object_s": truth.object_s, "copy_bw_bytes_s": truth.copy_bw_bytes_s, "sample_s": truth.sample_s}
     path, quality = dispatchfit.fit_dispatch_path(prof, points, host, host_parallel=2)
     assert quality["fit_max_err"] < 1e-3
     assert path.message_s == pytest.approx(150e-6, rel=0.02)
-    assert path.sync_s == pytest.approx(1e-3, rel=0.02)
+    assert (path.round_s, path.sync_s) == (pytest.approx(4e-4), pytest.approx(1e-3))
+    assert (quality["round_s"], quality["sync_s"]) == (path.round_s, path.sync_s)
+    # points without round measurements keep the profile's terms
+    plain = [dataclasses.replace(p, round_s=float("nan")) for p in points]
+    kept = dispatchfit.fit_dispatch_path(true_prof, plain, host, host_parallel=2)[0]
+    assert (kept.round_s, kept.sync_s) == (truth.round_s, truth.sync_s)
+
+
+def test_every_synchronising_round_costs_the_measured_round():
+    """A dispatch over N processes pays sync_rounds x DispatchPath.round_cost_s(N): round_s
+    while the node's processes fit its cores, + sync_s beyond; the measured round stands for
+    the statistics all-reduce's latency (the link's alpha, timed right after a barrier)."""
+    prof = load_profile("cpu-measured")
+    path = dataclasses.replace(prof.dispatch_path, round_s=5e-4, sync_s=2e-3, host_parallel=2)
+    with_rounds = dataclasses.replace(prof, dispatch_path=path)
+    none = dataclasses.replace(prof, dispatch_path=dataclasses.replace(path, round_s=0.0, sync_s=0.0))
+    assert (path.round_cost_s(2), path.round_cost_s(4)) == (5e-4, 2.5e-3)
+    for n in (2, 4):
+        for kind, tplan in dispatchfit.transfer_plans(n, 4, 2048).items():
+            a, b = (price_transfer_plan(dispatchfit.local_cost_model(p, n), tplan, samples=4 * n, producers=n,
+                                        world=n) for p in (with_rounds, none))
+            assert a.breakdown["rounds"] == pytest.approx(sync_rounds(tplan) * path.round_cost_s(n)), kind
+            assert "rounds" not in b.breakdown
+            assert {k: v for k, v in a.breakdown.items() if k not in ("rounds", "advantage_stats")} == \
+                {k: v for k, v in b.breakdown.items() if k != "advantage_stats"}
+            if tplan.reduce_bytes:  # bytes only: no alpha
+                link = comm.group_link(dispatchfit.local_cost_model(prof, n).cluster, prof, n, collective="allreduce")
+                assert a.breakdown["advantage_stats"] == pytest.approx(
+                    comm.allreduce_s(tplan.reduce_bytes, n, dataclasses.replace(link, alpha_s=0.0)))
+                assert a.breakdown["advantage_stats"] < b.breakdown["advantage_stats"]
+    one = price_transfer_plan(dispatchfit.local_cost_model(with_rounds, 1), tplan, samples=4, producers=1, world=1)
+    assert "rounds" not in one.breakdown  # one process: no executor runs
 
 
 def test_quick_fit_keeps_the_oversubscription_terms():
     """Two processes on two cores never oversubscribe: a quick (2-process) fit moves only the
-    per-message cost and keeps the base profile's sync_s / oversubscribed_exp (a full fit once
-    returned them at its starting guesses)."""
+    per-message cost and keeps the base profile's sync_s (no point measured a round beyond the
+    cores) and oversubscribed_exp (a full fit once returned it at its starting guess)."""
     prof = load_profile("cpu-measured")
     truth = dataclasses.replace(prof.dispatch_path, message_s=150e-6, host_parallel=2, full_duplex=False)
     true_prof = dataclasses.replace(prof, dispatch_path=truth)
@@ -283,7 +318,7 @@ def _phase_s_by_loop(cm, phase, central, ppn):
         t_nic = max(n_out[n] / net.node_bw_bytes_s, n_in[n] / in_bw)
         worst = max(worst, stretch * max(times), sum(times) / path.host_parallel,
                     t_nic + (net.latency_s if t_nic else 0.0))
-    return worst + (path.sync_s if ppn > path.host_parallel else 0.0), max(moved.values(), default=0.0)
+    return worst, max(moved.values(), default=0.0)
 
 
 def test_vectorised_phase_price_is_the_loop_to_the_last_bit():
