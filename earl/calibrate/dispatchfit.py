@@ -37,6 +37,7 @@ from earl.policies.dispatch import CentralizedDispatcher, LayoutAwareDispatcher
 from earl.policies.types import Layout, Sample, Transfer
 from earl.runtime.advantages import AdvantageSpec, fill_advantages, local_stats
 from earl.runtime.dist import run_local
+from earl.runtime.gc_steps import StepGC
 from earl.runtime.move_samples import execute_dispatch, pack_transfer, unpack_transfer
 from earl.specs import ParallelPlan
 
@@ -106,7 +107,14 @@ def _store(samples, src, rank):
 def worker(cases, repeats):
     """Runs on every gloo rank: both dispatchers alternating, per case, warm then cold; rank 0's
     answer is {(per_rank, context): {kind: (median slowest-rank seconds, busiest-rank bytes,
-    median slowest-rank seconds cold)}}."""
+    median slowest-rank seconds cold)}}. The garbage collector runs as in the runtime's steps:
+    by hand, between the timed dispatches (earl.runtime.gc_steps)."""
+    with StepGC(every=1) as step_gc:
+        return _timed_cases(cases, repeats, step_gc)
+
+
+def _timed_cases(cases, repeats, step_gc):
+    """`worker`'s timed loops."""
 
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -120,6 +128,7 @@ def worker(cases, repeats):
         busiest = {}
         for rep in range(repeats + 1):
             for k in KINDS:
+                step_gc.step_done(rep)
                 _, stats = execute_dispatch(tplans[k], store, samples, src, dst, check=(rep == 0))
                 t = torch.tensor([stats.seconds, float(stats.bytes_sent + stats.bytes_recv)])
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -129,6 +138,7 @@ def worker(cases, repeats):
         cold: dict[str, list[float]] = {k: [] for k in KINDS}
         for rep in range(repeats):
             for k in KINDS:
+                step_gc.step_done(rep)
                 evict.fill_(rep)  # cold caches (see EVICT_BYTES); every rank starts together
                 dist.barrier()
                 t0 = time.perf_counter()
@@ -162,7 +172,9 @@ def round_seconds(rounds: int = ROUNDS, repeats: int = 5) -> float:
 
 def _measure_worker(cases, repeats):
     """`worker` after `round_seconds`, in the same process group: (rounds, cases)."""
-    return round_seconds(), worker(cases, repeats)
+    with StepGC(every=1):
+        rounds = round_seconds()
+    return rounds, worker(cases, repeats)
 
 
 def measure(procs=(2, 4), cases=CASES, repeats: int = 5, trials: int = 3) -> list[DispatchPoint]:

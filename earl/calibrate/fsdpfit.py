@@ -32,6 +32,7 @@ from earl.cost_model.profile import HardwareProfile, load_profile
 from earl.parallel import build_plan_groups
 from earl.policies.reshard import plan_reshard
 from earl.runtime.dist import run_local
+from earl.runtime.gc_steps import StepGC
 from earl.runtime.hf_model import Policy, empty_like_policy, hf_config_from_spec
 from earl.runtime.move_weights import execute_reshard
 from earl.runtime.optim import FSDPAdamW
@@ -128,7 +129,8 @@ def depths(cases) -> list[int]:
 def worker(cases, repeats: int, sync_repeats: int) -> dict:
     """One rank (under earl.runtime.dist.run_local): per model depth, the runtime's FSDP2
     training step on each case, then its weight sync to a rollout copy; seconds per repeat
-    (the first one a warm-up)."""
+    (the first one a warm-up). The garbage collector runs as in the runtime's steps: by hand,
+    between the timed calls (earl.runtime.gc_steps)."""
 
 
     torch.set_num_threads(1)
@@ -137,37 +139,40 @@ def worker(cases, repeats: int, sync_repeats: int) -> dict:
     groups = build_plan_groups(plan)
     base = TrainerConfig(algo="grpo", lr=1e-5)
     out: dict = {"train": {}, "sync": {}}
-    for layers in depths(cases):
-        spec = spec_of(layers)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            policy = Policy(model=AutoModelForCausalLM.from_config(hf_config_from_spec(spec, "fp32")),
-                            tokenizer=CharTokenizer(), spec=spec, source=MODEL)
-        shapes = param_shapes(policy.model)
-        roll = empty_like_policy(policy, torch.float32).eval()
-        model = parallelize(policy.model, plan, shapes, device_type="cpu")
-        optim = FSDPAdamW(model, shapes, groups, base, torch.float32)
-        for case in (c for c in cases if c[0] == layers):
-            _, seqs, longest, budget = case
-            trainer = Trainer(model, dataclasses.replace(base, token_budget=budget), temperature=1.0,
-                              lockstep=groups.dp_group)
-            local = _batch(seqs, longest, spec.vocab_size).select(rank_share(seqs, world, rank))
+    with StepGC(every=1) as step_gc:
+        for layers in depths(cases):
+            spec = spec_of(layers)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)
+                policy = Policy(model=AutoModelForCausalLM.from_config(hf_config_from_spec(spec, "fp32")),
+                                tokenizer=CharTokenizer(), spec=spec, source=MODEL)
+            shapes = param_shapes(policy.model)
+            roll = empty_like_policy(policy, torch.float32).eval()
+            model = parallelize(policy.model, plan, shapes, device_type="cpu")
+            optim = FSDPAdamW(model, shapes, groups, base, torch.float32)
+            for case in (c for c in cases if c[0] == layers):
+                _, seqs, longest, budget = case
+                trainer = Trainer(model, dataclasses.replace(base, token_budget=budget), temperature=1.0,
+                                  lockstep=groups.dp_group)
+                local = _batch(seqs, longest, spec.vocab_size).select(rank_share(seqs, world, rank))
+                times = []
+                for i in range(repeats + 1):
+                    step_gc.step_done(i)
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    train_step(trainer, optim, local)
+                    times.append(time.perf_counter() - t0)
+                out["train"][case] = times
+            rplan = plan_reshard(shapes, plan, roll_plan, world)
+            dst = {n: p.data for n, p in roll.named_parameters()}
             times = []
-            for _ in range(repeats + 1):
+            for i in range(sync_repeats + 1):
+                step_gc.step_done(i)
                 dist.barrier()
                 t0 = time.perf_counter()
-                train_step(trainer, optim, local)
+                execute_reshard(rplan, shapes, optim.weights(), dst)
                 times.append(time.perf_counter() - t0)
-            out["train"][case] = times
-        rplan = plan_reshard(shapes, plan, roll_plan, world)
-        dst = {n: p.data for n, p in roll.named_parameters()}
-        times = []
-        for _ in range(sync_repeats + 1):
-            dist.barrier()
-            t0 = time.perf_counter()
-            execute_reshard(rplan, shapes, optim.weights(), dst)
-            times.append(time.perf_counter() - t0)
-        out["sync"][layers] = times
+            out["sync"][layers] = times
     return out
 
 

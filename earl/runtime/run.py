@@ -27,6 +27,7 @@ from earl.runtime.console import Preemption, Progress, library_progress_bars, st
 from earl.runtime.control import fault_hook, vote_stop
 from earl.runtime.defaults import describe_defaults
 from earl.runtime.dist import process_group
+from earl.runtime.gc_steps import StepGC
 from earl.runtime.metrics import RunRecorder, plot_run
 from earl.runtime.resolve import (
     check_config,
@@ -110,8 +111,10 @@ def _run(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume, 
     failed = True  # until the loop ends without an exception (Ctrl-C included)
     preemption = Preemption()
     preempted = False
+    step_gc = StepGC(cfg.gc_every)
     try:
         preemption.__enter__()
+        step_gc.__enter__()
         for step in range(start + 1, last + 1):
             fault_hook(rank, step)
             row, prev, decisions, episodes = run_step(worker, ctx, step, prev)
@@ -135,10 +138,12 @@ def _run(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume, 
                 bar.update(step, row)
                 if not bar.enabled and (world > 1 or step % max(1, cfg.steps // 10) == 0 or step == last):
                     echo(step_line(row))
+            step_gc.step_done(step)
             if step == last:
                 break
         failed = False
     finally:
+        step_gc.__exit__()
         preemption.__exit__()
         bar.stop()
         worker.close_engine()  # an external engine's processes (vLLM) end with the run, not after it

@@ -249,6 +249,10 @@ class RunConfig:
     # seconds a rank waits in a collective or a send/receive for the other ranks before the run
     # fails with the launcher's line and resume hint (a hung rank, a lost node); torch.distributed's timeout
     collective_timeout_s: float = 300.0
+    # steps between garbage collections run by hand on every rank at the step's end, the
+    # automatic collector off meanwhile (earl/runtime/gc_steps.py: its pauses at different
+    # moments on different ranks stall lockstep stages); 0 = Python's automatic collector
+    gc_every: int = 1
 
     def __post_init__(self):
         for name in ("steps", "groups", "group_size", "threads", "nproc"):
@@ -257,6 +261,8 @@ class RunConfig:
         if self.transcript_every < 0 or self.transcript_episodes < 0:
             raise ValueError(f"transcript_every and transcript_episodes must be >= 0, got "
                              f"{self.transcript_every} and {self.transcript_episodes}")
+        if self.gc_every < 0:
+            raise ValueError(f"gc_every must be >= 0 (0: Python's automatic collector), got {self.gc_every}")
         if not self.collective_timeout_s > 0:
             raise ValueError(f"collective_timeout_s must be > 0 seconds, got {self.collective_timeout_s}")
         if self.decode_steps < 0:
