@@ -215,13 +215,17 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
                 chunk = n if rep % 2 == 0 else max(1, n // 4)  # all episodes in one engine batch, or in 4
                 worker.cfg = dataclasses.replace(run_cfg, groups=n, group_size=1, engine_batch=chunk)
                 (played, _), t_ro = _timed(lambda w=worker, r=rep: play(w, r + 1), device)
-                # experience = the hand-off and the log-prob pass; timed apart: the pass's forward is priced
+                # the stage = the hand-off and the log-prob span, split by their spans' shares: the
+                # hand-off is priced as the dispatch it is (the one dispatch price: the simulator's
+                # `_handoff`), so only the log-prob span is fitted here: with one optimizer step the
+                # runtime runs no log-prob forward (its training forward stands for the old
+                # policy's) and the span is batch building, the `experience_*` terms; else its
+                # host work beyond the priced forward is the `logprob_*` terms'
                 (store, layout, _), t_exp = _timed(lambda w=worker, tr=trajs, sa=samples, me=meta: prepare_experience(
                     w, ctx, 1, tr, sa, me), device)
                 spans = {sp.name: sp.duration_s for sp in worker.spans}
-                # with one optimizer step the runtime runs no log-prob forward (its training
-                # forward stands for the old policy's): the whole stage is host work
-                t_lp = 0.0 if skip_old else t_exp * spans["logprob"] / max(spans["logprob"] + spans["handoff"], 1e-12)
+                t_span = t_exp * spans["logprob"] / max(spans["logprob"] + spans["handoff"], 1e-12)
+                t_exp, t_lp = (t_span, 0.0) if skip_old else (0.0, t_span)
                 _, t_train_all = _timed(lambda w=worker, st=store, lay=layout, sa=samples, me=meta: train(
                     w, ctx, 1, st, lay, sa, me), device)
                 spans = {sp.name: sp.duration_s for sp in worker.spans}
@@ -229,7 +233,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
                 worker.spans = []
                 key = "rollout" if chunk == n else "rollout_chunked"
                 parts.setdefault(key + "_pred", []).append(_sim_rollout(cm, played, chunk, run_cfg.engine))
-                for k, v in ((key, t_ro), ("experience", t_exp - t_lp), ("logprob", t_lp),
+                for k, v in ((key, t_ro), ("experience", t_exp), ("logprob", t_lp),
                              ("dispatch", t_train_all * disp_share), ("train", t_train_all * (1 - disp_share))):
                     parts.setdefault(k, []).append(v)
             warm = ("rollout_chunked", "rollout_chunked_pred")  # first met after the warm-up round
