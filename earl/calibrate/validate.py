@@ -55,6 +55,10 @@ STAGES = STEP_PHASES  # the runtime's span stages, the rows of every table
 # there (its stages last as long as their slowest group); the rank that arrived last, the one
 # with the shortest span, is the move itself
 COLLECTIVE_MOVES = ("dispatch", "reshard")
+# spans of other stages that are such moves: the rollout -> experience hand-off is a dispatch
+# (earl.runtime.step.prepare_experience: `execute_dispatch`, which starts with a barrier); the
+# log-prob span after it is the rank's own work
+COLLECTIVE_SPANS = ("handoff",)
 NPROCS = (1, 2, 4)  # process counts validated: the profile's dispatch path is fitted at 2 and 4
 DTYPE_NAMES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 
@@ -248,18 +252,20 @@ def _predicted_peak(rows: list[dict], cm_capacity: float, reserve: float) -> flo
 
 def measured_stages(spans, steps: list[int]) -> list[dict]:
     """Per step: stage -> seconds: each rank's spans of the stage summed, then the largest over
-    ranks (the smallest for COLLECTIVE_MOVES); 0 for a stage no rank ran."""
-    per: dict[tuple[int, str, int], float] = {}
+    ranks, and for collective moves (COLLECTIVE_MOVES, COLLECTIVE_SPANS) the smallest, the two
+    added; 0 for a stage no rank ran."""
+    per: dict[tuple[int, str, bool, int], float] = {}
     for sp in spans:
         if sp.stage in STAGES:
-            key = (sp.step, sp.stage, sp.rank)
+            key = (sp.step, sp.stage, sp.stage in COLLECTIVE_MOVES or sp.name in COLLECTIVE_SPANS, sp.rank)
             per[key] = per.get(key, 0.0) + sp.duration_s
     out = []
     for step in steps:
-        row = {}
+        row = dict.fromkeys(STAGES, 0.0)
         for s in STAGES:
-            got = [v for (k, st, _), v in per.items() if k == step and st == s]
-            row[s] = (min if s in COLLECTIVE_MOVES else max)(got) if got else 0.0
+            for move in (False, True):
+                got = [v for (k, st, m, _), v in per.items() if k == step and st == s and m == move]
+                row[s] += (min if move else max)(got) if got else 0.0
         out.append(row)
     return out
 

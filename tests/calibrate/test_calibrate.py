@@ -4,6 +4,7 @@ GPU-check script's CPU path.
     pytest tests/calibrate/test_calibrate.py
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from earl.calibrate import current_stamp
+from earl.calibrate import current_stamp, run_calibration
 from earl.cli import app
 from earl.cost_model import CostModel
 from earl.cost_model.profile import check_stamp, load_profile
@@ -178,3 +179,19 @@ def test_gpu_check_script_keeps_its_deadline(tmp_path):
     assert first.startswith("skipped") or int(first.split("limit ")[1].split(" s")[0]) <= 14, first
     assert lines["validate"].startswith("skipped") and lines["calibrate"].startswith("skipped")
     assert wall < 14 + 10 + 15  # the deadline, timeout's kill grace, interpreter start-ups
+
+
+def test_a_phase_subset_keeps_what_the_base_measured(calibrated_profile):
+    """`--phases memory --base PROFILE`: the memory curve is measured anew and everything else a
+    calibrated base holds (the runtime's host costs, the forward overhead, the dispatch path,
+    the FSDP2 constants) is the base's. It used to be rebuilt from nothing, so re-running one
+    phase zeroed the others' constants."""
+    base = load_profile(calibrated_profile)
+    marked = dataclasses.replace(base, experience_seq_s=1.25e-4, reshard_tensor_s=7.5e-4, op_overhead_s=3.5e-5,
+                                 dispatch_path=dataclasses.replace(base.dispatch_path, round_s=6e-4),
+                                 stamp={**base.stamp, "measured": sorted({*base.stamp["measured"], "overhead"})})
+    path = marked.save(Path(calibrated_profile).with_name("marked.json"))
+    got = run_calibration(device="cpu", budget_s=8.0, phases=("memory",), base=str(path)).profile
+    assert (got.experience_seq_s, got.reshard_tensor_s, got.op_overhead_s) == (1.25e-4, 7.5e-4, 3.5e-5)
+    assert got.dispatch_path == marked.dispatch_path and got.matmul == marked.matmul
+    assert got.stamp["measured"] == ["memory"] and got.gemm_norm is None

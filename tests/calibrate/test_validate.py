@@ -159,9 +159,16 @@ def test_measured_stage_slowest_rank_or_last_to_arrive_for_moves():
              Span(name="s", stage="reshard", rank=0, t_start=0, t_end=0.75, step=1),  # waited longer
              Span(name="s", stage="select", rank=1, t_start=0, t_end=9, step=1),  # not a scored stage
              Span(name="d", stage="dispatch", rank=1, t_start=0, t_end=0.25, step=2)]
+    # the hand-off is a move (it starts with a barrier): its last rank to arrive; then each rank's
+    # own log-prob work, the slowest
+    spans += [Span(name="handoff", stage="experience", rank=0, t_start=0, t_end=0.75, step=2),  # waited
+              Span(name="handoff", stage="experience", rank=1, t_start=0, t_end=0.25, step=2),
+              Span(name="logprob", stage="experience", rank=0, t_start=1, t_end=1.5, step=2),
+              Span(name="logprob", stage="experience", rank=1, t_start=1, t_end=2, step=2)]
     got = measured_stages(spans, [1, 2])
     assert got[0] == {"rollout": 0.0, "experience": 0.0, "dispatch": 0.0, "train": 3.0, "reshard": 0.5}
     assert got[1]["dispatch"] == 0.25 and got[1]["train"] == 0.0
+    assert got[1]["experience"] == 0.25 + 1.0
 
 
 def test_token_budget_packing_per_data_parallel_group():
