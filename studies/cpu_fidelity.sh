@@ -5,11 +5,11 @@
 # gloo ranks (phases dispatch and fsdp); the validations use
 #   - a held-out model: qwen2-27m (Qwen2-shaped, 27M parameters, random weights, vocab 8192),
 #     on the calibration's environment and on a held-out one (calculator);
-#   - the multi-process runtime: --nproc 2 and 4 (tiny model, calculator);
+#   - the multi-process runtime: --nproc 2 and 4 (tiny model, calculator; 8 scored steps, two runs each);
 # and benchmarks/bench_dispatch.py at 2 / 4 / 8 processes. Everything lands in $OUT (default
 # ./cpu_fidelity): logs, validation.json per run, the profile. Needs a quiet host (other
 # processes' time slices show up as stage time): the load average is logged before each part.
-# About 10 minutes on 2 cores.
+# About 12 minutes on 2 cores.
 #
 #   OUT=docs/cpu bash studies/cpu_fidelity.sh                         # calibrate, then check
 #   PROFILE=cpu-measured OUT=/tmp/f bash studies/cpu_fidelity.sh      # check a shipped profile
@@ -22,9 +22,9 @@ PY="${PYTHON:-python3}"
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$(cd "$(dirname "$0")/.." && pwd)"
 export OMP_NUM_THREADS=1
 if [ "$QUICK" = 1 ]; then
-  STEPS=2; BUDGET=8; DISPATCH=(--procs 2 --contexts 1024 --repeats 2 --rounds 1); MP=(2)
-else
-  STEPS=5; BUDGET=90; DISPATCH=(--rounds 3); MP=(2 4)
+  STEPS=2; MP_STEPS=2; RUNS=1; BUDGET=8; DISPATCH=(--procs 2 --contexts 1024 --repeats 2 --rounds 1); MP=(2)
+else  # the multi-process runs: 8 scored steps, twice each, alternating (issue #24's protocol)
+  STEPS=5; MP_STEPS=9; RUNS=2; BUDGET=90; DISPATCH=(--rounds 3); MP=(2 4)
 fi
 mkdir -p "$OUT_DIR"
 load() { echo "[$(date -u +%T)] load average: $(cut -d' ' -f1-3 /proc/loadavg) -- $*"; }
@@ -38,18 +38,20 @@ else
       --measurements "$OUT_DIR/measurements-cpu.json"; } 2>&1 | tee "$OUT_DIR/calibrate.log"
 fi
 
-validate() {  # name, then validate's arguments
-  local name="$1"; shift
+validate() {  # name, steps, then validate's arguments
+  local name="$1" steps="$2"; shift 2
   rm -rf "${OUT_DIR:?}/$name"
-  { load "validate $name: $*"; "$PY" -m earl.cli validate --hardware "$PROFILE_PATH" --steps "$STEPS" \
+  { load "validate $name: --steps $steps $*"; "$PY" -m earl.cli validate --hardware "$PROFILE_PATH" --steps "$steps" \
       --out "$OUT_DIR/$name" "$@"; load "done"; } 2>&1 | grep -v -e "Writing model" -e "Loading weights" \
       | tee "$OUT_DIR/$name.log"
 }
 SMALL=(--set groups=4 --set group_size=4)
-validate model-tictactoe --model qwen2-27m "${SMALL[@]}"
-validate model-calculator --model qwen2-27m --set env.name=calculator "${SMALL[@]}"
-for n in "${MP[@]}"; do
-  validate "nproc$n-calculator" --nproc "$n" --set env.name=calculator "${SMALL[@]}"
+validate model-tictactoe "$STEPS" --model qwen2-27m "${SMALL[@]}"
+validate model-calculator "$STEPS" --model qwen2-27m --set env.name=calculator "${SMALL[@]}"
+for run in $(seq "$RUNS"); do
+  for n in "${MP[@]}"; do
+    validate "nproc$n-calculator-run$run" "$MP_STEPS" --nproc "$n" --set env.name=calculator "${SMALL[@]}"
+  done
 done
 { load "bench_dispatch ${DISPATCH[*]}"; "$PY" benchmarks/bench_dispatch.py --profile "$PROFILE_PATH" "${DISPATCH[@]}"; } \
   2>&1 | tee "$OUT_DIR/dispatch.txt"
