@@ -69,7 +69,8 @@ def test_profiles_carry_the_share_and_check_it(tmp_path):
 
 
 def test_validate_stretch_is_the_profiles_share_over_the_runs():
-    idle = dataclasses.replace(PROF, host_share=1.0)
+    idle = dataclasses.replace(PROF, host_share=1.0,
+                               dispatch_path=dataclasses.replace(PROF.dispatch_path, host_share=1.0))
     cores = idle.dispatch_path.host_parallel
     assert cores == 2
     # no share measured: an idle host, nproc / cores above 1
