@@ -225,7 +225,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
                     w, ctx, 1, tr, sa, me), device)
                 spans = {sp.name: sp.duration_s for sp in worker.spans}
                 t_span = t_exp * spans["logprob"] / max(spans["logprob"] + spans["handoff"], 1e-12)
-                t_exp, t_lp = (t_span, 0.0) if skip_old else (0.0, t_span)
+                t_batch, t_lp = (t_span, 0.0) if skip_old else (0.0, t_span)
                 _, t_train_all = _timed(lambda w=worker, st=store, lay=layout, sa=samples, me=meta: train(
                     w, ctx, 1, st, lay, sa, me), device)
                 spans = {sp.name: sp.duration_s for sp in worker.spans}
@@ -233,7 +233,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
                 worker.spans = []
                 key = "rollout" if chunk == n else "rollout_chunked"
                 parts.setdefault(key + "_pred", []).append(_sim_rollout(cm, played, chunk, run_cfg.engine))
-                for k, v in ((key, t_ro), ("experience", t_exp), ("logprob", t_lp),
+                for k, v in ((key, t_ro), ("experience", t_batch), ("logprob", t_lp),
                              ("dispatch", t_train_all * disp_share), ("train", t_train_all * (1 - disp_share))):
                     parts.setdefault(k, []).append(v)
             warm = ("rollout_chunked", "rollout_chunked_pred")  # first met after the warm-up round

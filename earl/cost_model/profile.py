@@ -82,8 +82,8 @@ class DispatchPath:
     # receives, one small collective), issued back to back as the runtime issues them. On a CPU
     # host it costs the wake-ups of ranks asleep on a socket, far above a collective's alpha
     # measured right after a barrier (2 gloo ranks here: ~0.5 ms a barrier in a loop, ~0.25 ms
-    # after one). Measured by `earl calibrate` (earl.calibrate.rounds: gloo barriers in a loop
-    # at 2 and 4 processes); 0 on datasheets, whose links' alpha prices NCCL's latency.
+    # after one). Measured by `earl calibrate` (earl.calibrate.dispatchfit.round_seconds: gloo
+    # barriers in a loop at 2 and 4 processes); 0 on datasheets, whose links' alpha prices NCCL's latency.
     round_s: float = 0.0  # per round when the node's processes fit its host_parallel cores, s
     sync_s: float = 0.0  # extra per round when a node runs more processes than host_parallel, s
     # a node running more processes than host_parallel: its slowest rank's time stretches by
