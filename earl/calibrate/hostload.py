@@ -15,7 +15,9 @@ taken as a dedicated core's (`HardwareProfile.host_share` 1; their share is stam
 `cpu_share`). `earl validate` scales each step's prediction by host_share / the share rank 0 got
 in it, which on an otherwise idle host is the N / cores stretch of N ranks on fewer cores.
 A rank blocked on a peer (a gloo wait) gets no CPU either: at N > 1 the share reads low by the
-job's own waiting, the same in the calibration's gloo phases as in validate's runs.
+job's own waiting, the same in the calibration's gloo phases as in validate's runs. The
+stages priced by the one-process constants (rollout, log-probs) are stretched by the share of
+the ranks' compute spans instead (`earl.calibrate.validate.compute_shares`), which holds no wait.
 
     python -m earl.calibrate.hostload        # the share a busy loop gets here, now
 """

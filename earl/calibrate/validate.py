@@ -59,6 +59,10 @@ COLLECTIVE_MOVES = ("dispatch", "reshard")
 # (earl.runtime.step.prepare_experience: `execute_dispatch`, which starts with a barrier); the
 # log-prob span after it is the rank's own work
 COLLECTIVE_SPANS = ("handoff",)
+# spans with no wait for a peer in them (at tp 1): their CPU share (the runtime's per-span
+# `cpu_s` over wall seconds) is the core a rank got while it computed, which the step's share
+# (rank 0's step_cpu_s / step_s) reads low by the waits of the collective stages
+COMPUTE_SPANS = ("rollout", "logprob")
 NPROCS = (1, 2, 4)  # process counts validated: the profile's dispatch path is fitted at 2 and 4
 DTYPE_NAMES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 
@@ -85,11 +89,16 @@ class VariantResult:
     # processes and other tenants sharing the host's cores (1 on an idle host when they fit)
     host_stretch: float = 1.0
     run_share: float = 1.0  # the share of a core rank 0 got, mean over the scored steps (earl.calibrate.hostload)
+    # the share of a core the ranks got in their COMPUTE_SPANS, mean over the scored steps
+    # (`compute_shares`); the rollout and log-prob predictions are stretched by it
+    compute_share: float = 1.0
+    compute_stretch: float = 1.0  # host_stretch's counterpart for the rollout and log-prob work
     plan_mismatches: list[str] = field(default_factory=list)  # steps where sim and runtime plans differ
 
     def predicted_dedicated(self) -> list[dict]:
         """The prediction for dedicated devices (the stretch for a shared host taken out)."""
-        return [{k: v if k == "dispatch" else v / self.host_stretch for k, v in r.items()} for r in self.predicted]
+        div = {k: self.compute_stretch if k in ("rollout", "experience") else self.host_stretch for k in STAGES}
+        return [{k: v if k == "dispatch" else v / div[k] for k, v in r.items()} for r in self.predicted]
 
     def measured_cpu(self) -> list[dict]:
         """Measured stage times scaled by their step's CPU share: the seconds of CPU they got."""
@@ -270,6 +279,22 @@ def measured_stages(spans, steps: list[int]) -> list[dict]:
     return out
 
 
+def compute_shares(spans, steps: list[int], nproc: int, cores: int) -> list[float | None]:
+    """Per step: the share of a core the ranks got in their COMPUTE_SPANS (CPU seconds over
+    wall seconds, all ranks' spans pooled), at most min(1, cores / nproc): the share while all
+    ranks compute, before those done early leave their cores to the rest (`rollout_on_host`
+    prices that); None for a step whose spans carry no `cpu_s` (a trace from before the runtime
+    recorded it)."""
+    cpu: dict[int, float] = {}
+    wall: dict[int, float] = {}
+    for sp in spans:
+        if sp.name in COMPUTE_SPANS and "cpu_s" in sp.args:
+            cpu[sp.step] = cpu.get(sp.step, 0.0) + float(sp.args["cpu_s"])
+            wall[sp.step] = wall.get(sp.step, 0.0) + sp.duration_s
+    cap = min(1.0, cores / nproc)
+    return [min(cap, share_of(cpu[k], wall[k], 1)) if wall.get(k) else None for k in steps]
+
+
 def _run_runtime(cfg, run_dir: Path, nproc: int) -> tuple[list[dict], float]:
     """The runtime's metrics rows: in this process (one), or under torchrun as `earl run --nproc`;
     and the share of a core each rank got meanwhile (earl.calibrate.hostload)."""
@@ -326,7 +351,8 @@ def run_variant(cfg, name: str, overrides: dict, out_dir: Path, prof: HardwarePr
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()  # each variant's own peak
     rows, share_run = _run_runtime(cfg, run_dir, nproc)
-    measured = measured_stages(read_chrome_trace(run_dir / "trace.json"), [r["step"] for r in rows])
+    spans = read_chrome_trace(run_dir / "trace.json")
+    measured = measured_stages(spans, [r["step"] for r in rows])
     spec = MODEL_CATALOG[cfg.model.path] if cfg.model.path in MODEL_CATALOG else \
         ModelSpec.from_hf_config(cfg.model.path)
     spec = dataclasses.replace(spec, dtype=DTYPE_NAMES[cfg.model.dtype])
@@ -336,25 +362,32 @@ def run_variant(cfg, name: str, overrides: dict, out_dir: Path, prof: HardwarePr
     # thread; earl.calibrate.hostload): the load each step ran under; the whole run's (start-up
     # included) where a step did not record it
     shares = [hostload_share(r, cfg.threads, share_run) if device == "cpu" else 1.0 for r in rows[warmup_steps:]]
+    # ... and the share the ranks got while they computed (`compute_shares`): the stretch of the
+    # stages priced by one-process constants (a dedicated core's: HardwareProfile.host_share)
+    per_step = compute_shares(spans, [r["step"] for r in rows[warmup_steps:]], nproc,
+                              prof.dispatch_path.host_parallel) if device == "cpu" else []
+    computing = [c if c is not None else s for c, s in zip(per_step, shares, strict=True)] if per_step else shares
 
-    def predicted(p: HardwareProfile) -> tuple[list[dict], list[dict], float]:
-        """(the scored steps' stage seconds, all simulated rows, the mean host stretch) for
-        profile `p`; dispatch and the experience stage's hand-off carry their own
-        oversubscription terms (`dispatch_stretch`)."""
+    def predicted(p: HardwareProfile) -> tuple[list[dict], list[dict], float, float]:
+        """(the scored steps' stage seconds, all simulated rows, the mean host stretch, the mean
+        compute stretch) for profile `p`; dispatch and the experience stage's hand-off carry
+        their own oversubscription terms (`dispatch_stretch`)."""
         sim_rows = _simulate(cfg, spec, trace, p, len(rows), nproc)
-        out, ks = [], []
-        for sr, sh in zip(sim_rows[warmup_steps:], shares, strict=True):
+        out, ks, kcs = [], [], []
+        for sr, sh, sc in zip(sim_rows[warmup_steps:], shares, computing, strict=True):
             k, kd = host_stretch(p, nproc, device, sh), dispatch_stretch(p, nproc, device, sh)
+            kc = host_stretch(p, nproc, device, sc)
             row = {s: float(sr[f"{s}_s"]) * (kd if s == "dispatch" else k) for s in STAGES}
-            row["rollout"] = rollout_on_host(sr, p, nproc, device, k)
+            row["rollout"] = rollout_on_host(sr, p, nproc, device, kc)
             row["reshard"] += float(sr["sync_s"]) * k
-            row["experience"] += float(sr["handoff_s"]) * (kd - k)
+            row["experience"] = (float(sr["experience_s"]) - float(sr["handoff_s"])) * kc + float(sr["handoff_s"]) * kd
             out.append(row)
             ks.append(k)
-        return out, sim_rows, float(np.mean(ks)) if ks else 1.0
+            kcs.append(kc)
+        return out, sim_rows, float(np.mean(ks)) if ks else 1.0, float(np.mean(kcs)) if kcs else 1.0
 
-    pred, sim_cal, stretch = predicted(prof)
-    sheet_pred, _, _ = predicted(sheet)
+    pred, sim_cal, stretch, compute_stretch = predicted(prof)
+    sheet_pred, _, _, _ = predicted(sheet)
     cm = CostModel(spec, local_cluster(prof, nproc), prof)
     one_core = device == "cpu" and cfg.threads == 1
     share = [min(1.0, r["step_cpu_s"] / r["step_s"]) if one_core and r.get("step_s") else 1.0
@@ -362,6 +395,8 @@ def run_variant(cfg, name: str, overrides: dict, out_dir: Path, prof: HardwarePr
     return VariantResult(name=name, overrides=overrides, measured=measured[warmup_steps:], cpu_share=share,
                          predicted=pred, datasheet=sheet_pred, nproc=nproc, host_stretch=stretch,
                          run_share=float(np.mean(shares)) if shares else share_run,
+                         compute_share=float(np.mean(computing)) if computing else 1.0,
+                         compute_stretch=compute_stretch,
                          plan_mismatches=plan_mismatches(run_plans(rows), sim_cal)[:20],
                          peak_mem_measured=float(max(r["peak_mem_bytes"] for r in rows)),
                          peak_mem_predicted=_predicted_peak(sim_cal, cm.capacity, cm.reserve),
@@ -455,7 +490,8 @@ def validation_table(res: ValidationResult, hardware: str, scored_steps: int):
     """Predicted vs measured time per stage and peak memory per variant (what the CLI prints)."""
 
     load = "" if res.device != "cpu" else ", " + "; ".join(
-        f"core share {v.run_share:.2f}, stretch x{v.host_stretch:.2f}" for v in res.variants[:2])
+        f"core share {v.run_share:.2f} (computing {v.compute_share:.2f}), stretch x{v.host_stretch:.2f}"
+        for v in res.variants[:2])
     t = Table(title=f"earl validate ({res.device} x{res.nproc}, profile {hardware}, {len(res.variants)} variant(s), "
                     f"{scored_steps} scored step(s) each{load})")
     for col in ("stage", "measured s", "predicted s", "median err", f"datasheet ({res.datasheet}) s",

@@ -49,7 +49,7 @@ from earl.runtime.rollout import Trajectory, rollout
 from earl.runtime.run_config import RunConfig
 from earl.runtime.seeds import SAMPLE_STREAM, SHUFFLE_STREAM, mix_seed
 from earl.runtime.trainer import ExperienceBatch, batch_logprobs, train_step
-from earl.runtime.worker import MemoryBudgetExceeded, Worker, runnable
+from earl.runtime.worker import MemoryBudgetExceeded, Worker, runnable, span_start
 from earl.specs import STEP_PHASES, ParallelPlan, Stage, WorkloadStats
 
 OUTCOME_RATES = OUTCOMES
@@ -158,7 +158,7 @@ def select_plans(w: Worker, ctx: StepContext, step: int, stats: WorkloadStats) -
     """Ask the selector for each stage's plan; apply runnable switches (and scripted ones)."""
     decisions = []
     for stage in Stage:
-        t0 = time.perf_counter()
+        t0 = span_start()
         dec = ctx.selector.select(stage, dataclasses.replace(stats, step=step), w.plans.for_stage(stage))
         bad = runnable(dec.plan, w.world, w.policy.model.config, w.shapes, stage, w.cfg.engine) if dec.switched else ""
         plan, why = (dec.plan, dec.reason) if dec.switched and not bad else (None, "")
@@ -202,7 +202,7 @@ def play(w: Worker, step: int) -> tuple[list[Trajectory], dict]:
     w.sync_weights(Stage.ROLLOUT, step)
     n = cfg.groups * cfg.group_size
     mine = deal(n, w.plans.rollout.dp)[rg.dp_rank]
-    t0 = time.perf_counter()
+    t0 = span_start()
     es0 = dataclasses.replace(w.engine.stats)
     trajs = play_episodes(w.engine, cfg, w.params, step, mine)
     w.played = trajs  # rank 0 writes transcripts of the episodes it played itself
@@ -296,7 +296,7 @@ def prepare_experience(w: Worker, ctx: StepContext, step: int, trajs: list[Traje
     roll_assign = tuple(tuple(i for i in b if i in kept) for b in deal(cfg.groups * cfg.group_size, roll_plan.dp))
     src = Layout(roll_plan, roll_assign)
     dst = Layout(exp_plan, balance_aligned(samples, exp_plan.dp, roll_assign)[0])
-    t0 = time.perf_counter()
+    t0 = span_start()
     store = rollout_store(trajs)  # tp peers of a replica hold the same episodes: any may send
     tplan = ctx.dispatcher.plan(src, dst, samples)
     legal = ("legal_bits",) if w.trainer.uses_legal_bits else ()  # trainer.legal_coef's input
@@ -304,7 +304,7 @@ def prepare_experience(w: Worker, ctx: StepContext, step: int, trajs: list[Traje
     w.span("handoff", "experience", t0, step, bytes=hstats.bytes_sent)
 
     w.sync_weights(Stage.EXPERIENCE, step)
-    t0 = time.perf_counter()
+    t0 = span_start()
     ids = list(dst.assignment[w.exp_groups.dp_rank])
     batch = padded_batch(got, ids, meta, w.policy.tokenizer.pad_id)
     temp, budget, vocab = w.params.logprob_temperature, cfg.trainer.token_budget, w.policy.tokenizer.vocab_size
@@ -343,7 +343,7 @@ def train(w: Worker, ctx: StepContext, step: int, store: Store, src: Layout, sam
     extra += ("legal_bits",) if w.trainer.uses_legal_bits else ()
     for _attempt in range(4):
         plan, tg = w.plans.train, w.train_groups
-        t0 = time.perf_counter()
+        t0 = span_start()
         dst = Layout(plan, balance_samples(samples, plan.dp)[0])
         tplan = ctx.dispatcher.plan(src, dst, samples)
         delivered, dstats = execute_dispatch(tplan, {i: dict(v) for i, v in store.items()}, samples, src, dst,
@@ -362,7 +362,7 @@ def train(w: Worker, ctx: StepContext, step: int, store: Store, src: Layout, sam
                 raise MemoryBudgetExceeded(f"{e}; no runnable train plan needs less") from None
             w.switch_train(nxt, f"memory budget: {e}", step)
             continue
-        t0 = time.perf_counter()
+        t0 = span_start()
         stats = seeded_train_step(w.trainer, w.optim, local, cfg, step, tg.dp_rank)
         w.span("train_step", "train", t0, step, tokens=int(stats["train_tokens"]))
         info = {"dispatcher": tplan.kind, "dispatch_transfers": len(tplan.transfers),

@@ -47,6 +47,11 @@ from earl.trace import Span
 ONE = ParallelPlan()
 
 
+def span_start() -> tuple[float, float]:
+    """A span's start for `Worker.span`: (wall clock, this process's CPU seconds)."""
+    return time.perf_counter(), time.process_time()
+
+
 class MemoryBudgetExceeded(RuntimeError):
     pass
 
@@ -229,7 +234,7 @@ class Worker:
 
     def switch_train(self, plan: ParallelPlan, why: str, step: int) -> None:
         """Move weights + optimizer state to `plan` in flight."""
-        t0 = time.perf_counter()
+        t0 = span_start()
         old = self.plans.train
         rplan = plan_reshard(self.shapes, old, plan, self.world, optimizer_states=self.optim.state_names,
                              optimizer_itemsize=4)  # the optimizer's state is fp32
@@ -245,13 +250,13 @@ class Worker:
         self._event(step, "train", old, plan, why, t0, stats.bytes_sent)
 
     def switch_rollout(self, plan: ParallelPlan, why: str, step: int) -> None:
-        t0 = time.perf_counter()
+        t0 = span_start()
         old = self.plans.rollout
         self._build_rollout(plan)  # weights arrive with this step's train -> rollout re-shard
         self._event(step, "rollout", old, plan, why, t0, 0)
 
     def switch_experience(self, plan: ParallelPlan, why: str, step: int) -> None:
-        t0 = time.perf_counter()
+        t0 = span_start()
         old = self.plans.experience
         self._build_experience(plan)  # weights arrive with this step's train -> experience re-shard
         nbytes = 0
@@ -278,7 +283,7 @@ class Worker:
     def sync_weights(self, stage: Stage, step: int) -> int:
         """Training weights -> the rollout engine (or a separate experience copy), every step.
         Returns the bytes this rank sent."""
-        t0 = time.perf_counter()
+        t0 = span_start()
         if stage is not Stage.ROLLOUT and hasattr(self.engine, "sleep"):
             self.engine.sleep()  # rollout is over: an engine with its own GPU memory frees it until the next sync
         if stage is Stage.ROLLOUT and self.roll_model is None and self.engine.model is not self.train_model:
@@ -296,8 +301,13 @@ class Worker:
         self.span(f"train_to_{stage.value}", "reshard", t0, step, bytes=stats.bytes_sent)
         return stats.bytes_sent
 
-    def span(self, name, stage, t0, step, **kw) -> None:
-        self.spans.append(Span(name=name, stage=stage, rank=self.rank, t_start=t0 - self.origin,
+    def span(self, name, stage, t0: tuple[float, float], step, **kw) -> None:
+        """Record a span that began at `t0` (`span_start()`) and ends now, with the CPU seconds
+        this process used meanwhile (`args["cpu_s"]`: a span's CPU share, cpu_s / its wall
+        time, is the core it got while the span ran; earl.calibrate.validate reads it)."""
+        wall0, cpu0 = t0
+        kw["args"] = {**kw.get("args", {}), "cpu_s": time.process_time() - cpu0}
+        self.spans.append(Span(name=name, stage=stage, rank=self.rank, t_start=wall0 - self.origin,
                                t_end=time.perf_counter() - self.origin, step=step, **kw))
 
     # ---- memory accounting -----------------------------------------------------------------

@@ -16,6 +16,7 @@ from earl.calibrate.validate import (
     NPROCS,
     STAGES,
     check_nproc,
+    compute_shares,
     host_stretch,
     hostload_share,
     initial_run_plans,
@@ -261,6 +262,21 @@ def test_step_share_is_rank_zeros_cpu_per_wall_second_per_thread():
     assert hostload_share({"step_s": 2.0, "step_cpu_s": 3.0}, 2, 0.9) == 0.75
     assert hostload_share({"step_s": 2.0, "step_cpu_s": 5.0}, 1, 0.9) == 1.0
     assert hostload_share({"step_s": 0.0, "step_cpu_s": 0.0}, 1, 0.9) == 0.9  # untimed: the run's
+
+
+def test_compute_share_pools_the_ranks_compute_spans_and_caps_at_the_cores_split():
+    """The share of a core ranks got while computing: CPU over wall seconds of their rollout and
+    log-prob spans, all ranks pooled, never above cores / nproc; collective spans (their waits)
+    and other steps do not count; None for a step whose spans carry no cpu_s."""
+    def sp(name, stage, rank, step, wall, cpu=None):
+        return Span(name=name, stage=stage, rank=rank, t_start=0.0, t_end=wall, step=step,
+                    args={} if cpu is None else {"cpu_s": cpu})
+    spans = [sp("rollout", "rollout", 0, 1, 1.0, 0.9), sp("rollout", "rollout", 1, 1, 2.0, 1.9),
+             sp("logprob", "experience", 0, 1, 1.0, 0.8), sp("train_to_rollout", "reshard", 0, 1, 5.0, 0.1),
+             sp("rollout", "rollout", 0, 2, 1.0, 1.0), sp("rollout", "rollout", 0, 3, 1.0)]
+    assert compute_shares(spans, [1, 2, 3], 2, 2) == [pytest.approx(3.6 / 4.0), 1.0, None]
+    # four ranks on two cores: the share while all compute is at most a half
+    assert compute_shares(spans, [1], 4, 2) == [0.5]
 
 
 def test_simulated_log_prob_passes_are_the_runtimes():

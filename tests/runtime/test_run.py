@@ -51,6 +51,11 @@ def test_run_writes_all_outputs(four_steps):
     trace = json.loads((out / "trace.json").read_text())
     cats = {e["cat"] for e in trace["traceEvents"] if e["ph"] == "X"}
     assert {"rollout", "experience", "dispatch", "train", "select"} <= cats
+    # every span carries the CPU seconds its rank used meanwhile (earl.calibrate.validate.compute_shares):
+    # one process with one thread gets no more CPU than wall time, and the rollout computes throughout
+    timed = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert all(0 <= e["args"]["cpu_s"] <= e["dur"] / 1e6 * 1.05 + 1e-3 for e in timed)
+    assert sum(e["args"]["cpu_s"] for e in timed if e["name"] == "rollout") > 0
     assert find_checkpoint(out).name == "step-000004"
     assert len(list((out / "checkpoints").glob("step-*"))) == 2  # keep_checkpoints
 
