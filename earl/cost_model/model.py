@@ -22,6 +22,12 @@ from earl.parallel import model_slice, validate_plan
 from earl.specs import PRICED_STAGES, ClusterSpec, ModelSpec, ParallelPlan
 
 FSDP_SHARD_BYTES = 4  # bytes per parameter of the fp32 shards FSDP2 keeps (and gathers)
+# a rank's fp32 shard bytes gathered by one all-gather of the weight sync (earl.runtime.optim.
+# sync_buckets: consecutive tensors, a larger one alone). One gather per tensor made the sync
+# latency-bound; on gloo (benchmarks/bench_weight_sync.py, 2-core host, 2026-12-02) 4 MiB
+# buckets were 9-11x faster than per tensor on the tiny model (one bucket) and 1.5-2.6x on
+# qwen2-27m at 2-4 ranks, where 32-128 MiB buckets gained less (0.9-2.0x)
+SYNC_BUCKET_BYTES = 4 * 2**20
 # small all-reduces over dp per optimizer step of the runtime's FSDP2 training step
 # (earl.runtime.trainer.train_step, Trainer.backward, FSDPAdamW.grad_norm): the loss-token count,
 # the lockstep micro-batch count, the gradient norm and the loss statistics (+1 over tp for the
@@ -645,17 +651,25 @@ class CostModel:
         group = max(src.model_parallel, dst.model_parallel)
         link = comm.group_link(self.cluster, self.profile, group, 1)
         t = comm.p2p_s(worst, link) if worst > 0 else 0.0
-        # FSDP2 weights leaving the training layout: one all-gather over dp of fp32 shards per
-        # parameter tensor (earl.runtime.optim.FSDPAdamW.weights)
+        # FSDP2 weights leaving the training layout: all-gathers over dp of the fp32 shards, one
+        # per bucket of consecutive tensors (earl.runtime.optim.FSDPAdamW.weights, sync_buckets)
         gather = host = 0.0
         if fsdp and src.sharded_optimizer and src.dp > 1 and not include_optimizer:
             tensors = math.ceil(param_tensors(self.model) / src.pp)
-            per_tensor = params / (src.tp * src.pp) / tensors * FSDP_SHARD_BYTES
+            whole = params / (src.tp * src.pp) * FSDP_SHARD_BYTES  # this rank's tp shard, gathered whole
+            # buckets by bytes: a tensor larger than a bucket, gathered alone, counts as its bytes' worth
+            buckets = min(tensors, max(1, math.ceil(whole / src.dp / SYNC_BUCKET_BYTES)))
             dp_link = comm.group_link(self.cluster, self.profile, src.dp, src.model_parallel, collective="allgather")
-            gather = tensors * comm.allgather_s(per_tensor, src.dp, dp_link)
-            # + per tensor gathered: the gather's round in lockstep beyond the link's latency
-            # (timed right after a barrier), the cast, concatenation and copy into the
-            # destination (calibrated on the weight sync itself: earl.calibrate.fsdpfit)
+            # each gather is a synchronising round of the dp group: on a host that measured one
+            # (earl.calibrate.dispatchfit.round_seconds) it stands for the link's latency terms, as
+            # in the dispatch's price (earl.cost_model.dispatch.price_transfer_plan)
+            ppn = min(src.dp * src.model_parallel, self.cluster.gpus_per_node)
+            rnd = self.profile.dispatch_path.round_cost_s(ppn)
+            if rnd > 0:
+                dp_link = dataclasses.replace(dp_link, alpha_s=0.0)
+            gather = buckets * (comm.allgather_s(whole / buckets, src.dp, dp_link) + rnd)
+            # + per tensor gathered: slicing it out of its bucket, the concatenation, the cast and
+            # the copy into the destination (calibrated on the weight sync itself: earl.calibrate.fsdpfit)
             host = tensors * self.profile.reshard_tensor_s
         moved = worst * world
         return Estimate(stage="reshard", time_s=t + gather + host, feasible=True, gpus=world, plan=dst,

@@ -203,8 +203,8 @@ class HardwareProfile:
     fsdp_tensor_s: float = 0.0  # per optimizer step, per parameter tensor of the FSDP2 model beyond
     # optimizer_tensor_s: DTensor dispatch of the gradient scaling, norm, clipping and AdamW, s
     reshard_tensor_s: float = 0.0  # weight sync from FSDP2 shards: per parameter tensor gathered
-    # (its gather's round in lockstep beyond the link's latency, the cast, concatenation and
-    # copy into the destination copy), s
+    # (its share of the bucket's gather beyond the price of the gather and its round, packing it
+    # into the bucket, slicing it out, the concatenation, cast and copy into the destination), s
     # the share of a CPU core the host terms above are a busy process's at (earl.calibrate.
     # hostload: CPU seconds per wall second, at most 1); `earl validate` scales its CPU
     # predictions by host_share / the share each step got. 1: a dedicated core (datasheets, and

@@ -6,8 +6,9 @@ load_state_tensors, step_count, state_names): `FSDPAdamW` for `zero` plans with 
 on the FSDP2-sharded fp32 parameters) and `ReplicatedAdamW` for every other plan (dp all-reduce
 of the gradients, global-norm clipping, AdamW on each rank's tp shard). State is exported per
 tensor in earl.parallel's layout, so re-shards and checkpoints move it to any plan; the
-optimizer always works in fp32 (fp32 masters for a bf16/fp16 model). Details:
-docs/runtime.md, "Design notes: the optimizer".
+optimizer always works in fp32 (fp32 masters for a bf16/fp16 model). `FSDPAdamW.weights` (the
+weight sync to the rollout and experience copies) gathers the shards in buckets of consecutive
+tensors (`sync_buckets`). Details: docs/runtime.md, "Design notes: the optimizer".
 
     OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_dist_train.py tests/runtime/test_fsdp.py
 """
@@ -20,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from earl.cost_model.model import FSDP_SHARD_BYTES, SYNC_BUCKET_BYTES
 from earl.parallel import ParamShape, PlanGroups, local_bounds, shard_bounds
 from earl.policies.reshard import opt_name
 from earl.runtime.dist import comm_device
@@ -236,19 +238,36 @@ class FSDPAdamW:
         return norm
 
     # ---- state for checkpoints and re-sharding ------------------------------------------------
-    def weights(self) -> dict[str, torch.Tensor]:
+    def weights(self, bucket_bytes: float = SYNC_BUCKET_BYTES) -> dict[str, torch.Tensor]:
         """name -> this rank's weights in the model dtype under the plan's weight layout (its tp
-        shard, whole over dp): the fp32 shards gathered over dp. Collective."""
+        shard, whole over dp): the fp32 shards gathered over dp, one all-gather per bucket of
+        consecutive tensors (`sync_buckets`) rather than one per tensor: a gather's cost on a
+        small tensor is its latency, and each is a lockstep round of the dp group. Collective."""
         out = {}
-        plan = self.groups.plan
-        for name, p in self.params.items():
-            local = p.to_local().detach()
-            s = self.shapes[name]
-            lo, hi = local_bounds(s, plan, self.groups.rank, optimizer=False)
-            sizes = [b - a for a, b in (shard_bounds(hi - lo, plan.dp, d) for d in range(plan.dp))]
-            parts = [local.new_empty(_with(local.shape, s.shard_dim, n)) for n in sizes]
-            dist.all_gather(parts, local.contiguous(), group=self.groups.dp_group)
-            out[name] = torch.cat(parts, dim=s.shard_dim).to(self.model_dtype)
+        plan, me = self.groups.plan, self.groups.dp_rank
+        # cut on the full tensors' sizes, which every dp rank knows alike (its own shard's may differ)
+        full = {n: math.prod(self.shapes[n].shape) * FSDP_SHARD_BYTES / plan.dp for n in self.params}
+        for bucket in sync_buckets(full, bucket_bytes):
+            shapes = {}  # name -> each dp rank's shard shape
+            for name in bucket:
+                s, local = self.shapes[name], self.params[name].to_local()
+                lo, hi = local_bounds(s, plan, self.groups.rank, optimizer=False)
+                shapes[name] = [_with(local.shape, s.shard_dim, b - a)
+                                for a, b in (shard_bounds(hi - lo, plan.dp, d) for d in range(plan.dp))]
+            counts = [[math.prod(shapes[n][d]) for n in bucket] for d in range(plan.dp)]
+            width = max(sum(c) for c in counts)  # every rank sends as many elements: pad the short ones
+            first = self.params[bucket[0]].to_local()
+            flat = first.new_zeros(width)
+            torch.cat([self.params[n].to_local().detach().reshape(-1) for n in bucket], out=flat[:sum(counts[me])])
+            parts = [flat.new_empty(width) for _ in range(plan.dp)]
+            dist.all_gather(parts, flat, group=self.groups.dp_group)
+            offsets = [0] * plan.dp
+            for i, name in enumerate(bucket):
+                pieces = []
+                for d in range(plan.dp):
+                    pieces.append(parts[d][offsets[d]:offsets[d] + counts[d][i]].view(shapes[name][d]))
+                    offsets[d] += counts[d][i]
+                out[name] = torch.cat(pieces, dim=self.shapes[name].shard_dim).to(self.model_dtype)
         return out
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
@@ -286,6 +305,23 @@ class FSDPAdamW:
                                    **{s: DTensor.from_local(t, p.device_mesh, p.placements, run_check=False,
                                                             shape=p.shape, stride=p.stride())
                                       for s, t in moments.items()}}
+
+
+def sync_buckets(sizes: dict[str, float], limit: float = SYNC_BUCKET_BYTES) -> list[list[str]]:
+    """The names of `sizes` (name -> a shard's bytes, in order) cut into runs of consecutive
+    tensors holding at most `limit` bytes together (a larger tensor alone): the weight
+    sync's all-gathers (`FSDPAdamW.weights`), as earl.cost_model prices them
+    (`CostModel.reshard`). Every rank of a gather must cut alike: pass sizes they all know."""
+    out: list[list[str]] = []
+    size = 0.0
+    for name, nbytes in sizes.items():
+        if out and size + nbytes <= limit:
+            out[-1].append(name)
+            size += nbytes
+        else:
+            out.append([name])
+            size = nbytes
+    return out
 
 
 def _with(shape, dim: int, n: int) -> tuple[int, ...]:

@@ -9,7 +9,7 @@ import pytest
 from earl.calibrate import fsdpfit
 from earl.cost_model import comm
 from earl.cost_model.compute import param_tensors
-from earl.cost_model.model import FSDP_STEP_ALLREDUCES, SCALAR_BYTES, CostModel
+from earl.cost_model.model import FSDP_SHARD_BYTES, FSDP_STEP_ALLREDUCES, SCALAR_BYTES, SYNC_BUCKET_BYTES, CostModel
 from earl.cost_model.profile import HardwareProfile, load_profile
 from earl.specs import MODEL_CATALOG, ParallelPlan
 
@@ -44,6 +44,23 @@ def test_fsdp_train_terms_are_counts_times_constants(dp):
         assert est.breakdown["fsdp_host"] == est.breakdown["step_collectives"] == 0.0
     assert _cm(PROF, dp).train(plan, batch=8 * dp, context=96).time_s == \
         _cm(ZERO, dp).train(plan, batch=8 * dp, context=96).time_s
+
+
+@pytest.mark.parametrize("dp", [2, 4])
+def test_fsdp_weight_sync_gathers_in_buckets_each_a_measured_round(dp):
+    """The tiny model's shards fit one bucket: one all-gather of the whole tp shard; a host that
+    measured a synchronising round pays it once per gather in place of the link's latency."""
+    src, dst = ParallelPlan(dp=dp, sharded_optimizer=True), ParallelPlan(dp=dp)
+    spec = MODEL_CATALOG["tiny"]
+    whole = spec.num_params * FSDP_SHARD_BYTES
+    assert whole / dp < SYNC_BUCKET_BYTES
+    quiet = dataclasses.replace(ZERO, dispatch_path=dataclasses.replace(ZERO.dispatch_path, round_s=0.0, sync_s=0.0))
+    cm = _cm(quiet, dp)
+    link = comm.group_link(cm.cluster, quiet, dp, 1, collective="allgather")
+    assert cm.reshard(src, dst, fsdp=True).breakdown["dp_gather"] == pytest.approx(comm.allgather_s(whole, dp, link))
+    rounds = dataclasses.replace(quiet, dispatch_path=dataclasses.replace(quiet.dispatch_path, round_s=1e-3))
+    got = _cm(rounds, dp).reshard(src, dst, fsdp=True).breakdown["dp_gather"]
+    assert got == pytest.approx(comm.allgather_s(whole, dp, dataclasses.replace(link, alpha_s=0.0)) + 1e-3)
 
 
 @pytest.mark.parametrize("dp", [2, 4])

@@ -16,7 +16,7 @@ from earl.policies.balance import balance_samples
 from earl.policies.types import Sample
 from earl.runtime.dist import run_local
 from earl.runtime.hf_model import build_builtin
-from earl.runtime.optim import FSDPAdamW
+from earl.runtime.optim import FSDPAdamW, sync_buckets
 from earl.runtime.parallelize import parallelize
 from earl.runtime.tp import param_shapes
 from earl.runtime.trainer import Trainer, train_step
@@ -38,8 +38,11 @@ def _fsdp_worker(batch, plan: ParallelPlan, dtype=torch.float32):
     state = optim.state_tensors()
     layout_ok = all(tuple(t.shape) == local_shape(shapes[k.split("/")[0]], plan, groups.rank, optimizer=True)
                     for k, t in state.items())
-    return stats, {n: t.clone() for n, t in optim.weights().items()}, layout_ok, \
-        {k: t.dtype for k, t in state.items()}
+    weights = optim.weights()
+    # the weight sync's gathers cut into buckets of a few tensors each give the same weights
+    small = optim.weights(bucket_bytes=4096)
+    assert small.keys() == weights.keys() and all(torch.equal(small[n], weights[n]) for n in weights)
+    return stats, {n: t.clone() for n, t in weights.items()}, layout_ok, {k: t.dtype for k, t in state.items()}
 
 
 @pytest.mark.dist
@@ -54,6 +57,13 @@ def test_fsdp2_step_matches_single_process(plan):
     init_w = {n: p.detach() for n, p in build_builtin("tiny", seed=0).model.named_parameters()}
     check_ranks(results, plan, ref_stats, ref_w, init_w, signal)
     assert ref_stats[0]["grad_norm"] > CFG.grad_clip  # the global clip was exercised
+
+
+def test_sync_buckets_cut_runs_of_consecutive_tensors():
+    sizes = {"a": 60.0, "b": 30.0, "c": 200.0, "d": 10.0, "e": 80.0, "f": 15.0}
+    assert sync_buckets(sizes, 100) == [["a", "b"], ["c"], ["d", "e"], ["f"]]
+    assert sync_buckets(sizes, 1e9) == [list(sizes)]
+    assert sync_buckets(sizes, 1) == [[n] for n in sizes]  # one tensor per gather: the old sync
 
 
 @pytest.mark.dist
