@@ -403,7 +403,7 @@ def slowed(profile: HardwareProfile, factor: float) -> HardwareProfile:
                              intra_latency_s=hw.intra_latency_s * factor)
     dp = dataclasses.replace(
         dp, **{k: getattr(dp, k) * factor for k in ("message_s", "object_s", "sample_s", "controller_object_s",
-                                                     "sync_s", "cold_round_s")},
+                                                     "round_s", "sync_s", "cold_round_s")},
         copy_bw_bytes_s=dp.copy_bw_bytes_s / factor, controller_bw_bytes_s=dp.controller_bw_bytes_s / factor,
         wire_bw_bytes_s=None if dp.wire_bw_bytes_s is None else dp.wire_bw_bytes_s / factor)
     return dataclasses.replace(

@@ -82,6 +82,7 @@ from earl.runtime.console import Preemption
 from earl.runtime.control import fault_hook, vote_stop
 from earl.runtime.dist import comm_device
 from earl.runtime.engine import as_stepper, make_engine, set_between_steps
+from earl.runtime.gc_steps import StepGC
 from earl.runtime.hf_model import load_policy
 from earl.runtime.metrics import RunRecorder
 from earl.runtime.mismatch import SUM_KEYS, mismatch_metrics
@@ -323,7 +324,9 @@ def run_rollout_rank(cfg: RunConfig, pools: Pools, groups: dict, rank: int, firs
     rep.attach(recv)
     k, j = cfg.schedule.max_staleness, pools.rollout_ranks.index(rank)
     spans = []
-    with Preemption() as sigterm:  # SIGTERM reaches every rank: this one says so to rank 0 and goes on
+    # SIGTERM reaches every rank: this one says so to rank 0 and goes on; the collector runs
+    # between steps, as in the sync loop (earl.runtime.gc_steps)
+    with Preemption() as sigterm, StepGC(cfg.gc_every) as step_gc:
         words = WordListener(cfg, out, rank, rep, recv, range(first, last + 1), groups["words"])
         sender = EpisodeSender(groups["episodes"], k, words.stopped, sigterm)
         words.start()
@@ -345,6 +348,7 @@ def run_rollout_rank(cfg: RunConfig, pools: Pools, groups: dict, rank: int, firs
                               args={"version": v0, "version_end": rep.version}))
             sender.put((step, versions, trajs, spans))
             spans = []
+            step_gc.step_done(step)
         sender.put(None)
         sender.join()
         words.join()
@@ -586,7 +590,7 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
     preempted = False
     saved: list[int] = []  # steps checkpointed mid-run, each after checking every rank's copy equal
     said: list = []  # rank 0's word on the last step, on its way to the replicas
-    with Preemption() as sigterm:
+    with Preemption() as sigterm, StepGC(cfg.gc_every) as step_gc:
         for step in range(first, last + 1):
             fault_hook(rank, step)
             t0 = time.perf_counter()
@@ -646,6 +650,7 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
                 saved.append(step)
             if done:
                 break
+            step_gc.step_done(step)
     for work, _ in said:
         work.wait()
     push.end()

@@ -10,7 +10,9 @@ collector disabled in the loop and run by hand every `--manual-gc-interval` step
 objects alive after set-up (model, optimizer, engine) are frozen out of every later
 collection (`gc.freeze`), the automatic collector is off while steps run, and each rank
 collects once every `gc_every` steps, after the step's last collective and outside every
-stage span.
+stage span. The async pools (`schedule.mode=async`, earl.runtime.async_rl) do the same on each
+rank at the end of its own step: a training rank after its weight push, a rollout replica after
+handing its episodes to its sender thread.
 
     earl run --nproc 2 --set gc_every=1      # the default; 0 keeps Python's automatic collector
 """
