@@ -103,9 +103,12 @@ def _phase_s(cm: CostModel, phase, central_rank: int | None, ppn: int) -> tuple[
 
 def sync_rounds(tplan) -> int:
     """Rounds of the executor (earl.runtime.move_samples.execute_dispatch) at which every rank
-    waits for its peers: the start barrier, each phase, and the advantage statistics' gather to
-    one rank and scatter back (when the plan reduces them)."""
-    return 1 + len(tplan.phases) + (2 if tplan.reduce_bytes else 0)
+    waits for its peers: the start barrier, each phase that sends a message between ranks, and
+    the advantage statistics' gather to one rank and scatter back (when the plan reduces them).
+    A phase of local copies only waits for no one: the rollout -> experience hand-off onto the
+    layout aligned with the rollout's (`balance_aligned`) is one, at any dp."""
+    talking = sum(any(tr.src != tr.dst for tr in phase) for phase in tplan.phases)
+    return 1 + talking + (2 if tplan.reduce_bytes else 0)
 
 
 def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, world: int,

@@ -228,6 +228,32 @@ def test_handoff_is_priced_without_advantages():
         assert tplan.reduce_bytes == 0 or "advantage_stats" in full.breakdown
 
 
+@pytest.mark.parametrize("dp", [2, 4])
+def test_a_phase_of_local_copies_is_no_round(dp):
+    """The runtime's hand-off onto the layout aligned with the rollout's (`balance_aligned`, as
+    earl.runtime.step.prepare_experience builds it) copies every episode where it was played:
+    its one phase sends nothing between ranks, so only the start barrier is a round; a
+    dispatch whose phase sends is two."""
+    from earl.policies.balance import balance_aligned, balance_samples
+    from earl.policies.types import Layout, Sample
+
+    samples = [Sample(id=i, tokens=100 + 37 * i) for i in range(16)]
+    plan = ParallelPlan(dp=dp)
+    src = tuple(tuple(i for i in range(16) if i % dp == d) for d in range(dp))
+    aligned = Layout(plan, tuple(tuple(g) for g in balance_aligned(samples, dp, src)[0]))
+    hand = make_dispatcher("layout-aware").plan(Layout(plan, src), aligned, samples)
+    assert hand.transfers and all(tr.src == tr.dst for tr in hand.transfers)
+    assert sync_rounds(dataclasses.replace(hand, reduce_bytes=0)) == 1  # the hand-off reduces no statistics
+    moved = make_dispatcher("layout-aware").plan(aligned, Layout(plan, balance_samples(samples, dp)[0]), samples)
+    assert any(tr.src != tr.dst for tr in moved.transfers)
+    assert sync_rounds(moved) == 1 + len(moved.phases) + (2 if moved.reduce_bytes else 0)
+    prof = load_profile("cpu-measured")
+    est = price_transfer_plan(dispatchfit.local_cost_model(prof, dp), hand, samples=16, producers=dp, world=dp,
+                              advantages=False)
+    assert est.breakdown["rounds"] == pytest.approx(prof.dispatch_path.round_cost_s(dp))
+    assert est.breakdown["cold_start"] == pytest.approx(prof.dispatch_path.cold_round_s)
+
+
 def test_cold_start_is_rounds_times_a_fitted_constant():
     """A dispatch inside a step (control=True) pays `cold_round_s` per synchronising round of
     the executor (sync_rounds: start barrier, phases, the advantage statistics' two rounds);
@@ -238,7 +264,7 @@ def test_cold_start_is_rounds_times_a_fitted_constant():
     warm = dataclasses.replace(prof, dispatch_path=dataclasses.replace(prof.dispatch_path, cold_round_s=0.0))
     for kind, tplan in dispatchfit.transfer_plans(2, 4, 2048).items():
         rounds = sync_rounds(tplan)
-        assert rounds == 1 + len(tplan.phases) + (2 if tplan.reduce_bytes else 0)
+        assert rounds == 1 + len(tplan.phases) + (2 if tplan.reduce_bytes else 0)  # every phase talks
         assert rounds == {"centralized": 3, "layout-aware": 4}[kind]
         c, w = (price_transfer_plan(dispatchfit.local_cost_model(p, 2), tplan, samples=8, producers=2, world=2)
                 for p in (cold, warm))
