@@ -51,11 +51,13 @@ def test_run_writes_all_outputs(four_steps):
     trace = json.loads((out / "trace.json").read_text())
     cats = {e["cat"] for e in trace["traceEvents"] if e["ph"] == "X"}
     assert {"rollout", "experience", "dispatch", "train", "select"} <= cats
-    # every span carries the CPU seconds its rank used meanwhile (earl.calibrate.validate.compute_shares):
-    # one process with one thread gets no more CPU than wall time, and the rollout computes throughout
+    # every span carries the CPU seconds its process used meanwhile (earl.calibrate.validate.
+    # compute_shares): the rollout computes throughout on one thread, so about one core's worth
+    # (the process's other threads, e.g. the metrics writer's, may add a little; a loaded host takes some)
     timed = [e for e in trace["traceEvents"] if e["ph"] == "X"]
-    assert all(0 <= e["args"]["cpu_s"] <= e["dur"] / 1e6 * 1.05 + 1e-3 for e in timed)
-    assert sum(e["args"]["cpu_s"] for e in timed if e["name"] == "rollout") > 0
+    assert all(e["args"]["cpu_s"] >= 0 for e in timed)
+    rollout = [e for e in timed if e["name"] == "rollout"]
+    assert 0 < sum(e["args"]["cpu_s"] for e in rollout) < 2 * sum(e["dur"] / 1e6 for e in rollout)
     assert find_checkpoint(out).name == "step-000004"
     assert len(list((out / "checkpoints").glob("step-*"))) == 2  # keep_checkpoints
 
