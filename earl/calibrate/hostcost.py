@@ -71,6 +71,9 @@ class HostCostFit:
     train_token_s: float = 0.0
     dispatch_fixed_s: float = 0.0
     dispatch_seq_s: float = 0.0
+    handoff_fixed_s: float = 0.0
+    handoff_seq_s: float = 0.0
+    handoff_token_s: float = 0.0
     rollout_fixed_s: float = 0.0
     rollout_batch_s: float = 0.0
     rollout_episode_s: float = 0.0
@@ -199,6 +202,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
         cm = CostModel(spec, ClusterSpec.for_gpus(prof.hardware, 1), host)
         ro_rows, ro_y = [], []
         exp_rows, exp_y, lp_res, tr_res, disp_rows, disp_y, pass_rows = [], [], [], [], [], [], []
+        hand_rows, hand_y = [], []
         lp_rows: list[list[float]] = []
         skip_old = not worker.trainer.needs_old_logprobs
         for n, length in cases["steps"]:
@@ -216,15 +220,17 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
                 worker.cfg = dataclasses.replace(run_cfg, groups=n, group_size=1, engine_batch=chunk)
                 (played, _), t_ro = _timed(lambda w=worker, r=rep: play(w, r + 1), device)
                 # the stage = the hand-off and the log-prob span, split by their spans' shares: the
-                # hand-off is priced as the dispatch it is (the one dispatch price: the simulator's
-                # `_handoff`), so only the log-prob span is fitted here: with one optimizer step the
-                # runtime runs no log-prob forward (its training forward stands for the old
-                # policy's) and the span is batch building, the `experience_*` terms; else its
-                # host work beyond the priced forward is the `logprob_*` terms'
+                # hand-off on one process waits for no one, the `handoff_*` terms (the price of
+                # any hand-off that copies locally only: earl.cost_model.dispatch); with one
+                # optimizer step the runtime runs no log-prob forward (its training forward stands
+                # for the old policy's) and the log-prob span is batch building, the
+                # `experience_*` terms; else its host work beyond the priced forward is the
+                # `logprob_*` terms'
                 (store, layout, _), t_exp = _timed(lambda w=worker, tr=trajs, sa=samples, me=meta: prepare_experience(
                     w, ctx, 1, tr, sa, me), device)
                 spans = {sp.name: sp.duration_s for sp in worker.spans}
                 t_span = t_exp * spans["logprob"] / max(spans["logprob"] + spans["handoff"], 1e-12)
+                parts.setdefault("handoff", []).append(t_exp - t_span)
                 t_batch, t_lp = (t_span, 0.0) if skip_old else (0.0, t_span)
                 _, t_train_all = _timed(lambda w=worker, st=store, lay=layout, sa=samples, me=meta: train(
                     w, ctx, 1, st, lay, sa, me), device)
@@ -244,6 +250,9 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
                 ro_y.append(med[key] - med[key + "_pred"])
                 note("rollout", f"{ROLLOUT_ENV} n={n} engine batches={batches}", med[key], med[key + "_pred"])
             tokens = sum(len(x.token_ids) for x in trajs)
+            hand_rows.append([1.0, n, tokens])
+            hand_y.append(med["handoff"])
+            note("handoff", f"n={n} tokens={tokens}", med["handoff"])
             exp_rows.append([n, tokens])
             exp_y.append(med["experience"])
             note("experience", f"n={n} tokens={tokens}", med["experience"])
@@ -273,11 +282,13 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
     lp_fixed, lp_token = _nnls(lp_rows, lp_res) if lp_rows else (prof.logprob_pass_s, prof.logprob_token_s)
     tr_fixed, tr_token = _nnls(pass_rows, tr_res)
     disp_fixed, disp_seq = _nnls(disp_rows, disp_y)
+    hand_fixed, hand_seq, hand_token = _nnls(hand_rows, hand_y)
     return HostCostFit(experience_seq_s=seq_s, experience_token_s=token_s,
                        logprob_pass_s=lp_fixed, logprob_token_s=lp_token, train_token_s=tr_token,
                        optimizer_step_s=opt_step_s, optimizer_tensor_s=opt_tensor_s,
                        train_pass_s=tr_fixed,
-                       dispatch_fixed_s=disp_fixed, dispatch_seq_s=disp_seq, rollout_fixed_s=ro_fixed,
+                       dispatch_fixed_s=disp_fixed, dispatch_seq_s=disp_seq, handoff_fixed_s=hand_fixed,
+                       handoff_seq_s=hand_seq, handoff_token_s=hand_token, rollout_fixed_s=ro_fixed,
                        rollout_batch_s=ro_batch, rollout_episode_s=ro_episode, points=points)
 
 

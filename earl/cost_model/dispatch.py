@@ -101,14 +101,34 @@ def _phase_s(cm: CostModel, phase, central_rank: int | None, ppn: int) -> tuple[
                    "sent_bytes": float(nbytes[sent].sum()), "controller_bytes": float(nbytes[at_ctrl].sum())}
 
 
+def delivered(tplan) -> dict[int, tuple[int, int]]:
+    """Rank -> (samples, tokens) its plan's last phase delivers to it (a sample split over
+    context-parallel ranks counts once per rank, with the tokens of its share)."""
+    out: dict[int, tuple[int, int]] = {}
+    for tr in tplan.phases[-1] if tplan.phases else ():
+        n, tok = out.get(tr.dst, (0, 0))
+        out[tr.dst] = (n + len(tr.sample_ids), tok + sum(b - a for a, b in tr.token_ranges))
+    return out or {0: (0, 0)}
+
+
+def _local(tplan, br: dict[str, float], samples: int, world: int, plan) -> Estimate:
+    """The estimate of a plan no executor round prices: host work only, nothing moved."""
+    return Estimate(stage="dispatch", time_s=sum(br.values()), feasible=True, gpus=world, plan=plan, breakdown=br,
+                    extras={"dispatcher": tplan.kind, "moved_bytes": 0.0, "controller_bytes": 0.0,
+                            "busiest_rank_bytes": 0.0, "messages": 0, "transfers": len(tplan.transfers),
+                            "samples": samples})
+
+
 def sync_rounds(tplan) -> int:
     """Rounds of the executor (earl.runtime.move_samples.execute_dispatch) at which every rank
     waits for its peers: the start barrier, each phase that sends a message between ranks, and
     the advantage statistics' gather to one rank and scatter back (when the plan reduces them).
-    A phase of local copies only waits for no one: the rollout -> experience hand-off onto the
-    layout aligned with the rollout's (`balance_aligned`) is one, at any dp."""
-    talking = sum(any(tr.src != tr.dst for tr in phase) for phase in tplan.phases)
-    return 1 + talking + (2 if tplan.reduce_bytes else 0)
+    A phase of local copies only waits for no one, and a plan of such phases that reduces
+    nothing (`TransferPlan.waits_for_peers` false: the rollout -> experience hand-off onto the
+    layout aligned with the rollout's, `balance_aligned`, at any dp) skips the barrier too."""
+    if not tplan.waits_for_peers:
+        return 0
+    return 1 + tplan.talking_phases + (2 if tplan.reduce_bytes else 0)
 
 
 def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, world: int,
@@ -127,15 +147,19 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
     if samples < 1 or producers < 1 or world < 1:
         raise ValueError(f"price_transfer_plan needs samples, producers and world >= 1, got "
                          f"{samples}, {producers}, {world}")
+    prof = cm.profile
+    if not advantages and (world == 1 or not tplan.waits_for_peers) and \
+            prof.handoff_fixed_s + prof.handoff_seq_s + prof.handoff_token_s > 0:
+        # a hand-off that waits for no one: every rank builds, plans and copies its own
+        # episodes' rows, the calibrated host work of the busiest (earl.calibrate.hostcost)
+        local = max(prof.handoff_seq_s * n + prof.handoff_token_s * tok for n, tok in delivered(tplan).values())
+        return _local(tplan, {"local": local, **({"planning": prof.handoff_fixed_s} if control else {})},
+                      samples, world, plan)
     if world == 1:
         # one process: the runtime plans and copies rows locally (earl.runtime.step), no
         # executor runs; its calibrated host cost (earl.calibrate.hostcost) is the price
-        prof = cm.profile
-        br = {"local": prof.dispatch_seq_s * samples, **({"planning": prof.dispatch_fixed_s} if control else {})}
-        return Estimate(stage="dispatch", time_s=sum(br.values()), feasible=True, gpus=1, plan=plan, breakdown=br,
-                        extras={"dispatcher": tplan.kind, "moved_bytes": 0.0, "controller_bytes": 0.0,
-                                "busiest_rank_bytes": 0.0, "messages": 0, "transfers": len(tplan.transfers),
-                                "samples": samples})
+        return _local(tplan, {"local": prof.dispatch_seq_s * samples,
+                              **({"planning": prof.dispatch_fixed_s} if control else {})}, samples, world, plan)
     path = cm.profile.dispatch_path
     g = cm.cluster.gpus_per_node
     ppn = min(world, g)  # processes on the busiest node
@@ -168,11 +192,12 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
         if round_s:
             link = dataclasses.replace(link, alpha_s=0.0)
         br["advantage_stats"] = comm.allreduce_s(tplan.reduce_bytes, world, link)
-    if round_s:
-        br["rounds"] = sync_rounds(tplan) * round_s
+    rounds = sync_rounds(tplan)
+    if round_s and rounds:
+        br["rounds"] = rounds * round_s
     if control:
-        if world > 1 and path.cold_round_s:  # the executor's rounds, started on cold caches
-            br["cold_start"] = sync_rounds(tplan) * path.cold_round_s
+        if world > 1 and path.cold_round_s and rounds:  # the executor's rounds, started on cold caches
+            br["cold_start"] = rounds * path.cold_round_s
         if tplan.metadata_bytes and world > 1:
             far = world - 1 if tplan.controller == 0 else 0
             br["metadata"] = cm.transfer_time_s(tplan.metadata_bytes, far, tplan.controller)

@@ -194,6 +194,13 @@ class HardwareProfile:
     # (per sample, dispatch_seq_s prices the one-process path, where the runtime re-orders rows in
     # place; across processes dispatch_path's per-piece and per-sample terms price the executor)
     dispatch_seq_s: float = 0.0  # ... and per sample delivered
+    # the rollout -> experience hand-off's host work where it waits for no one (one process, or
+    # onto the layout aligned with the rollout's: TransferPlan.waits_for_peers false): building
+    # the episodes' rows, planning, local copies, the delivery check; fixed, per episode and per
+    # token the rank holds after it (0: priced as the dispatch it is, profiles before the fit)
+    handoff_fixed_s: float = 0.0
+    handoff_seq_s: float = 0.0
+    handoff_token_s: float = 0.0
     # ---- host costs of the multi-process runtime's FSDP2 path, measured by `earl calibrate`
     # (phase "fsdp", earl/calibrate/fsdpfit.py) on gloo ranks running the runtime's own
     # training step and weight sync; priced only where a `zero` plan with dp > 1 runs as FSDP2
@@ -358,7 +365,8 @@ COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "p2p")
 HOST_COST_FIELDS = ("step_seq_overhead_s", "step_kv_token_s", "turn_overhead_s", "turn_seq_overhead_s",
                     "logprob_pass_s", "logprob_token_s", "train_pass_s", "train_token_s", "optimizer_step_s",
                     "optimizer_tensor_s", "experience_seq_s", "experience_token_s", "dispatch_fixed_s",
-                    "dispatch_seq_s", "rollout_fixed_s", "rollout_batch_s", "rollout_episode_s",
+                    "dispatch_seq_s", "handoff_fixed_s", "handoff_seq_s", "handoff_token_s",
+                    "rollout_fixed_s", "rollout_batch_s", "rollout_episode_s",
                     "fsdp_unit_s", "fsdp_tensor_s", "reshard_tensor_s")
 
 

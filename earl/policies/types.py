@@ -83,6 +83,18 @@ class TransferPlan:
         """Bytes crossing between distinct ranks."""
         return sum(t.bytes for t in self.transfers if t.src != t.dst)
 
+    @property
+    def talking_phases(self) -> int:
+        """Phases that send a message between ranks (a phase of local copies waits for no one)."""
+        return sum(any(t.src != t.dst for t in ph) for ph in self.phases)
+
+    @property
+    def waits_for_peers(self) -> bool:
+        """Whether executing the plan makes any rank wait for another: a phase that sends, or a
+        statistics all-reduce. The rollout -> experience hand-off onto the layout aligned with
+        the rollout's copies every episode where it was played and does neither."""
+        return bool(self.talking_phases or self.reduce_bytes)
+
 
 @dataclass(frozen=True)
 class SliceTransfer:

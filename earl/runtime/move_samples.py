@@ -150,7 +150,10 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
     tplan = carry_along(tplan, extra)
     device = comm_device()
     tokens = {s.id: s.tokens for s in samples}
-    if dist.is_initialized():
+    # ranks start together (`seconds` times the moves, not the arrival skew), unless the plan
+    # waits for no one: local copies only, no statistics (the hand-off onto the aligned layout)
+    moved = tplan if tensors is None else dataclasses.replace(tplan, reduce_bytes=0)  # no advantages
+    if dist.is_initialized() and moved.waits_for_peers:
         dist.barrier()
     t_start = time.perf_counter()
     adv_s = 0.0

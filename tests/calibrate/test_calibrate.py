@@ -61,7 +61,8 @@ def test_tiny_calibration_writes_a_loadable_stamped_profile(calibration, tmp_pat
     assert loaded.optimizer_step_s + 26 * loaded.optimizer_tensor_s > 0
     assert loaded.experience_seq_s + loaded.experience_token_s > 0
     assert loaded.dispatch_fixed_s + loaded.dispatch_seq_s > 0
-    assert {"optimizer", "experience", "logprob", "train", "dispatch", "rollout"} <= set(
+    assert loaded.handoff_fixed_s + loaded.handoff_seq_s + loaded.handoff_token_s > 0
+    assert {"optimizer", "experience", "logprob", "train", "dispatch", "rollout", "handoff"} <= set(
         loaded.fit_quality["host_costs"]["points"])
     assert loaded.elementwise is None or 0 < loaded.elementwise.peak_frac <= 1.5
     assert loaded.intra.alpha_s > 0 and loaded.intra.bw_bytes_s > 0

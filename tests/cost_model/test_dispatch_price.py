@@ -209,6 +209,47 @@ def test_one_process_dispatch_is_its_calibrated_host_cost():
     assert est.time_s == pytest.approx(prof.dispatch_fixed_s + 16 * prof.dispatch_seq_s)
 
 
+@pytest.mark.parametrize("dp", [1, 2, 4])
+def test_a_handoff_that_waits_for_no_one_is_its_calibrated_host_work(dp):
+    """The hand-off onto the aligned layout (or any on one process) runs no executor round:
+    each rank builds, plans and copies its own episodes' rows, priced handoff_fixed_s + per
+    episode + per token of the busiest rank (earl.calibrate.hostcost fits them on one process);
+    a hand-off that moves episodes keeps the dispatch price, and a profile fitted before the
+    terms existed (all 0) prices every hand-off as the dispatch it is."""
+    from earl.cost_model.dispatch import delivered
+    from earl.policies.balance import balance_aligned
+    from earl.policies.types import Layout, Sample
+
+    prof = dataclasses.replace(load_profile("cpu-measured"), handoff_fixed_s=1e-3, handoff_seq_s=2e-4,
+                               handoff_token_s=1e-6)
+    samples = [Sample(id=i, tokens=100 + 37 * i, group=i // 4) for i in range(16)]
+    plan = ParallelPlan(dp=dp)
+    src = tuple(tuple(i for i in range(16) if i % dp == d) for d in range(dp))
+    aligned = Layout(plan, tuple(tuple(g) for g in balance_aligned(samples, dp, src)[0]))
+    hand = make_dispatcher("layout-aware").plan(Layout(plan, src), aligned, samples)
+    held = {r: (len(aligned.assignment[r]), sum(samples[i].tokens for i in aligned.assignment[r]))
+            for r in range(dp)}
+    assert delivered(hand) == held
+    cm = dispatchfit.local_cost_model(prof, dp)
+    est = price_transfer_plan(cm, hand, samples=16, producers=dp, world=dp, advantages=False)
+    assert est.time_s == pytest.approx(1e-3 + max(2e-4 * n + 1e-6 * t for n, t in held.values()))
+    assert est.extras["moved_bytes"] == 0 and "rounds" not in est.breakdown
+    # without the terms: the dispatch price (one process: dispatch_fixed_s + dispatch_seq_s)
+    old = dataclasses.replace(prof, handoff_fixed_s=0.0, handoff_seq_s=0.0, handoff_token_s=0.0)
+    before = price_transfer_plan(dispatchfit.local_cost_model(old, dp), hand, samples=16, producers=dp, world=dp,
+                                 advantages=False)
+    assert before.time_s != pytest.approx(est.time_s)
+    if dp == 1:
+        assert before.time_s == pytest.approx(old.dispatch_fixed_s + 16 * old.dispatch_seq_s)
+        return
+    # a hand-off that sends between ranks waits for its peers: the dispatch price, rounds and all
+    moved = make_dispatcher("layout-aware").plan(Layout(plan, src), Layout(plan, src[1:] + src[:1]), samples)
+    assert moved.talking_phases == 1
+    a, b = (price_transfer_plan(dispatchfit.local_cost_model(p, dp), moved, samples=16, producers=dp, world=dp,
+                                advantages=False) for p in (prof, old))
+    assert a.time_s == pytest.approx(b.time_s) and a.breakdown["rounds"] > 0
+
+
 def test_handoff_is_priced_without_advantages():
     """The rollout -> experience hand-off runs the same plan with tensors only
     (`execute_dispatch(tensors=...)`): no advantage host work, no statistics all-reduce and
@@ -232,8 +273,9 @@ def test_handoff_is_priced_without_advantages():
 def test_a_phase_of_local_copies_is_no_round(dp):
     """The runtime's hand-off onto the layout aligned with the rollout's (`balance_aligned`, as
     earl.runtime.step.prepare_experience builds it) copies every episode where it was played:
-    its one phase sends nothing between ranks, so only the start barrier is a round; a
-    dispatch whose phase sends is two."""
+    its one phase sends nothing between ranks and it reduces no statistics, so it waits for no
+    one and skips the start barrier too: no round; a dispatch whose phase sends is two, plus
+    the statistics' two."""
     from earl.policies.balance import balance_aligned, balance_samples
     from earl.policies.types import Layout, Sample
 
@@ -243,15 +285,17 @@ def test_a_phase_of_local_copies_is_no_round(dp):
     aligned = Layout(plan, tuple(tuple(g) for g in balance_aligned(samples, dp, src)[0]))
     hand = make_dispatcher("layout-aware").plan(Layout(plan, src), aligned, samples)
     assert hand.transfers and all(tr.src == tr.dst for tr in hand.transfers)
-    assert sync_rounds(dataclasses.replace(hand, reduce_bytes=0)) == 1  # the hand-off reduces no statistics
+    assert hand.talking_phases == 0 and hand.waits_for_peers  # the plan's statistics: a dispatch's
+    assert sync_rounds(dataclasses.replace(hand, reduce_bytes=0)) == 0  # the hand-off reduces none
     moved = make_dispatcher("layout-aware").plan(aligned, Layout(plan, balance_samples(samples, dp)[0]), samples)
     assert any(tr.src != tr.dst for tr in moved.transfers)
     assert sync_rounds(moved) == 1 + len(moved.phases) + (2 if moved.reduce_bytes else 0)
     prof = load_profile("cpu-measured")
     est = price_transfer_plan(dispatchfit.local_cost_model(prof, dp), hand, samples=16, producers=dp, world=dp,
                               advantages=False)
-    assert est.breakdown["rounds"] == pytest.approx(prof.dispatch_path.round_cost_s(dp))
-    assert est.breakdown["cold_start"] == pytest.approx(prof.dispatch_path.cold_round_s)
+    assert "rounds" not in est.breakdown and "cold_start" not in est.breakdown
+    full = price_transfer_plan(dispatchfit.local_cost_model(prof, dp), moved, samples=16, producers=dp, world=dp)
+    assert full.breakdown["rounds"] == pytest.approx(sync_rounds(moved) * prof.dispatch_path.round_cost_s(dp))
 
 
 def test_cold_start_is_rounds_times_a_fitted_constant():

@@ -6,6 +6,8 @@ exactly once, with the advantages a single process computes from all rewards.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -138,6 +140,54 @@ def test_both_dispatchers_deliver_identical_batches_exactly_once(src_plan, dst_p
     sent_l = [r[1] for r in runs["layout-aware"]]
     assert sent_c[0] > max(sent_l)
     assert sum(sent_c) > sum(sent_l)
+
+
+def _handoff_worker(samples, src, dst, late_s):
+    """The runtime's rollout -> experience hand-off (tensors only) onto `dst`; the last rank
+    arrives `late_s` late. Returns what this rank got, the seconds it spent in the executor and
+    the bytes it sent."""
+    import time
+
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    store = {i: produce(s) for s in samples for i in [s.id] if i in src.assignment[rank]}
+    tplan = LayoutAwareDispatcher().plan(src, dst, samples)
+    if rank == dist.get_world_size() - 1:
+        time.sleep(late_s)
+    t0 = time.perf_counter()
+    got, stats = execute_dispatch(tplan, store, samples, src, dst, tensors=("input_ids", "loss_mask"))
+    took = time.perf_counter() - t0
+    dist.barrier()  # the late rank's hand-off is over before any rank leaves
+    return got, took, stats.bytes_sent
+
+
+@pytest.mark.dist
+def test_handoff_onto_the_aligned_layout_waits_for_no_one():
+    """A hand-off onto the layout aligned with the rollout's (every episode stays where it was
+    played: local copies, no statistics) runs no collective, not even the start barrier:
+    the punctual ranks finish their copies while the last one is still 2 s late, and every rank
+    holds exactly its episodes; a hand-off that sends still waits for its peers."""
+    from earl.policies.balance import balance_aligned
+
+    samples = make_samples(12)
+    plan = ParallelPlan(dp=2)
+    src_assign = tuple(tuple(s.id for s in samples if s.id % 2 == d) for d in range(2))
+    src = Layout(plan, src_assign)
+    aligned = Layout(plan, tuple(tuple(g) for g in balance_aligned(samples, 2, src_assign)[0]))
+    assert not dataclasses.replace(LayoutAwareDispatcher().plan(src, aligned, samples), reduce_bytes=0).waits_for_peers
+    late = 2.0
+    runs = run_local(_handoff_worker, 2, samples, src, aligned, late, timeout_s=120)
+    for rank, (got, _, sent) in enumerate(runs):
+        assert sorted(got) == sorted(aligned.assignment[rank]) and sent == 0
+        for i in got:
+            assert torch.equal(got[i]["input_ids"], produce(samples[i])["input_ids"])
+    assert runs[0][1] < late / 4, f"the punctual rank waited {runs[0][1]:.2f} s for its late peer"
+    # onto a layout that moves episodes, the punctual rank waits for the late one's sends
+    moved = Layout(plan, (src_assign[1], src_assign[0]))
+    runs = run_local(_handoff_worker, 2, samples, src, moved, late, timeout_s=120)
+    assert all(sorted(got) == sorted(moved.assignment[r]) for r, (got, _, _) in enumerate(runs))
+    assert runs[0][1] > late / 2
 
 
 def test_delivery_check_catches_duplicates_and_gaps():
