@@ -55,9 +55,10 @@ STAGES = STEP_PHASES  # the runtime's span stages, the rows of every table
 # there (its stages last as long as their slowest group); the rank that arrived last, the one
 # with the shortest span, is the move itself
 COLLECTIVE_MOVES = ("dispatch", "reshard")
-# spans of other stages that are such moves: the rollout -> experience hand-off is a dispatch
-# (earl.runtime.step.prepare_experience: `execute_dispatch`, which starts with a barrier); the
-# log-prob span after it is the rank's own work
+# spans of other stages that are such moves where their `waits` arg says so: the rollout ->
+# experience hand-off is a dispatch (earl.runtime.step.prepare_experience: `execute_dispatch`),
+# which waits for its peers where a phase sends between ranks; onto the layout aligned with the
+# rollout's it copies locally and, like the log-prob span after it, is the rank's own work
 COLLECTIVE_SPANS = ("handoff",)
 # spans with no wait for a peer in them (at tp 1): their CPU share (the runtime's per-span
 # `cpu_s` over wall seconds) is the core a rank got while it computed, which the step's share
@@ -225,12 +226,13 @@ def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: i
     sim = Simulation(sc, cfg.policy.selector, cfg.policy.dispatcher, cost_model=cm, engine=sim_engine(cfg.engine),
                      padded=True, token_budget=cfg.trainer.token_budget, fsdp=True, handoff=True,
                      head_on="generated", train_placement="balanced").run()
-    # the hand-off's share of each step's experience stage: a move over gloo, priced by the
-    # dispatch path like the dispatch (and stretched like it, `dispatch_stretch`)
+    # the hand-off's share of each step's experience stage where it waits for peers: a move over
+    # gloo, priced by the dispatch path like the dispatch (and stretched like it,
+    # `dispatch_stretch`); one that waits for no one is host work like the log-prob span's
     handoff: dict[int, float] = {}
     ranks: dict[int, list[float]] = {}  # step -> each replica's rollout seconds (`rollout_on_host`)
     for sp in sim.spans:
-        if sp.stage == "experience" and sp.name.startswith("hand-off"):
+        if sp.stage == "experience" and sp.name.startswith("hand-off") and sp.args.get("waits", True):
             handoff[sp.step] = handoff.get(sp.step, 0.0) + sp.duration_s
         elif sp.name == "rollout" and sp.stage == "rollout":
             ranks.setdefault(sp.step, []).append(sp.duration_s)
@@ -261,12 +263,14 @@ def _predicted_peak(rows: list[dict], cm_capacity: float, reserve: float) -> flo
 
 def measured_stages(spans, steps: list[int]) -> list[dict]:
     """Per step: stage -> seconds: each rank's spans of the stage summed, then the largest over
-    ranks, and for collective moves (COLLECTIVE_MOVES, COLLECTIVE_SPANS) the smallest, the two
-    added; 0 for a stage no rank ran."""
+    ranks, and for collective moves (COLLECTIVE_MOVES; COLLECTIVE_SPANS that waited, which a
+    trace from before the `waits` arg always did) the smallest, the two added; 0 for a stage no
+    rank ran."""
     per: dict[tuple[int, str, bool, int], float] = {}
     for sp in spans:
         if sp.stage in STAGES:
-            key = (sp.step, sp.stage, sp.stage in COLLECTIVE_MOVES or sp.name in COLLECTIVE_SPANS, sp.rank)
+            move = sp.stage in COLLECTIVE_MOVES or (sp.name in COLLECTIVE_SPANS and sp.args.get("waits", True))
+            key = (sp.step, sp.stage, move, sp.rank)
             per[key] = per.get(key, 0.0) + sp.duration_s
     out = []
     for step in steps:

@@ -170,6 +170,11 @@ def test_measured_stage_slowest_rank_or_last_to_arrive_for_moves():
     assert got[0] == {"rollout": 0.0, "experience": 0.0, "dispatch": 0.0, "train": 3.0, "reshard": 0.5}
     assert got[1]["dispatch"] == 0.25 and got[1]["train"] == 0.0
     assert got[1]["experience"] == 0.25 + 1.0
+    # a hand-off that waited for no one (onto the aligned layout: `waits` false) is the rank's
+    # own work, like its log-prob span: the slowest rank's sum
+    for sp in spans[-4:-2]:
+        sp.args["waits"] = False
+    assert measured_stages(spans, [1, 2])[1]["experience"] == 0.75 + 0.5
 
 
 def test_token_budget_packing_per_data_parallel_group():
