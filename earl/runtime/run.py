@@ -26,7 +26,7 @@ from earl.runtime.checkpoint import export_policy, find_checkpoint, load_run, sa
 from earl.runtime.console import Preemption, Progress, library_progress_bars, step_line
 from earl.runtime.control import fault_hook, vote_stop
 from earl.runtime.defaults import describe_defaults
-from earl.runtime.dist import process_group
+from earl.runtime.dist import aligned_origin, process_group
 from earl.runtime.gc_steps import StepGC
 from earl.runtime.metrics import RunRecorder, plot_run
 from earl.runtime.resolve import (
@@ -103,8 +103,8 @@ def _run(cfg: RunConfig, out_dir: str | Path, rank: int, world: int, *, resume, 
         atomic_write_text(out / "config.json", json.dumps(to_dict(cfg), indent=2))
         rec = RunRecorder(out, resume_step=start if ckpt is not None else None,
                           wandb_config=to_dict(cfg) if cfg.wandb else None)
-    t_offset = max((s.t_end for s in rec.spans), default=0.0) if rec is not None else 0.0
-    worker.origin = time.perf_counter() - t_offset
+    # one origin for every rank's spans (a resumed run's trace continues after its last span)
+    worker.origin = aligned_origin(max((s.t_end for s in rec.spans), default=0.0) if rec is not None else 0.0)
     bar = Progress(cfg.steps, start, enabled=progress and rank == 0)
     last_ckpt, step = ckpt, start
     last = min(cfg.steps, stop_at or cfg.steps)

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from earl.trace import read_chrome_trace
+
 
 def earl(*args, timeout=240):
     return subprocess.run([sys.executable, "-m", "earl.cli", *args], capture_output=True, text=True,
@@ -35,3 +37,11 @@ def test_two_processes_run_with_their_plans(tmp_path):
     assert len(rows) == 2
     assert (out / "trace.json").is_file()
     assert "tp2-dp1" in r.stdout and "tp1-dp2" in r.stdout
+    # one timeline for both ranks (earl.runtime.dist.aligned_origin): the ranks' spans of a
+    # collective stage overlap in time, each step (they were offset by the ranks' start-up skew)
+    spans = read_chrome_trace(out / "trace.json")
+    for step in (1, 2):
+        for stage in ("dispatch", "train"):
+            got = [s for s in spans if s.step == step and s.stage == stage]
+            assert {s.rank for s in got} == {0, 1}, (step, stage)
+            assert max(s.t_start for s in got) <= min(s.t_end for s in got), (step, stage, got)
