@@ -390,7 +390,10 @@ def run_step(w: Worker, ctx: StepContext, step: int,
 
     trajs, counts = play(w, step)
     local_meta = [SampleMeta.of(t) for t in trajs] if w.roll_groups.tp_rank == 0 else []
+    t0 = span_start()
     parts = all_gather_objects(local_meta, ctx.control, "metadata")
+    # the ranks meet here after their rollouts: a span of no scored stage, so the trace shows it
+    w.span("metadata", "other", t0, step)
     meta = {m.id: m for part in parts for m in part}
     assert sorted(meta) == list(range(cfg.groups * cfg.group_size)), "an episode was lost"
     ordered = [meta[i] for i in sorted(meta)]

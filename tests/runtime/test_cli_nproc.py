@@ -41,7 +41,7 @@ def test_two_processes_run_with_their_plans(tmp_path):
     # collective stage overlap in time, each step (they were offset by the ranks' start-up skew)
     spans = read_chrome_trace(out / "trace.json")
     for step in (1, 2):
-        for stage in ("dispatch", "train"):
-            got = [s for s in spans if s.step == step and s.stage == stage]
+        for stage in ("dispatch", "train", "metadata"):  # the metadata all-gather: its own span
+            got = [s for s in spans if s.step == step and stage in (s.stage, s.name)]
             assert {s.rank for s in got} == {0, 1}, (step, stage)
             assert max(s.t_start for s in got) <= min(s.t_end for s in got), (step, stage, got)
