@@ -112,11 +112,12 @@ def delivered(tplan) -> dict[int, tuple[int, int]]:
 
 
 def _local(tplan, br: dict[str, float], samples: int, world: int, plan) -> Estimate:
-    """The estimate of a plan no executor round prices: host work only, nothing moved."""
+    """The estimate of a plan no executor round prices: host work only, nothing moved, no
+    rank waits for another (`extras["waits"]`)."""
     return Estimate(stage="dispatch", time_s=sum(br.values()), feasible=True, gpus=world, plan=plan, breakdown=br,
                     extras={"dispatcher": tplan.kind, "moved_bytes": 0.0, "controller_bytes": 0.0,
                             "busiest_rank_bytes": 0.0, "messages": 0, "transfers": len(tplan.transfers),
-                            "samples": samples})
+                            "samples": samples, "waits": False})
 
 
 def sync_rounds(tplan) -> int:
@@ -207,4 +208,5 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
                     breakdown=br,
                     extras={"dispatcher": tplan.kind, "moved_bytes": sent,
                             "controller_bytes": float(ctrl_bytes), "busiest_rank_bytes": busiest,
-                            "messages": messages, "transfers": sum(map(len, tplan.phases)), "samples": samples})
+                            "messages": messages, "transfers": sum(map(len, tplan.phases)), "samples": samples,
+                            "waits": rounds > 0})

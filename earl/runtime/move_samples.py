@@ -62,6 +62,9 @@ class DispatchStats:
     bytes_sent: int
     bytes_recv: int
     messages: int
+    # whether this rank waited for peers (a barrier, a phase that sends, a statistics all-reduce);
+    # False for a plan of local copies (TransferPlan.waits_for_peers) or one process
+    waited: bool = False
 
 
 # --------------------------------------------------------------------------------------------
@@ -153,7 +156,8 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
     # ranks start together (`seconds` times the moves, not the arrival skew), unless the plan
     # waits for no one: local copies only, no statistics (the hand-off onto the aligned layout)
     moved = tplan if tensors is None else dataclasses.replace(tplan, reduce_bytes=0)  # no advantages
-    if dist.is_initialized() and moved.waits_for_peers:
+    waited = dist.is_initialized() and dist.get_world_size() > 1 and moved.waits_for_peers
+    if waited:
         dist.barrier()
     t_start = time.perf_counter()
     adv_s = 0.0
@@ -208,7 +212,7 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
             adv_s += time.perf_counter() - t1
         phase_s.append(time.perf_counter() - t0)
     stats = DispatchStats(kind=tplan.kind, seconds=time.perf_counter() - t_start, phase_s=tuple(phase_s),
-                          advantage_s=adv_s, bytes_sent=sent, bytes_recv=recv, messages=msgs)
+                          advantage_s=adv_s, bytes_sent=sent, bytes_recv=recv, messages=msgs, waited=waited)
     if check:
         check_delivery(counts, dst, samples, rank, tensors, extra)
     return delivered, stats

@@ -301,10 +301,9 @@ def prepare_experience(w: Worker, ctx: StepContext, step: int, trajs: list[Traje
     tplan = ctx.dispatcher.plan(src, dst, samples)
     legal = ("legal_bits",) if w.trainer.uses_legal_bits else ()  # trainer.legal_coef's input
     got, hstats = execute_dispatch(tplan, store, samples, src, dst, tensors=HANDOFF_TENSORS + legal)
-    # `waits`: whether the hand-off waited for peers (a phase sends between ranks); onto the
-    # aligned layout it copies locally and is the rank's own work (earl.calibrate.validate)
-    w.span("handoff", "experience", t0, step, bytes=hstats.bytes_sent,
-           args={"waits": w.world > 1 and tplan.talking_phases > 0})
+    # `waits`: whether the hand-off waited for peers; onto the aligned layout it copies locally
+    # and is the rank's own work (earl.calibrate.validate)
+    w.span("handoff", "experience", t0, step, bytes=hstats.bytes_sent, args={"waits": hstats.waited})
 
     w.sync_weights(Stage.EXPERIENCE, step)
     t0 = span_start()

@@ -494,15 +494,13 @@ class Simulation:
         dst_assign, _ = balance_aligned(samples, ex.dp, src_assign)
         self._exp_assign = tuple(tuple(g) for g in dst_assign)
         tplan = self.dispatcher.plan(Layout(ro, src_assign), Layout(ex, self._exp_assign), samples)
-        world = max(ro.world_size, ex.world_size)
         est = price_transfer_plan(self.cm, tplan, samples=len(samples), producers=ro.dp,
-                                  world=world, plan=ex, advantages=False)
+                                  world=max(ro.world_size, ex.world_size), plan=ex, advantages=False)
         self.events += 1
         yield self.env.timeout(est.time_s)
-        # `waits`: a phase sends between ranks (else local copies, each rank's own host work)
+        # `waits`: the ranks waited for one another (else local copies, each rank's own host work)
         self.span(f"hand-off ({tplan.kind})", "experience", tplan.controller, t0, self.env.now, step,
-                   bytes=tplan.total_bytes, args={"transfers": len(tplan.transfers),
-                                                  "waits": world > 1 and tplan.talking_phases > 0})
+                   bytes=tplan.total_bytes, args={"transfers": len(tplan.transfers), "waits": est.extras["waits"]})
         return est.time_s
 
     def _dispatch(self, ex: ParallelPlan, tr: ParallelPlan, ids: np.ndarray, tokens: np.ndarray,

@@ -233,7 +233,7 @@ def test_a_handoff_that_waits_for_no_one_is_its_calibrated_host_work(dp):
     cm = dispatchfit.local_cost_model(prof, dp)
     est = price_transfer_plan(cm, hand, samples=16, producers=dp, world=dp, advantages=False)
     assert est.time_s == pytest.approx(1e-3 + max(2e-4 * n + 1e-6 * t for n, t in held.values()))
-    assert est.extras["moved_bytes"] == 0 and "rounds" not in est.breakdown
+    assert est.extras["moved_bytes"] == 0 and "rounds" not in est.breakdown and not est.extras["waits"]
     # without the terms: the dispatch price (one process: dispatch_fixed_s + dispatch_seq_s)
     old = dataclasses.replace(prof, handoff_fixed_s=0.0, handoff_seq_s=0.0, handoff_token_s=0.0)
     before = price_transfer_plan(dispatchfit.local_cost_model(old, dp), hand, samples=16, producers=dp, world=dp,
@@ -247,7 +247,7 @@ def test_a_handoff_that_waits_for_no_one_is_its_calibrated_host_work(dp):
     assert moved.talking_phases == 1
     a, b = (price_transfer_plan(dispatchfit.local_cost_model(p, dp), moved, samples=16, producers=dp, world=dp,
                                 advantages=False) for p in (prof, old))
-    assert a.time_s == pytest.approx(b.time_s) and a.breakdown["rounds"] > 0
+    assert a.time_s == pytest.approx(b.time_s) and a.breakdown["rounds"] > 0 and a.extras["waits"]
 
 
 def test_handoff_is_priced_without_advantages():

@@ -159,7 +159,7 @@ def _handoff_worker(samples, src, dst, late_s):
     got, stats = execute_dispatch(tplan, store, samples, src, dst, tensors=("input_ids", "loss_mask"))
     took = time.perf_counter() - t0
     dist.barrier()  # the late rank's hand-off is over before any rank leaves
-    return got, took, stats.bytes_sent
+    return got, took, stats.bytes_sent, stats.waited
 
 
 @pytest.mark.dist
@@ -178,15 +178,15 @@ def test_handoff_onto_the_aligned_layout_waits_for_no_one():
     assert not dataclasses.replace(LayoutAwareDispatcher().plan(src, aligned, samples), reduce_bytes=0).waits_for_peers
     late = 2.0
     runs = run_local(_handoff_worker, 2, samples, src, aligned, late, timeout_s=120)
-    for rank, (got, _, sent) in enumerate(runs):
-        assert sorted(got) == sorted(aligned.assignment[rank]) and sent == 0
+    for rank, (got, _, sent, waited) in enumerate(runs):
+        assert sorted(got) == sorted(aligned.assignment[rank]) and sent == 0 and not waited
         for i in got:
             assert torch.equal(got[i]["input_ids"], produce(samples[i])["input_ids"])
     assert runs[0][1] < late / 4, f"the punctual rank waited {runs[0][1]:.2f} s for its late peer"
     # onto a layout that moves episodes, the punctual rank waits for the late one's sends
     moved = Layout(plan, (src_assign[1], src_assign[0]))
     runs = run_local(_handoff_worker, 2, samples, src, moved, late, timeout_s=120)
-    assert all(sorted(got) == sorted(moved.assignment[r]) for r, (got, _, _) in enumerate(runs))
+    assert all(sorted(got) == sorted(moved.assignment[r]) and waited for r, (got, _, _, waited) in enumerate(runs))
     assert runs[0][1] > late / 2
 
 
