@@ -86,10 +86,13 @@ def main() -> None:
     args = ap.parse_args()
     for name, v in (("--episodes", args.episodes), ("--length", args.length), ("--repeats", args.repeats)):
         if v < 1:
-            raise SystemExit(f"{name} must be >= 1, got {v}")
+            ap.error(f"{name} must be >= 1, got {v}")
     if any(w < 2 for w in args.worlds):
-        raise SystemExit(f"--worlds must be >= 2 (the hand-off on one process has no barrier), got {args.worlds}")
-    prof = load_profile(args.profile)
+        ap.error(f"--worlds must be >= 2 (the hand-off on one process has no barrier), got {args.worlds}")
+    try:
+        prof = load_profile(args.profile)
+    except (ValueError, OSError) as e:
+        ap.error(f"--profile: {e}")
     path = prof.dispatch_path
     print(f"{'world':>5s} {'episodes':>8s} {'no wait ms':>10s} {'barrier ms':>10s} {'speed-up':>8s} "
           f"{'pred no wait':>12s} {'pred barrier':>12s}  same")
