@@ -47,8 +47,16 @@ KINDS = ("centralized", "layout-aware")
 # per-message, per-piece and per-byte terms separate
 CASES: tuple[tuple[int, int], ...] = ((1, 512), (4, 2048), (16, 1024), (4, 16384), (8, 8192), (4, 32768))
 # the dispatch-path terms the gloo runs fit, in this order (a quick fit: the first only)
-# (the rounds' terms, round_s and sync_s, are measured directly: `round_terms`)
+# (round_s is measured directly, `round_terms`; sync_s is measured so too, then refitted on the
+# executor's own runs where some ran more processes than cores: OVERSUBSCRIBED_ROUND)
 FITTED = ("message_s", "oversubscribed_exp", "controller_bw_bytes_s", "wire_bw_bytes_s")
+# sync_s, what a round adds when ranks outnumber the cores, is fitted on the executor's runs at
+# such process counts within [this x, 1 x] the back-to-back barrier loop's figure: the loop is
+# the worst case (every rank asleep on its socket at every round), the executor's rounds come
+# between pieces of work, where a waking rank often finds its peers' messages already sent (4
+# gloo ranks on 2 cores, 2026-12-02: the loop 2.0 ms a round, the executor's small-payload
+# dispatches 0.6-1.2 ms a round)
+OVERSUBSCRIBED_ROUND = 0.05
 QUICK_BUDGET_S = 3.0  # seconds of dispatch budget below which only the quick set runs
 START_METHOD = "spawn"  # fresh rank processes for every measurement (see `measure`)
 # bytes each rank writes before a cold repeat: past the last-level cache (32 MiB on this host)
@@ -297,9 +305,13 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
 
     k = 1 if message_only else len(FITTED)
     fixed = {name: getattr(profile.dispatch_path, name) for name in FITTED[k:]}  # not fitted: the profile's
+    loop_sync = measured_rounds["sync_s"]
+    # the oversubscribed round is fitted too where points ran beyond the cores and the loop measured it
+    names = FITTED[:k] + (("sync_s",) if not message_only and loop_sync > 0 and
+                          any(p.procs > hp and math.isfinite(p.round_s) for p in points) else ())
 
     def fields(x) -> dict:
-        return {**fixed, **dict(zip(FITTED[:k], np.exp(x).tolist(), strict=True))}
+        return {**fixed, **dict(zip(names, np.exp(x).tolist(), strict=True))}
 
     def predicted(x) -> list[float]:
         prof = _with_path(base, **fields(x))
@@ -312,9 +324,11 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
 
     y = np.array([p.seconds for p in points])
     link_bw = profile.intra.bw_bytes_s
-    x0 = np.log([50e-6, 0.3, 10 * link_bw, link_bw])
-    lo, hi = np.log([1e-7, 1e-4, link_bw / 100, link_bw / 100]), np.log([1e-2, 2.0, 1e13, 100 * link_bw])
-    res = least_squares(lambda x: np.log(np.array(predicted(x)) / y), x0[:k], bounds=(lo[:k], hi[:k]), x_scale="jac")
+    sync = len(names) > k  # (start, low, high) of the oversubscribed round, when it is fitted
+    x0 = np.log([50e-6, 0.3, 10 * link_bw, link_bw][:k] + ([loop_sync * 0.5] if sync else []))
+    lo = np.log([1e-7, 1e-4, link_bw / 100, link_bw / 100][:k] + ([loop_sync * OVERSUBSCRIBED_ROUND] if sync else []))
+    hi = np.log([1e-2, 2.0, 1e13, 100 * link_bw][:k] + ([loop_sync] if sync else []))
+    res = least_squares(lambda x: np.log(np.array(predicted(x)) / y), x0, bounds=(lo, hi), x_scale="jac")
     pred = predicted(res.x)
     # cold caches: the extra time per synchronising round of the executor (through the origin)
     rounds = [sync_rounds(plans_by[(p.procs, p.per_rank, p.context)][p.kind]) for p in points]
@@ -327,6 +341,7 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
     errs = [abs(a / b - 1) for a, b in zip(pred, y, strict=True)]
     quality = {"fit_median_err": round(float(np.median(errs)), 4), "fit_max_err": round(float(max(errs)), 4),
                "n": len(points), "host_parallel": hp, "cold_round_s": cold_round_s, **measured_rounds,
+               "sync_s_loop": loop_sync, "sync_s": path.sync_s,
                "points": [{"label": f"{p.kind} n={p.procs} {p.per_rank}x{p.context}", "measured_s": p.seconds,
                            "predicted_s": q, "cold_measured_s": p.cold_seconds,
                            "cold_predicted_s": q + r * cold_round_s}

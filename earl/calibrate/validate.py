@@ -128,9 +128,27 @@ def _rel(p: float, m: float) -> float:
     return abs(p - m) / m if m > 0 else (0.0 if p == 0 else math.inf)
 
 
+def level_fitted_err(predicted: list[float], measured: list[float]) -> float:
+    """min over c > 0 of the median per-step |c x predicted / measured - 1|: the median error the
+    per-step predictions would still have with their level fitted to this very run. What is
+    left is step-to-step spread the predictions do not follow (on a shared host: scheduling),
+    the floor under any rescaling of the model; the median error above it is the level's.
+    0 for no steps."""
+    r = np.array([p / m for p, m in zip(predicted, measured, strict=True) if p > 0 and m > 0])
+    if not r.size:
+        return 0.0
+    # the optimum puts some c x r_k at 1 or halfway between two of them in log: candidates are
+    # 1 / r_k and the geometric midpoints of neighbours, plus a fine log grid between
+    inv = np.sort(1.0 / r)
+    cands = np.concatenate([inv, np.sqrt(inv[:-1] * inv[1:]), np.geomspace(inv[0], inv[-1], 512)])
+    return float(min(np.median(np.abs(c * r - 1.0)) for c in cands))
+
+
 def stage_table(variants: list[VariantResult]) -> list[dict]:
     """Per stage: summed measured / predicted seconds and the median per-step relative error,
-    against the wall time and against the CPU time the stage got (wall x its step's CPU share)."""
+    against the wall time and against the CPU time the stage got (wall x its step's CPU share);
+    `spread_err`: that error with the prediction's level fitted per variant (`level_fitted_err`,
+    the largest over variants)."""
     out = []
     for stage in STAGES:
         m = [r[stage] for v in variants for r in v.measured]
@@ -142,6 +160,8 @@ def stage_table(variants: list[VariantResult]) -> list[dict]:
             continue
         out.append({"stage": stage, "measured_s": sum(m), "predicted_s": sum(p), "datasheet_s": sum(d),
                     "median_err": float(np.median([_rel(a, b) for a, b in zip(p, m, strict=True)])),
+                    "spread_err": max(level_fitted_err([r[stage] for r in v.predicted], [r[stage] for r in v.measured])
+                                      for v in variants),
                     "measured_cpu_s": sum(mc),
                     "cpu_median_err": float(np.median([_rel(a, b) for a, b in zip(pd, mc, strict=True)])),
                     "datasheet_median_err": float(np.median([_rel(a, b) for a, b in zip(d, m, strict=True)]))})
@@ -498,18 +518,21 @@ def validation_table(res: ValidationResult, hardware: str, scored_steps: int):
         for v in res.variants[:2])
     t = Table(title=f"earl validate ({res.device} x{res.nproc}, profile {hardware}, {len(res.variants)} variant(s), "
                     f"{scored_steps} scored step(s) each{load})")
-    for col in ("stage", "measured s", "predicted s", "median err", f"datasheet ({res.datasheet}) s",
+    for col in ("stage", "measured s", "predicted s", "median err", "level fitted", f"datasheet ({res.datasheet}) s",
                 "datasheet err", "err vs CPU time"):
         t.add_column(col, justify="left" if col == "stage" else "right")
-    for r in res.table:  # last column: measured x the step's CPU share (other processes excluded)
+    # "level fitted": the median error with the prediction's level fitted to the run (the
+    # step-to-step spread it leaves); last column: measured x the step's CPU share
+    for r in res.table:
         t.add_row(r["stage"], f"{r['measured_s']:.4f}", f"{r['predicted_s']:.4f}", f"{r['median_err']:.1%}",
-                  f"{r['datasheet_s']:.4f}", f"{r['datasheet_median_err']:.1%}", f"{r['cpu_median_err']:.1%}")
+                  f"{r.get('spread_err', math.nan):.1%}", f"{r['datasheet_s']:.4f}", f"{r['datasheet_median_err']:.1%}",
+                  f"{r['cpu_median_err']:.1%}")
     for v in res.variants:
         err = abs(v.peak_mem_predicted - v.peak_mem_measured) / v.peak_mem_measured
         what = f"peak memory, {v.name}" + ("" if res.memory_comparable else " (CPU RSS: not comparable)")
         t.add_row(what, f"{v.peak_mem_measured / 2**30:.3f} GiB",
                   f"{v.peak_mem_predicted / 2**30:.3f} GiB", f"{err:.1%}" if res.memory_comparable else "-",
-                  "", "", "")
+                  "", "", "", "")
     return t
 
 

@@ -87,15 +87,18 @@ def barrier() -> None:
 
 def aligned_origin(offset: float = 0.0) -> float:
     """A `time.perf_counter()` origin every rank shares, so their spans line up in one trace:
-    rank 0's `offset` (seconds the trace already holds: a resumed run's) goes to every rank, and
-    each takes the origin right after a barrier (aligned to the barrier's exit skew, well under
-    a millisecond on one host). Collective over the world; alone: perf_counter() - offset."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        box = [offset]
-        dist.broadcast_object_list(box, src=0)
-        offset = float(box[0])
-        dist.barrier()
-    return time.perf_counter() - offset
+    rank 0's `offset` (seconds the trace already holds: a resumed run's) goes to every rank.
+    Ranks on rank 0's host take rank 0's origin itself (perf_counter is the host's monotonic
+    clock, one for all its processes: exact); ranks on other hosts take theirs right after a
+    barrier (aligned to the barrier's exit skew). Collective over the world; alone:
+    perf_counter() - offset."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return time.perf_counter() - offset
+    box = [offset, time.perf_counter() - offset, socket.gethostname()]
+    dist.broadcast_object_list(box, src=0)
+    dist.barrier()
+    mine = time.perf_counter() - float(box[0])
+    return float(box[1]) if box[2] == socket.gethostname() else mine
 
 
 def shutdown(code: int = 0) -> None:

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -21,6 +22,7 @@ from earl.calibrate.validate import (
     hostload_share,
     initial_run_plans,
     kendall_tau,
+    level_fitted_err,
     logprob_passes,
     measured_stages,
     parse_variants,
@@ -53,11 +55,28 @@ def test_validation_runs_runtime_and_simulator(calibrated_profile, tmp_path):
     stages = {r["stage"]: r for r in res.table}
     assert set(stages) <= set(STAGES) and {"rollout", "experience", "train"} <= set(stages)
     assert all(math.isfinite(r["median_err"]) for r in res.table)
+    # one scored step: a fitted level predicts it exactly
+    assert all(r["spread_err"] == pytest.approx(0.0, abs=1e-9) for r in res.table)
     assert res.kendall_tau in (-1.0, 1.0)  # two variants: same or opposite order
     report = json.loads((tmp_path / "v" / "validation.json").read_text())
     assert report["stages"] == res.table and report["profile"] == calibrated_profile
     assert (tmp_path / "v" / "scatter.png").stat().st_size > 1000
     assert (tmp_path / "v" / "validation.csv").read_text().startswith("variant,step,stage")
+
+
+def test_level_fitted_error_is_the_spread_a_rescaled_prediction_leaves():
+    # a prediction right in shape, wrong in level: nothing left once the level is fitted
+    assert level_fitted_err([2.0, 4.0, 6.0], [1.0, 2.0, 3.0]) == pytest.approx(0.0)
+    # a flat prediction of bimodal steps (half at 1, half at 3): the best level still misses
+    # one mode; it can never beat the plain median error
+    meas, pred = [1.0, 1.0, 3.0, 3.0, 1.0, 3.0], [2.0] * 6
+    fitted = level_fitted_err(pred, meas)
+    assert 0.3 < fitted <= float(np.median([abs(p / m - 1) for p, m in zip(pred, meas, strict=True)]))
+    # by brute force over levels
+    best = min(np.median([abs(c * p / m - 1) for p, m in zip(pred, meas, strict=True)])
+               for c in np.geomspace(0.1, 10, 20001))
+    assert fitted == pytest.approx(best, abs=1e-3)
+    assert level_fitted_err([], []) == 0.0
 
 
 def test_kendall_tau_and_variants_parsing():
