@@ -410,14 +410,36 @@ def validate_cmd(
     sets: Optional[list[str]] = typer.Option(None, "--set", help="config override key=value (repeatable)"),
     nproc: int = typer.Option(1, help="runtime processes: 1, or 2 / 4 under torchrun (simulated as N devices)"),
     schedule: str = typer.Option("sync", help="sync | async: an async run next to a sync one (--nproc 2 or 4)"),
+    rescore: Optional[str] = typer.Option(None, help="an earlier validate --out folder: price its recorded runs "
+                                          "again with --hardware, running nothing"),
 ):
     """Run the runtime for a few steps and the simulator on the same config and workload trace;
     print predicted vs. measured time per stage and peak memory, and the Kendall tau of the
-    variants' ranking (`--schedule async`: async vs sync tokens/s, staleness, per-pool stages)."""
+    variants' ranking (`--schedule async`: async vs sync tokens/s, staleness, per-pool stages).
+    `--rescore DIR`: the same report for the runs DIR recorded, priced with --hardware."""
     import warnings
 
     from earl.calibrate.validate import validation_config
     from earl.calibrate.validate_async import async_table, check_schedule, run_async_validation
+
+    if rescore is not None:
+        from earl.calibrate.validate import ranking_line, rescore_validation, validation_table
+
+        given = [flag for flag, on in (("CONFIG", config is not None), ("--steps", steps != 4),
+                                       ("--warmup-steps", warmup_steps != 1), ("--device", device is not None),
+                                       ("--model", model is not None), ("--dtype", dtype is not None),
+                                       ("--variants", variants is not None), ("--set", bool(sets)),
+                                       ("--nproc", nproc != 1), ("--schedule", schedule != "sync")) if on]
+        if given:
+            raise ValueError(f"--rescore re-prices the recorded runs as they ran; {', '.join(given)} does not apply "
+                             "(valid with it: --hardware, --out)")
+        res = rescore_validation(source=rescore, profile=hardware, out_dir=out)
+        scored = len(res.variants[0].measured)
+        console.print(validation_table(res, hardware, scored))
+        if ranking_line(res):
+            console.print(ranking_line(res))
+        console.print(f"wrote {out}/validation.json, validation.csv, scatter.png (runs of {rescore})")
+        return
 
     if check_schedule(schedule) == "async":
         if variants or model:

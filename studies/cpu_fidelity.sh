@@ -55,6 +55,8 @@ for run in $(seq "$RUNS"); do
 done
 { load "bench_dispatch ${DISPATCH[*]}"; "$PY" benchmarks/bench_dispatch.py --profile "$PROFILE_PATH" "${DISPATCH[@]}"; } \
   2>&1 | tee "$OUT_DIR/dispatch.txt"
-# keep what is worth committing: the random checkpoints and the runs' HF exports are rebuilt on demand
-rm -rf "$OUT_DIR"/*/model "$OUT_DIR"/*/runs/*/hf
+# keep what is worth committing: the random checkpoints' weights and the runs' HF exports are
+# rebuilt on demand; a checkpoint's config.json stays (`earl validate --rescore` prices its shape)
+find "$OUT_DIR" -path '*/model/*' -type f ! -name config.json -delete
+rm -rf "$OUT_DIR"/*/runs/*/hf
 load "all done" | tee -a "$OUT_DIR/dispatch.txt"

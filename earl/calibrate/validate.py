@@ -41,7 +41,7 @@ from earl.runtime.metrics import read_metrics
 from earl.runtime.resolve import initial_plans, resolve_config
 from earl.runtime.resources import check_resources
 from earl.runtime.run import run_training
-from earl.runtime.run_config import apply_overrides
+from earl.runtime.run_config import apply_overrides, from_dict
 from earl.runtime.trainer import Trainer
 from earl.sim.scenario import Scenario
 from earl.sim.simulation import Simulation
@@ -375,6 +375,15 @@ def run_variant(cfg, name: str, overrides: dict, out_dir: Path, prof: HardwarePr
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()  # each variant's own peak
     rows, share_run = _run_runtime(cfg, run_dir, nproc)
+    return score_variant(cfg, name, overrides, run_dir, rows, share_run, prof, sheet, warmup_steps, nproc)
+
+
+def score_variant(cfg, name: str, overrides: dict, run_dir: Path, rows: list[dict], share_run: float,
+                  prof: HardwareProfile, sheet: HardwareProfile, warmup_steps: int, nproc: int = 1) -> VariantResult:
+    """A runtime run's measured stages (its metrics rows and trace.json in `run_dir`) against the
+    simulator's prices of its recorded workload with `prof` and `sheet`. `share_run`: the share
+    of a core a rank got over the whole run, for steps that recorded none."""
+    device = "cuda" if str(cfg.model.device).startswith("cuda") else "cpu"
     spans = read_chrome_trace(run_dir / "trace.json")
     measured = measured_stages(spans, [r["step"] for r in rows])
     spec = MODEL_CATALOG[cfg.model.path] if cfg.model.path in MODEL_CATALOG else \
@@ -489,10 +498,7 @@ def run_validation(*, config, profile: str, steps: int = 4, warmup_steps: int = 
     if device == "cpu" and prof.stamp.get("threads") and config.threads != prof.stamp["threads"]:
         # the profile describes one rank with this many threads; the runtime must match it
         config = apply_overrides(config, {"threads": prof.stamp["threads"]})
-    sheet_name = prof.hardware.name if prof.hardware.name in ("cpu", "a100-sxm-80gb", "h100-sxm-80gb",
-                                                              "h200-sxm-141gb") else "h100-sxm-80gb"
-
-    sheet = datasheet_profile(HARDWARE_CATALOG[sheet_name])
+    sheet_name, sheet = contrast_sheet(prof)
     results = []
     for name, ov in variants or [("base", {})]:
         # throwaway runs: no checkpoints (a 1.5B model's fp32 masters and Adam states are ~20 GB each)
@@ -500,12 +506,66 @@ def run_validation(*, config, profile: str, steps: int = 4, warmup_steps: int = 
         results.append(run_variant(cfg, name, ov, out, prof, sheet, warmup_steps, nproc))
         if progress:
             progress(name)
+    res = _result(results, str(profile), sheet_name, device, nproc)
+    write_report(res, out)
+    return res
+
+
+def contrast_sheet(prof: HardwareProfile) -> tuple[str, HardwareProfile]:
+    """The datasheet profile a calibrated one is shown against: its own hardware's, else H100's."""
+    name = prof.hardware.name if prof.hardware.name in ("cpu", "a100-sxm-80gb", "h100-sxm-80gb",
+                                                        "h200-sxm-141gb") else "h100-sxm-80gb"
+    return name, datasheet_profile(HARDWARE_CATALOG[name])
+
+
+def _result(results: list[VariantResult], profile: str, sheet_name: str, device: str, nproc: int) -> ValidationResult:
     meas = [v.total("measured") for v in results]
-    res = ValidationResult(
-        variants=results, profile=str(profile), datasheet=sheet_name, device=device, nproc=nproc,
+    return ValidationResult(
+        variants=results, profile=profile, datasheet=sheet_name, device=device, nproc=nproc,
         memory_comparable=device == "cuda", table=stage_table(results),
         kendall_tau=kendall_tau(meas, [v.total("predicted") for v in results]),
         kendall_tau_datasheet=kendall_tau(meas, [v.total("datasheet") for v in results]))
+
+
+def rescore_validation(*, source: str | Path, profile: str, out_dir: str | Path) -> ValidationResult:
+    """Price the runs an earlier `earl validate` recorded (`source`: its --out folder) again with
+    `profile`, without running anything: each variant's metrics, trace.json, workload trace and
+    config as the run wrote them, its scored steps as scored then. The report goes to `out_dir`
+    (new or empty); `source` is only read. How a recalibration moves the errors on the same
+    measurements, apart from the run-to-run spread of new ones."""
+    src = Path(source)
+    try:
+        report = json.loads((src / "validation.json").read_text())
+        recorded = report["variants"]
+        nproc = int(report["nproc"])
+    except FileNotFoundError:
+        raise ValueError(f"--rescore {source}: no validation.json there (the --out folder of an earl validate "
+                         "run is needed)") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--rescore {source}: validation.json is not an earl validate report ({e})") from None
+    if report.get("schedule") == "async" or not recorded:
+        raise ValueError(f"--rescore {source}: no sync variants to re-price")
+    runs = []
+    for v in recorded:  # every run's files are checked before anything is written
+        run_dir = src / "runs" / Path(v["run_dir"]).name  # the folder may have moved with its report
+        missing = [f for f in ("config.json", "metrics.jsonl", "trace.json", "workload.jsonl")
+                   if not (run_dir / f).is_file()]
+        if missing:
+            raise ValueError(f"--rescore {source}: run {run_dir} lacks {', '.join(missing)}")
+        cfg = from_dict(json.loads((run_dir / "config.json").read_text()))
+        model = cfg.model.path
+        if model not in MODEL_CATALOG and not (Path(model) / "config.json").is_file():
+            raise ValueError(f"--rescore {source}: the run's model {model} has no config.json any more (the "
+                             "simulator prices its shape)")
+        rows = read_metrics(run_dir)
+        runs.append((v, run_dir, cfg, rows, len(rows) - len(v["measured"])))
+    out = check_out_dir(out_dir)
+    prof = load_profile(profile)
+    sheet_name, sheet = contrast_sheet(prof)
+    device = "cuda" if str(runs[0][2].model.device).startswith("cuda") else "cpu"
+    results = [score_variant(cfg, v["name"], v["overrides"], run_dir, rows, float(v.get("run_share", 1.0)), prof,
+                             sheet, warmup, nproc) for v, run_dir, cfg, rows, warmup in runs]
+    res = _result(results, str(profile), sheet_name, device, nproc)
     write_report(res, out)
     return res
 

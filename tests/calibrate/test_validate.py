@@ -27,6 +27,7 @@ from earl.calibrate.validate import (
     measured_stages,
     parse_variants,
     plan_mismatches,
+    rescore_validation,
     run_plans,
     run_validation,
 )
@@ -62,6 +63,20 @@ def test_validation_runs_runtime_and_simulator(calibrated_profile, tmp_path):
     assert report["stages"] == res.table and report["profile"] == calibrated_profile
     assert (tmp_path / "v" / "scatter.png").stat().st_size > 1000
     assert (tmp_path / "v" / "validation.csv").read_text().startswith("variant,step,stage")
+
+    # --rescore: the recorded runs priced again, nothing run. Same profile: the same report;
+    # the datasheet: the same measurements, other predictions; the source folder untouched
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "v").rglob("*") if p.is_file()}
+    same = rescore_validation(source=tmp_path / "v", profile=calibrated_profile, out_dir=tmp_path / "again")
+    assert same.table == res.table and [v.predicted for v in same.variants] == [v.predicted for v in res.variants]
+    other = rescore_validation(source=tmp_path / "v", profile="cpu", out_dir=tmp_path / "sheet")
+    assert [v.measured for v in other.variants] == [v.measured for v in res.variants]
+    assert [v.predicted for v in other.variants] != [v.predicted for v in res.variants]
+    assert json.loads((tmp_path / "sheet" / "validation.json").read_text())["profile"] == "cpu"
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "v").rglob("*") if p.is_file()} == before
+    r = _cli("--rescore", str(tmp_path / "v"), "--out", str(tmp_path / "cli"))
+    assert r.exit_code == 0, r.output
+    assert "level fitted" in r.output and (tmp_path / "cli" / "validation.json").is_file()
 
 
 def test_level_fitted_error_is_the_spread_a_rescaled_prediction_leaves():
@@ -112,6 +127,22 @@ def test_cli_bad_input(tmp_path, args, message):
     r = _cli("--out", str(tmp_path / "v"), *args)
     assert r.exit_code == 2, r.output
     assert message in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_rescore_bad_input_is_one_line_and_writes_nothing(tmp_path):
+    r = _cli("--rescore", str(tmp_path / "nowhere"), "--out", str(tmp_path / "v"))
+    assert r.exit_code == 2 and "no validation.json there" in r.output and len(r.output.strip().splitlines()) == 1
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "validation.json").write_text("[1, 2]")
+    r = _cli("--rescore", str(tmp_path / "junk"), "--out", str(tmp_path / "v"))
+    assert r.exit_code == 2 and "is not an earl validate report" in r.output
+    report = {"nproc": 1, "variants": [{"name": "base", "overrides": {}, "run_dir": "x", "measured": []}]}
+    (tmp_path / "junk" / "validation.json").write_text(json.dumps(report))
+    r = _cli("--rescore", str(tmp_path / "junk"), "--out", str(tmp_path / "v"))
+    assert r.exit_code == 2 and "lacks config.json, metrics.jsonl, trace.json, workload.jsonl" in r.output
+    r = _cli("--rescore", str(tmp_path / "junk"), "--out", str(tmp_path / "v"), "--nproc", "2", "--steps", "5")
+    assert r.exit_code == 2 and "--steps, --nproc does not apply (valid with it: --hardware, --out)" in r.output
+    assert not (tmp_path / "v").exists()
 
 
 def test_cli_refuses_a_used_out_folder_and_a_broken_profile(tmp_path):
