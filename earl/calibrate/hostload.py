@@ -19,13 +19,19 @@ job's own waiting, the same in the calibration's gloo phases as in validate's ru
 stages priced by the one-process constants (rollout, log-probs) are stretched by the share of
 the ranks' compute spans instead (`earl.calibrate.validate.compute_shares`), which holds no wait.
 
-    python -m earl.calibrate.hostload        # the share a busy loop gets here, now
+A second host term is not a share: processes that compute at once on all cores slow one another
+beyond it (caches, memory bandwidth, SMT siblings, a hypervisor's vCPUs), in CPU time as well
+as wall time (`corun_slowdown`, HardwareProfile.corun_slowdown).
+
+    python -m earl.calibrate.hostload        # the share a busy loop gets here, now; the co-run slowdown
 """
 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing as mp
 import os
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -100,6 +106,64 @@ def shared_makespan(works, cores: float) -> float:
     return t
 
 
+# `corun_slowdown`'s loop: eager forwards of small Linear layers at batch 8, one thread, as a
+# tiny model's decode steps are on a CPU rank (per-op dispatch and cache-resident GEMMs)
+CORUN_LAYERS, CORUN_WIDTH, CORUN_BATCH = 8, 64, 8
+
+
+def _corun_loop(iters: int, queue) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    layers = torch.nn.Sequential(*[torch.nn.Linear(CORUN_WIDTH, CORUN_WIDTH) for _ in range(CORUN_LAYERS)])
+    x = torch.randn(CORUN_BATCH, CORUN_WIDTH)
+    with torch.inference_mode():
+        for _ in range(max(1, iters // 10)):  # warm-up
+            layers(x)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            layers(x)
+        queue.put(time.perf_counter() - t0)
+
+
+def corun_slowdown(procs: int | None = None, iters: int = 2000, repeats: int = 9,
+                   timeout_s: float = 120.0) -> dict:
+    """How much longer one fixed eager loop takes when `procs` processes (default: every core)
+    run it at once than when one runs it alone: the mean of the concurrent processes' wall
+    times over the lone one's, median of `repeats` pairs taken back to back (so both sides of a
+    pair see the same other tenants), at least 1. On the 2-vCPU EPYC VM of docs/cpu it came out
+    1.1-1.85 per pair (2026-12-02): the two vCPUs slow each other, in CPU time too, so a CPU
+    share cannot see it. {"corun_slowdown", "procs", "ratios", "alone_s"}; 1 with one core."""
+    import torch  # noqa: F401  (imported before the forks: each loop then starts in milliseconds)
+
+    procs = procs or cores()
+    if procs < 2:
+        return {"corun_slowdown": 1.0, "procs": procs, "ratios": [], "alone_s": []}
+    ctx = mp.get_context("fork")
+
+    def once(k: int) -> list[float]:
+        queue = ctx.Queue()
+        ps = [ctx.Process(target=_corun_loop, args=(iters, queue), daemon=True) for _ in range(k)]
+        for p in ps:
+            p.start()
+        try:
+            return [queue.get(timeout=timeout_s) for _ in ps]
+        finally:
+            for p in ps:
+                p.join(timeout=5)
+                if p.is_alive():
+                    p.terminate()
+
+    ratios, alone = [], []
+    for _ in range(repeats):
+        one = once(1)[0]
+        ratios.append(statistics.mean(once(procs)) / one)
+        alone.append(one)
+    return {"corun_slowdown": max(1.0, statistics.median(ratios)), "procs": procs,
+            "ratios": [round(r, 4) for r in ratios], "alone_s": [round(a, 5) for a in alone]}
+
+
 if __name__ == "__main__":
 
     for _ in range(3):
@@ -108,3 +172,5 @@ if __name__ == "__main__":
             while time.perf_counter() - t0 < 1.0:
                 pass
         print(f"busy loop: share of a core {s.share():.3f} over {s.wall_s:.2f} s ({cores()} cores)")
+    c = corun_slowdown()
+    print(f"co-run slowdown x{c['corun_slowdown']:.2f} on {c['procs']} processes (pairs: {c['ratios']})")

@@ -104,6 +104,11 @@ def quality_table(res: CalibrationResult) -> Table:
                   f"experience {h.experience_seq_s * 1e6:.0f} us/seq, dispatch {h.dispatch_fixed_s * 1e3:.2f} ms, "
                   f"rollout {h.rollout_fixed_s * 1e3:.2f} ms + {h.rollout_episode_s * 1e6:.0f} us/episode",
                   "-", "-", "-", "-")
+    cq = prof.fit_quality.get("corun")
+    if cq and cq.get("ratios"):
+        t.add_row("co-run slowdown", f"{len(cq['ratios'])} pairs",
+                  f"x{prof.corun_slowdown:.2f} with {cq['procs']} processes computing at once "
+                  f"(pairs {min(cq['ratios']):.2f}-{max(cq['ratios']):.2f})", "-", "-", "-", "-")
     dq, fq = prof.fit_quality.get("dispatch_path"), prof.fit_quality.get("fsdp")
     if dq:
         d = prof.dispatch_path

@@ -149,6 +149,11 @@ def _calibrate(dev, dt, budget_s, phases, base_prof, seed, progress, t_start) ->
     if dev.type == "cpu":
         stamp = {**res.profile.stamp, "cpu_share": round(load.share(), 4)}
         res = dataclasses.replace(res, profile=dataclasses.replace(res.profile, stamp=stamp))
+    if dev.type == "cpu" and "runtime" in phases:  # the runtime's ranks compute at once on this host
+        corun = hostload.corun_slowdown()
+        res = dataclasses.replace(res, profile=dataclasses.replace(
+            res.profile, corun_slowdown=round(corun["corun_slowdown"], 4),
+            fit_quality={**res.profile.fit_quality, "corun": corun}))
     if "dispatch" in phases:
         res = _fit_dispatch_path(res, share["dispatch"], progress)
     if "fsdp" in phases:

@@ -355,6 +355,14 @@ def host_stretch(prof: HardwareProfile, nproc: int, device: str, share: float | 
     return prof.host_share / share
 
 
+def corun_stretch(prof: HardwareProfile, nproc: int, device: str) -> float:
+    """How much slower the stages priced by one-process constants (rollout, experience) compute
+    when the job's ranks compute at once on a CPU host: the profile's `corun_slowdown` at N > 1
+    ranks (the calibration's figure: every core busy, which N >= host_parallel ranks make them;
+    fewer ranks on a bigger host are charged the same, an upper bound), else 1."""
+    return prof.corun_slowdown if device == "cpu" and nproc > 1 else 1.0
+
+
 def dispatch_stretch(prof: HardwareProfile, nproc: int, device: str, share: float | None = None) -> float:
     """The same for dispatch, whose price models its own ranks' oversubscription (the
     dispatch path's terms): only other tenants' load, relative to the dispatch fit's."""
@@ -409,7 +417,7 @@ def score_variant(cfg, name: str, overrides: dict, run_dir: Path, rows: list[dic
         out, ks, kcs = [], [], []
         for sr, sh, sc in zip(sim_rows[warmup_steps:], shares, computing, strict=True):
             k, kd = host_stretch(p, nproc, device, sh), dispatch_stretch(p, nproc, device, sh)
-            kc = host_stretch(p, nproc, device, sc)
+            kc = host_stretch(p, nproc, device, sc) * corun_stretch(p, nproc, device)
             row = {s: float(sr[f"{s}_s"]) * (kd if s == "dispatch" else k) for s in STAGES}
             row["rollout"] = rollout_on_host(sr, p, nproc, device, kc)
             row["reshard"] += float(sr["sync_s"]) * k

@@ -217,6 +217,12 @@ class HardwareProfile:
     # predictions by host_share / the share each step got. 1: a dedicated core (datasheets, and
     # `earl calibrate`, whose one-process probes time short calls)
     host_share: float = 1.0
+    # how much longer a process's compute takes while every core of its host computes (CPU hosts:
+    # shared caches and memory bandwidth, SMT siblings, a hypervisor's vCPUs), as a ratio of
+    # wall times, >= 1: `earl calibrate` times one fixed eager loop alone and on all cores at
+    # once (earl.calibrate.hostload.corun_slowdown); `earl validate --nproc N` stretches the
+    # stages priced by one-process constants (rollout, experience) by it. 1: a device per rank
+    corun_slowdown: float = 1.0
     dispatch_path: DispatchPath = field(default_factory=DispatchPath)  # see DispatchPath
     # ---- overlap of training communication with compute: assumptions of the software stack,
     # named in every headline they move and varied by study s8
@@ -240,6 +246,9 @@ class HardwareProfile:
                 raise ValueError(f"HardwareProfile.{n} must be a finite number >= 0, got {v!r}")
         if not 0 < self.host_share <= 1:
             raise ValueError(f"HardwareProfile.host_share must be in (0, 1], got {self.host_share!r}")
+        if not 1 <= self.corun_slowdown < math.inf:
+            raise ValueError(f"HardwareProfile.corun_slowdown must be a finite number >= 1, "
+                             f"got {self.corun_slowdown!r}")
         if not (0 <= self.mem_reserve_frac < 1):
             raise ValueError(f"HardwareProfile.mem_reserve_frac must be in [0, 1), got {self.mem_reserve_frac!r}")
         if self.gemm_norm is not None and not 1 <= self.gemm_norm < math.inf:
@@ -334,6 +343,7 @@ class HardwareProfile:
                 grad_bucket_bytes=scalar("grad_bucket_bytes", default=80e6),
                 gemm_norm=None if d.get("gemm_norm") is None else scalar("gemm_norm"),
                 host_share=scalar("host_share", default=1.0),
+                corun_slowdown=scalar("corun_slowdown", default=1.0),
                 **{k: scalar(k) for k in HOST_COST_FIELDS},
             )
         except ValueError as e:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from earl.calibrate import fsdpfit, hostload
-from earl.calibrate.validate import dispatch_stretch, host_stretch
+from earl.calibrate.validate import corun_stretch, dispatch_stretch, host_stretch
 from earl.cost_model.profile import DispatchPath, HardwareProfile, load_profile
 from tests.calibrate.test_fsdpfit import _synthetic_points
 
@@ -66,6 +66,27 @@ def test_profiles_carry_the_share_and_check_it(tmp_path):
             dataclasses.replace(PROF, host_share=bad)
         with pytest.raises(ValueError, match="host_share"):
             DispatchPath(host_share=bad)
+
+
+def test_corun_slowdown_is_measured_kept_and_charged_to_the_one_process_stages(tmp_path):
+    # measured: one loop alone, then on both cores at once; a ratio per pair, at least 1
+    got = hostload.corun_slowdown(procs=2, iters=200, repeats=3)
+    assert got["procs"] == 2 and len(got["ratios"]) == len(got["alone_s"]) == 3
+    assert all(r > 0 for r in got["ratios"]) and all(a > 0 for a in got["alone_s"])
+    assert got["corun_slowdown"] == pytest.approx(max(1.0, sorted(got["ratios"])[1]), abs=1e-4)
+    assert hostload.corun_slowdown(procs=1) == {"corun_slowdown": 1.0, "procs": 1, "ratios": [], "alone_s": []}
+    # kept: profiles carry it (1 where written before it), and refuse a speed-up
+    prof = dataclasses.replace(PROF, corun_slowdown=1.3)
+    assert load_profile(str(prof.save(tmp_path / "p.json"))).corun_slowdown == 1.3
+    d = prof.to_dict()
+    del d["corun_slowdown"]
+    assert HardwareProfile.from_dict(d).corun_slowdown == 1.0
+    for bad in (0.9, float("inf")):
+        with pytest.raises(ValueError, match="corun_slowdown must be a finite number >= 1"):
+            dataclasses.replace(PROF, corun_slowdown=bad)
+    # charged: to CPU ranks that compute at once, not to one process nor to a GPU per rank
+    assert (corun_stretch(prof, 2, "cpu"), corun_stretch(prof, 4, "cpu")) == (1.3, 1.3)
+    assert corun_stretch(prof, 1, "cpu") == corun_stretch(prof, 4, "cuda") == 1.0
 
 
 def test_validate_stretch_is_the_profiles_share_over_the_runs():
