@@ -35,6 +35,8 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 MIN_SHARE = 1e-3  # below it a measurement is taken as broken, not as a host that slow
 
 
@@ -112,8 +114,6 @@ CORUN_LAYERS, CORUN_WIDTH, CORUN_BATCH = 8, 64, 8
 
 
 def _corun_loop(iters: int, queue) -> None:
-    import torch
-
     torch.set_num_threads(1)
     torch.manual_seed(0)
     layers = torch.nn.Sequential(*[torch.nn.Linear(CORUN_WIDTH, CORUN_WIDTH) for _ in range(CORUN_LAYERS)])
@@ -135,12 +135,10 @@ def corun_slowdown(procs: int | None = None, iters: int = 2000, repeats: int = 9
     pair see the same other tenants), at least 1. On the 2-vCPU EPYC VM of docs/cpu it came out
     1.1-1.85 per pair (2026-12-02): the two vCPUs slow each other, in CPU time too, so a CPU
     share cannot see it. {"corun_slowdown", "procs", "ratios", "alone_s"}; 1 with one core."""
-    import torch  # noqa: F401  (imported before the forks: each loop then starts in milliseconds)
-
     procs = procs or cores()
     if procs < 2:
         return {"corun_slowdown": 1.0, "procs": procs, "ratios": [], "alone_s": []}
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("fork")  # torch is imported: each forked loop starts in milliseconds
 
     def once(k: int) -> list[float]:
         queue = ctx.Queue()

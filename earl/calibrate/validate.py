@@ -544,15 +544,17 @@ def rescore_validation(*, source: str | Path, profile: str, out_dir: str | Path)
     src = Path(source)
     try:
         report = json.loads((src / "validation.json").read_text())
-        recorded = report["variants"]
         nproc = int(report["nproc"])
+        recorded = [{"name": str(v["name"]), "overrides": dict(v["overrides"]), "run_dir": str(v["run_dir"]),
+                     "measured": list(v["measured"]), "run_share": float(v.get("run_share", 1.0))}
+                    for v in report["variants"]]
     except FileNotFoundError:
         raise ValueError(f"--rescore {source}: no validation.json there (the --out folder of an earl validate "
                          "run is needed)") from None
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"--rescore {source}: validation.json is not an earl validate report ({e})") from None
-    if report.get("schedule") == "async" or not recorded:
-        raise ValueError(f"--rescore {source}: no sync variants to re-price")
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"--rescore {source}: validation.json is not an earl validate report ({e!r})") from None
+    if not recorded:
+        raise ValueError(f"--rescore {source}: its report holds no variants to re-price")
     runs = []
     for v in recorded:  # every run's files are checked before anything is written
         run_dir = src / "runs" / Path(v["run_dir"]).name  # the folder may have moved with its report
@@ -571,8 +573,8 @@ def rescore_validation(*, source: str | Path, profile: str, out_dir: str | Path)
     prof = load_profile(profile)
     sheet_name, sheet = contrast_sheet(prof)
     device = "cuda" if str(runs[0][2].model.device).startswith("cuda") else "cpu"
-    results = [score_variant(cfg, v["name"], v["overrides"], run_dir, rows, float(v.get("run_share", 1.0)), prof,
-                             sheet, warmup, nproc) for v, run_dir, cfg, rows, warmup in runs]
+    results = [score_variant(cfg, v["name"], v["overrides"], run_dir, rows, v["run_share"], prof, sheet, warmup, nproc)
+               for v, run_dir, cfg, rows, warmup in runs]
     res = _result(results, str(profile), sheet_name, device, nproc)
     write_report(res, out)
     return res

@@ -136,6 +136,9 @@ def test_rescore_bad_input_is_one_line_and_writes_nothing(tmp_path):
     (tmp_path / "junk" / "validation.json").write_text("[1, 2]")
     r = _cli("--rescore", str(tmp_path / "junk"), "--out", str(tmp_path / "v"))
     assert r.exit_code == 2 and "is not an earl validate report" in r.output
+    (tmp_path / "junk" / "validation.json").write_text(json.dumps({"nproc": 1, "variants": [{"name": "a"}]}))
+    r = _cli("--rescore", str(tmp_path / "junk"), "--out", str(tmp_path / "v"))
+    assert r.exit_code == 2 and "is not an earl validate report (KeyError('overrides'))" in r.output
     report = {"nproc": 1, "variants": [{"name": "base", "overrides": {}, "run_dir": "x", "measured": []}]}
     (tmp_path / "junk" / "validation.json").write_text(json.dumps(report))
     r = _cli("--rescore", str(tmp_path / "junk"), "--out", str(tmp_path / "v"))
