@@ -65,6 +65,10 @@ def test_tiny_calibration_writes_a_loadable_stamped_profile(calibration, tmp_pat
     assert {"optimizer", "experience", "logprob", "train", "dispatch", "rollout", "handoff"} <= set(
         loaded.fit_quality["host_costs"]["points"])
     assert loaded.elementwise is None or 0 < loaded.elementwise.peak_frac <= 1.5
+    # the co-run slowdown: a quick calibration's three pairs, kept with the profile
+    corun = loaded.fit_quality["corun"]
+    assert len(corun["ratios"]) == (3 if corun["procs"] > 1 else 0)
+    assert loaded.corun_slowdown == pytest.approx(corun["corun_slowdown"], abs=1e-4) and loaded.corun_slowdown >= 1
     assert loaded.intra.alpha_s > 0 and loaded.intra.bw_bytes_s > 0
     # the dispatch path fitted from gloo runs of the runtime's dispatch executor
     assert loaded.fit_quality["dispatch_path"]["n"] >= 6 and not loaded.dispatch_path.full_duplex
