@@ -61,6 +61,7 @@ TURNS = 2  # model turns per synthetic episode
 class HostCostFit:
     """The fitted host costs (see the module docstring) and the points behind them."""
 
+    experience_fixed_s: float = 0.0
     experience_seq_s: float = 0.0
     experience_token_s: float = 0.0
     logprob_pass_s: float = 0.0
@@ -253,7 +254,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
             hand_rows.append([1.0, n, tokens])
             hand_y.append(med["handoff"])
             note("handoff", f"n={n} tokens={tokens}", med["handoff"])
-            exp_rows.append([n, tokens])
+            exp_rows.append([1.0, n, tokens])  # batch building has a fixed part: 0.4 ms at n=2 here
             exp_y.append(med["experience"])
             note("experience", f"n={n} tokens={tokens}", med["experience"])
             # padded rows: the runtime passes a padding mask, attention runs over the full square
@@ -276,14 +277,14 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
             if on_case:
                 on_case(f"step {n}x{width}")
         del worker
-    seq_s, token_s = _nnls(exp_rows, exp_y)
+    exp_fixed, seq_s, token_s = _nnls(exp_rows, exp_y)
     ro_fixed, ro_batch, ro_episode = _nnls(ro_rows, ro_y)
     # no log-prob forward ran (see skip_old): the profile's terms stay
     lp_fixed, lp_token = _nnls(lp_rows, lp_res) if lp_rows else (prof.logprob_pass_s, prof.logprob_token_s)
     tr_fixed, tr_token = _nnls(pass_rows, tr_res)
     disp_fixed, disp_seq = _nnls(disp_rows, disp_y)
     hand_fixed, hand_seq, hand_token = _nnls(hand_rows, hand_y)
-    return HostCostFit(experience_seq_s=seq_s, experience_token_s=token_s,
+    return HostCostFit(experience_fixed_s=exp_fixed, experience_seq_s=seq_s, experience_token_s=token_s,
                        logprob_pass_s=lp_fixed, logprob_token_s=lp_token, train_token_s=tr_token,
                        optimizer_step_s=opt_step_s, optimizer_tensor_s=opt_tensor_s,
                        train_pass_s=tr_fixed,

@@ -101,7 +101,8 @@ def quality_table(res: CalibrationResult) -> Table:
                   f"log-prob pass {h.logprob_pass_s * 1e3:.2f} ms + {h.logprob_token_s * 1e9:.0f} ns/token, "
                   f"train pass {h.train_pass_s * 1e3:.2f} ms + {h.train_token_s * 1e9:.0f} ns/token, "
                   f"optimizer {h.optimizer_step_s * 1e3:.2f} ms + {h.optimizer_tensor_s * 1e6:.1f} us/tensor, "
-                  f"experience {h.experience_seq_s * 1e6:.0f} us/seq, dispatch {h.dispatch_fixed_s * 1e3:.2f} ms, "
+                  f"experience {h.experience_fixed_s * 1e3:.2f} ms + {h.experience_seq_s * 1e6:.0f} us/seq, "
+                  f"dispatch {h.dispatch_fixed_s * 1e3:.2f} ms, "
                   f"rollout {h.rollout_fixed_s * 1e3:.2f} ms + {h.rollout_episode_s * 1e6:.0f} us/episode",
                   "-", "-", "-", "-")
     cq = prof.fit_quality.get("corun")

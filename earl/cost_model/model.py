@@ -606,7 +606,7 @@ class CostModel:
             once = last.breakdown["dp_grad_sync"] + last.breakdown["optimizer"] + last.breakdown["step_collectives"]
         else:  # each dp group collates its share of the sequences (calibrated; 0 on datasheets)
             prof = self.profile
-            once = (prof.experience_seq_s * -(-len(ctx) // plan.dp)
+            once = (prof.experience_fixed_s + prof.experience_seq_s * -(-len(ctx) // plan.dp)
                     + prof.experience_token_s * sum(ctx) / plan.dp * imbalance)
         t = passes * (stream * imbalance + fill + p2p) + once
         mem = self.memory(stage, plan, len(ctx), ctx[-1])

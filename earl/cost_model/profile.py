@@ -188,6 +188,7 @@ class HardwareProfile:
     train_token_s: float = 0.0  # ... and per padded token (mask, log-softmax, entropy, their backward)
     optimizer_step_s: float = 0.0  # per optimizer step, fixed (zero_grad, clip, AdamW launch)
     optimizer_tensor_s: float = 0.0  # per optimizer step, per parameter tensor held
+    experience_fixed_s: float = 0.0  # experience stage: fixed per rank (its batch's tensors allocated)
     experience_seq_s: float = 0.0  # experience stage: per sequence (collating, advantages)
     experience_token_s: float = 0.0  # experience stage: per token (padded tensors built on the host)
     dispatch_fixed_s: float = 0.0  # a dispatch's host work: planning and executing it, fixed
@@ -217,9 +218,10 @@ class HardwareProfile:
     # predictions by host_share / the share each step got. 1: a dedicated core (datasheets, and
     # `earl calibrate`, whose one-process probes time short calls)
     host_share: float = 1.0
-    # how much longer a process's compute takes while every core of its host computes (CPU hosts:
-    # shared caches and memory bandwidth, SMT siblings, a hypervisor's vCPUs), as a ratio of
-    # wall times, >= 1: `earl calibrate` times one fixed eager loop alone and on all cores at
+    # how much longer the slowest of the processes computing at once on every core of a host
+    # takes than one process alone (CPU hosts: shared caches and memory bandwidth, SMT siblings,
+    # a hypervisor's vCPUs, and the slowest of several draws from the host's noise), as a ratio
+    # of wall times, >= 1: `earl calibrate` times one fixed eager loop alone and on all cores at
     # once (earl.calibrate.hostload.corun_slowdown); `earl validate --nproc N` stretches the
     # stages priced by one-process constants (rollout, experience) by it. 1: a device per rank
     corun_slowdown: float = 1.0
@@ -374,7 +376,8 @@ COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "p2p")
 # optional float fields read with a default of 0 (profiles written before they existed)
 HOST_COST_FIELDS = ("step_seq_overhead_s", "step_kv_token_s", "turn_overhead_s", "turn_seq_overhead_s",
                     "logprob_pass_s", "logprob_token_s", "train_pass_s", "train_token_s", "optimizer_step_s",
-                    "optimizer_tensor_s", "experience_seq_s", "experience_token_s", "dispatch_fixed_s",
+                    "optimizer_tensor_s", "experience_fixed_s", "experience_seq_s", "experience_token_s",
+                    "dispatch_fixed_s",
                     "dispatch_seq_s", "handoff_fixed_s", "handoff_seq_s", "handoff_token_s",
                     "rollout_fixed_s", "rollout_batch_s", "rollout_episode_s",
                     "fsdp_unit_s", "fsdp_tensor_s", "reshard_tensor_s")

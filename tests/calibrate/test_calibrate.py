@@ -59,7 +59,7 @@ def test_tiny_calibration_writes_a_loadable_stamped_profile(calibration, tmp_pat
     for name, value in res.host.profile_fields().items():
         assert getattr(loaded, name) == value >= 0, name
     assert loaded.optimizer_step_s + 26 * loaded.optimizer_tensor_s > 0
-    assert loaded.experience_seq_s + loaded.experience_token_s > 0
+    assert loaded.experience_fixed_s + loaded.experience_seq_s + loaded.experience_token_s > 0
     assert loaded.dispatch_fixed_s + loaded.dispatch_seq_s > 0
     assert loaded.handoff_fixed_s + loaded.handoff_seq_s + loaded.handoff_token_s > 0
     assert {"optimizer", "experience", "logprob", "train", "dispatch", "rollout", "handoff"} <= set(

@@ -45,7 +45,7 @@ def test_cost_model_prices_each_host_term_once_where_it_belongs():
     base, plan = _cm(), ParallelPlan(micro_batch=4)
     with_terms = _cm(logprob_pass_s=1e-3, logprob_token_s=1e-7, train_pass_s=2e-3, train_token_s=2e-7,
                      optimizer_step_s=3e-4, optimizer_tensor_s=1e-5,
-                     experience_seq_s=5e-5, experience_token_s=1e-7, step_overhead_s=4e-4,
+                     experience_fixed_s=2e-4, experience_seq_s=5e-5, experience_token_s=1e-7, step_overhead_s=4e-4,
                      step_seq_overhead_s=1e-5, step_kv_token_s=1e-8)
     n_t = param_tensors(base.model)
     # 8 sequences of 64 tokens: two micro-batches of 4
@@ -55,7 +55,7 @@ def test_cost_model_prices_each_host_term_once_where_it_belongs():
         base.train(plan, 8, 64).time_s + 2 * 2e-3 + 512 * 2e-7 + 3e-4 + n_t * 1e-5)
     lengths = [64] * 8
     assert with_terms.mixed_batch("logprob", plan, lengths).time_s == pytest.approx(
-        base.mixed_batch("logprob", plan, lengths).time_s + 2 * 1e-3 + 512 * 1e-7 + 8 * 5e-5 + 512 * 1e-7)
+        base.mixed_batch("logprob", plan, lengths).time_s + 2 * 1e-3 + 512 * 1e-7 + 2e-4 + 8 * 5e-5 + 512 * 1e-7)
     assert with_terms.decode_step_time_s(1, 4, 256) == pytest.approx(
         base.decode_step_time_s(1, 4, 256) + 4e-4 + 4 * 1e-5 + 256 * 1e-8)
     assert with_terms.prefill_time_s(1, 64, 0, 4) == pytest.approx(
