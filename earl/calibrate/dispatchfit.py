@@ -340,8 +340,8 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
                                host_share=round(statistics.median(p.share for p in points), 4))
     errs = [abs(a / b - 1) for a, b in zip(pred, y, strict=True)]
     quality = {"fit_median_err": round(float(np.median(errs)), 4), "fit_max_err": round(float(max(errs)), 4),
-               "n": len(points), "host_parallel": hp, "cold_round_s": cold_round_s, **measured_rounds,
-               "sync_s_loop": loop_sync, "sync_s": path.sync_s,
+               "n": len(points), "host_parallel": hp, "cold_round_s": cold_round_s,
+               "round_s": path.round_s, "sync_s": path.sync_s, "sync_s_loop": loop_sync,
                "points": [{"label": f"{p.kind} n={p.procs} {p.per_rank}x{p.context}", "measured_s": p.seconds,
                            "predicted_s": q, "cold_measured_s": p.cold_seconds,
                            "cold_predicted_s": q + r * cold_round_s}

@@ -176,6 +176,11 @@ def kendall_tau(a: list[float], b: list[float]) -> float | None:
     return None if tau is None or math.isnan(tau) else float(tau)
 
 
+def device_of(cfg) -> str:
+    """"cuda" or "cpu": the kind of device a run config's model runs on."""
+    return "cuda" if str(cfg.model.device).startswith("cuda") else "cpu"
+
+
 def check_nproc(nproc) -> int:
     """`--nproc`: one of NPROCS, else a ValueError naming the value and the valid choices."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc not in NPROCS:
@@ -375,7 +380,7 @@ def run_variant(cfg, name: str, overrides: dict, out_dir: Path, prof: HardwarePr
                 sheet: HardwareProfile, warmup_steps: int, nproc: int = 1) -> VariantResult:
 
     run_dir = out_dir / "runs" / name.replace("=", "-").replace(",", "_")
-    device = "cuda" if str(cfg.model.device).startswith("cuda") else "cpu"
+    device = device_of(cfg)
     if device == "cuda":
 
 
@@ -391,7 +396,7 @@ def score_variant(cfg, name: str, overrides: dict, run_dir: Path, rows: list[dic
     """A runtime run's measured stages (its metrics rows and trace.json in `run_dir`) against the
     simulator's prices of its recorded workload with `prof` and `sheet`. `share_run`: the share
     of a core a rank got over the whole run, for steps that recorded none."""
-    device = "cuda" if str(cfg.model.device).startswith("cuda") else "cpu"
+    device = device_of(cfg)
     spans = read_chrome_trace(run_dir / "trace.json")
     measured = measured_stages(spans, [r["step"] for r in rows])
     spec = MODEL_CATALOG[cfg.model.path] if cfg.model.path in MODEL_CATALOG else \
@@ -500,7 +505,7 @@ def run_validation(*, config, profile: str, steps: int = 4, warmup_steps: int = 
                                       str(config.model.device)))
     if model:
         config = apply_overrides(config, {"model.path": model})
-    device = "cuda" if str(config.model.device).startswith("cuda") else "cpu"
+    device = device_of(config)
 
     check_stamp(prof, current_stamp(device))  # a mismatch warns; it never silently guesses
     if device == "cpu" and prof.stamp.get("threads") and config.threads != prof.stamp["threads"]:
@@ -572,7 +577,7 @@ def rescore_validation(*, source: str | Path, profile: str, out_dir: str | Path)
     out = check_out_dir(out_dir)
     prof = load_profile(profile)
     sheet_name, sheet = contrast_sheet(prof)
-    device = "cuda" if str(runs[0][2].model.device).startswith("cuda") else "cpu"
+    device = device_of(runs[0][2])
     results = [score_variant(cfg, v["name"], v["overrides"], run_dir, rows, v["run_share"], prof, sheet, warmup, nproc)
                for v, run_dir, cfg, rows, warmup in runs]
     res = _result(results, str(profile), sheet_name, device, nproc)
@@ -595,7 +600,7 @@ def validation_table(res: ValidationResult, hardware: str, scored_steps: int):
     # step-to-step spread it leaves); last column: measured x the step's CPU share
     for r in res.table:
         t.add_row(r["stage"], f"{r['measured_s']:.4f}", f"{r['predicted_s']:.4f}", f"{r['median_err']:.1%}",
-                  f"{r.get('spread_err', math.nan):.1%}", f"{r['datasheet_s']:.4f}", f"{r['datasheet_median_err']:.1%}",
+                  f"{r['spread_err']:.1%}", f"{r['datasheet_s']:.4f}", f"{r['datasheet_median_err']:.1%}",
                   f"{r['cpu_median_err']:.1%}")
     for v in res.variants:
         err = abs(v.peak_mem_predicted - v.peak_mem_measured) / v.peak_mem_measured

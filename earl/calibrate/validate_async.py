@@ -29,7 +29,15 @@ from pathlib import Path
 from rich.table import Table
 
 from earl.calibrate.host import local_cluster, sim_engine
-from earl.calibrate.validate import DTYPE_NAMES, _run_runtime, _simulate, host_stretch, logprob_passes, rollout_on_host
+from earl.calibrate.validate import (
+    DTYPE_NAMES,
+    _run_runtime,
+    _simulate,
+    device_of,
+    host_stretch,
+    logprob_passes,
+    rollout_on_host,
+)
 from earl.cost_model import CostModel
 from earl.cost_model.profile import HardwareProfile, load_profile, slowed
 from earl.outputs import check_out_dir
@@ -246,7 +254,7 @@ def compare_runs(config, prof: HardwareProfile, sync_dir: Path, async_dir: Path,
     cfg_sync = apply_overrides(config, {"schedule.mode": "sync"})
     cfg_async = apply_overrides(config, {"schedule.mode": "async"})
     spec, steps = model_spec_of(config), len(async_rows)
-    device = "cuda" if str(config.model.device).startswith("cuda") else "cpu"
+    device = device_of(config)
     stretch = host_stretch(prof, nproc, device)
     sim_sync = _simulate(cfg_sync, spec, sync_dir / "workload.jsonl", prof, len(sync_rows), nproc)
     pools = {"rollout": async_rows[0]["rollout_pool"], "train": async_rows[0]["train_pool"]}
