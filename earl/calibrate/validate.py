@@ -570,8 +570,11 @@ def rescore_validation(*, source: str | Path, profile: str, out_dir: str | Path)
         cfg = from_dict(json.loads((run_dir / "config.json").read_text()))
         model = cfg.model.path
         if model not in MODEL_CATALOG and not (Path(model) / "config.json").is_file():
-            raise ValueError(f"--rescore {source}: the run's model {model} has no config.json any more (the "
-                             "simulator prices its shape)")
+            moved = src / "model"  # where `--model NAME` wrote its random checkpoint, moved with the report
+            if not (moved / "config.json").is_file():
+                raise ValueError(f"--rescore {source}: the run's model {model} has no config.json any more (the "
+                                 "simulator prices its shape)")
+            cfg = apply_overrides(cfg, {"model.path": str(moved)})
         rows = read_metrics(run_dir)
         runs.append((v, run_dir, cfg, rows, len(rows) - len(v["measured"])))
     out = check_out_dir(out_dir)

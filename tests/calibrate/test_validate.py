@@ -34,6 +34,7 @@ from earl.calibrate.validate import (
 from earl.cli import app
 from earl.cost_model import CostModel
 from earl.cost_model.profile import load_profile
+from earl.runtime.hf_model import hf_config_from_spec
 from earl.runtime.resolve import resolve_config
 from earl.runtime.run_config import TrainerConfig
 from earl.specs import MODEL_CATALOG, ClusterSpec, ParallelPlan
@@ -77,6 +78,23 @@ def test_validation_runs_runtime_and_simulator(calibrated_profile, tmp_path):
     r = _cli("--rescore", str(tmp_path / "v"), "--out", str(tmp_path / "cli"))
     assert r.exit_code == 0, r.output
     assert "level fitted" in r.output and (tmp_path / "cli" / "validation.json").is_file()
+    # a checkpoint model whose recorded path is gone: the report folder's own model/ is priced
+    # (validate --model NAME writes it there; the folder may have been moved or committed)
+    import shutil
+
+    moved = tmp_path / "moved"
+    shutil.copytree(tmp_path / "v", moved)
+    hf_config_from_spec(MODEL_CATALOG["tiny"], "fp32").save_pretrained(moved / "model")
+    for run in (moved / "runs").iterdir():
+        saved = json.loads((run / "config.json").read_text())
+        saved["model"]["path"] = str(tmp_path / "gone")
+        (run / "config.json").write_text(json.dumps(saved))
+    again = rescore_validation(source=moved, profile=calibrated_profile, out_dir=tmp_path / "moved-out")
+    assert [v.measured for v in again.variants] == [v.measured for v in res.variants]
+    shutil.rmtree(moved / "model")
+    with pytest.raises(ValueError, match="gone has no config.json any more"):
+        rescore_validation(source=moved, profile=calibrated_profile, out_dir=tmp_path / "moved-out2")
+    assert not (tmp_path / "moved-out2").exists()
 
 
 def test_level_fitted_error_is_the_spread_a_rescaled_prediction_leaves():
