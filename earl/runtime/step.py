@@ -25,11 +25,13 @@ The stage functions are `select_plans` (1), `play` (2), `prepare_experience` (4-
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import resource
 import sys
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -48,7 +50,7 @@ from earl.runtime.resolve import parse_schedule, selector_cost_model
 from earl.runtime.rollout import Trajectory, rollout
 from earl.runtime.run_config import RunConfig
 from earl.runtime.seeds import SAMPLE_STREAM, SHUFFLE_STREAM, mix_seed
-from earl.runtime.trainer import ExperienceBatch, batch_logprobs, train_step
+from earl.runtime.trainer import ExperienceBatch, batch_logprobs, train_step, turn_fields
 from earl.runtime.worker import MemoryBudgetExceeded, Worker, runnable, span_start
 from earl.specs import STEP_PHASES, ParallelPlan, Stage, WorkloadStats
 
@@ -224,21 +226,16 @@ def rollout_store(trajs: list[Trajectory]) -> Store:
     if not trajs:
         return {}
     lengths = [len(t.token_ids) for t in trajs]
-    ids = torch.tensor([x for t in trajs for x in t.token_ids], dtype=torch.long)
-    mask = torch.tensor([x for t in trajs for x in t.loss_mask], dtype=torch.bool)
-    engine_lp = torch.tensor([x for t in trajs for x in t.logprobs], dtype=torch.float32)
-    tok_r = torch.zeros(len(ids))
-    turn_ids = torch.full((len(ids),), -1, dtype=torch.long)
-    legal = torch.tensor([x for t in trajs for x in t.legal_per_token], dtype=torch.long)
-    off = 0
-    for t, k in zip(trajs, lengths, strict=True):
-        start = 0
-        for j, (pos, r) in enumerate(t.step_rewards):
-            tok_r[off + pos] += r
-            turn_ids[off + start:off + pos + 1] = j
-            start = pos + 1
-        off += k
-    turn_ids[~mask] = -1
+    total = sum(lengths)
+
+    def flat(field: str, dtype) -> torch.Tensor:  # every episode's list end to end (np.fromiter:
+        # a quarter of torch.tensor's time on a list of Python numbers)
+        return torch.from_numpy(np.fromiter(itertools.chain.from_iterable(getattr(t, field) for t in trajs),
+                                            dtype=dtype, count=total))
+
+    ids, mask = flat("token_ids", np.int64), flat("loss_mask", np.bool_)
+    engine_lp, legal = flat("logprobs", np.float32), flat("legal_per_token", np.int64)
+    tok_r, turn_ids = turn_fields(trajs, mask)
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
     parts = {"input_ids": ids.split(lengths), "loss_mask": mask.split(lengths),
              "engine_logprobs": engine_lp.split(lengths),

@@ -81,6 +81,31 @@ class ExperienceBatch:
                 if getattr(self, f.name) is not None}
 
 
+def turn_fields(trajs: list[Trajectory], mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Over `trajs`' tokens laid end to end (`mask`: their loss masks, flat): each token's
+    reward (a turn's reward sits on its last token, `Trajectory.step_rewards`) and the turn it
+    belongs to (turn k spans the tokens after turn k-1's last one up to its own; -1 after the
+    last turn and off the mask). A few whole-tensor operations, not two per turn: the hand-off
+    builds these for every episode of a step, and per-turn indexing cost ~10 us a turn."""
+    lengths = torch.tensor([len(t.token_ids) for t in trajs], dtype=torch.long)
+    counts = torch.tensor([len(t.step_rewards) for t in trajs], dtype=torch.long)
+    total = int(lengths.sum())
+    starts = torch.cumsum(lengths, 0) - lengths  # each episode's first token, flat
+    ends = torch.tensor([p for t in trajs for p, _ in t.step_rewards], dtype=torch.long) \
+        + torch.repeat_interleave(starts, counts)
+    if ends.numel() > 1 and bool((ends[1:] < ends[:-1]).any()):
+        bad = next(t for t in trajs if [p for p, _ in t.step_rewards] != sorted(p for p, _ in t.step_rewards))
+        raise ValueError(f"episode {bad.episode_id}: step_rewards positions must not decrease, got "
+                         f"{[p for p, _ in bad.step_rewards]}")
+    tok_r = torch.zeros(total).index_add_(0, ends, torch.tensor([r for t in trajs for _, r in t.step_rewards],
+                                                                dtype=torch.float32))
+    first = torch.cumsum(counts, 0) - counts  # each episode's first turn among `ends`
+    lo, hi = torch.repeat_interleave(first, lengths), torch.repeat_interleave(first + counts, lengths)
+    nxt = torch.searchsorted(ends, torch.arange(total))  # the first turn ending at or after each token
+    turn_ids = torch.where((nxt < hi) & mask, nxt - lo, -1)
+    return tok_r, turn_ids
+
+
 def collate(trajs: list[Trajectory], pad_id: int) -> ExperienceBatch:
     n, width = len(trajs), max(len(t.token_ids) for t in trajs)
     ids = torch.full((n, width), pad_id, dtype=torch.long)
@@ -90,17 +115,14 @@ def collate(trajs: list[Trajectory], pad_id: int) -> ExperienceBatch:
     tok_r = torch.zeros(n, width)
     turn_ids = torch.full((n, width), -1, dtype=torch.long)
     legal = torch.zeros(n, width, dtype=torch.long)
-    for i, t in enumerate(trajs):
-        start = 0
-        for k, (pos, r) in enumerate(t.step_rewards):
-            tok_r[i, pos] += r
-            turn_ids[i, start:pos + 1] = k
-            start = pos + 1
+    lengths = [len(t.token_ids) for t in trajs]
+    flat_r, flat_turn = turn_fields(trajs, torch.tensor([x for t in trajs for x in t.loss_mask], dtype=torch.bool))
+    for i, (t, r, turn) in enumerate(zip(trajs, flat_r.split(lengths), flat_turn.split(lengths), strict=True)):
         k = len(t.token_ids)
         ids[i, :k] = torch.tensor(t.token_ids)
         attn[i, :k] = True
         mask[i, :k] = torch.tensor(t.loss_mask, dtype=torch.bool)
-        turn_ids[i][~mask[i]] = -1
+        tok_r[i, :k], turn_ids[i, :k] = r, turn
         lps[i, :k] = torch.tensor(t.logprobs)
         legal[i, :k] = torch.tensor(t.legal_per_token, dtype=torch.long)
     return ExperienceBatch(

@@ -14,7 +14,15 @@ from earl.runtime.optim import ReplicatedAdamW
 from earl.runtime.rollout import Trajectory, Turn
 from earl.runtime.run_config import TrainerConfig
 from earl.runtime.tp import param_shapes
-from earl.runtime.trainer import ExperienceBatch, Trainer, batch_logprobs, collate, micro_batches, train_step
+from earl.runtime.trainer import (
+    ExperienceBatch,
+    Trainer,
+    batch_logprobs,
+    collate,
+    micro_batches,
+    train_step,
+    turn_fields,
+)
 from earl.specs import ParallelPlan
 
 ONE = ParallelPlan()  # tp1-dp1: one process, no process group
@@ -87,6 +95,49 @@ def fake_trajs(n=6, seed=0):
         t.turns = [Turn(len(prompt), 2, 0.0), Turn(3, len(gen2), 0.0)]
         out.append(t)
     return out
+
+
+def _turn_fields_by_turn(trajs):
+    """The per-turn loop `turn_fields` replaces: the reference it must equal."""
+    rows_r, rows_t = [], []
+    for t in trajs:
+        r, turn = torch.zeros(len(t.token_ids)), torch.full((len(t.token_ids),), -1, dtype=torch.long)
+        start = 0
+        for k, (pos, x) in enumerate(t.step_rewards):
+            r[pos] += x
+            turn[start:pos + 1] = k
+            start = pos + 1
+        turn[~torch.tensor(t.loss_mask, dtype=torch.bool)] = -1
+        rows_r.append(r)
+        rows_t.append(turn)
+    return torch.cat(rows_r), torch.cat(rows_t)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_turn_fields_equal_the_per_turn_loop(seed):
+    g = torch.Generator().manual_seed(seed)
+    trajs = fake_trajs(7, seed)
+    # shapes the fixed fixture lacks: no turns at all, a turn with two rewards on one token,
+    # a turn that ends on the last token, tokens after the last turn
+    trajs[0].step_rewards = []
+    trajs[1].step_rewards.insert(1, (trajs[1].step_rewards[0][0], 0.5))
+    trajs[2].step_rewards[-1] = (len(trajs[2].token_ids) - 1, 2.0)
+    trajs[3]._append(torch.randint(3, 64, (4,), generator=g).tolist(), False)
+    mask = torch.tensor([x for t in trajs for x in t.loss_mask], dtype=torch.bool)
+    got, want = turn_fields(trajs, mask), _turn_fields_by_turn(trajs)
+    assert torch.equal(got[1], want[1])
+    torch.testing.assert_close(got[0], want[0])
+    # every generated token of an episode with turns has one
+    assert int((got[1] >= 0).sum()) == int(mask.sum()) - sum(trajs[0].loss_mask)
+    batch = collate(trajs, 0)
+    assert torch.equal(batch.turn_ids[3, :len(trajs[3].token_ids)], want[1].split([len(t.token_ids) for t in trajs])[3])
+
+
+def test_turn_fields_refuse_positions_that_go_back():
+    t = fake_trajs(2)
+    t[1].step_rewards.reverse()
+    with pytest.raises(ValueError, match="episode 1: step_rewards positions must not decrease"):
+        turn_fields(t, torch.ones(sum(len(x.token_ids) for x in t), dtype=torch.bool))
 
 
 def test_grpo_advantages_are_group_normalised():
