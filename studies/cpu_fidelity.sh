@@ -55,6 +55,11 @@ for run in $(seq "$RUNS"); do
 done
 { load "bench_dispatch ${DISPATCH[*]}"; "$PY" benchmarks/bench_dispatch.py --profile "$PROFILE_PATH" "${DISPATCH[@]}"; } \
   2>&1 | tee "$OUT_DIR/dispatch.txt"
+# the multi-process scorecard: per run and stage the median per-step error, the level-fitted
+# error and the summed ratio, then the count within 25% (studies/cpu_fidelity_scorecard.py)
+if ls "$OUT_DIR"/nproc*/validation.json >/dev/null 2>&1; then
+  "$PY" "$(dirname "$0")/cpu_fidelity_scorecard.py" "$OUT_DIR" | tee "$OUT_DIR/scorecard.txt"
+fi
 # keep what is worth committing: the random checkpoints' weights and the runs' HF exports are
 # rebuilt on demand; a checkpoint's config.json stays (`earl validate --rescore` prices its shape)
 find "$OUT_DIR" -path '*/model/*' -type f ! -name config.json -delete

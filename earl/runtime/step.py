@@ -347,7 +347,12 @@ def train(w: Worker, ctx: StepContext, step: int, store: Store, src: Layout, sam
         tplan = ctx.dispatcher.plan(src, dst, samples)
         delivered, dstats = execute_dispatch(tplan, {i: dict(v) for i, v in store.items()}, samples, src, dst,
                                              advantages=spec, extra=extra)
-        w.span(tplan.kind, "dispatch", t0, step, bytes=dstats.bytes_sent, args={"transfers": len(tplan.transfers)})
+        # where the time went: the executor's own seconds (after its start barrier), of which
+        # advantages (their statistics' rounds included; the centralized controller's run inside
+        # its phases) and each phase; the rest of the span is planning and the barrier's wait
+        w.span(tplan.kind, "dispatch", t0, step, bytes=dstats.bytes_sent,
+               args={"transfers": len(tplan.transfers), "moved_s": round(dstats.seconds, 6),
+                     "advantage_s": round(dstats.advantage_s, 6), "phase_s": [round(x, 6) for x in dstats.phase_s]})
         local = padded_batch(delivered, list(dst.assignment[tg.dp_rank]), meta, w.policy.tokenizer.pad_id)
         if skip_old:  # the experience stage sent placeholders (Trainer.needs_old_logprobs)
             local.old_logprobs = None

@@ -45,3 +45,9 @@ def test_two_processes_run_with_their_plans(tmp_path):
             got = [s for s in spans if s.step == step and stage in (s.stage, s.name)]
             assert {s.rank for s in got} == {0, 1}, (step, stage)
             assert max(s.t_start for s in got) <= min(s.t_end for s in got), (step, stage, got)
+    # each dispatch span says where its time went: the executor's seconds after its start
+    # barrier (advantages, statistics round included, and each phase) within the span
+    for s in (s for s in spans if s.stage == "dispatch"):
+        assert 0 < s.args["moved_s"] <= s.duration_s, s
+        assert s.args["advantage_s"] + sum(s.args["phase_s"]) <= s.args["moved_s"] + 1e-5, s
+        assert len(s.args["phase_s"]) >= 1, s
