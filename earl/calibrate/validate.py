@@ -35,6 +35,7 @@ from earl.config_machinery import parse_sets
 from earl.cost_model import CostModel
 from earl.cost_model.profile import HardwareProfile, check_stamp, datasheet_profile, load_profile
 from earl.outputs import check_out_dir
+from earl.runtime.advantages import AdvantageSpec
 from earl.runtime.hf_model import BUILTIN_MODELS
 from earl.runtime.launch import launch
 from earl.runtime.metrics import read_metrics
@@ -250,7 +251,8 @@ def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: i
     # runtime's micro-batches are padded
     sim = Simulation(sc, cfg.policy.selector, cfg.policy.dispatcher, cost_model=cm, engine=sim_engine(cfg.engine),
                      padded=True, token_budget=cfg.trainer.token_budget, fsdp=True, handoff=True,
-                     head_on="generated", train_placement="balanced").run()
+                     head_on="generated", train_placement="balanced",
+                     stats_in_metadata=AdvantageSpec(estimator=cfg.trainer.algo).stats_from({})).run()
     # the hand-off's share of each step's experience stage where it waits for peers: a move over
     # gloo, priced by the dispatch path like the dispatch (and stretched like it,
     # `dispatch_stretch`); one that waits for no one is host work like the log-prob span's

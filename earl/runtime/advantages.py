@@ -58,6 +58,13 @@ class AdvantageSpec:
             return ()
         return ("token_rewards", "turn_ids") if self.per_turn or self.gamma < 1 else ("token_rewards",)
 
+    def stats_from(self, rewards: dict[int, float] | None) -> bool:
+        """Whether every rank can compute the statistics alone from `rewards` (each sample's
+        episode reward, which the runtime's metadata all-gather gives every rank): true for the
+        group estimators, whose statistics are those rewards per group; then no round between
+        ranks computes them (`distributed_advantages`, `execute_dispatch`)."""
+        return rewards is not None and self.estimator in GROUP_ESTIMATORS
+
 
 def returns_to_go(item: dict[str, torch.Tensor], gamma: float = 1.0) -> torch.Tensor:
     """Per token (float64): the sum of the rewards from this token on, each later turn's
@@ -104,7 +111,11 @@ def local_stats(store: Store, samples: list[Sample], spec: AdvantageSpec,
         values.append(v)
     if not keys:
         return {}
-    k, v = torch.cat(keys).long(), torch.cat(values)
+    return _key_sums(torch.cat(keys).long(), torch.cat(values))
+
+
+def _key_sums(k: torch.Tensor, v: torch.Tensor) -> dict[int, torch.Tensor]:
+    """key -> float64 [sum, sum of squares, count] of the values `v` under keys `k`."""
     uniq, idx = torch.unique(k, return_inverse=True)
     n = len(uniq)
     sums = torch.stack([torch.bincount(idx, weights=v, minlength=n), torch.bincount(idx, weights=v * v, minlength=n),
@@ -183,9 +194,16 @@ def reduce_small(flat: torch.Tensor, root: int = 0, op: str = "sum", group=None)
 
 
 def distributed_advantages(store: Store, samples: list[Sample], src: Layout, spec: AdvantageSpec,
-                           rank: int = 0, group=None) -> None:
+                           rank: int = 0, group=None, rewards: dict[int, float] | None = None) -> None:
     """Advantages at the producers: only per-key scalars cross the network (plus, for a
-    per-turn baseline, one max of the turn count)."""
+    per-turn baseline, one max of the turn count); nothing at all where every rank holds every
+    sample's reward (`rewards`, `AdvantageSpec.stats_from`): the group statistics are then
+    computed from them on each rank, the same on all (float32 rewards, as the store holds them)."""
+    if spec.stats_from(rewards):
+        r = torch.tensor([rewards[s.id] for s in samples], dtype=torch.float32).double()
+        stats = _key_sums(torch.tensor([s.group for s in samples], dtype=torch.long), r) if samples else {}
+        fill_advantages(store, samples, stats, spec)
+        return
     local = local_stats(store, samples, spec, producer_samples(src, rank))
     if spec.estimator in GROUP_ESTIMATORS:
         keys = sorted({s.group for s in samples})

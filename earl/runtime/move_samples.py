@@ -138,14 +138,17 @@ def carry_along(tplan: TransferPlan, extra: tuple[str, ...]) -> TransferPlan:
 def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], src: Layout, dst: Layout, *,
                      advantages: AdvantageSpec = AdvantageSpec(), tensors: tuple[str, ...] | None = None,
                      extra: tuple[str, ...] = (), rank: int | None = None,
-                     check: bool = True) -> tuple[Store, DispatchStats]:
+                     check: bool = True, rewards: dict[int, float] | None = None) -> tuple[Store, DispatchStats]:
     """Run `tplan` from this rank's `store` (the samples it produced, with rewards). Returns
     the samples this rank needs for training under `dst` (per-token tensors + advantages) and
     timings. Collective over every rank of the world.
 
     With `tensors`, the plan's routes carry those tensors instead and no advantages are
     computed: the rollout -> experience hand-off (`HANDOFF_TENSORS`) runs on the same plan.
-    `extra` per-token tensors travel with the old log-probs (`carry_along`)."""
+    `extra` per-token tensors travel with the old log-probs (`carry_along`). `rewards`: every
+    sample's episode reward, known to every rank (the runtime's metadata all-gather): a group
+    estimator's statistics then need no round between ranks (`AdvantageSpec.stats_from`), and
+    the plan's statistics reduce (`TransferPlan.reduce_bytes`) is not run."""
     rank = (dist.get_rank() if dist.is_initialized() else 0) if rank is None else rank
     if tensors is not None:
         tplan = dataclasses.replace(tplan, phases=[
@@ -155,15 +158,16 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
     tokens = {s.id: s.tokens for s in samples}
     # ranks start together (`seconds` times the moves, not the arrival skew), unless the plan
     # waits for no one: local copies only, no statistics (the hand-off onto the aligned layout)
-    moved = tplan if tensors is None else dataclasses.replace(tplan, reduce_bytes=0)  # no advantages
-    waited = dist.is_initialized() and dist.get_world_size() > 1 and moved.waits_for_peers
+    if tensors is not None or advantages.stats_from(rewards):  # no advantages, or no round for
+        tplan = dataclasses.replace(tplan, reduce_bytes=0)  # their statistics
+    waited = dist.is_initialized() and dist.get_world_size() > 1 and tplan.waits_for_peers
     if waited:
         dist.barrier()
     t_start = time.perf_counter()
     adv_s = 0.0
     if tplan.kind != "centralized" and tensors is None:
         t0 = time.perf_counter()
-        distributed_advantages(store, samples, src, advantages, rank)
+        distributed_advantages(store, samples, src, advantages, rank, rewards=rewards)
         adv_s = time.perf_counter() - t0
     held: Store = {i: dict(v) for i, v in store.items()}  # grows with staged data (centralized)
     phase_s = []

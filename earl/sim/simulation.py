@@ -65,7 +65,7 @@ class Simulation:
                  fine: bool | None = None, progress=None, engine: str = "continuous",
                  padded: bool = False, token_budget: int = 0, fsdp: bool = False, handoff: bool = False,
                  head_on: str = "all", train_placement: str = "aligned", async_feed: str = "stream",
-                 rollout_cost_model: CostModel | None = None):
+                 rollout_cost_model: CostModel | None = None, stats_in_metadata: bool = False):
         # `engine` "turn-sync", `padded` and `token_budget` model the single-process PyTorch
         # runtime for `earl validate`: its engine plays turns in lockstep (sim.rollout_engine.
         # TurnSyncReplica); its log-prob / train micro-batches are right-padded to their longest
@@ -78,7 +78,10 @@ class Simulation:
         # `handoff` it starts from the hand-off's experience layout, where the runtime's samples are;
         # `rollout_cost_model` (async only): the rollout pool's own prices where its devices differ
         # from the training pool's (slower ones, or a smaller share of a CPU host's cores:
-        # earl.calibrate.validate_async); None: `cost_model`'s
+        # earl.calibrate.validate_async); None: `cost_model`'s. `stats_in_metadata`: its group
+        # estimators compute their statistics from the rewards the metadata all-gather gave every
+        # rank (earl.runtime.advantages.AdvantageSpec.stats_from), so a dispatch runs no
+        # statistics reduce and none of its rounds (the layout-aware plan prices one otherwise)
         if engine not in ENGINES:
             raise ValueError(f"unknown rollout engine model {engine!r}; valid: {', '.join(ENGINES)}")
         if async_feed not in ASYNC_FEEDS:  # async mode: "per-step" models the runtime's replicas
@@ -97,6 +100,7 @@ class Simulation:
         self.token_budget = token_budget
         self.fsdp = fsdp
         self.handoff = handoff
+        self.stats_in_metadata = stats_in_metadata
         self.sc = scenario
         self.env = simpy.Environment()
         if cost_model is None:
@@ -453,6 +457,11 @@ class Simulation:
             self.span(name, stage, d * plan.model_parallel, t0, t0 + cost.time_s * tokens / top,
                        step, tokens=tokens, args={"plan": plan.describe()})
 
+    def _priced(self, tplan):
+        """The dispatch plan as the modelled runtime executes it: without its statistics reduce
+        where they come with the metadata (`stats_in_metadata`)."""
+        return dataclasses.replace(tplan, reduce_bytes=0) if self.stats_in_metadata else tplan
+
     def what_if_dispatch(self, src: ParallelPlan, dst: ParallelPlan, samples: int, context: int
                          ) -> tuple[float, float]:
         """(seconds, moved bytes) of the what-if dispatch of `samples` samples of `context`
@@ -468,7 +477,7 @@ class Simulation:
         if (key, context) not in self._what_if:
             src, dst, n = key
             samples, s_layout, d_layout = dispatch_layouts(src, dst, n, context)
-            tplan = make_dispatcher(self.dispatcher_name).plan(s_layout, d_layout, samples)  # as priced alone
+            tplan = self._priced(make_dispatcher(self.dispatcher_name).plan(s_layout, d_layout, samples))
             est = price_transfer_plan(self.cm, tplan, samples=n, producers=src.dp,
                                       world=max(src.world_size, dst.world_size), plan=dst)
             self._what_if[(key, context)] = est.time_s, float(est.extras.get("moved_bytes", 0))
@@ -536,7 +545,7 @@ class Simulation:
             balance_aligned(samples, tr.dp, src_assign)[0]
         src = Layout(ex, src_assign)
         dst = Layout(tr, tuple(tuple(g) for g in dst_assign))
-        tplan = self.dispatcher.plan(src, dst, samples)
+        tplan = self._priced(self.dispatcher.plan(src, dst, samples))
         est = price_transfer_plan(self.cm, tplan, samples=len(samples), producers=ex.dp,
                                   world=max(ex.world_size, tr.world_size), plan=tr)
         self.events += 1

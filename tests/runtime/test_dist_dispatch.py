@@ -104,8 +104,10 @@ def _dispatch_worker(samples, src, dst, kind, spec):
     store = {i: produce(s) for s in samples for i in [s.id] if i in src.assignment[g]}
     disp = CentralizedDispatcher() if kind == "centralized" else LayoutAwareDispatcher()
     tplan = disp.plan(src, dst, samples)
-    got, stats = execute_dispatch(tplan, store, samples, src, dst, advantages=spec)
-    return got, stats.bytes_sent, stats.bytes_recv
+    # "rewards": every sample's episode reward on every rank, as the runtime's metadata gives them
+    rewards = {s.id: float(produce(s)["rewards"]) for s in samples} if kind == "rewards" else None
+    got, stats = execute_dispatch(tplan, store, samples, src, dst, advantages=spec, rewards=rewards)
+    return got, stats.bytes_sent, stats.bytes_recv, stats.waited
 
 
 @pytest.mark.dist
@@ -120,26 +122,49 @@ def test_both_dispatchers_deliver_identical_batches_exactly_once(src_plan, dst_p
     expected = {s.id: produce(s) for s in samples}
     for i, adv in expected_advantages(samples, spec).items():
         expected[i]["advantages"] = adv
+    # "rewards": layout-aware with the rewards known everywhere (a group estimator's statistics
+    # from them, no reduce; reinforce++ ignores them and reduces)
     runs = {k: run_local(_dispatch_worker, 4, samples, src, dst, k, spec, timeout_s=120)
-            for k in ("centralized", "layout-aware")}
+            for k in ("centralized", "layout-aware", "rewards")}
     for rank in range(4):
-        a, b = runs["centralized"][rank][0], runs["layout-aware"][rank][0]
+        a, b, c = (runs[k][rank][0] for k in ("centralized", "layout-aware", "rewards"))
         group = rank // dst_plan.tp
-        assert sorted(a) == sorted(b) == sorted(dst.assignment[group])
+        assert sorted(a) == sorted(b) == sorted(c) == sorted(dst.assignment[group])
         for i in a:
-            assert sorted(a[i]) == sorted(b[i])
+            assert sorted(a[i]) == sorted(b[i]) == sorted(c[i])
             for name in a[i]:
                 if name == "advantages":  # float64 statistics, summed in a different order
                     torch.testing.assert_close(a[i][name], b[i][name], atol=1e-5, rtol=1e-5)
+                    torch.testing.assert_close(c[i][name], b[i][name], atol=1e-5, rtol=1e-5)
                     torch.testing.assert_close(a[i][name], expected[i][name], atol=1e-5, rtol=1e-5)
                 else:
                     assert torch.equal(a[i][name], b[i][name]), f"rank {rank} sample {i} {name} differs"
+                    assert torch.equal(c[i][name], b[i][name]), f"rank {rank} sample {i} {name} differs"
                     assert torch.equal(a[i][name], expected[i][name]), f"rank {rank} sample {i} {name}"
     # the controller (rank 0) carries everything twice under centralized; not under layout-aware
     sent_c = [r[1] for r in runs["centralized"]]
     sent_l = [r[1] for r in runs["layout-aware"]]
     assert sent_c[0] > max(sent_l)
     assert sum(sent_c) > sum(sent_l)
+
+
+@pytest.mark.dist
+def test_group_statistics_from_the_rewards_need_no_round_between_ranks():
+    """GRPO onto the layout the samples are on (nothing to send): with every reward known to
+    every rank the dispatch waits for no one (no barrier, no statistics reduce) and gives the
+    advantages the reduce gives; without them it must meet its peers for the statistics."""
+    samples = make_samples(8)
+    plan = ParallelPlan(dp=2)
+    src = Layout(plan, round_robin_samples(samples, 2)[0])
+    spec = AdvantageSpec(estimator="grpo")
+    runs = {k: run_local(_dispatch_worker, 2, samples, src, src, k, spec, timeout_s=120)
+            for k in ("layout-aware", "rewards")}
+    assert [r[3] for r in runs["layout-aware"]] == [True, True]
+    assert [r[3] for r in runs["rewards"]] == [False, False]
+    for rank in range(2):
+        for i, item in runs["rewards"][rank][0].items():
+            torch.testing.assert_close(item["advantages"], runs["layout-aware"][rank][0][i]["advantages"],
+                                       atol=1e-6, rtol=1e-6)
 
 
 def _handoff_worker(samples, src, dst, late_s):

@@ -194,3 +194,24 @@ def test_train_placement_balanced_dispatches_like_the_runtime():
         assert b["rollout_s"] == pytest.approx(a["rollout_s"]) and b["train_s"] == pytest.approx(a["train_s"])
     with pytest.raises(ValueError, match="train_placement"):
         Simulation(sc, "static", "layout-aware", train_placement="random")
+
+
+def test_stats_in_metadata_prices_dispatch_without_the_statistics_reduce():
+    """`stats_in_metadata` (earl validate's model of the runtime with a group estimator, whose
+    statistics come from the rewards every rank holds): each dispatch is priced on its plan less
+    the statistics all-reduce, so it has no `advantage_stats` term and is cheaper; nothing else
+    changes."""
+    sc = load_scenario("connect-four-small", small(scenario__steps=2))
+    base = Simulation(sc, "static", "layout-aware").run()
+    meta = Simulation(sc, "static", "layout-aware", stats_in_metadata=True).run()
+
+    def dispatches(sim):
+        return [s for s in sim.spans if s.stage == "dispatch"]
+
+    assert dispatches(base) and len(dispatches(base)) == len(dispatches(meta))
+    for a, b in zip(dispatches(base), dispatches(meta), strict=True):
+        assert a.args["reduce_bytes"] > 0 and "advantage_stats" in a.args["breakdown_s"]
+        assert b.args["reduce_bytes"] == 0 and "advantage_stats" not in b.args["breakdown_s"]
+        assert b.duration_s < a.duration_s
+    for a, b in zip(base.rows, meta.rows, strict=True):
+        assert b["rollout_s"] == pytest.approx(a["rollout_s"]) and b["train_s"] == pytest.approx(a["train_s"])
