@@ -48,7 +48,7 @@ from earl.specs import MODEL_CATALOG, ClusterSpec, ModelSpec, ParallelPlan, Stag
 # (seqs, mean length) of the synthetic batches; model for the passes; optimizer depths. The last
 # two CPU cases are a rank's share of a 16-episode step on 2 and 4 ranks (long episodes): the
 # per-rank sizes of the multi-process runtime, which the fit interpolated to before (its hand-off
-# price at 8 episodes moved 1.3-2.0 ms between calibrations minutes apart, 1.4-1.7 with them)
+# price at 8 episodes moved 1.3-2.0 ms over four fits back to back, 1.4-1.7 with them)
 CASES = {
     "cpu": {"model": "tiny", "steps": ((2, 24), (16, 48), (16, 160), (48, 64), (4, 200), (8, 200)),
             "depths": (1, 2, 6)},
