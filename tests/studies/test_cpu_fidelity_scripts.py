@@ -1,0 +1,44 @@
+"""The CPU fidelity study's two readers of recorded validations, on the eleventh session's
+committed passes (docs/cpu/epyc-2026-12-03/): the scorecard and the host-speed check.
+
+    OMP_NUM_THREADS=1 python -m pytest -q tests/studies/test_cpu_fidelity_scripts.py
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "docs" / "cpu" / "epyc-2026-12-03"
+
+
+def study(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_scorecard_counts_every_multi_process_run_and_matches_the_committed_one():
+    passes = [str(DATA / "more" / f"cf{i}") for i in (16, 17, 18, 19)] + [str(DATA)]
+    r = study("studies/cpu_fidelity_scorecard.py", *passes)
+    assert r.returncode == 0, r.stderr
+    assert len(re.findall(r"nproc[24]-calculator-run[12]", r.stdout)) == 20
+    total = re.search(r"within 25%: (\d+) of (\d+) stage-runs \(level-fitted: (\d+)\)", r.stdout)
+    assert total and int(total[2]) == 100 and int(total[1]) <= int(total[3]) <= 100
+    assert r.stdout.strip() == (DATA / "scorecard-all.txt").read_text().strip()
+    bad = study("studies/cpu_fidelity_scorecard.py", str(DATA / "more"))
+    assert bad.returncode == 2 and "no nproc*/validation.json" in bad.stderr
+
+
+def test_hostspeed_reads_each_run_and_scaling_by_it_never_loses_a_count_here():
+    r = study("studies/cpu_fidelity_hostspeed.py", str(DATA / "more" / "median5"), str(DATA))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("20 runs;")
+    got = dict(re.findall(r"(as priced|scaled by the reading): (\d+) of 100", r.stdout))
+    assert int(got["as priced"]) == 58  # the committed median5/scorecard.txt's count
+    assert f"within 25%: {got['as priced']} of 100" in (DATA / "more" / "median5" / "scorecard.txt").read_text()
+    assert int(got["scaled by the reading"]) > int(got["as priced"])
+    for n in (2, 4):
+        corr = re.search(rf"nproc {n}: .*train (-?[\d.]+)", r.stdout)
+        assert corr and float(corr[1]) > 0.5
