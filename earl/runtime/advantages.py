@@ -52,9 +52,14 @@ class AdvantageSpec:
             raise ValueError(f"advantage gamma must be in [0, 1] (1: undiscounted), got {self.gamma}")
 
     @property
+    def grouped(self) -> bool:
+        """A group estimator: its statistics are the episode rewards of each prompt group."""
+        return self.estimator in GROUP_ESTIMATORS
+
+    @property
     def inputs(self) -> tuple[str, ...]:
         """Per-token tensors beyond the dispatched ones that computing advantages reads."""
-        if self.estimator in GROUP_ESTIMATORS:
+        if self.grouped:
             return ()
         return ("token_rewards", "turn_ids") if self.per_turn or self.gamma < 1 else ("token_rewards",)
 
@@ -63,7 +68,7 @@ class AdvantageSpec:
         episode reward, which the runtime's metadata all-gather gives every rank): true for the
         group estimators, whose statistics are those rewards per group; then no round between
         ranks computes them (`distributed_advantages`, `execute_dispatch`)."""
-        return rewards is not None and self.estimator in GROUP_ESTIMATORS
+        return rewards is not None and self.grouped
 
 
 def returns_to_go(item: dict[str, torch.Tensor], gamma: float = 1.0) -> torch.Tensor:

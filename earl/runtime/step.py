@@ -340,16 +340,16 @@ def train(w: Worker, ctx: StepContext, step: int, store: Store, src: Layout, sam
     # TIS's behaviour policy; the engine gap, when the training forward measures it
     extra = ("engine_logprobs",) if cfg.trainer.tis_cap or skip_old else ()
     extra += ("legal_bits",) if w.trainer.uses_legal_bits else ()
+    # every rank holds every episode's reward (the metadata all-gather after the rollout):
+    # a group estimator's statistics need no round of the dispatch (AdvantageSpec.stats_from)
+    rewards = {s.id: meta[s.id].reward for s in samples}
     for _attempt in range(4):
         plan, tg = w.plans.train, w.train_groups
         t0 = span_start()
         dst = Layout(plan, balance_samples(samples, plan.dp)[0])
         tplan = ctx.dispatcher.plan(src, dst, samples)
-        # every rank holds every episode's reward (the metadata all-gather after the rollout):
-        # a group estimator's statistics need no round of the dispatch (AdvantageSpec.stats_from)
         delivered, dstats = execute_dispatch(tplan, {i: dict(v) for i, v in store.items()}, samples, src, dst,
-                                             advantages=spec, extra=extra,
-                                             rewards={s.id: meta[s.id].reward for s in samples})
+                                             advantages=spec, extra=extra, rewards=rewards)
         # where the time went: the executor's own seconds (after its start barrier), of which
         # advantages (their statistics' rounds included; the centralized controller's run inside
         # its phases) and each phase; the rest of the span is planning and the barrier's wait
