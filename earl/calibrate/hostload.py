@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from earl.runtime.hostprobe import HostProbe
+
 MIN_SHARE = 1e-3  # below it a measurement is taken as broken, not as a host that slow
 
 
@@ -108,23 +110,14 @@ def shared_makespan(works, cores: float) -> float:
     return t
 
 
-# `corun_slowdown`'s loop: eager forwards of small Linear layers at batch 8, one thread, as a
-# tiny model's decode steps are on a CPU rank (per-op dispatch and cache-resident GEMMs)
-CORUN_LAYERS, CORUN_WIDTH, CORUN_BATCH = 8, 64, 8
-
-
+# `corun_slowdown`'s loop: the host probe's (earl/runtime/hostprobe.py), eager forwards of small
+# Linear layers at batch 8 on one thread, as a tiny model's decode steps are on a CPU rank
 def _corun_loop(iters: int, queue) -> None:
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    layers = torch.nn.Sequential(*[torch.nn.Linear(CORUN_WIDTH, CORUN_WIDTH) for _ in range(CORUN_LAYERS)])
-    x = torch.randn(CORUN_BATCH, CORUN_WIDTH)
-    with torch.inference_mode():
-        for _ in range(max(1, iters // 10)):  # warm-up
-            layers(x)
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            layers(x)
-        queue.put(time.perf_counter() - t0)
+    probe = HostProbe()
+    t0 = time.perf_counter()
+    per_iter = probe.time(iters)
+    queue.put((time.perf_counter() - t0, per_iter))
 
 
 def corun_slowdown(procs: int | None = None, iters: int = 2000, repeats: int = 9,
@@ -136,13 +129,17 @@ def corun_slowdown(procs: int | None = None, iters: int = 2000, repeats: int = 9
     its slowest rank's, which on a shared host is slower than one rank alone twice over: the
     ranks slow each other (caches, memory bandwidth, SMT siblings; in CPU time too, so a CPU
     share cannot see it), and the slowest of several draws from the host's noise is slower
-    than the median one. {"corun_slowdown", "procs", "ratios", "alone_s"}; 1 with one core."""
+    than the median one. {"corun_slowdown", "procs", "ratios", "alone_s", "probe_alone_s",
+    "probe_corun_s"}: the last two the loop's CPU seconds per iteration alone and on each of the
+    processes at once (the host probe's readings, HardwareProfile.host_probe_corun_s); 1 and no
+    readings with one core."""
     procs = procs or cores()
     if procs < 2:
-        return {"corun_slowdown": 1.0, "procs": procs, "ratios": [], "alone_s": []}
+        return {"corun_slowdown": 1.0, "procs": procs, "ratios": [], "alone_s": [], "probe_alone_s": [],
+                "probe_corun_s": []}
     ctx = mp.get_context("fork")  # torch is imported: each forked loop starts in milliseconds
 
-    def once(k: int) -> list[float]:
+    def once(k: int) -> list[tuple[float, float]]:
         queue = ctx.Queue()
         ps = [ctx.Process(target=_corun_loop, args=(iters, queue), daemon=True) for _ in range(k)]
         for p in ps:
@@ -155,13 +152,17 @@ def corun_slowdown(procs: int | None = None, iters: int = 2000, repeats: int = 9
                 if p.is_alive():
                     p.terminate()
 
-    ratios, alone = [], []
+    ratios, alone, probe_alone, probe_corun = [], [], [], []
     for _ in range(repeats):
-        one = once(1)[0]
-        ratios.append(max(once(procs)) / one)
+        (one, cpu_one), = once(1)
+        many = once(procs)
+        ratios.append(max(w for w, _ in many) / one)
         alone.append(one)
+        probe_alone.append(cpu_one)
+        probe_corun += [c for _, c in many]
     return {"corun_slowdown": max(1.0, statistics.median(ratios)), "procs": procs,
-            "ratios": [round(r, 4) for r in ratios], "alone_s": [round(a, 5) for a in alone]}
+            "ratios": [round(r, 4) for r in ratios], "alone_s": [round(a, 5) for a in alone],
+            "probe_alone_s": [round(a, 9) for a in probe_alone], "probe_corun_s": [round(c, 9) for c in probe_corun]}
 
 
 if __name__ == "__main__":

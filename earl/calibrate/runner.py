@@ -32,6 +32,7 @@ from earl.calibrate.report import roofline_checks, write_measurements
 from earl.calibrate.timing import resolve_device, resolve_dtype
 from earl.cost_model.profile import HardwareProfile, datasheet_profile, load_profile
 from earl.outputs import check_out_file
+from earl.runtime.hostprobe import HostProbe, median_probe
 from earl.specs import HARDWARE_CATALOG, HardwareSpec
 
 PHASES = ("matmul", "attention", "memory", "collectives", "overhead", "runtime", "dispatch", "fsdp")
@@ -135,7 +136,38 @@ def run_calibration(*, device: str = "cpu", budget_s: float = 90.0, phases: tupl
         torch.set_num_threads(prev_threads)
 
 
+class _Probing(Progress):
+    """Passes progress on and reads the host probe at each step: the host's speed through the
+    calibration, sampled as often as its cases run (HardwareProfile.host_probe_s)."""
+
+    def __init__(self, inner: Progress, probe: HostProbe):
+        self.inner, self.probe, self.readings = inner, probe, []
+
+    def phase(self, name: str, total: int) -> None:
+        self.readings.append(self.probe.time())
+        self.inner.phase(name, total)
+
+    def step(self, name: str, label: str) -> None:
+        self.readings.append(self.probe.time())
+        self.inner.step(name, label)
+
+
 def _calibrate(dev, dt, budget_s, phases, base_prof, seed, progress, t_start) -> CalibrationResult:
+    probing = _Probing(progress, HostProbe()) if dev.type == "cpu" else None
+    res = _calibrate_phases(dev, dt, budget_s, phases, base_prof, seed, probing or progress, t_start)
+    if probing is None:
+        return res
+    prof = res.profile
+    corun = prof.fit_quality.get("corun", {})
+    alone = median_probe(probing.readings + corun.get("probe_alone_s", []))
+    together = median_probe(corun.get("probe_corun_s", []))
+    quality = {"readings": len(probing.readings), "alone_s": [round(r, 9) for r in probing.readings]}
+    return dataclasses.replace(res, profile=dataclasses.replace(
+        prof, host_probe_s=round(alone or 0.0, 9), host_probe_corun_s=round(together or 0.0, 9),
+        fit_quality={**prof.fit_quality, "host_probe": quality}))
+
+
+def _calibrate_phases(dev, dt, budget_s, phases, base_prof, seed, progress, t_start) -> CalibrationResult:
     weights = {p: PHASE_WEIGHTS[p] for p in phases}
     total_w = sum(weights.values())
     share = {p: budget_s * w / total_w for p, w in weights.items()}

@@ -37,6 +37,7 @@ from earl.cost_model.profile import HardwareProfile, check_stamp, datasheet_prof
 from earl.outputs import check_out_dir
 from earl.runtime.advantages import AdvantageSpec
 from earl.runtime.hf_model import BUILTIN_MODELS
+from earl.runtime.hostprobe import STEP_ITERS as PROBE_ITERS
 from earl.runtime.launch import launch
 from earl.runtime.metrics import read_metrics
 from earl.runtime.resolve import initial_plans, resolve_config
@@ -96,6 +97,11 @@ class VariantResult:
     compute_share: float = 1.0
     compute_stretch: float = 1.0  # host_stretch's counterpart for the rollout and log-prob work
     plan_mismatches: list[str] = field(default_factory=list)  # steps where sim and runtime plans differ
+    # the host's speed during the run over its speed during the calibration (`host_speed`): the
+    # run's median host-probe reading over the profile's; every calibrated prediction is x this.
+    # 1 where either side has no reading (GPU runs, older runs and profiles)
+    host_speed: float = 1.0
+    host_probe_s: float | None = None  # the run's median reading, CPU s per probe iteration
 
     def predicted_dedicated(self) -> list[dict]:
         """The prediction for dedicated devices (the stretch for a shared host taken out)."""
@@ -341,6 +347,25 @@ def _run_runtime(cfg, run_dir: Path, nproc: int) -> tuple[list[dict], float]:
     return rows, load.share()
 
 
+def host_speed(spans, steps: list[int], prof: HardwareProfile, nproc: int, device: str) -> tuple[float, float | None]:
+    """(the host's speed factor, the run's reading): the median over every rank and scored step
+    of the run's host-probe readings (spans "host_probe", args `probe_s`: CPU seconds per
+    iteration of earl/runtime/hostprobe.py's loop) over the profile's reading of the same loop
+    during `earl calibrate` (`host_probe_s` alone for one process; `host_probe_corun_s`, read
+    with every core busy, for N > 1 ranks). A host that runs the loop 20% slower than when the
+    constants were fitted runs the job's host work 20% slower too: the factor scales every
+    calibrated prediction. (1, reading) where the profile has no reading, (1, None) where the
+    run has none or the device is not a CPU."""
+    wanted = set(steps)
+    got = [float(s.args["probe_s"]) for s in spans
+           if s.name == "host_probe" and s.step in wanted and s.args.get("probe_s")]
+    if device != "cpu" or not got:
+        return 1.0, None
+    run = float(np.median(got))
+    ref = (prof.host_probe_corun_s if nproc > 1 else 0.0) or prof.host_probe_s
+    return (run / ref if ref > 0 else 1.0), run
+
+
 def hostload_share(row: dict, threads: int, fallback: float) -> float:
     """A metrics row's share of a core per thread of rank 0 (step_cpu_s / step_s / threads, at
     most 1); `fallback` where the row has no timing. At N > 1 rank 0's waits for its peers are
@@ -435,6 +460,8 @@ def score_variant(cfg, name: str, overrides: dict, run_dir: Path, rows: list[dic
         return out, sim_rows, float(np.mean(ks)) if ks else 1.0, float(np.mean(kcs)) if kcs else 1.0
 
     pred, sim_cal, stretch, compute_stretch = predicted(prof)
+    speed, probe_run = host_speed(spans, [r["step"] for r in rows[warmup_steps:]], prof, nproc, device)
+    pred = [{k: v * speed for k, v in r.items()} for r in pred]
     sheet_pred, _, _, _ = predicted(sheet)
     cm = CostModel(spec, local_cluster(prof, nproc), prof)
     one_core = device == "cpu" and cfg.threads == 1
@@ -446,6 +473,7 @@ def score_variant(cfg, name: str, overrides: dict, run_dir: Path, rows: list[dic
                          compute_share=float(np.mean(computing)) if computing else 1.0,
                          compute_stretch=compute_stretch,
                          plan_mismatches=plan_mismatches(run_plans(rows), sim_cal)[:20],
+                         host_speed=speed, host_probe_s=probe_run,
                          peak_mem_measured=float(max(r["peak_mem_bytes"] for r in rows)),
                          peak_mem_predicted=_predicted_peak(sim_cal, cm.capacity, cm.reserve),
                          run_dir=str(run_dir))
@@ -517,7 +545,9 @@ def run_validation(*, config, profile: str, steps: int = 4, warmup_steps: int = 
     results = []
     for name, ov in variants or [("base", {})]:
         # throwaway runs: no checkpoints (a 1.5B model's fp32 masters and Adam states are ~20 GB each)
-        cfg = apply_overrides(config, {**ov, "steps": steps, "plots": False, "checkpoints": False})
+        # CPU runs read the host probe at each step (earl/runtime/hostprobe.py; `host_speed`)
+        probe = {"host_probe": PROBE_ITERS} if device == "cpu" else {}
+        cfg = apply_overrides(config, {**ov, "steps": steps, "plots": False, "checkpoints": False, **probe})
         results.append(run_variant(cfg, name, ov, out, prof, sheet, warmup_steps, nproc))
         if progress:
             progress(name)
@@ -595,6 +625,7 @@ def validation_table(res: ValidationResult, hardware: str, scored_steps: int):
 
     load = "" if res.device != "cpu" else ", " + "; ".join(
         f"core share {v.run_share:.2f} (computing {v.compute_share:.2f}), stretch x{v.host_stretch:.2f}"
+        + (f", host speed x{v.host_speed:.2f}" if v.host_probe_s else "")
         for v in res.variants[:2])
     t = Table(title=f"earl validate ({res.device} x{res.nproc}, profile {hardware}, {len(res.variants)} variant(s), "
                     f"{scored_steps} scored step(s) each{load})")

@@ -225,6 +225,13 @@ class HardwareProfile:
     # once (earl.calibrate.hostload.corun_slowdown); `earl validate --nproc N` stretches the
     # stages priced by one-process constants (rollout, experience) by it. 1: a device per rank
     corun_slowdown: float = 1.0
+    # the host's speed while `earl calibrate` fitted the host terms: CPU seconds per iteration of
+    # the host probe (earl/runtime/hostprobe.py), median of readings taken between its phases,
+    # alone (`host_probe_s`) and on every core at once (`host_probe_corun_s`, as a multi-process
+    # run's ranks read it); `earl validate` scales CPU predictions by a run's own reading over
+    # these (earl.calibrate.validate.host_speed). 0: not measured (GPU and datasheet profiles)
+    host_probe_s: float = 0.0
+    host_probe_corun_s: float = 0.0
     dispatch_path: DispatchPath = field(default_factory=DispatchPath)  # see DispatchPath
     # ---- overlap of training communication with compute: assumptions of the software stack,
     # named in every headline they move and varied by study s8
@@ -251,6 +258,10 @@ class HardwareProfile:
         if not 1 <= self.corun_slowdown < math.inf:
             raise ValueError(f"HardwareProfile.corun_slowdown must be a finite number >= 1, "
                              f"got {self.corun_slowdown!r}")
+        for n in ("host_probe_s", "host_probe_corun_s"):
+            if not 0 <= getattr(self, n) < math.inf:
+                raise ValueError(f"HardwareProfile.{n} must be a finite number >= 0 (0: not measured), "
+                                 f"got {getattr(self, n)!r}")
         if not (0 <= self.mem_reserve_frac < 1):
             raise ValueError(f"HardwareProfile.mem_reserve_frac must be in [0, 1), got {self.mem_reserve_frac!r}")
         if self.gemm_norm is not None and not 1 <= self.gemm_norm < math.inf:
@@ -346,6 +357,8 @@ class HardwareProfile:
                 gemm_norm=None if d.get("gemm_norm") is None else scalar("gemm_norm"),
                 host_share=scalar("host_share", default=1.0),
                 corun_slowdown=scalar("corun_slowdown", default=1.0),
+                host_probe_s=scalar("host_probe_s", default=0.0),
+                host_probe_corun_s=scalar("host_probe_corun_s", default=0.0),
                 **{k: scalar(k) for k in HOST_COST_FIELDS},
             )
         except ValueError as e:

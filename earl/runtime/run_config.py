@@ -253,6 +253,10 @@ class RunConfig:
     # automatic collector off meanwhile (earl/runtime/gc_steps.py: its pauses at different
     # moments on different ranks stall lockstep stages); 0 = Python's automatic collector
     gc_every: int = 1
+    # iterations of the host probe each rank times at each step's start (earl/runtime/hostprobe.py:
+    # span "host_probe", ~0.1 ms each on a CPU core); `earl validate` sets it on CPU runs to read
+    # the host's speed during the run. 0 = off
+    host_probe: int = 0
 
     def __post_init__(self):
         for name in ("steps", "groups", "group_size", "threads", "nproc"):
@@ -261,6 +265,8 @@ class RunConfig:
         if self.transcript_every < 0 or self.transcript_episodes < 0:
             raise ValueError(f"transcript_every and transcript_episodes must be >= 0, got "
                              f"{self.transcript_every} and {self.transcript_episodes}")
+        if self.host_probe < 0:
+            raise ValueError(f"host_probe must be >= 0 (0: off), got {self.host_probe}")
         if self.gc_every < 0:
             raise ValueError(f"gc_every must be >= 0 (0: Python's automatic collector), got {self.gc_every}")
         if not self.collective_timeout_s > 0:

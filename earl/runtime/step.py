@@ -390,6 +390,10 @@ def run_step(w: Worker, ctx: StepContext, step: int,
     t_step, cpu0 = time.perf_counter(), time.process_time()
     w.events = []
     ctx.control.reset()
+    if cfg.host_probe:  # the host's speed now, for `earl validate` (earl/runtime/hostprobe.py)
+        t0 = span_start()
+        per_iter = w.host_probe.time(cfg.host_probe)
+        w.span("host_probe", "other", t0, step, args={"probe_s": per_iter, "iters": cfg.host_probe})
     decisions = select_plans(w, ctx, step, prev)
 
     trajs, counts = play(w, step)

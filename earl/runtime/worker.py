@@ -35,6 +35,7 @@ from earl.runtime.dist import comm_device, print0
 from earl.runtime.engine import LOCAL_ENGINES, SamplingParams, engine_plan_error, make_engine
 from earl.runtime.envs import env_options, make_env
 from earl.runtime.hf_model import empty_like_policy, load_policy
+from earl.runtime.hostprobe import HostProbe
 from earl.runtime.move_weights import allocate_local, execute_reshard
 from earl.runtime.optim import FSDPAdamW, ReplicatedAdamW, local_tensor
 from earl.runtime.parallelize import fsdp_shard_error, parallelize, uses_dtensor, uses_fsdp
@@ -119,6 +120,7 @@ class Worker:
         self.spans: list[Span] = []
         self.played: list = []  # the trajectories this rank played in the last rollout
         self.origin = time.perf_counter()
+        self.host_probe = HostProbe() if cfg.host_probe else None  # the host's speed, per step
         self.engine = None  # built with the rollout model; an external engine (vLLM) only once
         full = policy.model
         ref_full = copy.deepcopy(full) if cfg.trainer.kl_coef else None

@@ -9,8 +9,10 @@ import time
 import pytest
 
 from earl.calibrate import fsdpfit, hostload
-from earl.calibrate.validate import corun_stretch, dispatch_stretch, host_stretch
+from earl.calibrate.validate import corun_stretch, dispatch_stretch, host_speed, host_stretch
 from earl.cost_model.profile import DispatchPath, HardwareProfile, load_profile
+from earl.runtime.hostprobe import HostProbe, median_probe
+from earl.trace import Span
 from tests.calibrate.test_fsdpfit import _synthetic_points
 
 PROF = load_profile("cpu-measured")
@@ -74,7 +76,11 @@ def test_corun_slowdown_is_measured_kept_and_charged_to_the_one_process_stages(t
     assert got["procs"] == 2 and len(got["ratios"]) == len(got["alone_s"]) == 3
     assert all(r > 0 for r in got["ratios"]) and all(a > 0 for a in got["alone_s"])
     assert got["corun_slowdown"] == pytest.approx(max(1.0, sorted(got["ratios"])[1]), abs=1e-4)
-    assert hostload.corun_slowdown(procs=1) == {"corun_slowdown": 1.0, "procs": 1, "ratios": [], "alone_s": []}
+    # the host probe's CPU seconds per iteration, alone and on each process of a co-run
+    assert len(got["probe_alone_s"]) == 3 and len(got["probe_corun_s"]) == 6
+    assert all(0 < c < 0.1 for c in got["probe_alone_s"] + got["probe_corun_s"])
+    assert hostload.corun_slowdown(procs=1) == {"corun_slowdown": 1.0, "procs": 1, "ratios": [], "alone_s": [],
+                                                "probe_alone_s": [], "probe_corun_s": []}
     # kept: profiles carry it (1 where written before it), and refuse a speed-up
     prof = dataclasses.replace(PROF, corun_slowdown=1.3)
     assert load_profile(str(prof.save(tmp_path / "p.json"))).corun_slowdown == 1.3
@@ -151,3 +157,32 @@ def test_rollout_on_host_shares_the_cores_between_ranks_only_when_oversubscribed
     assert rollout_on_host(row, two, 4, "cpu", 2.2) == pytest.approx(1.1 * (4.0 + 0.5 * 2))
     assert rollout_on_host(row, two, 2, "cpu", 1.0) == pytest.approx(3.5)
     assert rollout_on_host(row, two, 4, "cuda", 1.0) == pytest.approx(3.5)
+
+
+def test_host_probe_reads_the_host_and_validate_scales_by_run_over_calibration(tmp_path):
+    # the loop: positive CPU seconds per iteration, the same work each time (within the host's noise)
+    probe = HostProbe()
+    got = probe.sample(repeats=5)
+    assert len(got) == 5 and all(0 < g < 0.1 for g in got)
+    assert max(got) < 5 * min(got)
+    with pytest.raises(ValueError, match="iterations must be >= 1"):
+        probe.time(0)
+    assert median_probe([3e-4, 1e-4, 2e-4, 0.0]) == 2e-4 and median_probe([]) is None
+    # the profile keeps its readings (0 where written before them) and refuses a negative one
+    prof = dataclasses.replace(PROF, host_probe_s=1e-4, host_probe_corun_s=1.25e-4)
+    back = load_profile(str(prof.save(tmp_path / "p.json")))
+    assert (back.host_probe_s, back.host_probe_corun_s) == (1e-4, 1.25e-4)
+    d = prof.to_dict()
+    del d["host_probe_s"], d["host_probe_corun_s"]
+    assert HardwareProfile.from_dict(d).host_probe_s == 0.0
+    with pytest.raises(ValueError, match="host_probe_s must be a finite number >= 0"):
+        dataclasses.replace(PROF, host_probe_s=-1.0)
+    # validate: the scored steps' median reading (every rank) over the profile's; co-run for N > 1
+    spans = [Span(name="host_probe", stage="other", rank=r, t_start=0, t_end=1, step=st, args={"probe_s": v})
+             for st, r, v in ((0, 0, 9e-4), (1, 0, 1.2e-4), (1, 1, 1.5e-4), (2, 0, 1.5e-4), (2, 1, 1.6e-4))]
+    assert host_speed(spans, [1, 2], prof, 2, "cpu") == (pytest.approx(1.5 / 1.25), 1.5e-4)
+    assert host_speed(spans, [1, 2], prof, 1, "cpu")[0] == pytest.approx(1.5)
+    assert host_speed(spans, [1, 2], prof, 2, "cuda") == (1.0, None)  # a GPU: no host term
+    assert host_speed([], [1, 2], prof, 2, "cpu") == (1.0, None)  # a run that did not read it
+    assert host_speed(spans, [1, 2], PROF, 2, "cpu") == (1.0, 1.5e-4)  # a profile that did not
+

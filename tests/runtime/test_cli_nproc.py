@@ -31,7 +31,7 @@ def test_bad_plan_is_rejected_before_any_process_starts():
 def test_two_processes_run_with_their_plans(tmp_path):
     out = tmp_path / "run"
     r = earl("run", "--nproc", "2", "--rollout-plan", "tp2-dp1", "--train-plan", "tp1-dp2-zero",
-             "--steps", "2", "--out", str(out))
+             "--steps", "2", "--out", str(out), "--set", "host_probe=5")
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2
@@ -51,3 +51,7 @@ def test_two_processes_run_with_their_plans(tmp_path):
         assert 0 < s.args["moved_s"] <= s.duration_s, s
         assert s.args["advantage_s"] + sum(s.args["phase_s"]) <= s.args["moved_s"] + 1e-5, s
         assert len(s.args["phase_s"]) >= 1, s
+    # the host probe (earl/runtime/hostprobe.py): one reading per rank and step, stage "other"
+    probes = [s for s in spans if s.name == "host_probe"]
+    assert sorted((s.step, s.rank) for s in probes) == [(st, r) for st in (1, 2) for r in range(2)]
+    assert all(s.stage == "other" and s.args["iters"] == 5 and 0 < s.args["probe_s"] < 0.1 for s in probes)
