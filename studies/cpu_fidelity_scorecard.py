@@ -6,7 +6,9 @@
   run, the floor the host's step-to-step noise sets under any model of the level;
 - the summed ratio: predicted / measured seconds over the run's scored steps (the level itself).
 
-Then, per process count and stage, how many runs are within 25% on each of the first two.
+Then, per process count and stage, how many runs are within 25% on each of the first two. Runs
+that read the host probe (earl/runtime/hostprobe.py; validate scales their predictions by the
+host's speed over the calibration's) also show that factor, and the count is given without it.
 
     python studies/cpu_fidelity_scorecard.py /tmp/cf16 /tmp/cf17     # cpu_fidelity.sh prints it too
 """
@@ -22,25 +24,38 @@ STAGES = ("rollout", "experience", "dispatch", "train", "reshard")
 BAR = 0.25
 
 
-def runs(folder: Path) -> list[tuple[str, int, dict]]:
-    """(name, nproc, stage -> its validation.json row) of each multi-process run in `folder`."""
+def runs(folder: Path) -> list[tuple[str, int, dict, dict]]:
+    """(name, nproc, stage -> its validation.json row, its first variant) of each multi-process
+    run in `folder`."""
     out = []
     for f in sorted(folder.glob("nproc*/validation.json")):
         d = json.loads(f.read_text())
         if d.get("nproc", 1) > 1:
-            out.append((f.parent.name, int(d["nproc"]), {s["stage"]: s for s in d["stages"]}))
+            out.append((f.parent.name, int(d["nproc"]), {s["stage"]: s for s in d["stages"]}, d["variants"][0]))
     return out
 
 
+def unscaled_err(variant: dict, stage: str) -> float:
+    """The median per-step error of the prediction without the host-speed factor."""
+    k = variant.get("host_speed") or {}
+    k = k.get(stage, 1.0) if isinstance(k, dict) else k
+    errs = sorted(abs(p[stage] / k - m[stage]) / m[stage]
+                  for p, m in zip(variant["predicted"], variant["measured"], strict=True))
+    n = len(errs)
+    return errs[n // 2] if n % 2 else 0.5 * (errs[n // 2 - 1] + errs[n // 2])
+
+
 def scorecard(folders: list[Path]) -> str:
-    lines, within, floor, total = [], Counter(), Counter(), Counter()
+    lines, within, floor, total, bare = [], Counter(), Counter(), Counter(), Counter()
+    probed = 0
     for folder in folders:
         got = runs(folder)
         if not got:
             raise ValueError(f"{folder}: no nproc*/validation.json of a multi-process run; "
                              f"give the OUT folder of studies/cpu_fidelity.sh")
-        for name, nproc, by in got:
+        for name, nproc, by, variant in got:
             cells = []
+            probed += bool(variant.get("host_probe_s"))
             for st in STAGES:
                 s = by[st]
                 e, lvl = s["median_err"], s.get("spread_err", float("nan"))
@@ -48,11 +63,16 @@ def scorecard(folders: list[Path]) -> str:
                 within[(nproc, st)] += e <= BAR
                 floor[(nproc, st)] += lvl <= BAR
                 total[(nproc, st)] += 1
+                bare[(nproc, st)] += unscaled_err(variant, st) <= BAR
                 cells.append(f"{st[:4]} {100 * e:5.1f}{'*' if e > BAR else ' '} ({100 * lvl:4.1f}, x{ratio:.2f})")
-            lines.append(f"{folder.name:>8s} {name:24s} " + " | ".join(cells))
+            speed = (" | speed " + "/".join(f"{variant['host_speed'].get(st, 1.0):.2f}" for st in STAGES)
+                     if variant.get("host_probe_s") else "")
+            lines.append(f"{folder.name:>8s} {name:24s} " + " | ".join(cells) + speed)
     lines.append("")
     lines.append(f"median per-step error within {BAR:.0%}: {sum(within.values())} of {sum(total.values())} "
                  f"stage-runs (level-fitted: {sum(floor.values())})")
+    if probed:
+        lines.append(f"  ({probed} runs read the host probe; without its factor: {sum(bare.values())} within)")
     for key in sorted(total):
         lines.append(f"  nproc {key[0]} {key[1]:10s} {within[key]:3d} of {total[key]:<3d} "
                      f"(level-fitted {floor[key]})")

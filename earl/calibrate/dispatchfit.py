@@ -38,6 +38,7 @@ from earl.policies.types import Layout, Sample, Transfer
 from earl.runtime.advantages import AdvantageSpec, fill_advantages, local_stats
 from earl.runtime.dist import run_local
 from earl.runtime.gc_steps import StepGC
+from earl.runtime.hostprobe import HostProbe, median_probe
 from earl.runtime.move_samples import execute_dispatch, pack_transfer, unpack_transfer
 from earl.specs import ParallelPlan
 
@@ -79,6 +80,7 @@ class DispatchPoint:
     share: float = 1.0
     # seconds per synchronising round of its process group (`round_seconds`; nan: not measured)
     round_s: float = math.nan
+    probe_s: float | None = None  # rank 0's median host-probe reading over its trials (earl/runtime/hostprobe.py)
 
 
 def plans(nproc: int) -> tuple[ParallelPlan, ParallelPlan]:
@@ -127,7 +129,8 @@ def _timed_cases(cases, repeats, step_gc):
 
     rank, world = dist.get_rank(), dist.get_world_size()
     evict = torch.empty(EVICT_BYTES // 4)
-    out = {}
+    probe = HostProbe()  # the host's speed through the timed repeats (HardwareProfile.host_probe_dispatch_s)
+    out = {"probe": []}
     for per_rank, ctx in cases:
         samples, src, dst = layouts(world, per_rank, ctx)
         store = _store(samples, src, rank)
@@ -135,6 +138,7 @@ def _timed_cases(cases, repeats, step_gc):
         times: dict[str, list[float]] = {k: [] for k in KINDS}
         busiest = {}
         for rep in range(repeats + 1):
+            out["probe"].append(probe.time())
             for k in KINDS:
                 step_gc.step_done(rep)
                 _, stats = execute_dispatch(tplans[k], store, samples, src, dst, check=(rep == 0))
@@ -198,12 +202,14 @@ def measure(procs=(2, 4), cases=CASES, repeats: int = 5, trials: int = 3) -> lis
 
     seen: dict[tuple, list[tuple[float, float, float]]] = {}
     rounds: dict[int, list[float]] = {}
+    probes: dict[int, list[float]] = {}
     for _ in range(trials):
         for n in procs:
             with CpuShare(procs=n) as load:
                 got, res = run_local(_measure_worker, n, list(cases), repeats, timeout_s=600,
                                      start_method=START_METHOD)[0]
             rounds.setdefault(n, []).append(got)
+            probes.setdefault(n, []).extend(res.pop("probe", []))
             # the share beyond the ranks' own oversubscription, which the path's terms model
             share = min(1.0, load.share() / min(1.0, cores() / n))
             for (per_rank, ctx), by_kind in res.items():
@@ -212,7 +218,7 @@ def measure(procs=(2, 4), cases=CASES, repeats: int = 5, trials: int = 3) -> lis
     return [DispatchPoint(procs=n, per_rank=per_rank, context=ctx, kind=k,
                           seconds=statistics.median(x[0] for x in v), busiest_bytes=v[0][1],
                           cold_seconds=statistics.median(x[2] for x in v), share=statistics.median(x[3] for x in v),
-                          round_s=statistics.median(rounds[n]))
+                          round_s=statistics.median(rounds[n]), probe_s=median_probe(probes[n]))
             for (n, per_rank, ctx, k), v in seen.items()]
 
 
@@ -359,7 +365,8 @@ def calibrate_dispatch(profile: HardwareProfile, budget_s: float = 60.0) -> Hard
     quick = budget_s < QUICK_BUDGET_S
     pts = measure((2,), CASES[:3], repeats=3, trials=1) if quick else measure((2, 4), CASES, repeats=9, trials=3)
     path, quality = fit_dispatch_path(profile, pts, measure_host(), message_only=quick)
-    return dataclasses.replace(profile, dispatch_path=path,
+    probe = median_probe(p.probe_s for p in pts)
+    return dataclasses.replace(profile, dispatch_path=path, host_probe_dispatch_s=round(probe or 0.0, 9),
                                fit_quality={**profile.fit_quality, "dispatch_path": quality})
 
 

@@ -34,6 +34,7 @@ from earl.policies.reshard import plan_reshard
 from earl.runtime.dist import run_local
 from earl.runtime.gc_steps import StepGC
 from earl.runtime.hf_model import Policy, empty_like_policy, hf_config_from_spec
+from earl.runtime.hostprobe import HostProbe, median_probe
 from earl.runtime.move_weights import execute_reshard
 from earl.runtime.optim import FSDPAdamW
 from earl.runtime.parallelize import parallelize
@@ -83,6 +84,7 @@ class FsdpPoint:
     # host's, min(1, host_parallel / procs)
     share: float | None = None
     stretch: float = 1.0  # the profile's host_share / share: its wall time over the profile's (filled by `price`)
+    probe_s: float | None = None  # its ranks' median host-probe reading (earl/runtime/hostprobe.py)
 
     def residual_s(self) -> float:
         """Per-device seconds the priced terms leave unexplained."""
@@ -138,7 +140,8 @@ def worker(cases, repeats: int, sync_repeats: int) -> dict:
     plan, roll_plan = ParallelPlan(dp=world, sharded_optimizer=True), ParallelPlan(dp=world)
     groups = build_plan_groups(plan)
     base = TrainerConfig(algo="grpo", lr=1e-5)
-    out: dict = {"train": {}, "sync": {}}
+    out: dict = {"train": {}, "sync": {}, "probe": []}
+    probe = HostProbe()  # the host's speed through the timed repeats (HardwareProfile.host_probe_fsdp_s)
     with StepGC(every=1) as step_gc:
         for layers in depths(cases):
             spec = spec_of(layers)
@@ -158,6 +161,7 @@ def worker(cases, repeats: int, sync_repeats: int) -> dict:
                 times = []
                 for i in range(repeats + 1):
                     step_gc.step_done(i)
+                    out["probe"].append(probe.time())
                     dist.barrier()
                     t0 = time.perf_counter()
                     train_step(trainer, optim, local)
@@ -168,6 +172,7 @@ def worker(cases, repeats: int, sync_repeats: int) -> dict:
             times = []
             for i in range(sync_repeats + 1):
                 step_gc.step_done(i)
+                out["probe"].append(probe.time())
                 dist.barrier()
                 t0 = time.perf_counter()
                 execute_reshard(rplan, shapes, optim.weights(), dst)
@@ -190,6 +195,8 @@ def measure(procs=PROCS, cases=TRAIN_CASES, repeats: int = REPEATS, sync_repeats
         with CpuShare(procs=n) as load:
             res = run_local(worker, n, list(cases), repeats, sync_repeats, timeout_s=600, start_method=START_METHOD)
 
+        probe_s = median_probe(x for r in res for x in r.get("probe", []))
+
         def slowest(series: list[list[float]]) -> float:  # per repeat the slowest rank; skip warm-up
             return statistics.median(max(s[i] for s in series) for i in range(1, len(series[0])))
 
@@ -199,12 +206,13 @@ def measure(procs=PROCS, cases=TRAIN_CASES, repeats: int = REPEATS, sync_repeats
             mbs = max(len(pack_micro_batches([lengths(seqs, longest)[i] for i in rank_share(seqs, n, r)], budget))
                       for r in range(n))
             points.append(FsdpPoint(kind="train", procs=n, layers=layers, label=label(case), share=load.share(),
+                                    probe_s=probe_s,
                                     measured_s=slowest([r["train"][case] for r in res]),
                                     counts={"fsdp_unit_s": units * mbs,
                                             "fsdp_tensor_s": param_tensors(spec_of(layers))}))
         for layers in depths(cases):
             points.append(FsdpPoint(kind="sync", procs=n, layers=layers, label=f"weight sync {layers} layers",
-                                    share=load.share(),
+                                    share=load.share(), probe_s=probe_s,
                                     counts={"reshard_tensor_s": param_tensors(spec_of(layers))},
                                     measured_s=slowest([r["sync"][layers] for r in res])))
     return points
@@ -273,7 +281,9 @@ def calibrate_fsdp(profile: HardwareProfile, budget_s: float = 30.0) -> Hardware
     points = measure(procs=PROCS if full else PROCS[:1], cases=TRAIN_CASES if full else QUICK_CASES,
                      repeats=REPEATS if full else 2, sync_repeats=SYNC_REPEATS if full else 2)
     fields, quality = fit_fsdp_costs(profile, points)
-    return dataclasses.replace(profile, **fields, fit_quality={**profile.fit_quality, "fsdp": quality})
+    probe = median_probe(p.probe_s for p in points)
+    return dataclasses.replace(profile, **fields, host_probe_fsdp_s=round(probe or 0.0, 9),
+                               fit_quality={**profile.fit_quality, "fsdp": quality})
 
 
 if __name__ == "__main__":

@@ -136,19 +136,25 @@ def run_calibration(*, device: str = "cpu", budget_s: float = 90.0, phases: tupl
         torch.set_num_threads(prev_threads)
 
 
+# the phases run in this process, whose constants price rollout, experience and one-process
+# training; the gloo phases read the probe on their own ranks (fsdpfit, dispatchfit)
+ONE_PROCESS_PHASES = ("matmul", "attention", "memory", "overhead", "runtime")
+
+
 class _Probing(Progress):
-    """Passes progress on and reads the host probe at each step: the host's speed through the
-    calibration, sampled as often as its cases run (HardwareProfile.host_probe_s)."""
+    """Passes progress on and reads the host probe at each step of a one-process phase: the
+    host's speed while those constants were measured, sampled as often as their cases run
+    (HardwareProfile.host_probe_s)."""
 
     def __init__(self, inner: Progress, probe: HostProbe):
-        self.inner, self.probe, self.readings = inner, probe, []
+        self.inner, self.probe, self.readings = inner, probe, {}
 
     def phase(self, name: str, total: int) -> None:
-        self.readings.append(self.probe.time())
         self.inner.phase(name, total)
 
     def step(self, name: str, label: str) -> None:
-        self.readings.append(self.probe.time())
+        if name in ONE_PROCESS_PHASES:
+            self.readings.setdefault(name, []).append(round(self.probe.time(), 9))
         self.inner.step(name, label)
 
 
@@ -158,13 +164,11 @@ def _calibrate(dev, dt, budget_s, phases, base_prof, seed, progress, t_start) ->
     if probing is None:
         return res
     prof = res.profile
-    corun = prof.fit_quality.get("corun", {})
-    alone = median_probe(probing.readings + corun.get("probe_alone_s", []))
-    together = median_probe(corun.get("probe_corun_s", []))
-    quality = {"readings": len(probing.readings), "alone_s": [round(r, 9) for r in probing.readings]}
+    alone = median_probe(r for v in probing.readings.values() for r in v)
+    quality = {"by_phase": probing.readings, "fsdp_s": prof.host_probe_fsdp_s,
+               "dispatch_s": prof.host_probe_dispatch_s}
     return dataclasses.replace(res, profile=dataclasses.replace(
-        prof, host_probe_s=round(alone or 0.0, 9), host_probe_corun_s=round(together or 0.0, 9),
-        fit_quality={**prof.fit_quality, "host_probe": quality}))
+        prof, host_probe_s=round(alone or 0.0, 9), fit_quality={**prof.fit_quality, "host_probe": quality}))
 
 
 def _calibrate_phases(dev, dt, budget_s, phases, base_prof, seed, progress, t_start) -> CalibrationResult:

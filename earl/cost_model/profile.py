@@ -225,13 +225,16 @@ class HardwareProfile:
     # once (earl.calibrate.hostload.corun_slowdown); `earl validate --nproc N` stretches the
     # stages priced by one-process constants (rollout, experience) by it. 1: a device per rank
     corun_slowdown: float = 1.0
-    # the host's speed while `earl calibrate` fitted the host terms: CPU seconds per iteration of
-    # the host probe (earl/runtime/hostprobe.py), median of readings taken between its phases,
-    # alone (`host_probe_s`) and on every core at once (`host_probe_corun_s`, as a multi-process
-    # run's ranks read it); `earl validate` scales CPU predictions by a run's own reading over
-    # these (earl.calibrate.validate.host_speed). 0: not measured (GPU and datasheet profiles)
+    # the host's speed while `earl calibrate` fitted the constants: CPU seconds per iteration of
+    # the host probe (earl/runtime/hostprobe.py), the median of its readings between the
+    # one-process phases' cases (`host_probe_s`: rollout, experience, one-process training) and
+    # on the gloo ranks of phases fsdp (`host_probe_fsdp_s`: FSDP2 training, weight sync) and
+    # dispatch (`host_probe_dispatch_s`); `earl validate` scales each stage's CPU prediction by a
+    # run's own reading over its constants' (earl.calibrate.validate.host_speed). 0: not measured
+    # (GPU and datasheet profiles, phases not run)
     host_probe_s: float = 0.0
-    host_probe_corun_s: float = 0.0
+    host_probe_fsdp_s: float = 0.0
+    host_probe_dispatch_s: float = 0.0
     dispatch_path: DispatchPath = field(default_factory=DispatchPath)  # see DispatchPath
     # ---- overlap of training communication with compute: assumptions of the software stack,
     # named in every headline they move and varied by study s8
@@ -258,7 +261,7 @@ class HardwareProfile:
         if not 1 <= self.corun_slowdown < math.inf:
             raise ValueError(f"HardwareProfile.corun_slowdown must be a finite number >= 1, "
                              f"got {self.corun_slowdown!r}")
-        for n in ("host_probe_s", "host_probe_corun_s"):
+        for n in ("host_probe_s", "host_probe_fsdp_s", "host_probe_dispatch_s"):
             if not 0 <= getattr(self, n) < math.inf:
                 raise ValueError(f"HardwareProfile.{n} must be a finite number >= 0 (0: not measured), "
                                  f"got {getattr(self, n)!r}")
@@ -358,7 +361,8 @@ class HardwareProfile:
                 host_share=scalar("host_share", default=1.0),
                 corun_slowdown=scalar("corun_slowdown", default=1.0),
                 host_probe_s=scalar("host_probe_s", default=0.0),
-                host_probe_corun_s=scalar("host_probe_corun_s", default=0.0),
+                host_probe_fsdp_s=scalar("host_probe_fsdp_s", default=0.0),
+                host_probe_dispatch_s=scalar("host_probe_dispatch_s", default=0.0),
                 **{k: scalar(k) for k in HOST_COST_FIELDS},
             )
         except ValueError as e:

@@ -4,11 +4,13 @@ On a shared CPU host (a VM's vCPUs, other tenants, frequency scaling) the same w
 +-30% more or less from one second to the next (calibration logs: one loop's lone time
 0.107-0.194 s within three seconds). A profile's constants are fitted at the host's speed
 during `earl calibrate`; a run that meets a slower host is slower on every stage at once. The
-probe measures that speed the same way on both sides: `earl calibrate` times it between its
-phases (HardwareProfile.host_probe_s, alone; host_probe_corun_s, on every core at once) and a
-run with `host_probe` > 0 times it on every rank at each step's start (span "host_probe",
-stage "other", args `probe_s`: CPU seconds per iteration). `earl validate` scales its
-predictions by the run's median over the calibration's (earl.calibrate.validate.host_speed).
+probe measures that speed the same way on both sides: `earl calibrate` times it through the
+phases whose constants price a stage (HardwareProfile.host_probe_s: between the one-process
+cases; host_probe_fsdp_s and host_probe_dispatch_s: on the gloo ranks of those phases, between
+their timed repeats) and a run with `host_probe` > 0 times it on every rank at each step's start
+(span "host_probe", stage "other", args `probe_s`: CPU seconds per iteration). `earl validate`
+scales each stage's prediction by the run's median over its constants' reading
+(earl.calibrate.validate.host_speed).
 
 The loop: eager forwards of small Linear layers at batch 8 on one thread, as a tiny model's
 decode steps are on a CPU rank (per-op dispatch and cache-resident GEMMs); about 100 us per
@@ -46,9 +48,13 @@ class HostProbe:
                     h = torch.nn.functional.linear(h, w, b)
 
     def time(self, iters: int = STEP_ITERS) -> float:
-        """CPU seconds of this thread per iteration over `iters` iterations."""
+        """CPU seconds of this thread per iteration over `iters` iterations, after a quarter as
+        many untimed ones: cold, the loop reads what ran before it, not the host (after the
+        runtime's garbage collection 114 us an iteration, warm 85-89, back to back 88: medians
+        of 40 here)."""
         if iters < 1:
             raise ValueError(f"host probe iterations must be >= 1, got {iters}")
+        self.run(max(3, iters // 4))
         t0 = time.thread_time()
         self.run(iters)
         return (time.thread_time() - t0) / iters

@@ -69,10 +69,13 @@ def test_tiny_calibration_writes_a_loadable_stamped_profile(calibration, tmp_pat
     corun = loaded.fit_quality["corun"]
     assert len(corun["ratios"]) == (3 if corun["procs"] > 1 else 0)
     assert loaded.corun_slowdown == pytest.approx(corun["corun_slowdown"], abs=1e-4) and loaded.corun_slowdown >= 1
-    # the host probe read between the cases (one reading per case at least) and in the co-run pairs
-    probe = loaded.fit_quality["host_probe"]
-    assert probe["readings"] == len(probe["alone_s"]) >= 10
-    assert 0 < loaded.host_probe_s < 0.1 and (loaded.host_probe_corun_s > 0) == (corun["procs"] > 1)
+    # the host probe read between the one-process phases' cases, one reading per case
+    probe = loaded.fit_quality["host_probe"]["by_phase"]
+    assert set(probe) <= {"matmul", "attention", "memory", "overhead", "runtime"}
+    assert sum(map(len, probe.values())) >= 10
+    assert 0 < loaded.host_probe_s < 0.1
+    # ... and on the gloo ranks of phases fsdp and dispatch, between their timed repeats
+    assert 0 < loaded.host_probe_fsdp_s < 0.1 and 0 < loaded.host_probe_dispatch_s < 0.1
     assert loaded.intra.alpha_s > 0 and loaded.intra.bw_bytes_s > 0
     # the dispatch path fitted from gloo runs of the runtime's dispatch executor
     assert loaded.fit_quality["dispatch_path"]["n"] >= 6 and not loaded.dispatch_path.full_duplex
