@@ -37,8 +37,7 @@ def runs(folder: Path) -> list[tuple[str, int, dict, dict]]:
 
 def unscaled_err(variant: dict, stage: str) -> float:
     """The median per-step error of the prediction without the host-speed factor."""
-    k = variant.get("host_speed") or {}
-    k = k.get(stage, 1.0) if isinstance(k, dict) else k
+    k = variant.get("host_speed", 1.0)
     errs = sorted(abs(p[stage] / k - m[stage]) / m[stage]
                   for p, m in zip(variant["predicted"], variant["measured"], strict=True))
     n = len(errs)
@@ -65,8 +64,7 @@ def scorecard(folders: list[Path]) -> str:
                 total[(nproc, st)] += 1
                 bare[(nproc, st)] += unscaled_err(variant, st) <= BAR
                 cells.append(f"{st[:4]} {100 * e:5.1f}{'*' if e > BAR else ' '} ({100 * lvl:4.1f}, x{ratio:.2f})")
-            speed = (" | speed " + "/".join(f"{variant['host_speed'].get(st, 1.0):.2f}" for st in STAGES)
-                     if variant.get("host_probe_s") else "")
+            speed = f" | speed x{variant['host_speed']:.2f}" if variant.get("host_probe_s") else ""
             lines.append(f"{folder.name:>8s} {name:24s} " + " | ".join(cells) + speed)
     lines.append("")
     lines.append(f"median per-step error within {BAR:.0%}: {sum(within.values())} of {sum(total.values())} "

@@ -365,8 +365,9 @@ def calibrate_dispatch(profile: HardwareProfile, budget_s: float = 60.0) -> Hard
     quick = budget_s < QUICK_BUDGET_S
     pts = measure((2,), CASES[:3], repeats=3, trials=1) if quick else measure((2, 4), CASES, repeats=9, trials=3)
     path, quality = fit_dispatch_path(profile, pts, measure_host(), message_only=quick)
-    probe = median_probe(p.probe_s for p in pts)
-    return dataclasses.replace(profile, dispatch_path=path, host_probe_dispatch_s=round(probe or 0.0, 9),
+    quality["probe_s"] = {str(n): median_probe(p.probe_s for p in pts if p.procs == n)
+                          for n in sorted({p.procs for p in pts})}
+    return dataclasses.replace(profile, dispatch_path=path,
                                fit_quality={**profile.fit_quality, "dispatch_path": quality})
 
 

@@ -281,9 +281,9 @@ def calibrate_fsdp(profile: HardwareProfile, budget_s: float = 30.0) -> Hardware
     points = measure(procs=PROCS if full else PROCS[:1], cases=TRAIN_CASES if full else QUICK_CASES,
                      repeats=REPEATS if full else 2, sync_repeats=SYNC_REPEATS if full else 2)
     fields, quality = fit_fsdp_costs(profile, points)
-    probe = median_probe(p.probe_s for p in points)
-    return dataclasses.replace(profile, **fields, host_probe_fsdp_s=round(probe or 0.0, 9),
-                               fit_quality={**profile.fit_quality, "fsdp": quality})
+    quality["probe_s"] = {str(n): median_probe(p.probe_s for p in points if p.procs == n)
+                          for n in sorted({p.procs for p in points})}
+    return dataclasses.replace(profile, **fields, fit_quality={**profile.fit_quality, "fsdp": quality})
 
 
 if __name__ == "__main__":

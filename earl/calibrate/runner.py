@@ -165,10 +165,14 @@ def _calibrate(dev, dt, budget_s, phases, base_prof, seed, progress, t_start) ->
         return res
     prof = res.profile
     alone = median_probe(r for v in probing.readings.values() for r in v)
-    quality = {"by_phase": probing.readings, "fsdp_s": prof.host_probe_fsdp_s,
-               "dispatch_s": prof.host_probe_dispatch_s}
+    # per process count, the gloo phases' readings (each phase's median at that count)
+    gloo = [prof.fit_quality.get(ph, {}).get("probe_s", {}) for ph in ("fsdp", "dispatch_path")]
+    ranks = {n: median_probe(g.get(n) for g in gloo) for n in sorted({n for g in gloo for n in g}, key=int)}
+    quality = {"by_phase": probing.readings, "ranks_by_phase": dict(zip(("fsdp", "dispatch"), gloo, strict=True))}
     return dataclasses.replace(res, profile=dataclasses.replace(
-        prof, host_probe_s=round(alone or 0.0, 9), fit_quality={**prof.fit_quality, "host_probe": quality}))
+        prof, host_probe_s=round(alone or 0.0, 9),
+        host_probe_ranks_s={n: round(v, 9) for n, v in ranks.items() if v},
+        fit_quality={**prof.fit_quality, "host_probe": quality}))
 
 
 def _calibrate_phases(dev, dt, budget_s, phases, base_prof, seed, progress, t_start) -> CalibrationResult:

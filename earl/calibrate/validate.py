@@ -97,11 +97,10 @@ class VariantResult:
     compute_share: float = 1.0
     compute_stretch: float = 1.0  # host_stretch's counterpart for the rollout and log-prob work
     plan_mismatches: list[str] = field(default_factory=list)  # steps where sim and runtime plans differ
-    # stage -> the host's speed during the run over its speed while the calibration measured the
-    # stage's constants (`host_speed`): the run's median host-probe reading over the profile's;
-    # the stage's calibrated prediction is x this. Empty (1) where either side has no reading
-    # (GPU runs, older runs and profiles)
-    host_speed: dict = field(default_factory=dict)
+    # the host's speed during the run over its speed during the calibration (`host_speed`): the
+    # run's median host-probe reading over the profile's at its process count; every calibrated
+    # prediction is x this. 1 where either side has no reading (GPU runs, older runs and profiles)
+    host_speed: float = 1.0
     host_probe_s: float | None = None  # the run's median reading, CPU s per probe iteration
 
     def predicted_dedicated(self) -> list[dict]:
@@ -348,34 +347,31 @@ def _run_runtime(cfg, run_dir: Path, nproc: int) -> tuple[list[dict], float]:
     return rows, load.share()
 
 
-def host_speed(spans, steps: list[int], prof: HardwareProfile, nproc: int, device: str) -> tuple[dict, float | None]:
-    """(stage -> the host's speed factor, the run's reading): the median over every rank and
-    scored step of the run's host-probe readings (spans "host_probe", args `probe_s`: CPU
-    seconds per iteration of earl/runtime/hostprobe.py's loop) over the reading of the same loop
-    while `earl calibrate` measured the constants that price the stage (`probe_reference`). A
-    host that runs the loop 20% slower than then runs that stage's host work 20% slower too: the
-    factor scales the stage's calibrated prediction. ({}, reading) where the profile has no
-    reading, ({}, None) where the run has none or the device is not a CPU (a missing stage: 1)."""
+def host_speed(spans, steps: list[int], prof: HardwareProfile, nproc: int, device: str) -> tuple[float, float | None]:
+    """(the host's speed factor, the run's reading): the median over every rank and scored step
+    of the run's host-probe readings (spans "host_probe", args `probe_s`: CPU seconds per
+    iteration of earl/runtime/hostprobe.py's loop) over the calibration's reading of the same
+    loop at the same process count (`probe_reference`). A host that runs the loop 20% slower
+    than while the constants were measured runs the job's host work 20% slower too: the factor
+    scales every calibrated prediction. (1, reading) where the profile has no reading, (1, None)
+    where the run has none or the device is not a CPU."""
     wanted = set(steps)
     got = [float(s.args["probe_s"]) for s in spans
            if s.name == "host_probe" and s.step in wanted and s.args.get("probe_s")]
     if device != "cpu" or not got:
-        return {}, None
+        return 1.0, None
     run = float(np.median(got))
-    refs = {st: probe_reference(prof, st, nproc) for st in STAGES}
-    return {st: run / ref for st, ref in refs.items() if ref > 0}, run
+    ref = probe_reference(prof, nproc)
+    return (run / ref if ref > 0 else 1.0), run
 
 
-def probe_reference(prof: HardwareProfile, stage: str, nproc: int) -> float:
-    """The calibration's host-probe reading (CPU s per iteration; 0: none) for the constants
-    that price `stage` at `nproc` ranks: FSDP2 training and its weight sync by phase fsdp's
-    (train, reshard), the dispatch path by phase dispatch's, the rest (and every stage of one
-    process, priced by one-process constants) by the one-process phases' (`host_probe_s`)."""
-    if nproc > 1 and stage in ("train", "reshard") and prof.host_probe_fsdp_s:
-        return prof.host_probe_fsdp_s
-    if nproc > 1 and stage == "dispatch" and prof.host_probe_dispatch_s:
-        return prof.host_probe_dispatch_s
-    return prof.host_probe_s
+def probe_reference(prof: HardwareProfile, nproc: int) -> float:
+    """The calibration's host-probe reading (CPU s per iteration; 0: none) for a run of `nproc`
+    processes: one process, the one-process phases' (`host_probe_s`); N ranks, the gloo phases'
+    at N ranks (`host_probe_ranks_s`), whose ranks slow one another's loop as a run's do (on the
+    2-core VM, in one pass: runs of 4 ranks read 101-102 us, of 2 ranks 90), else `host_probe_s`."""
+    ranks = prof.host_probe_ranks_s.get(str(nproc), 0.0) if nproc > 1 else 0.0
+    return ranks or prof.host_probe_s
 
 
 def hostload_share(row: dict, threads: int, fallback: float) -> float:
@@ -473,7 +469,7 @@ def score_variant(cfg, name: str, overrides: dict, run_dir: Path, rows: list[dic
 
     pred, sim_cal, stretch, compute_stretch = predicted(prof)
     speed, probe_run = host_speed(spans, [r["step"] for r in rows[warmup_steps:]], prof, nproc, device)
-    pred = [{k: v * speed.get(k, 1.0) for k, v in r.items()} for r in pred]
+    pred = [{k: v * speed for k, v in r.items()} for r in pred]
     sheet_pred, _, _, _ = predicted(sheet)
     cm = CostModel(spec, local_cluster(prof, nproc), prof)
     one_core = device == "cpu" and cfg.threads == 1
@@ -637,7 +633,7 @@ def validation_table(res: ValidationResult, hardware: str, scored_steps: int):
 
     load = "" if res.device != "cpu" else ", " + "; ".join(
         f"core share {v.run_share:.2f} (computing {v.compute_share:.2f}), stretch x{v.host_stretch:.2f}"
-        + (f", host speed {speed_text(v.host_speed)}" if v.host_probe_s else "")
+        + (f", host speed x{v.host_speed:.2f}" if v.host_probe_s else "")
         for v in res.variants[:2])
     t = Table(title=f"earl validate ({res.device} x{res.nproc}, profile {hardware}, {len(res.variants)} variant(s), "
                     f"{scored_steps} scored step(s) each{load})")
@@ -657,17 +653,6 @@ def validation_table(res: ValidationResult, hardware: str, scored_steps: int):
                   f"{v.peak_mem_predicted / 2**30:.3f} GiB", f"{err:.1%}" if res.memory_comparable else "-",
                   "", "", "", "")
     return t
-
-
-def speed_text(speed: dict) -> str:
-    """`host_speed` in a few characters: "x1.21" where every stage has one factor, else per
-    distinct factor its stages ("x1.21 rollout/experience, x1.02 train/reshard, ...")."""
-    by: dict[float, list[str]] = {}
-    for st, k in speed.items():
-        by.setdefault(round(k, 2), []).append(st)
-    if len(by) <= 1:
-        return f"x{next(iter(by), 1.0):.2f}"
-    return ", ".join(f"x{k:.2f} {'/'.join(sts)}" for k, sts in by.items())
 
 
 def ranking_line(res: ValidationResult) -> str | None:

@@ -227,14 +227,14 @@ class HardwareProfile:
     corun_slowdown: float = 1.0
     # the host's speed while `earl calibrate` fitted the constants: CPU seconds per iteration of
     # the host probe (earl/runtime/hostprobe.py), the median of its readings between the
-    # one-process phases' cases (`host_probe_s`: rollout, experience, one-process training) and
-    # on the gloo ranks of phases fsdp (`host_probe_fsdp_s`: FSDP2 training, weight sync) and
-    # dispatch (`host_probe_dispatch_s`); `earl validate` scales each stage's CPU prediction by a
-    # run's own reading over its constants' (earl.calibrate.validate.host_speed). 0: not measured
-    # (GPU and datasheet profiles, phases not run)
+    # one-process phases' cases (`host_probe_s`; 0: not measured, as in GPU and datasheet
+    # profiles) and, per process count ("2", "4"), on the gloo ranks of phases fsdp and dispatch
+    # between their timed repeats (`host_probe_ranks_s`: N ranks read the loop slower than one
+    # process by their own contention, which a run of N ranks shares); `earl validate` scales a
+    # CPU run's predictions by its own reading over the one for its process count
+    # (earl.calibrate.validate.host_speed)
     host_probe_s: float = 0.0
-    host_probe_fsdp_s: float = 0.0
-    host_probe_dispatch_s: float = 0.0
+    host_probe_ranks_s: dict = field(default_factory=dict)
     dispatch_path: DispatchPath = field(default_factory=DispatchPath)  # see DispatchPath
     # ---- overlap of training communication with compute: assumptions of the software stack,
     # named in every headline they move and varied by study s8
@@ -261,10 +261,13 @@ class HardwareProfile:
         if not 1 <= self.corun_slowdown < math.inf:
             raise ValueError(f"HardwareProfile.corun_slowdown must be a finite number >= 1, "
                              f"got {self.corun_slowdown!r}")
-        for n in ("host_probe_s", "host_probe_fsdp_s", "host_probe_dispatch_s"):
-            if not 0 <= getattr(self, n) < math.inf:
-                raise ValueError(f"HardwareProfile.{n} must be a finite number >= 0 (0: not measured), "
-                                 f"got {getattr(self, n)!r}")
+        for n, v in (("host_probe_s", self.host_probe_s),
+                     *((f"host_probe_ranks_s[{k!r}]", v) for k, v in self.host_probe_ranks_s.items())):
+            if not (isinstance(v, (int, float)) and 0 <= v < math.inf):
+                raise ValueError(f"HardwareProfile.{n} must be a finite number >= 0 (0: not measured), got {v!r}")
+        if any(not str(k).isdigit() or int(k) < 2 for k in self.host_probe_ranks_s):
+            raise ValueError(f"HardwareProfile.host_probe_ranks_s: keys are process counts >= 2 (\"2\", \"4\"), "
+                             f"got {sorted(self.host_probe_ranks_s)}")
         if not (0 <= self.mem_reserve_frac < 1):
             raise ValueError(f"HardwareProfile.mem_reserve_frac must be in [0, 1), got {self.mem_reserve_frac!r}")
         if self.gemm_norm is not None and not 1 <= self.gemm_norm < math.inf:
@@ -361,8 +364,8 @@ class HardwareProfile:
                 host_share=scalar("host_share", default=1.0),
                 corun_slowdown=scalar("corun_slowdown", default=1.0),
                 host_probe_s=scalar("host_probe_s", default=0.0),
-                host_probe_fsdp_s=scalar("host_probe_fsdp_s", default=0.0),
-                host_probe_dispatch_s=scalar("host_probe_dispatch_s", default=0.0),
+                host_probe_ranks_s={str(k): convert(f"host_probe_ranks_s.{k}", v, float, where=source)
+                                    for k, v in mapping("host_probe_ranks_s").items()},
                 **{k: scalar(k) for k in HOST_COST_FIELDS},
             )
         except ValueError as e:

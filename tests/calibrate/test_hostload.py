@@ -9,7 +9,7 @@ import time
 import pytest
 
 from earl.calibrate import fsdpfit, hostload
-from earl.calibrate.validate import corun_stretch, dispatch_stretch, host_speed, host_stretch, speed_text
+from earl.calibrate.validate import corun_stretch, dispatch_stretch, host_speed, host_stretch
 from earl.cost_model.profile import DispatchPath, HardwareProfile, load_profile
 from earl.runtime.hostprobe import HostProbe, median_probe
 from earl.trace import Span
@@ -168,28 +168,27 @@ def test_host_probe_reads_the_host_and_validate_scales_by_run_over_calibration(t
     with pytest.raises(ValueError, match="iterations must be >= 1"):
         probe.time(0)
     assert median_probe([3e-4, 1e-4, 2e-4, 0.0]) == 2e-4 and median_probe([]) is None
-    # the profile keeps its readings (0 where written before them) and refuses a negative one
-    prof = dataclasses.replace(PROF, host_probe_s=1e-4, host_probe_fsdp_s=1.25e-4, host_probe_dispatch_s=2e-4)
+    # the profile keeps its readings (none where written before them) and refuses a bad one
+    prof = dataclasses.replace(PROF, host_probe_s=1e-4, host_probe_ranks_s={"2": 1.25e-4, "4": 2e-4})
     back = load_profile(str(prof.save(tmp_path / "p.json")))
-    assert (back.host_probe_s, back.host_probe_fsdp_s, back.host_probe_dispatch_s) == (1e-4, 1.25e-4, 2e-4)
+    assert (back.host_probe_s, back.host_probe_ranks_s) == (1e-4, {"2": 1.25e-4, "4": 2e-4})
     d = prof.to_dict()
-    del d["host_probe_s"], d["host_probe_fsdp_s"], d["host_probe_dispatch_s"]
-    assert HardwareProfile.from_dict(d).host_probe_s == 0.0
-    with pytest.raises(ValueError, match="host_probe_fsdp_s must be a finite number >= 0"):
-        dataclasses.replace(PROF, host_probe_fsdp_s=-1.0)
-    # validate: the scored steps' median reading (every rank) over the reading taken while the
-    # stage's constants were measured: FSDP2 train / weight sync and dispatch on their gloo ranks
+    del d["host_probe_s"], d["host_probe_ranks_s"]
+    old = HardwareProfile.from_dict(d)
+    assert (old.host_probe_s, old.host_probe_ranks_s) == (0.0, {})
+    with pytest.raises(ValueError, match=r"host_probe_ranks_s\['2'\] must be a finite number >= 0"):
+        dataclasses.replace(PROF, host_probe_ranks_s={"2": -1.0})
+    with pytest.raises(ValueError, match="keys are process counts >= 2"):
+        dataclasses.replace(PROF, host_probe_ranks_s={"one": 1e-4})
+    # validate: the scored steps' median reading (every rank) over the calibration's at the
+    # run's process count (the gloo phases' ranks), one process's for one process
     spans = [Span(name="host_probe", stage="other", rank=r, t_start=0, t_end=1, step=st, args={"probe_s": v})
              for st, r, v in ((0, 0, 9e-4), (1, 0, 1.2e-4), (1, 1, 1.5e-4), (2, 0, 1.5e-4), (2, 1, 1.6e-4))]
-    speed, run = host_speed(spans, [1, 2], prof, 2, "cpu")
-    assert run == 1.5e-4 and speed == pytest.approx({"rollout": 1.5, "experience": 1.5, "train": 1.2,
-                                                     "reshard": 1.2, "dispatch": 0.75})
-    one, _ = host_speed(spans, [1, 2], prof, 1, "cpu")  # one process: one-process constants throughout
-    assert list(one.values()) == pytest.approx([1.5] * 5)
-    assert speed_text(one) == "x1.50"
-    assert speed_text(speed) == "x1.50 rollout/experience, x0.75 dispatch, x1.20 train/reshard"
-    assert host_speed(spans, [1, 2], prof, 2, "cuda") == ({}, None)  # a GPU: no host term
-    assert host_speed([], [1, 2], prof, 2, "cpu") == ({}, None)  # a run that did not read it
-    assert host_speed(spans, [1, 2], PROF, 2, "cpu") == ({}, 1.5e-4)  # a profile that did not
-    only_one = dataclasses.replace(PROF, host_probe_s=1e-4)  # no gloo phases run: one reading for all
-    assert list(host_speed(spans, [1, 2], only_one, 4, "cpu")[0].values()) == pytest.approx([1.5] * 5)
+    assert host_speed(spans, [1, 2], prof, 2, "cpu") == (pytest.approx(1.2), 1.5e-4)
+    assert host_speed(spans, [1, 2], prof, 4, "cpu")[0] == pytest.approx(0.75)
+    assert host_speed(spans, [1, 2], prof, 1, "cpu")[0] == pytest.approx(1.5)
+    no_gloo = dataclasses.replace(PROF, host_probe_s=1e-4)  # phases fsdp and dispatch not run
+    assert host_speed(spans, [1, 2], no_gloo, 4, "cpu")[0] == pytest.approx(1.5)
+    assert host_speed(spans, [1, 2], prof, 2, "cuda") == (1.0, None)  # a GPU: no host term
+    assert host_speed([], [1, 2], prof, 2, "cpu") == (1.0, None)  # a run that did not read it
+    assert host_speed(spans, [1, 2], PROF, 2, "cpu") == (1.0, 1.5e-4)  # a profile that did not
