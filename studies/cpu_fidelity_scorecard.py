@@ -7,8 +7,9 @@
 - the summed ratio: predicted / measured seconds over the run's scored steps (the level itself).
 
 Then, per process count and stage, how many runs are within 25% on each of the first two. Runs
-that read the host probe (earl/runtime/hostprobe.py; validate scales their predictions by the
-host's speed over the calibration's) also show that factor, and the count is given without it.
+that read the host probe (earl/runtime/hostprobe.py) also show the host's speed over the
+calibration's (validate's `host_speed`), and the count is given the other way: with that factor
+where validate only recorded it, without it where validate applied it (runs of 2026-12-03).
 
     python studies/cpu_fidelity_scorecard.py /tmp/cf16 /tmp/cf17     # cpu_fidelity.sh prints it too
 """
@@ -35,10 +36,18 @@ def runs(folder: Path) -> list[tuple[str, int, dict, dict]]:
     return out
 
 
-def unscaled_err(variant: dict, stage: str) -> float:
-    """The median per-step error of the prediction without the host-speed factor."""
+def applied(variant: dict) -> bool:
+    """Whether validate multiplied the run's predictions by its host-speed factor (the runs of
+    2026-12-03 before the twelfth session's passes did; since then it is recorded only)."""
+    return bool(variant.get("host_probe_s")) and variant.get("host_speed_applied", True)
+
+
+def other_err(variant: dict, stage: str) -> float:
+    """The median per-step error of the prediction the other way: without the host-speed factor
+    where validate applied it, with it where validate only recorded it."""
     k = variant.get("host_speed", 1.0)
-    errs = sorted(abs(p[stage] / k - m[stage]) / m[stage]
+    k = 1.0 / k if applied(variant) else k
+    errs = sorted(abs(p[stage] * k - m[stage]) / m[stage]
                   for p, m in zip(variant["predicted"], variant["measured"], strict=True))
     n = len(errs)
     return errs[n // 2] if n % 2 else 0.5 * (errs[n // 2 - 1] + errs[n // 2])
@@ -46,7 +55,7 @@ def unscaled_err(variant: dict, stage: str) -> float:
 
 def scorecard(folders: list[Path]) -> str:
     lines, within, floor, total, bare = [], Counter(), Counter(), Counter(), Counter()
-    probed = 0
+    probed, scaled = 0, 0
     for folder in folders:
         got = runs(folder)
         if not got:
@@ -55,6 +64,7 @@ def scorecard(folders: list[Path]) -> str:
         for name, nproc, by, variant in got:
             cells = []
             probed += bool(variant.get("host_probe_s"))
+            scaled += applied(variant)
             for st in STAGES:
                 s = by[st]
                 e, lvl = s["median_err"], s.get("spread_err", float("nan"))
@@ -62,15 +72,18 @@ def scorecard(folders: list[Path]) -> str:
                 within[(nproc, st)] += e <= BAR
                 floor[(nproc, st)] += lvl <= BAR
                 total[(nproc, st)] += 1
-                bare[(nproc, st)] += unscaled_err(variant, st) <= BAR
+                bare[(nproc, st)] += other_err(variant, st) <= BAR
                 cells.append(f"{st[:4]} {100 * e:5.1f}{'*' if e > BAR else ' '} ({100 * lvl:4.1f}, x{ratio:.2f})")
-            speed = f" | speed x{variant['host_speed']:.2f}" if variant.get("host_probe_s") else ""
+            speed = (f" | speed x{variant['host_speed']:.2f}{'' if applied(variant) else ' (not applied)'}"
+                     if variant.get("host_probe_s") else "")
             lines.append(f"{folder.name:>8s} {name:24s} " + " | ".join(cells) + speed)
     lines.append("")
     lines.append(f"median per-step error within {BAR:.0%}: {sum(within.values())} of {sum(total.values())} "
                  f"stage-runs (level-fitted: {sum(floor.values())})")
-    if probed:
-        lines.append(f"  ({probed} runs read the host probe; without its factor: {sum(bare.values())} within)")
+    if probed:  # the other count: each run priced the other way (applied runs without, the rest with)
+        how = ("without its factor" if scaled == probed else "with its factor" if not scaled
+               else f"each the other way ({scaled} applied it)")
+        lines.append(f"  ({probed} runs read the host probe; {how}: {sum(bare.values())} within)")
     for key in sorted(total):
         lines.append(f"  nproc {key[0]} {key[1]:10s} {within[key]:3d} of {total[key]:<3d} "
                      f"(level-fitted {floor[key]})")

@@ -98,10 +98,13 @@ class VariantResult:
     compute_stretch: float = 1.0  # host_stretch's counterpart for the rollout and log-prob work
     plan_mismatches: list[str] = field(default_factory=list)  # steps where sim and runtime plans differ
     # the host's speed during the run over its speed during the calibration (`host_speed`): the
-    # run's median host-probe reading over the profile's at its process count; every calibrated
-    # prediction is x this. 1 where either side has no reading (GPU runs, older runs and profiles)
+    # run's median host-probe reading over the profile's at its process count, 1 where either
+    # side has no reading (GPU runs, older runs and profiles). Recorded, not applied: scaling the
+    # predictions by it did not beat leaving them (docs/fidelity.md, twelfth session); the
+    # scorecard counts both. Runs validated on 2026-12-03 before that have host_speed_applied.
     host_speed: float = 1.0
     host_probe_s: float | None = None  # the run's median reading, CPU s per probe iteration
+    host_speed_applied: bool = False
 
     def predicted_dedicated(self) -> list[dict]:
         """The prediction for dedicated devices (the stretch for a shared host taken out)."""
@@ -351,10 +354,13 @@ def host_speed(spans, steps: list[int], prof: HardwareProfile, nproc: int, devic
     """(the host's speed factor, the run's reading): the median over every rank and scored step
     of the run's host-probe readings (spans "host_probe", args `probe_s`: CPU seconds per
     iteration of earl/runtime/hostprobe.py's loop) over the calibration's reading of the same
-    loop at the same process count (`probe_reference`). A host that runs the loop 20% slower
-    than while the constants were measured runs the job's host work 20% slower too: the factor
-    scales every calibrated prediction. (1, reading) where the profile has no reading, (1, None)
-    where the run has none or the device is not a CPU."""
+    loop at the same process count (`probe_reference`). The hypothesis: a host that runs the
+    loop 20% slower than while the constants were measured runs the job's host work 20% slower
+    too. Across runs the reading does follow the level (log correlation 0.91-0.92 with train's
+    and experience's measured / predicted over 8 runs), but the calibration's reading did not
+    place its constants' level, so validate records the factor without applying it. (1,
+    reading) where the profile has no reading, (1, None) where the run has none or the device
+    is not a CPU."""
     wanted = set(steps)
     got = [float(s.args["probe_s"]) for s in spans
            if s.name == "host_probe" and s.step in wanted and s.args.get("probe_s")]
@@ -469,7 +475,6 @@ def score_variant(cfg, name: str, overrides: dict, run_dir: Path, rows: list[dic
 
     pred, sim_cal, stretch, compute_stretch = predicted(prof)
     speed, probe_run = host_speed(spans, [r["step"] for r in rows[warmup_steps:]], prof, nproc, device)
-    pred = [{k: v * speed for k, v in r.items()} for r in pred]
     sheet_pred, _, _, _ = predicted(sheet)
     cm = CostModel(spec, local_cluster(prof, nproc), prof)
     one_core = device == "cpu" and cfg.threads == 1
@@ -633,7 +638,7 @@ def validation_table(res: ValidationResult, hardware: str, scored_steps: int):
 
     load = "" if res.device != "cpu" else ", " + "; ".join(
         f"core share {v.run_share:.2f} (computing {v.compute_share:.2f}), stretch x{v.host_stretch:.2f}"
-        + (f", host speed x{v.host_speed:.2f}" if v.host_probe_s else "")
+        + (f", host probe x{v.host_speed:.2f} (not applied)" if v.host_probe_s and not v.host_speed_applied else "")
         for v in res.variants[:2])
     t = Table(title=f"earl validate ({res.device} x{res.nproc}, profile {hardware}, {len(res.variants)} variant(s), "
                     f"{scored_steps} scored step(s) each{load})")

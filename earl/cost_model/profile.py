@@ -230,8 +230,8 @@ class HardwareProfile:
     # one-process phases' cases (`host_probe_s`; 0: not measured, as in GPU and datasheet
     # profiles) and, per process count ("2", "4"), on the gloo ranks of phases fsdp and dispatch
     # between their timed repeats (`host_probe_ranks_s`: N ranks read the loop slower than one
-    # process by their own contention, which a run of N ranks shares); `earl validate` scales a
-    # CPU run's predictions by its own reading over the one for its process count
+    # process by their own contention, which a run of N ranks shares); `earl validate` records a
+    # CPU run's own reading over the one for its process count
     # (earl.calibrate.validate.host_speed)
     host_probe_s: float = 0.0
     host_probe_ranks_s: dict = field(default_factory=dict)

@@ -6,14 +6,16 @@ On a shared CPU host (a VM's vCPUs, other tenants, frequency scaling) the same w
 during `earl calibrate`; a run that meets a slower host is slower on every stage at once. The
 probe measures that speed the same way on both sides: `earl calibrate` times it through the
 phases whose constants price a stage (HardwareProfile.host_probe_s: between the one-process
-cases; host_probe_fsdp_s and host_probe_dispatch_s: on the gloo ranks of those phases, between
-their timed repeats) and a run with `host_probe` > 0 times it on every rank at each step's start
-(span "host_probe", stage "other", args `probe_s`: CPU seconds per iteration). `earl validate`
-scales each stage's prediction by the run's median over its constants' reading
-(earl.calibrate.validate.host_speed).
+cases; host_probe_ranks_s: on the gloo ranks of phases fsdp and dispatch, between their timed
+repeats) and a run with `host_probe` > 0 times it on every rank at each step's start (span
+"host_probe", stage "other", args `probe_s`: CPU seconds per iteration). `earl validate`
+records the run's median over the calibration's reading (earl.calibrate.validate.host_speed).
+On the 2-vCPU VM the readings are bimodal, ~50 or ~90-110 us, and across runs they follow the
+run's level; the calibration's own readings did not place its constants' level, so validate
+does not scale its predictions by them (docs/fidelity.md, twelfth session).
 
 The loop: eager forwards of small Linear layers at batch 8 on one thread, as a tiny model's
-decode steps are on a CPU rank (per-op dispatch and cache-resident GEMMs); about 100 us per
+decode steps are on a CPU rank (per-op dispatch and cache-resident GEMMs); 50-110 us per
 iteration on the 2-core EPYC VM this was built on. Its CPU seconds (the thread's, so a peer
 rank holding the core does not count) move with the host's speed, not with the job's load.
 """

@@ -70,6 +70,16 @@ def test_validation_runs_runtime_and_simulator(calibrated_profile, tmp_path):
     before = {p: p.stat().st_mtime_ns for p in (tmp_path / "v").rglob("*") if p.is_file()}
     same = rescore_validation(source=tmp_path / "v", profile=calibrated_profile, out_dir=tmp_path / "again")
     assert same.table == res.table and [v.predicted for v in same.variants] == [v.predicted for v in res.variants]
+    # the host probe: every scored step read it; validate records the run's speed over the
+    # calibration's and does not scale the predictions by it (docs/fidelity.md, twelfth session)
+    assert all(v.host_probe_s and not v.host_speed_applied for v in res.variants)
+    slow = json.loads(open(calibrated_profile).read())
+    assert slow["host_probe_s"] > 0
+    slow["host_probe_s"] *= 2
+    (tmp_path / "slow.json").write_text(json.dumps(slow))
+    halved = rescore_validation(source=tmp_path / "v", profile=str(tmp_path / "slow.json"), out_dir=tmp_path / "slow")
+    assert [v.predicted for v in halved.variants] == [v.predicted for v in res.variants]
+    assert [v.host_speed for v in halved.variants] == pytest.approx([v.host_speed / 2 for v in res.variants])
     other = rescore_validation(source=tmp_path / "v", profile="cpu", out_dir=tmp_path / "sheet")
     assert [v.measured for v in other.variants] == [v.measured for v in res.variants]
     assert [v.predicted for v in other.variants] != [v.predicted for v in res.variants]

@@ -1,5 +1,6 @@
-"""The CPU fidelity study's two readers of recorded validations, on the eleventh session's
-committed passes (docs/cpu/epyc-2026-12-03/): the scorecard and the host-speed check.
+"""The CPU fidelity study's readers of recorded validations: the scorecard and the host-speed
+check on the eleventh session's committed passes (docs/cpu/epyc-2026-12-03/), the scorecard and
+the host-probe check on the twelfth's (docs/cpu/epyc-2026-12-03b/).
 
     OMP_NUM_THREADS=1 python -m pytest -q tests/studies/test_cpu_fidelity_scripts.py
 """
@@ -42,3 +43,31 @@ def test_hostspeed_reads_each_run_and_scaling_by_it_never_loses_a_count_here():
     for n in (2, 4):
         corr = re.search(rf"nproc {n}: .*train (-?[\d.]+)", r.stdout)
         assert corr and float(corr[1]) > 0.5
+
+
+# the twelfth session's passes, whose runs read the host probe (cf23: validate applied its
+# factor; cf24-cf26: recorded only)
+PROBED = ROOT / "docs" / "cpu" / "epyc-2026-12-03b"
+
+
+def test_scorecard_of_probed_passes_counts_each_run_the_other_way_too():
+    passes = sorted(str(p) for p in PROBED.glob("cf*"))
+    r = study("studies/cpu_fidelity_scorecard.py", *passes)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == (PROBED / "scorecard-all.txt").read_text().strip()
+    assert "(16 runs read the host probe; each the other way (4 applied it):" in r.stdout
+    assert r.stdout.count("(not applied)") == 12
+
+
+def test_probe_study_agrees_with_the_scorecard_and_refuses_a_pass_without_readings():
+    recorded = [str(PROBED / f"cf{n}") for n in (24, 25, 26)]
+    card = study("studies/cpu_fidelity_scorecard.py", *recorded).stdout
+    r = study("studies/cpu_fidelity_probe.py", *recorded)
+    assert r.returncode == 0, r.stderr
+    got = {k.strip(): int(v) for k, v in re.findall(r"^(.+?)\s+(\d+) of 60 stage-runs", r.stdout, re.M)}
+    assert set(got) == {"as priced", "one-process ref", "N-rank ref", "stage's phase ref", "sqrt N-rank"}
+    # two readers of the same runs: validate's recorded factor is the N-rank rule
+    assert f"within 25%: {got['as priced']} of 60" in card
+    assert f"with its factor: {got['N-rank ref']} within" in card
+    bad = study("studies/cpu_fidelity_probe.py", str(DATA))  # the eleventh session's: no probe
+    assert bad.returncode == 2 and "did not read the host probe" in bad.stderr
