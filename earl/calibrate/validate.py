@@ -101,9 +101,12 @@ class VariantResult:
     # run's median host-probe reading over the profile's at its process count, 1 where either
     # side has no reading (GPU runs, older runs and profiles). Recorded, not applied: scaling the
     # predictions by it did not beat leaving them (docs/fidelity.md, twelfth session); the
-    # scorecard counts both. Runs validated on 2026-12-03 before that have host_speed_applied.
+    # scorecard counts both.
     host_speed: float = 1.0
     host_probe_s: float | None = None  # the run's median reading, CPU s per probe iteration
+    # never set here: it marks the report (validation.json) as one whose predictions are not x
+    # host_speed; reports of 2026-12-03 written before the twelfth session's passes lack it and
+    # were scaled (studies/cpu_fidelity_scorecard.py reads the mark)
     host_speed_applied: bool = False
 
     def predicted_dedicated(self) -> list[dict]:
@@ -356,9 +359,10 @@ def host_speed(spans, steps: list[int], prof: HardwareProfile, nproc: int, devic
     iteration of earl/runtime/hostprobe.py's loop) over the calibration's reading of the same
     loop at the same process count (`probe_reference`). The hypothesis: a host that runs the
     loop 20% slower than while the constants were measured runs the job's host work 20% slower
-    too. Across runs the reading does follow the level (log correlation 0.91-0.92 with train's
-    and experience's measured / predicted over 8 runs), but the calibration's reading did not
-    place its constants' level, so validate records the factor without applying it. (1,
+    too. Within a pass the reading does follow the level (over 16 runs its log correlates 0.91
+    with train's log measured / predicted, 0.54-0.69 with experience's, dispatch's and
+    reshard's), but the calibration's readings did not place its constants' level, so validate
+    records the factor without applying it. (1,
     reading) where the profile has no reading, (1, None) where the run has none or the device
     is not a CPU."""
     wanted = set(steps)
@@ -638,7 +642,7 @@ def validation_table(res: ValidationResult, hardware: str, scored_steps: int):
 
     load = "" if res.device != "cpu" else ", " + "; ".join(
         f"core share {v.run_share:.2f} (computing {v.compute_share:.2f}), stretch x{v.host_stretch:.2f}"
-        + (f", host probe x{v.host_speed:.2f} (not applied)" if v.host_probe_s and not v.host_speed_applied else "")
+        + (f", host probe x{v.host_speed:.2f} (not applied)" if v.host_probe_s else "")
         for v in res.variants[:2])
     t = Table(title=f"earl validate ({res.device} x{res.nproc}, profile {hardware}, {len(res.variants)} variant(s), "
                     f"{scored_steps} scored step(s) each{load})")
