@@ -48,6 +48,7 @@ class Measurement:
     reps: int  # timed calls
     iqr_frac: float  # interquartile range / median
     backend: str = ""  # attention: the SDPA backend that ran
+    rows: int = 0  # matmul: the GEMM's m (tokens; the fit's row penalty, gemm_rows_half)
 
     @property
     def size(self) -> float:
@@ -57,7 +58,7 @@ class Measurement:
     def to_dict(self) -> dict:
         return {"kind": self.kind, "label": self.label, "flops": self.flops, "bytes": self.bytes,
                 "time_s": self.time_s, "reps": self.reps, "iqr_frac": round(self.iqr_frac, 4),
-                "backend": self.backend}
+                "backend": self.backend, "rows": self.rows}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,7 +250,7 @@ def run_case(case: Case, *, device: torch.device, dtype: torch.dtype, gen: torch
     del inputs
     return Measurement(kind=case.kind, label=case.label, flops=case.flops, bytes=case.bytes,
                        time_s=timing.median_s, reps=timing.reps, iqr_frac=timing.iqr_frac,
-                       backend=backend)
+                       backend=backend, rows=case.dims[0] if case.kind == "matmul" else 0)
 
 
 def run_cases(cases: list[Case], *, device: torch.device, dtype: torch.dtype, budget_s: float,

@@ -84,11 +84,12 @@ def _rel_errors(x: np.ndarray, t: np.ndarray, floor: np.ndarray, fixed_s: float,
 
 
 def fit_affine(sizes: Sequence[float], times_s: Sequence[float], *, floor_s: Sequence[float] | None = None,
-               what: str = "curve", every: int = HOLDOUT_EVERY) -> AffineFit:
+               what: str = "curve", every: int = HOLDOUT_EVERY, order_by: Sequence[float] | None = None) -> AffineFit:
     """Fit t = max(fixed_s + x / rate, floor) (fixed_s >= 0, rate > 0) to measured
     (size, seconds) pairs. `floor_s` is a known lower bound per point (the memory-roofline
     time of a GEMM or attention call, so memory-bound points do not drag the compute curve);
-    None: no floor, a plain affine fit."""
+    None: no floor, a plain affine fit. `order_by`: the per-point key the held-out split goes
+    by (default the sizes)."""
     x_all = np.asarray(sizes, dtype=float)
     t_all = np.asarray(times_s, dtype=float)
     f_all = np.zeros_like(t_all) if floor_s is None else np.asarray(floor_s, dtype=float)
@@ -100,7 +101,7 @@ def fit_affine(sizes: Sequence[float], times_s: Sequence[float], *, floor_s: Seq
                          "(raise --budget-s)")
     if np.any(x_all <= 0) or np.any(t_all <= 0) or not np.all(np.isfinite(t_all)):
         raise ValueError(f"{what}: sizes and times must be positive and finite")
-    fit_idx, held_idx = split_holdout(list(x_all), every)
+    fit_idx, held_idx = split_holdout(list(x_all if order_by is None else order_by), every)
     x, t, fl = x_all[fit_idx], t_all[fit_idx], f_all[fit_idx]
     # Work in units where sizes and times are O(1), so the optimiser sees a well-scaled problem.
     xs, ts = float(np.median(x)), float(np.median(t))
@@ -135,6 +136,29 @@ def fit_affine(sizes: Sequence[float], times_s: Sequence[float], *, floor_s: Seq
                      heldout_max_err=float(np.max(held_err)),
                      fit_median_err=float(np.median(fit_err)),
                      size_min=float(np.min(x_all)), size_max=float(np.max(x_all)))
+
+
+# the row penalties `fit_gemm` tries (rows to reach the curve; 0: none)
+ROWS_HALF_GRID = (0.0, *(float(v) for v in np.geomspace(0.5, 128, 33)))
+
+
+def fit_gemm(flops: Sequence[float], rows: Sequence[float], times_s: Sequence[float], *,
+             floor_s: Sequence[float] | None = None, what: str = "matmul fit") -> tuple[AffineFit, float]:
+    """(fit, gemm_rows_half): GEMM times fitted as t = max(fixed_s + w / rate, floor) with w =
+    flops x (1 + rows_half / rows), the cost model's `gemm_work`. For each rows_half on a grid
+    (0 included) the affine fit in w is made on the same points (held out by FLOPs, as
+    `fit_affine` holds out), and the one with the smallest median error on its fitted points
+    wins; held-out points never choose it."""
+    f = np.asarray(flops, dtype=float)
+    r = np.asarray(rows, dtype=float)
+    if r.shape != f.shape or np.any(r <= 0):
+        raise ValueError(f"{what}: every GEMM needs its row count (> 0), got {r.size} for {f.size} points")
+    best: tuple[float, AffineFit, float] | None = None
+    for half in ROWS_HALF_GRID:
+        fit = fit_affine(f * (1.0 + half / r), times_s, floor_s=floor_s, what=what, order_by=f)
+        if best is None or fit.fit_median_err < best[0] - 1e-12:
+            best = (fit.fit_median_err, fit, half)
+    return best[1], best[2]
 
 
 def synthetic_times(curve: EfficiencyCurve, peak: float, sizes: Sequence[float], *,

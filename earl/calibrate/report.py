@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from rich.table import Table
 
+from earl.cost_model.compute import gemm_work
 from earl.cost_model.profile import HardwareProfile
 from earl.trace import atomic_write_text
 
@@ -33,7 +34,8 @@ def roofline_s(prof: HardwareProfile, m: Measurement) -> float:
     t_m = m.bytes / (hw.hbm_bw_bytes_s * prof.memory(m.bytes)) if m.bytes > 0 else 0.0
     curve = {"attention": prof.attention, "attention_decode": prof.attention_decode or prof.attention,
              }.get(m.kind, prof.matmul)
-    t_c = m.flops / (hw.peak_flops * curve(m.flops)) if m.flops > 0 and m.kind != "memory" else 0.0
+    work = gemm_work(m.flops, m.rows, prof) if m.kind == "matmul" else m.flops
+    t_c = work / (hw.peak_flops * curve(work)) if m.flops > 0 and m.kind != "memory" else 0.0
     bare = prof.fit_quality.get("op_overhead", {}).get("bare_op_s", prof.op_overhead_s)
     return max(t_c, t_m) + bare
 
@@ -71,7 +73,8 @@ def quality_table(res: CalibrationResult) -> Table:
             f, c = res.fits[kind], curves[kind]
             unit, scale = UNITS[kind]
             t.add_row(kind, f"{f.n_fit}/{f.n_held}",
-                      f"peak_frac {c.peak_frac:.3f}, half_size {c.half_size:.3g}",
+                      f"peak_frac {c.peak_frac:.3f}, half_size {c.half_size:.3g}"
+                      + (f", rows_half {prof.gemm_rows_half:.1f}" if kind == "matmul" and prof.gemm_rows_half else ""),
                       f"{f.rate / scale:.1f} {unit}", _pct(f.heldout_median_err),
                       _pct(f.heldout_max_err), _pct(chk.get("median_err")))
         elif chk:

@@ -25,7 +25,7 @@ from rich.progress import Progress as RichBars
 
 from earl.calibrate import bench, dispatchfit, fsdpfit, hostcost, hostload, overhead
 from earl.calibrate.collectives import CPU_SIZES, CUDA_SIZES, CollectiveResult, run_collectives
-from earl.calibrate.fit import AffineFit, fit_affine
+from earl.calibrate.fit import AffineFit, fit_affine, fit_gemm
 from earl.calibrate.host import current_stamp
 from earl.calibrate.linkfit import LinkFit, fit_link
 from earl.calibrate.report import roofline_checks, write_measurements
@@ -97,16 +97,20 @@ def parse_phases(text: str) -> tuple[str, ...]:
 
 
 def _fit_kind(ms: list[bench.Measurement], kind: str, overhead_s: float,
-              memory_s=None) -> AffineFit | None:
-    """Fit one kind's points, less the operator overhead the cost model adds itself, under
-    the memory roofline `memory_s(bytes)` (None: no floor). None when nothing was measured."""
+              memory_s=None) -> tuple[AffineFit | None, float]:
+    """(fit, gemm_rows_half) of one kind's points, less the operator overhead the cost model
+    adds itself, under the memory roofline `memory_s(bytes)` (None: no floor); GEMMs that carry
+    their row counts get the row penalty fitted too (`fit_gemm`), others 0. (None, 0) when
+    nothing was measured."""
     pts = [m for m in ms if m.kind == kind]
     if not pts:
-        return None
+        return None, 0.0
     times = [max(m.time_s - overhead_s, 0.1 * m.time_s) for m in pts]
     floor = [memory_s(m.bytes) for m in pts] if memory_s else None
+    if kind == "matmul" and memory_s and all(m.rows > 0 for m in pts):
+        return fit_gemm([m.flops for m in pts], [m.rows for m in pts], times, floor_s=floor)
     return fit_affine([m.flops if memory_s else m.size for m in pts], times, floor_s=floor,
-                      what=f"{kind} fit")
+                      what=f"{kind} fit"), 0.0
 
 
 def run_calibration(*, device: str = "cpu", budget_s: float = 90.0, phases: tuple[str, ...] = PHASES,
@@ -319,7 +323,7 @@ def _build_profile(dev, dt, base_prof: HardwareProfile, overhead_s: float,
     hw = base_prof.hardware
     fits: dict[str, AffineFit] = {}
     # 1. memory first: it is the floor under every compute fit
-    mem_fit = _fit_kind(ms, "memory", overhead_s)
+    mem_fit, _ = _fit_kind(ms, "memory", overhead_s)
     mem_curve = base_prof.memory
     if mem_fit:
         fits["memory"] = mem_fit
@@ -331,10 +335,12 @@ def _build_profile(dev, dt, base_prof: HardwareProfile, overhead_s: float,
         return nbytes / (hw.hbm_bw_bytes_s * mem_curve(nbytes)) if nbytes > 0 else 0.0
 
     # 2. compute curves under that floor (decode attention gets its own curve)
+    rows_half = 0.0  # no GEMMs measured (or no row counts): the base's law, as before
     for kind in ("matmul", "attention", "attention_decode"):
-        f = _fit_kind(ms, kind, overhead_s, memory_s)
+        f, half = _fit_kind(ms, kind, overhead_s, memory_s)
         if f:
             fits[kind] = f
+            rows_half = half if kind == "matmul" else rows_half
     # only the compute-bound kinds identify the peak: decode attention is memory-bound, and its
     # time barely moves with FLOPs, so its fitted rate can run off to absurd values (seen on an
     # H200: 3.5e19 FLOP/s); a rate beyond 1.5x the peak is capped at the peak below
@@ -365,6 +371,8 @@ def _build_profile(dev, dt, base_prof: HardwareProfile, overhead_s: float,
     if dev.type == "cpu" and hasattr(os, "getloadavg"):  # how shared the machine was
         stamp["load_avg_1m"] = round(os.getloadavg()[0], 2)
     quality = {k: f.quality() for k, f in fits.items()}
+    if "matmul" in quality:
+        quality["matmul"]["rows_half"] = rows_half
     if link:
         quality["links"] = link.quality()
 
@@ -385,6 +393,7 @@ def _build_profile(dev, dt, base_prof: HardwareProfile, overhead_s: float,
         collective_links=link.collective_links if link else dict(base_prof.collective_links),
         op_overhead_s=overhead_s,
         gemm_norm=None,
+        gemm_rows_half=rows_half if "matmul" in fits else base_prof.gemm_rows_half,
         stamp=stamp,
         fit_quality={**base_prof.fit_quality, **quality},
     )

@@ -52,12 +52,19 @@ def _op_time(flops: float, nbytes: float, prof: HardwareProfile, curve, norm: fl
     return (t_c ** norm + t_m ** norm) ** (1.0 / norm)
 
 
+def gemm_work(flops: float, rows: float, prof: HardwareProfile) -> float:
+    """The FLOPs a GEMM of `rows` rows is priced as on the `matmul` curve: its own, x (1 +
+    gemm_rows_half / rows) when the profile has a row penalty (a CPU BLAS's per-call packing)."""
+    half = prof.gemm_rows_half
+    return flops * (1.0 + half / rows) if half > 0 and rows > 0 else flops
+
+
 def gemm_time_s(m: float, k: float, n: float, prof: HardwareProfile, dtype_bytes: int = 2) -> float:
-    """Time of one (m x k) @ (k x n) GEMM: its compute and memory times combined by the
-    profile's `gemm_norm` (max when it has none)."""
+    """Time of one (m x k) @ (k x n) GEMM: its compute time (priced as `gemm_work` FLOPs) and
+    memory time combined by the profile's `gemm_norm` (max when it has none)."""
     flops = 2.0 * m * k * n
     nbytes = (m * k + k * n + m * n) * dtype_bytes
-    return _op_time(flops, nbytes, prof, prof.matmul, prof.gemm_norm)
+    return _op_time(gemm_work(flops, m, prof), nbytes, prof, prof.matmul, prof.gemm_norm)
 
 
 def forward_pass(model: ModelSpec, prof: HardwareProfile, *, tp: int, layers: int, tokens: float,

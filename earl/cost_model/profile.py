@@ -244,6 +244,13 @@ class HardwareProfile:
     # measured GEMMs near the ridge (128-1,024 tokens per shard) take up to ~1.4x that max, fitted
     # p ~1.4-1.5 on the datasheet GPU profiles (see GEMM_FITS)
     gemm_norm: float | None = None
+    # rows a GEMM needs to reach its curve's efficiency: an (m x k) @ (k x n) call is priced as
+    # 2mkn (1 + gemm_rows_half / m) FLOPs on the `matmul` curve. A CPU BLAS packs the k x n
+    # operand on every call, and a few rows do not amortise that: at 16 rows qwen2-27m's GEMMs
+    # reach ~30-47 GFLOP/s on the 2-core EPYC VM where 256 rows reach ~60-75 (fitted ~8-12 rows
+    # there; docs/fidelity.md, thirteenth session). 0: efficiency depends on FLOPs alone (the
+    # datasheet GPU profiles, whose small-batch penalty is `gemm_norm`'s)
+    gemm_rows_half: float = 0.0
     dp_grad_overlap: bool = True  # data-parallel gradient reduction bucketed and overlapped with backward
     grad_bucket_bytes: float = 80e6  # gradient bytes per bucket (Megatron DDP: 40M params in bf16)
 
@@ -270,6 +277,9 @@ class HardwareProfile:
                              f"got {sorted(self.host_probe_ranks_s)}")
         if not (0 <= self.mem_reserve_frac < 1):
             raise ValueError(f"HardwareProfile.mem_reserve_frac must be in [0, 1), got {self.mem_reserve_frac!r}")
+        if not (isinstance(self.gemm_rows_half, (int, float)) and 0 <= self.gemm_rows_half < math.inf):
+            raise ValueError(f"HardwareProfile.gemm_rows_half must be a finite number >= 0 (0: off), "
+                             f"got {self.gemm_rows_half!r}")
         if self.gemm_norm is not None and not 1 <= self.gemm_norm < math.inf:
             raise ValueError(f"HardwareProfile.gemm_norm must be a number >= 1 (or null: max), got {self.gemm_norm!r}")
         unknown = set(self.collective_links) - set(COLLECTIVES)
@@ -361,6 +371,7 @@ class HardwareProfile:
                 dp_grad_overlap=bool(d.get("dp_grad_overlap", True)),
                 grad_bucket_bytes=scalar("grad_bucket_bytes", default=80e6),
                 gemm_norm=None if d.get("gemm_norm") is None else scalar("gemm_norm"),
+                gemm_rows_half=scalar("gemm_rows_half", default=0.0),
                 host_share=scalar("host_share", default=1.0),
                 corun_slowdown=scalar("corun_slowdown", default=1.0),
                 host_probe_s=scalar("host_probe_s", default=0.0),

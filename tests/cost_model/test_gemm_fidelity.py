@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from earl.cost_model.compute import gemm_time_s
+from earl.cost_model.compute import gemm_time_s, gemm_work
 from earl.cost_model.profile import HardwareProfile, load_profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "studies"))
@@ -60,6 +60,27 @@ def test_gemm_norm_round_trips_and_is_checked(tmp_path):
         HardwareProfile.from_dict(d)
     d["gemm_norm"] = None
     assert HardwareProfile.from_dict(d).gemm_norm is None
+
+
+def test_gemm_row_penalty_prices_few_rows_as_more_work(tmp_path):
+    """`gemm_rows_half` h: a GEMM of m rows is priced as 2mkn (1 + h / m) FLOPs (a CPU BLAS's
+    per-call packing); 0 leaves every datasheet GPU profile as it was."""
+    cpu = load_profile("cpu")
+    assert cpu.gemm_rows_half == 0 and load_profile("h100-sxm-80gb").gemm_rows_half == 0
+    pen = dataclasses.replace(cpu, gemm_rows_half=8.0, hardware=dataclasses.replace(cpu.hardware, hbm_bw_bytes_s=1e15))
+    flat = dataclasses.replace(pen, gemm_rows_half=0.0)
+    assert gemm_work(1e9, 8, pen) == pytest.approx(2e9) and gemm_work(1e9, 8, flat) == 1e9
+    few = gemm_time_s(8, 512, 1408, pen, 4) / gemm_time_s(8, 512, 1408, flat, 4)
+    many = gemm_time_s(4096, 512, 1408, pen, 4) / gemm_time_s(4096, 512, 1408, flat, 4)
+    assert few > 1.8 and 1.0 < many < 1.01
+    back = HardwareProfile.from_dict(pen.to_dict())
+    assert back.gemm_rows_half == 8.0
+    d = pen.to_dict()
+    del d["gemm_rows_half"]  # a profile written before the field: no penalty
+    assert HardwareProfile.from_dict(d).gemm_rows_half == 0.0
+    d["gemm_rows_half"] = -1
+    with pytest.raises(ValueError, match="gemm_rows_half must be a finite number >= 0"):
+        HardwareProfile.from_dict(d, source="p.json")
 
 
 def test_switched_allreduce_pays_two_latencies_not_a_ring():

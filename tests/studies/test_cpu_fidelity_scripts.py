@@ -71,3 +71,24 @@ def test_probe_study_agrees_with_the_scorecard_and_refuses_a_pass_without_readin
     assert f"with its factor: {got['N-rank ref']} within" in card
     bad = study("studies/cpu_fidelity_probe.py", str(DATA))  # the eleventh session's: no probe
     assert bad.returncode == 2 and "did not read the host probe" in bad.stderr
+
+
+def test_heldout_forward_study_prices_each_profile_and_its_rows_zero_twin(tmp_path):
+    """studies/cpu_heldout_forward.py times real eager forwards (here the tiny model, to be
+    quick) and prices each with every profile given, a profile with a row penalty also without
+    it; each section ends with its median error and count within 25%."""
+    import dataclasses
+
+    from earl.cost_model.profile import load_profile
+
+    pen = dataclasses.replace(load_profile("cpu"), gemm_rows_half=8.0).save(tmp_path / "pen.json")
+    r = study("studies/cpu_heldout_forward.py", "cpu", str(pen), "--model", "tiny")
+    assert r.returncode == 0, r.stderr
+    sections = re.findall(r"^(\S.*):\n((?:  .*\n?)+)", r.stdout.split("\n", 1)[1], flags=re.M)
+    assert [s[0] for s in sections] == ["cpu", str(pen), f"{pen} (rows 0)"]
+    for _, body in sections:
+        ratios = [float(x) for x in re.findall(r"predicted/measured x([\d.]+)", body)]
+        assert len(ratios) == 7 and all(x > 0 for x in ratios)
+        assert re.search(r"within 25%: \d of 7", body)
+    bad = study("studies/cpu_heldout_forward.py", "cpu", "--model", "nope")
+    assert bad.returncode == 2 and "invalid choice: 'nope'" in bad.stderr
