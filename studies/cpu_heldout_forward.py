@@ -81,7 +81,8 @@ def report(points: list[dict], profiles: dict[str, object]) -> str:
             r = priced(pt, prof)
             ratios.append(r["ratio"])
             parts = " ".join(f"{p.split('_')[0][:4]} {r[p]:.2f}" for p in PARTS)
-            lines.append(f"  {pt['label']:24s} {pt['time_s'] * 1e3:8.2f} ms  predicted/measured x{r['ratio']:.2f}  ({parts})")
+            lines.append(f"  {pt['label']:24s} {pt['time_s'] * 1e3:8.2f} ms  "
+                         f"predicted/measured x{r['ratio']:.2f}  ({parts})")
         errs = [abs(x - 1) for x in ratios]
         lines.append(f"  median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%}; within 25%: "
                      f"{sum(e <= 0.25 for e in errs)} of {len(errs)}")
