@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import curve_fit
+from scipy.optimize import curve_fit, minimize_scalar
 
 from earl.cost_model.profile import EfficiencyCurve, LinkParams
 
@@ -153,12 +153,19 @@ def fit_gemm(flops: Sequence[float], rows: Sequence[float], times_s: Sequence[fl
     r = np.asarray(rows, dtype=float)
     if r.shape != f.shape or np.any(r <= 0):
         raise ValueError(f"{what}: every GEMM needs its row count (> 0), got {r.size} for {f.size} points")
-    best: tuple[float, AffineFit, float] | None = None
-    for half in ROWS_HALF_GRID:
-        fit = fit_affine(f * (1.0 + half / r), times_s, floor_s=floor_s, what=what, order_by=f)
-        if best is None or fit.fit_median_err < best[0] - 1e-12:
-            best = (fit.fit_median_err, fit, half)
-    return best[1], best[2]
+    def at(half: float) -> AffineFit:
+        return fit_affine(f * (1.0 + half / r), times_s, floor_s=floor_s, what=what, order_by=f)
+
+    errs = [at(h).fit_median_err for h in ROWS_HALF_GRID]
+    i = int(np.argmin(errs))
+    half = ROWS_HALF_GRID[i]
+    if 0 < i < len(ROWS_HALF_GRID) - 1:  # refine between the grid neighbours (in log rows)
+        lo, hi = math.log(max(ROWS_HALF_GRID[i - 1], ROWS_HALF_GRID[1] / 2)), math.log(ROWS_HALF_GRID[i + 1])
+        got = minimize_scalar(lambda x: at(math.exp(x)).fit_median_err, bounds=(lo, hi), method="bounded",
+                              options={"xatol": 0.01})
+        if got.fun < errs[i]:
+            half = math.exp(float(got.x))
+    return at(half), half
 
 
 def synthetic_times(curve: EfficiencyCurve, peak: float, sizes: Sequence[float], *,

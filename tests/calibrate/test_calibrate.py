@@ -43,6 +43,9 @@ def test_tiny_calibration_writes_a_loadable_stamped_profile(calibration, tmp_pat
         assert q["n_held"] >= 1 and q["n_fit"] >= 3 and q["heldout_median_err"] >= 0
     assert loaded.hardware.peak_flops == pytest.approx(res.fits["matmul"].rate)
     assert loaded.matmul.peak_frac == pytest.approx(1.0)
+    # the GEMMs carry their rows, so the row penalty is fitted with the curve (0 is a choice too)
+    assert all(m.rows > 0 for m in res.measurements if m.kind == "matmul")
+    assert loaded.gemm_rows_half == loaded.fit_quality["matmul"]["rows_half"] >= 0
     assert loaded.hardware.hbm_bw_bytes_s == pytest.approx(res.fits["memory"].rate)
     assert loaded.attention_decode is not None
     # a counted operator of a real eager forward costs at least a bare operator (the fit's

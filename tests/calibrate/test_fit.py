@@ -99,10 +99,10 @@ def test_gemm_row_penalty_is_recovered(rows_half):
     CPU calibrations' 43-63 GFLOP/s against 60-75 measured at 256 rows, docs/fidelity.md)."""
     flops, rows, times = _gemm_points(rows_half)
     fit, half = fit_gemm(flops, rows, times)
-    assert half == pytest.approx(rows_half, rel=0.12, abs=0.3)
+    assert half == pytest.approx(rows_half, rel=0.05, abs=0.3)
     assert fit.rate == pytest.approx(6e10, rel=0.05) and fit.heldout_median_err < 0.02
     if rows_half:
-        assert fit_affine(flops, times).heldout_median_err > 5 * fit.heldout_median_err + 0.02
+        assert fit_affine(flops, times).heldout_median_err > 3 * fit.heldout_median_err + 0.02
 
 
 def test_gemm_row_penalty_within_noise_and_checked():
