@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -24,11 +25,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from earl.calibrate.overhead import _build  # noqa: E402
-from earl.calibrate.timing import time_calls  # noqa: E402
-from earl.cost_model.compute import causal_pairs, forward_pass  # noqa: E402
+from earl.calibrate.overhead import ForwardPoint, measure_forward_points  # noqa: E402
+from earl.cost_model.compute import forward_pass  # noqa: E402
 from earl.cost_model.profile import load_profile  # noqa: E402
-from earl.runtime.hf_model import cache_kwarg  # noqa: E402
 from earl.specs import MODEL_CATALOG  # noqa: E402
 
 # (batch, prompt tokens) of the prefills, (batch, cached prefix) of the decode steps: the
@@ -38,41 +37,22 @@ DECODE = ((1, 16), (4, 32), (16, 64))
 PARTS = ("linear_s", "elementwise_s", "overhead_s", "lm_head_s", "attention_s")
 
 
-def measure(model_name: str, prefill=PREFILL, decode=DECODE, max_s: float = 0.6) -> list[dict]:
-    """Each forward's label, measured median seconds and how to price it (forward_pass kwargs)."""
-    dev = torch.device("cpu")
-    spec, model = _build(model_name, dev, torch.float32)
-    spec = dataclasses.replace(spec, dtype="fp32")
-    gen = torch.Generator().manual_seed(0)
-    kw = cache_kwarg(model)
-    vocab = min(spec.vocab_size, 64)
-    out = []
-    for kind, cases in (("prefill", prefill), ("decode", decode)):
-        for b, n in cases:
-            ids = torch.randint(1, vocab, (b, n), generator=gen)
-            with torch.inference_mode():
-                if kind == "prefill":
-                    fn, inputs = (lambda x: model(input_ids=x, use_cache=False)), [(ids,)]
-                    price = dict(tokens=b * n, attn_pairs=b * causal_pairs(n, 0), kv_tokens=b * n, lm_tokens=b * n)
-                else:
-                    cache = model(input_ids=ids, use_cache=True).past_key_values
-                    inputs = [(torch.randint(1, vocab, (b, 1), generator=gen),)]
-                    fn = lambda x, c=cache: model(input_ids=x, use_cache=True, **{kw: c})  # noqa: E731
-                    price = dict(tokens=b, attn_pairs=b * (n + 1), kv_tokens=b * (n + 1), lm_tokens=b, decode=True)
-                t = time_calls(fn, inputs, device=dev, max_s=max_s, max_reps=15).median_s
-            out.append({"label": f"{kind} b={b} {'T' if kind == 'prefill' else 'prefix'}={n}", "time_s": t,
-                        "price": price, "spec": spec})
-    return out
+def measure(model_name: str, prefill=PREFILL, decode=DECODE) -> list[ForwardPoint]:
+    """Each forward timed as `earl calibrate` times its own (earl.calibrate.overhead), with the
+    `forward_pass` arguments that price it."""
+    return measure_forward_points(device=torch.device("cpu"), dtype=torch.float32, prof=load_profile("cpu"),
+                                  budget_s=math.inf, cases={"models": (model_name,), "prefill": prefill,
+                                                            "decode": decode})
 
 
-def priced(point: dict, prof) -> dict:
-    """The cost model's forward on `prof`: total and each part, as shares of the measured time."""
-    c = forward_pass(point["spec"], prof, tp=1, layers=point["spec"].num_layers, **point["price"])
-    t = point["time_s"]
-    return {"ratio": c.total_s / t, **{p: getattr(c, p) / t for p in PARTS}}
+def priced(point: ForwardPoint, prof) -> dict:
+    """The cost model's forward on `prof`: total and each part, as shares of the measured time
+    (decode steps' attention on the profile's decode curve, as the rollout prices it)."""
+    c = forward_pass(point.spec, prof, tp=1, layers=point.spec.num_layers, decode=point.decode, **point.price)
+    return {"ratio": c.total_s / point.time_s, **{p: getattr(c, p) / point.time_s for p in PARTS}}
 
 
-def report(points: list[dict], profiles: dict[str, object]) -> str:
+def report(points: list[ForwardPoint], profiles: dict[str, object]) -> str:
     lines = []
     for name, prof in profiles.items():
         ratios = []
@@ -81,7 +61,7 @@ def report(points: list[dict], profiles: dict[str, object]) -> str:
             r = priced(pt, prof)
             ratios.append(r["ratio"])
             parts = " ".join(f"{p.split('_')[0][:4]} {r[p]:.2f}" for p in PARTS)
-            lines.append(f"  {pt['label']:24s} {pt['time_s'] * 1e3:8.2f} ms  "
+            lines.append(f"  {pt.label:34s} {pt.time_s * 1e3:8.2f} ms  "
                          f"predicted/measured x{r['ratio']:.2f}  ({parts})")
         errs = [abs(x - 1) for x in ratios]
         lines.append(f"  median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%}; within 25%: "

@@ -153,19 +153,20 @@ def fit_gemm(flops: Sequence[float], rows: Sequence[float], times_s: Sequence[fl
     r = np.asarray(rows, dtype=float)
     if r.shape != f.shape or np.any(r <= 0):
         raise ValueError(f"{what}: every GEMM needs its row count (> 0), got {r.size} for {f.size} points")
-    def at(half: float) -> AffineFit:
-        return fit_affine(f * (1.0 + half / r), times_s, floor_s=floor_s, what=what, order_by=f)
+    best: list[tuple[AffineFit, float]] = []  # the best (fit, rows_half) seen so far
 
-    errs = [at(h).fit_median_err for h in ROWS_HALF_GRID]
+    def err_at(half: float) -> float:
+        fit = fit_affine(f * (1.0 + half / r), times_s, floor_s=floor_s, what=what, order_by=f)
+        if not best or fit.fit_median_err < best[0][0].fit_median_err:
+            best[:] = [(fit, half)]
+        return fit.fit_median_err
+
+    errs = [err_at(h) for h in ROWS_HALF_GRID]
     i = int(np.argmin(errs))
-    half = ROWS_HALF_GRID[i]
     if 0 < i < len(ROWS_HALF_GRID) - 1:  # refine between the grid neighbours (in log rows)
         lo, hi = math.log(max(ROWS_HALF_GRID[i - 1], ROWS_HALF_GRID[1] / 2)), math.log(ROWS_HALF_GRID[i + 1])
-        got = minimize_scalar(lambda x: at(math.exp(x)).fit_median_err, bounds=(lo, hi), method="bounded",
-                              options={"xatol": 0.01})
-        if got.fun < errs[i]:
-            half = math.exp(float(got.x))
-    return at(half), half
+        minimize_scalar(lambda x: err_at(math.exp(x)), bounds=(lo, hi), method="bounded", options={"xatol": 0.01})
+    return best[0]
 
 
 def synthetic_times(curve: EfficiencyCurve, peak: float, sizes: Sequence[float], *,

@@ -35,7 +35,7 @@ from earl.cost_model.profile import EfficiencyCurve, HardwareProfile, load_profi
 from earl.runtime.engine import SamplingParams, TorchEngine
 from earl.runtime.hf_model import cache_kwarg, hf_config_from_spec
 from earl.runtime.tokenizer import CharTokenizer
-from earl.specs import MODEL_CATALOG, ClusterSpec
+from earl.specs import MODEL_CATALOG, ClusterSpec, ModelSpec
 
 CPU_CASES = {"models": ("tiny", "tiny-wide"),
              # (batch, tokens); the extremes first: a budget-cut run still fits on a spread of sizes
@@ -55,6 +55,9 @@ class ForwardPoint:
     explained_s: float  # cost-model time with op_overhead_s = 0
     ops: int  # operators the cost model counts for this pass
     elementwise_s: float = 0.0  # of explained_s: the elementwise ops on the copy curve
+    spec: ModelSpec | None = None  # the model timed, and `forward_pass`'s arguments for it
+    price: dict = dataclasses.field(default_factory=dict)
+    decode: bool = False  # a decode step (explained_s prices its attention on the prefill curve)
 
     @property
     def per_op_s(self) -> float:
@@ -105,10 +108,11 @@ def _build(name: str, device: torch.device, dtype: torch.dtype):
 
 
 def measure_forward_points(*, device: torch.device, dtype: torch.dtype, prof: HardwareProfile,
-                           budget_s: float, on_case=None) -> list[ForwardPoint]:
-    """Time prefill and decode forwards of the device's models until `budget_s` is spent."""
+                           budget_s: float, on_case=None, cases: dict | None = None) -> list[ForwardPoint]:
+    """Time prefill and decode forwards of the device's models (`cases`: another set of
+    models, prefills and decode steps, as CPU_CASES) until `budget_s` is spent."""
 
-    cases = CPU_CASES if device.type == "cpu" else CUDA_CASES
+    cases = cases or (CPU_CASES if device.type == "cpu" else CUDA_CASES)
     bare = dataclasses.replace(prof, op_overhead_s=0.0, elementwise=None)
     deadline = time.perf_counter() + budget_s
     gen = torch.Generator().manual_seed(0)
@@ -130,20 +134,20 @@ def measure_forward_points(*, device: torch.device, dtype: torch.dtype, prof: Ha
                     if kind == "prefill":
                         inputs = [(ids,)]
                         fn = lambda x, m=model: m(input_ids=x, use_cache=False)  # noqa: E731
-                        cost = forward_pass(spec, bare, tp=1, layers=spec.num_layers, tokens=b * n,
-                                            attn_pairs=b * causal_pairs(n, 0), kv_tokens=b * n,
-                                            lm_tokens=b * n)
+                        price = dict(tokens=b * n, attn_pairs=b * causal_pairs(n, 0), kv_tokens=b * n,
+                                     lm_tokens=b * n)
                     else:
                         cache = model(input_ids=ids, use_cache=True).past_key_values
                         step = torch.randint(1, vocab, (b, 1), generator=gen).to(device)
                         inputs = [(step,)]
                         fn = lambda x, m=model, c=cache, k=kw: m(input_ids=x, use_cache=True, **{k: c})  # noqa: E731
-                        cost = forward_pass(spec, bare, tp=1, layers=spec.num_layers, tokens=b,
-                                            attn_pairs=b * (n + 1), kv_tokens=b * (n + 1), lm_tokens=b)
+                        price = dict(tokens=b, attn_pairs=b * (n + 1), kv_tokens=b * (n + 1), lm_tokens=b)
+                    cost = forward_pass(spec, bare, tp=1, layers=spec.num_layers, **price)
                     t = time_calls(fn, inputs, device=device, max_s=min(0.5, budget_s / 20), max_reps=15)
                 label = f"{name} {kind} b={b} {'T' if kind == 'prefill' else 'prefix'}={n}"
                 points.append(ForwardPoint(label=label, time_s=t.median_s, explained_s=cost.total_s,
-                                           ops=ops, elementwise_s=cost.elementwise_s))
+                                           ops=ops, elementwise_s=cost.elementwise_s, spec=spec, price=price,
+                                           decode=kind == "decode"))
                 if on_case:
                     on_case(points[-1])
         del model
