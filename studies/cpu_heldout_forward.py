@@ -78,7 +78,10 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
     profiles = {}
     for p in args.profiles:
-        prof = load_profile(p)
+        try:
+            prof = load_profile(p)
+        except ValueError as e:  # a missing or malformed profile: one line, exit 2
+            ap.error(str(e).splitlines()[0])
         profiles[p] = prof
         if prof.gemm_rows_half:
             profiles[f"{p} (rows 0)"] = dataclasses.replace(prof, gemm_rows_half=0.0)
