@@ -93,6 +93,7 @@ def test_heldout_forward_study_prices_each_profile_and_its_rows_zero_twin(tmp_pa
     bad = study("studies/cpu_heldout_forward.py", "cpu", "--model", "nope")
     assert bad.returncode == 2 and "invalid choice: 'nope'" in bad.stderr
     (tmp_path / "broken.json").write_text('{"version": 1}')
-    for arg, msg in ((str(tmp_path / "none.json"), "no profile file at"), (str(tmp_path / "broken.json"), "missing field")):
+    for arg, msg in ((str(tmp_path / "none.json"), "no profile file at"),
+                     (str(tmp_path / "broken.json"), "missing field")):
         bad = study("studies/cpu_heldout_forward.py", arg, "--model", "tiny")
         assert bad.returncode == 2 and msg in bad.stderr and "Traceback" not in bad.stderr
