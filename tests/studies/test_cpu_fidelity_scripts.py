@@ -97,3 +97,16 @@ def test_heldout_forward_study_prices_each_profile_and_its_rows_zero_twin(tmp_pa
                      (str(tmp_path / "broken.json"), "missing field")):
         bad = study("studies/cpu_heldout_forward.py", arg, "--model", "tiny")
         assert bad.returncode == 2 and msg in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_host_states_study_reads_the_probe_and_refuses_no_time():
+    """studies/host_states.py: back-to-back probe readings, their modes and per-second medians,
+    steal time where /proc/stat has it, and the reading beside a neighbour on the other CPUs."""
+    r = study("studies/host_states.py", "--seconds", "1")
+    assert r.returncode == 0, r.stderr
+    head = re.match(r"(\d+) readings in 1 s: us per iteration p10 ([\d.]+), median ([\d.]+)", r.stdout)
+    assert head and int(head[1]) > 10 and 0 < float(head[2]) <= float(head[3])
+    assert re.search(r"fast mode \(< 70 us\): \d+% of readings", r.stdout)
+    assert re.search(r"per-second medians \(us\): \d+", r.stdout)
+    bad = study("studies/host_states.py", "--seconds", "0")
+    assert bad.returncode == 2 and "--seconds must be > 0, got 0.0" in bad.stderr
