@@ -237,6 +237,14 @@ def logprob_passes(trainer_cfg) -> int:
     return int(old) + int(bool(trainer_cfg.kl_coef))
 
 
+def advantage_spec(cfg) -> AdvantageSpec:
+    """The advantage estimator the runtime's dispatch runs for `cfg` (earl.runtime.step.train):
+    whether its statistics come with the rewards and how many reductions they take otherwise
+    (the simulator's `stats_in_metadata` and `stat_reductions`)."""
+    return AdvantageSpec(estimator=cfg.trainer.algo, per_turn=cfg.trainer.baseline == "per-turn",
+                         gamma=cfg.trainer.gamma)
+
+
 def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: int, nproc: int = 1) -> list[dict]:
 
     cm = CostModel(spec, local_cluster(prof, nproc), prof)
@@ -250,6 +258,7 @@ def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: i
         mb = max(1, min(per_rank, cfg.trainer.token_budget // max(1, longest)))
         return dataclasses.replace(plan, micro_batch=mb).describe()
 
+    adv = advantage_spec(cfg)
     sc = Scenario(name="validate", steps=steps, model=spec.name if spec.name in MODEL_CATALOG else "tiny",
                   hardware="cpu", nodes=1, gpus_per_node=nproc,
                   workload=WorkloadSpec(episodes_per_step=episodes, trace=str(trace),
@@ -264,7 +273,7 @@ def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: i
     sim = Simulation(sc, cfg.policy.selector, cfg.policy.dispatcher, cost_model=cm, engine=sim_engine(cfg.engine),
                      padded=True, token_budget=cfg.trainer.token_budget, fsdp=True, handoff=True,
                      head_on="generated", train_placement="balanced",
-                     stats_in_metadata=AdvantageSpec(estimator=cfg.trainer.algo).grouped).run()
+                     stats_in_metadata=adv.grouped, stat_reductions=adv.reductions()).run()
     # the hand-off's share of each step's experience stage where it waits for peers: a move over
     # gloo, priced by the dispatch path like the dispatch (and stretched like it,
     # `dispatch_stretch`); one that waits for no one is host work like the log-prob span's

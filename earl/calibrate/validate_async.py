@@ -33,6 +33,7 @@ from earl.calibrate.validate import (
     DTYPE_NAMES,
     _run_runtime,
     _simulate,
+    advantage_spec,
     device_of,
     host_stretch,
     logprob_passes,
@@ -114,6 +115,7 @@ def simulate_async(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, ste
         return CostModel(spec, local_cluster(p, nproc), p)
 
     cm = priced(stretch[1])
+    adv = advantage_spec(cfg)
     episodes = cfg.episodes_per_step
     longest = max(sum(o + g for o, g, _ in turns) for line in load_trace(trace) for turns in line)
     per_rank = -(-episodes // (nproc - rollout_gpus))
@@ -130,7 +132,8 @@ def simulate_async(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, ste
     return Simulation(sc, "static", cfg.policy.dispatcher, cost_model=cm, engine=sim_engine(cfg.engine),
                       padded=True, token_budget=cfg.trainer.token_budget, fsdp=True, handoff=True,
                       head_on="generated", train_placement="balanced", async_feed="per-step",
-                      rollout_cost_model=priced(stretch[0]) if stretch[0] != stretch[1] else None).run()
+                      rollout_cost_model=priced(stretch[0]) if stretch[0] != stretch[1] else None,
+                      stats_in_metadata=adv.grouped, stat_reductions=adv.reductions()).run()
 
 
 def pool_busy(sim: Simulation, scored: int) -> tuple[float, float]:

@@ -123,13 +123,14 @@ def _local(tplan, br: dict[str, float], samples: int, world: int, plan) -> Estim
 def sync_rounds(tplan) -> int:
     """Rounds of the executor (earl.runtime.move_samples.execute_dispatch) at which every rank
     waits for its peers: the start barrier, each phase that sends a message between ranks, and
-    the advantage statistics' gather to one rank and scatter back (when the plan reduces them).
+    per reduction of the advantage statistics (`TransferPlan.reductions`, when the plan reduces
+    them) its gather to one rank and scatter back.
     A phase of local copies only waits for no one, and a plan of such phases that reduces
     nothing (`TransferPlan.waits_for_peers` false: the rollout -> experience hand-off onto the
     layout aligned with the rollout's, `balance_aligned`, at any dp) skips the barrier too."""
     if not tplan.waits_for_peers:
         return 0
-    return 1 + tplan.talking_phases + (2 if tplan.reduce_bytes else 0)
+    return 1 + tplan.talking_phases + (2 * tplan.reductions if tplan.reduce_bytes else 0)
 
 
 def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, world: int,
@@ -197,12 +198,17 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
     if round_s and rounds:
         br["rounds"] = rounds * round_s
     if control:
-        if world > 1 and path.cold_round_s and rounds:  # the executor's rounds, started on cold caches
-            br["cold_start"] = rounds * path.cold_round_s
+        if world > 1 and path.cold_round_s and rounds:  # the executor's rounds, started on cold caches,
+            # once per kind: a second statistics reduction runs on what the first warmed (at 2
+            # gloo ranks here the runtime's two took ~0.4 ms more cold than warm, not 2 x 2 rounds)
+            repeats = 2 * (tplan.reductions - 1) if tplan.reduce_bytes else 0
+            br["cold_start"] = (rounds - repeats) * path.cold_round_s
         if tplan.metadata_bytes and world > 1:
             far = world - 1 if tplan.controller == 0 else 0
             br["metadata"] = cm.transfer_time_s(tplan.metadata_bytes, far, tplan.controller)
-        br["planning"] = cm.profile.dispatch_fixed_s
+        # every rank plans the same dispatch at once (earl.runtime.step.train): one process's
+        # host work (calibrated alone), shared over the node's cores when its ranks outnumber them
+        br["planning"] = cm.profile.dispatch_fixed_s * max(1.0, ppn / path.host_parallel)
     ctrl_bytes = at_ctrl if central is not None else float(tplan.metadata_bytes)
     return Estimate(stage="dispatch", time_s=sum(br.values()), feasible=True, gpus=world, plan=plan,
                     breakdown=br,

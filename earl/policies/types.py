@@ -73,6 +73,10 @@ class TransferPlan:
     phases: list[list[Transfer]] = field(default_factory=list)
     metadata_bytes: int = 0  # bytes of control messages through the controller
     reduce_bytes: int = 0  # bytes of scalar all-reduces (e.g. advantage statistics) per rank
+    # the reductions those bytes take, one after another, each a gather to one rank and a
+    # scatter back (earl.runtime.advantages.reduce_small): one for per-key sums, two where a
+    # per-turn baseline first agrees on the turn count (AdvantageSpec.reductions)
+    reductions: int = 1
 
     @property
     def transfers(self) -> list[Transfer]:

@@ -70,6 +70,14 @@ class AdvantageSpec:
         ranks computes them (`distributed_advantages`, `execute_dispatch`)."""
         return rewards is not None and self.grouped
 
+    def reductions(self, rewards: dict[int, float] | None = None) -> int:
+        """The statistics reductions between ranks `distributed_advantages` issues (each a
+        `reduce_small`): none where the ranks hold the rewards (`stats_from`), one of the per-key
+        sums, and before it one of the turn count where a per-turn baseline keys them by turn."""
+        if self.stats_from(rewards):
+            return 0
+        return 2 if self.per_turn and not self.grouped else 1
+
 
 def returns_to_go(item: dict[str, torch.Tensor], gamma: float = 1.0) -> torch.Tensor:
     """Per token (float64): the sum of the rewards from this token on, each later turn's

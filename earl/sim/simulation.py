@@ -65,7 +65,8 @@ class Simulation:
                  fine: bool | None = None, progress=None, engine: str = "continuous",
                  padded: bool = False, token_budget: int = 0, fsdp: bool = False, handoff: bool = False,
                  head_on: str = "all", train_placement: str = "aligned", async_feed: str = "stream",
-                 rollout_cost_model: CostModel | None = None, stats_in_metadata: bool = False):
+                 rollout_cost_model: CostModel | None = None, stats_in_metadata: bool = False,
+                 stat_reductions: int = 1):
         # `engine` "turn-sync", `padded` and `token_budget` model the single-process PyTorch
         # runtime for `earl validate`: its engine plays turns in lockstep (sim.rollout_engine.
         # TurnSyncReplica); its log-prob / train micro-batches are right-padded to their longest
@@ -81,7 +82,9 @@ class Simulation:
         # earl.calibrate.validate_async); None: `cost_model`'s. `stats_in_metadata`: its group
         # estimators compute their statistics from the rewards the metadata all-gather gave every
         # rank (earl.runtime.advantages.AdvantageSpec.stats_from), so a dispatch runs no
-        # statistics reduce and none of its rounds (the layout-aware plan prices one otherwise)
+        # statistics reduce and none of its rounds (the layout-aware plan prices one otherwise);
+        # `stat_reductions`: else how many reductions they take (AdvantageSpec.reductions: two
+        # for a per-turn baseline)
         if engine not in ENGINES:
             raise ValueError(f"unknown rollout engine model {engine!r}; valid: {', '.join(ENGINES)}")
         if async_feed not in ASYNC_FEEDS:  # async mode: "per-step" models the runtime's replicas
@@ -101,6 +104,7 @@ class Simulation:
         self.fsdp = fsdp
         self.handoff = handoff
         self.stats_in_metadata = stats_in_metadata
+        self.stat_reductions = stat_reductions
         self.sc = scenario
         self.env = simpy.Environment()
         if cost_model is None:
@@ -459,8 +463,11 @@ class Simulation:
 
     def _priced(self, tplan):
         """The dispatch plan as the modelled runtime executes it: without its statistics reduce
-        where they come with the metadata (`stats_in_metadata`)."""
-        return dataclasses.replace(tplan, reduce_bytes=0) if self.stats_in_metadata else tplan
+        where they come with the metadata (`stats_in_metadata`), else in `stat_reductions`
+        reductions (TransferPlan.reductions)."""
+        if self.stats_in_metadata:
+            return dataclasses.replace(tplan, reduce_bytes=0)
+        return dataclasses.replace(tplan, reductions=self.stat_reductions)
 
     def what_if_dispatch(self, src: ParallelPlan, dst: ParallelPlan, samples: int, context: int
                          ) -> tuple[float, float]:

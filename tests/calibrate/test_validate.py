@@ -16,6 +16,7 @@ from earl.calibrate.overhead import ForwardPoint, fit_overhead
 from earl.calibrate.validate import (
     NPROCS,
     STAGES,
+    advantage_spec,
     check_nproc,
     compute_shares,
     host_stretch,
@@ -379,3 +380,13 @@ def test_simulated_log_prob_passes_are_the_runtimes():
     none = cm.mixed_batch("logprob", ParallelPlan(), [40, 60], passes=0, padded=True)
     one = cm.mixed_batch("logprob", ParallelPlan(), [40, 60], passes=1, padded=True)
     assert 0 < none.time_s < one.time_s and none.time_s == pytest.approx(none.breakdown["host"])
+
+
+@pytest.mark.parametrize("over,reductions,grouped", [({}, 2, False), ({"trainer.baseline": "batch"}, 1, False),
+                                                     ({"trainer.algo": "grpo"}, 1, True)])
+def test_the_simulated_dispatch_reduces_what_the_runtimes_estimator_does(over, reductions, grouped):
+    """validate prices the runtime's own estimator: its default (REINFORCE++, per-turn
+    baseline) reduces twice, a batch baseline once; a group estimator's statistics come with
+    the rewards (no reduction in the runtime, `stats_in_metadata` in the simulator)."""
+    spec = advantage_spec(resolve_config(None, overrides={**SMALL, **over}))
+    assert (spec.reductions(), spec.grouped, spec.reductions({})) == (reductions, grouped, 0 if grouped else reductions)

@@ -421,3 +421,34 @@ def test_vectorised_phase_price_is_the_loop_to_the_last_bit():
             assert (t, info["busiest_bytes"]) == _phase_s_by_loop(cm, phase, central, ppn)
             checked += 1
     assert checked == 600 and _phase_s(cms[0], [], None, 8)[0] == 0.0
+
+
+def test_each_statistics_reduction_is_a_gather_and_a_scatter_cold_once():
+    """A plan whose statistics take two reductions (a per-turn baseline: the turn count first,
+    TransferPlan.reductions) pays two more synchronising rounds than one of a single reduction,
+    at round_cost_s(N) each, and no more cold start: the second runs on what the first warmed."""
+    prof = load_profile("cpu-measured")
+    path = dataclasses.replace(prof.dispatch_path, round_s=5e-4, sync_s=2e-3, cold_round_s=7e-4, host_parallel=2)
+    prof = dataclasses.replace(prof, dispatch_path=path)
+    for n in (2, 4):
+        tplan = dispatchfit.transfer_plans(n, 4, 2048)["layout-aware"]
+        assert tplan.reduce_bytes and tplan.reductions == 1
+        two = dataclasses.replace(tplan, reductions=2)
+        assert sync_rounds(two) == sync_rounds(tplan) + 2
+        a, b = (price_transfer_plan(dispatchfit.local_cost_model(prof, n), p, samples=4 * n, producers=n, world=n)
+                for p in (tplan, two))
+        assert b.breakdown["rounds"] - a.breakdown["rounds"] == pytest.approx(2 * path.round_cost_s(n))
+        assert b.breakdown["cold_start"] == a.breakdown["cold_start"] == pytest.approx(sync_rounds(tplan) * 7e-4)
+        # none reduced (the hand-off, or statistics from the rewards): the count is moot
+        assert sync_rounds(dataclasses.replace(two, reduce_bytes=0)) == sync_rounds(dataclasses.replace(tplan,
+                                                                                                       reduce_bytes=0))
+
+
+def test_every_rank_plans_so_planning_shares_the_cores():
+    """The control plane's planning (dispatch_fixed_s, one process's host work) runs on every
+    rank at once: priced as is while the ranks fit the node's cores, x ranks / cores beyond."""
+    prof = dataclasses.replace(load_profile("cpu-measured"), dispatch_fixed_s=1e-3)
+    prof = dataclasses.replace(prof, dispatch_path=dataclasses.replace(prof.dispatch_path, host_parallel=2))
+    got = {n: price_transfer_plan(dispatchfit.local_cost_model(prof, n), dispatchfit.transfer_plans(n, 4, 2048)[
+        "layout-aware"], samples=4 * n, producers=n, world=n).breakdown["planning"] for n in (2, 4, 8)}
+    assert got == pytest.approx({2: 1e-3, 4: 2e-3, 8: 4e-3})

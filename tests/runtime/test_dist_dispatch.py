@@ -167,6 +167,52 @@ def test_group_statistics_from_the_rewards_need_no_round_between_ranks():
                                        atol=1e-6, rtol=1e-6)
 
 
+def _reductions_worker(samples, src, cases):
+    """Per (estimator, per_turn, rewards known) case: the statistics reductions between ranks
+    (`reduce_small` calls) the runtime's dispatch runs (execute_dispatch with the training
+    step's arguments)."""
+    import torch.distributed as dist
+
+    from earl.runtime import advantages
+
+    rank = dist.get_rank()
+    calls = []
+    real = advantages.reduce_small
+
+    def counted(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    advantages.reduce_small = counted
+    out = []
+    for estimator, per_turn, known in cases:
+        spec = AdvantageSpec(estimator=estimator, per_turn=per_turn)
+        store = {i: produce(s) for s in samples for i in [s.id] if i in src.assignment[rank]}
+        tplan = LayoutAwareDispatcher().plan(src, src, samples)
+        rewards = {s.id: float(produce(s)["rewards"]) for s in samples} if known else None
+        calls.clear()
+        execute_dispatch(tplan, store, samples, src, src, advantages=spec, rewards=rewards)
+        out.append(len(calls))
+    advantages.reduce_small = real
+    return out
+
+
+@pytest.mark.dist
+def test_the_priced_count_of_statistics_reductions_is_what_the_executor_runs():
+    """AdvantageSpec.reductions (the simulator's `stat_reductions`, TransferPlan.reductions) is
+    the number of reductions the executor issues on 2 gloo ranks: none for a group estimator
+    whose rewards every rank holds, one of the per-key sums, two with a per-turn baseline."""
+    samples = make_samples(8)
+    src = Layout(ParallelPlan(dp=2), round_robin_samples(samples, 2)[0])
+    cases = [(e, pt, known) for e in ("grpo", "rloo", "reinforce++") for pt in (False, True)
+             for known in (False, True)]
+    got = run_local(_reductions_worker, 2, samples, src, cases, timeout_s=120)
+    want = [AdvantageSpec(estimator=e, per_turn=pt).reductions({} if known else None) for e, pt, known in cases]
+    assert got == [want, want]
+    assert dict(zip(cases, want, strict=True))[("reinforce++", True, False)] == 2
+    assert dict(zip(cases, want, strict=True))[("grpo", True, True)] == 0
+
+
 def _handoff_worker(samples, src, dst, late_s):
     """The runtime's rollout -> experience hand-off (tensors only) onto `dst`; the last rank
     arrives `late_s` late. Returns what this rank got, the seconds it spent in the executor and
