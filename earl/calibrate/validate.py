@@ -237,10 +237,14 @@ def logprob_passes(trainer_cfg) -> int:
     return int(old) + int(bool(trainer_cfg.kl_coef))
 
 
+# the runtime's training step hands its dispatch every episode's reward (the metadata all-gather):
+# what `AdvantageSpec.reductions` needs to know of them is that they are there
+RUNTIME_REWARDS: dict[int, float] = {}
+
+
 def advantage_spec(cfg) -> AdvantageSpec:
     """The advantage estimator the runtime's dispatch runs for `cfg` (earl.runtime.step.train):
-    whether its statistics come with the rewards and how many reductions they take otherwise
-    (the simulator's `stats_in_metadata` and `stat_reductions`)."""
+    its reductions given RUNTIME_REWARDS are the simulator's `stat_reductions`."""
     return AdvantageSpec(estimator=cfg.trainer.algo, per_turn=cfg.trainer.baseline == "per-turn",
                          gamma=cfg.trainer.gamma)
 
@@ -273,7 +277,7 @@ def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: i
     sim = Simulation(sc, cfg.policy.selector, cfg.policy.dispatcher, cost_model=cm, engine=sim_engine(cfg.engine),
                      padded=True, token_budget=cfg.trainer.token_budget, fsdp=True, handoff=True,
                      head_on="generated", train_placement="balanced",
-                     stats_in_metadata=adv.grouped, stat_reductions=adv.reductions()).run()
+                     stat_reductions=adv.reductions(RUNTIME_REWARDS)).run()
     # the hand-off's share of each step's experience stage where it waits for peers: a move over
     # gloo, priced by the dispatch path like the dispatch (and stretched like it,
     # `dispatch_stretch`); one that waits for no one is host work like the log-prob span's

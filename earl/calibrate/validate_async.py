@@ -31,6 +31,7 @@ from rich.table import Table
 from earl.calibrate.host import local_cluster, sim_engine
 from earl.calibrate.validate import (
     DTYPE_NAMES,
+    RUNTIME_REWARDS,
     _run_runtime,
     _simulate,
     advantage_spec,
@@ -133,7 +134,7 @@ def simulate_async(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, ste
                       padded=True, token_budget=cfg.trainer.token_budget, fsdp=True, handoff=True,
                       head_on="generated", train_placement="balanced", async_feed="per-step",
                       rollout_cost_model=priced(stretch[0]) if stretch[0] != stretch[1] else None,
-                      stats_in_metadata=adv.grouped, stat_reductions=adv.reductions()).run()
+                      stat_reductions=adv.reductions(RUNTIME_REWARDS)).run()
 
 
 def pool_busy(sim: Simulation, scored: int) -> tuple[float, float]:

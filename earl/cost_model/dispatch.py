@@ -201,8 +201,8 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
         if world > 1 and path.cold_round_s and rounds:  # the executor's rounds, started on cold caches,
             # once per kind: a second statistics reduction runs on what the first warmed (at 2
             # gloo ranks here the runtime's two took ~0.4 ms more cold than warm, not 2 x 2 rounds)
-            repeats = 2 * (tplan.reductions - 1) if tplan.reduce_bytes else 0
-            br["cold_start"] = (rounds - repeats) * path.cold_round_s
+            br["cold_start"] = sync_rounds(dataclasses.replace(tplan, reductions=min(tplan.reductions, 1))) \
+                * path.cold_round_s
         if tplan.metadata_bytes and world > 1:
             far = world - 1 if tplan.controller == 0 else 0
             br["metadata"] = cm.transfer_time_s(tplan.metadata_bytes, far, tplan.controller)

@@ -65,8 +65,7 @@ class Simulation:
                  fine: bool | None = None, progress=None, engine: str = "continuous",
                  padded: bool = False, token_budget: int = 0, fsdp: bool = False, handoff: bool = False,
                  head_on: str = "all", train_placement: str = "aligned", async_feed: str = "stream",
-                 rollout_cost_model: CostModel | None = None, stats_in_metadata: bool = False,
-                 stat_reductions: int = 1):
+                 rollout_cost_model: CostModel | None = None, stat_reductions: int = 1):
         # `engine` "turn-sync", `padded` and `token_budget` model the single-process PyTorch
         # runtime for `earl validate`: its engine plays turns in lockstep (sim.rollout_engine.
         # TurnSyncReplica); its log-prob / train micro-batches are right-padded to their longest
@@ -79,12 +78,13 @@ class Simulation:
         # `handoff` it starts from the hand-off's experience layout, where the runtime's samples are;
         # `rollout_cost_model` (async only): the rollout pool's own prices where its devices differ
         # from the training pool's (slower ones, or a smaller share of a CPU host's cores:
-        # earl.calibrate.validate_async); None: `cost_model`'s. `stats_in_metadata`: its group
-        # estimators compute their statistics from the rewards the metadata all-gather gave every
-        # rank (earl.runtime.advantages.AdvantageSpec.stats_from), so a dispatch runs no
-        # statistics reduce and none of its rounds (the layout-aware plan prices one otherwise);
-        # `stat_reductions`: else how many reductions they take (AdvantageSpec.reductions: two
-        # for a per-turn baseline)
+        # earl.calibrate.validate_async); None: `cost_model`'s. `stat_reductions`: the reductions
+        # a dispatch's advantage statistics take (earl.runtime.advantages.AdvantageSpec.reductions:
+        # two for a per-turn baseline; 0 where a group estimator computes them from the rewards
+        # the metadata all-gather gave every rank: no statistics reduce and none of its rounds)
+        if not isinstance(stat_reductions, int) or stat_reductions < 0:
+            raise ValueError(f"stat_reductions must be an int >= 0 (0: statistics from the rewards), "
+                             f"got {stat_reductions!r}")
         if engine not in ENGINES:
             raise ValueError(f"unknown rollout engine model {engine!r}; valid: {', '.join(ENGINES)}")
         if async_feed not in ASYNC_FEEDS:  # async mode: "per-step" models the runtime's replicas
@@ -103,7 +103,6 @@ class Simulation:
         self.token_budget = token_budget
         self.fsdp = fsdp
         self.handoff = handoff
-        self.stats_in_metadata = stats_in_metadata
         self.stat_reductions = stat_reductions
         self.sc = scenario
         self.env = simpy.Environment()
@@ -462,10 +461,9 @@ class Simulation:
                        step, tokens=tokens, args={"plan": plan.describe()})
 
     def _priced(self, tplan):
-        """The dispatch plan as the modelled runtime executes it: without its statistics reduce
-        where they come with the metadata (`stats_in_metadata`), else in `stat_reductions`
-        reductions (TransferPlan.reductions)."""
-        if self.stats_in_metadata:
+        """The dispatch plan as the modelled runtime executes it: its statistics in
+        `stat_reductions` reductions (TransferPlan.reductions), none where there are none."""
+        if not self.stat_reductions:
             return dataclasses.replace(tplan, reduce_bytes=0)
         return dataclasses.replace(tplan, reductions=self.stat_reductions)
 

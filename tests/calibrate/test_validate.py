@@ -387,6 +387,6 @@ def test_simulated_log_prob_passes_are_the_runtimes():
 def test_the_simulated_dispatch_reduces_what_the_runtimes_estimator_does(over, reductions, grouped):
     """validate prices the runtime's own estimator: its default (REINFORCE++, per-turn
     baseline) reduces twice, a batch baseline once; a group estimator's statistics come with
-    the rewards (no reduction in the runtime, `stats_in_metadata` in the simulator)."""
+    the rewards (no reduction in the runtime, `stat_reductions=0` in the simulator)."""
     spec = advantage_spec(resolve_config(None, overrides={**SMALL, **over}))
     assert (spec.reductions(), spec.grouped, spec.reductions({})) == (reductions, grouped, 0 if grouped else reductions)

@@ -196,14 +196,14 @@ def test_train_placement_balanced_dispatches_like_the_runtime():
         Simulation(sc, "static", "layout-aware", train_placement="random")
 
 
-def test_stats_in_metadata_prices_dispatch_without_the_statistics_reduce():
-    """`stats_in_metadata` (earl validate's model of the runtime with a group estimator, whose
+def test_no_statistics_reductions_prices_dispatch_without_the_statistics_reduce():
+    """`stat_reductions=0` (earl validate's model of the runtime with a group estimator, whose
     statistics come from the rewards every rank holds): each dispatch is priced on its plan less
     the statistics all-reduce, so it has no `advantage_stats` term and is cheaper; nothing else
     changes."""
     sc = load_scenario("connect-four-small", small(scenario__steps=2))
     base = Simulation(sc, "static", "layout-aware").run()
-    meta = Simulation(sc, "static", "layout-aware", stats_in_metadata=True).run()
+    meta = Simulation(sc, "static", "layout-aware", stat_reductions=0).run()
 
     def dispatches(sim):
         return [s for s in sim.spans if s.stage == "dispatch"]
@@ -213,5 +213,7 @@ def test_stats_in_metadata_prices_dispatch_without_the_statistics_reduce():
         assert a.args["reduce_bytes"] > 0 and "advantage_stats" in a.args["breakdown_s"]
         assert b.args["reduce_bytes"] == 0 and "advantage_stats" not in b.args["breakdown_s"]
         assert b.duration_s < a.duration_s
+    with pytest.raises(ValueError, match="stat_reductions must be an int >= 0.*got -1"):
+        Simulation(sc, "static", "layout-aware", stat_reductions=-1)
     for a, b in zip(base.rows, meta.rows, strict=True):
         assert b["rollout_s"] == pytest.approx(a["rollout_s"]) and b["train_s"] == pytest.approx(a["train_s"])
