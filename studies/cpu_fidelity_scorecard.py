@@ -6,7 +6,11 @@
   run, the floor the host's step-to-step noise sets under any model of the level;
 - the summed ratio: predicted / measured seconds over the run's scored steps (the level itself).
 
-Then, per process count and stage, how many runs are within 25% on each of the first two. Runs
+Then, per process count and stage, how many runs are within 25% on each of the first two, and a
+third count between them: one level per pass (per folder, process count and stage, the one
+multiplier of the prediction that brings the most of that pass's runs within 25%; a log grid of
+x0.30-x3.32), what a calibration that placed each stage's level right for its pass would get,
+the runs of that pass keeping their own spread around it. Runs
 that read the host probe (earl/runtime/hostprobe.py) also show the host's speed over the
 calibration's (validate's `host_speed`), and the count is given the other way: with that factor
 where validate only recorded it, without it where validate applied it (runs of 2026-12-03).
@@ -20,6 +24,8 @@ import argparse
 import json
 from collections import Counter
 from pathlib import Path
+
+import numpy as np
 
 STAGES = ("rollout", "experience", "dispatch", "train", "reshard")
 BAR = 0.25
@@ -53,8 +59,23 @@ def other_err(variant: dict, stage: str) -> float:
     return errs[n // 2] if n % 2 else 0.5 * (errs[n // 2 - 1] + errs[n // 2])
 
 
+LEVELS = np.exp(np.linspace(-1.2, 1.2, 481))  # the multipliers the one-level-per-pass count tries
+
+
+def step_err(variant: dict, stage: str, k: float = 1.0) -> float:
+    """The median per-step |error| of the run's prediction (as reported) times `k`."""
+    return float(np.median([abs(p[stage] * k - m[stage]) / m[stage]
+                            for p, m in zip(variant["predicted"], variant["measured"], strict=True)]))
+
+
+def pass_level(variants: list[dict], stage: str) -> int:
+    """How many of one pass's runs (one process count) one common level brings within 25%."""
+    return max(sum(step_err(v, stage, k) <= BAR for v in variants) for k in LEVELS)
+
+
 def scorecard(folders: list[Path]) -> str:
     lines, within, floor, total, bare = [], Counter(), Counter(), Counter(), Counter()
+    per_pass = Counter()
     probed, scaled = 0, 0
     for folder in folders:
         got = runs(folder)
@@ -77,16 +98,20 @@ def scorecard(folders: list[Path]) -> str:
             speed = (f" | speed x{variant['host_speed']:.2f}{'' if applied(variant) else ' (not applied)'}"
                      if variant.get("host_probe_s") else "")
             lines.append(f"{folder.name:>8s} {name:24s} " + " | ".join(cells) + speed)
+        for nproc in sorted({n for _, n, _, _ in got}):
+            group = [v for _, n, _, v in got if n == nproc]
+            for st in STAGES:
+                per_pass[(nproc, st)] += pass_level(group, st)
     lines.append("")
     lines.append(f"median per-step error within {BAR:.0%}: {sum(within.values())} of {sum(total.values())} "
-                 f"stage-runs (level-fitted: {sum(floor.values())})")
+                 f"stage-runs (level-fitted: {sum(floor.values())}; one level per pass: {sum(per_pass.values())})")
     if probed:  # the other count: each run priced the other way (applied runs without, the rest with)
         how = ("without its factor" if scaled == probed else "with its factor" if not scaled
                else f"each the other way ({scaled} applied it)")
         lines.append(f"  ({probed} runs read the host probe; {how}: {sum(bare.values())} within)")
     for key in sorted(total):
         lines.append(f"  nproc {key[0]} {key[1]:10s} {within[key]:3d} of {total[key]:<3d} "
-                     f"(level-fitted {floor[key]})")
+                     f"(level-fitted {floor[key]}, one level per pass {per_pass[key]})")
     return "\n".join(lines)
 
 

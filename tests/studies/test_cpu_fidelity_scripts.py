@@ -25,9 +25,16 @@ def test_scorecard_counts_every_multi_process_run_and_matches_the_committed_one(
     r = study("studies/cpu_fidelity_scorecard.py", *passes)
     assert r.returncode == 0, r.stderr
     assert len(re.findall(r"nproc[24]-calculator-run[12]", r.stdout)) == 20
-    total = re.search(r"within 25%: (\d+) of (\d+) stage-runs \(level-fitted: (\d+)\)", r.stdout)
+    total = re.search(r"within 25%: (\d+) of (\d+) stage-runs \(level-fitted: (\d+);", r.stdout)
     assert total and int(total[2]) == 100 and int(total[1]) <= int(total[3]) <= 100
     assert r.stdout.strip() == (DATA / "scorecard-all.txt").read_text().strip()
+    # one level per pass (the two runs of a pass and process count share it) lies between the
+    # as-priced count (x1 is one of the levels tried) and the runs' count
+    for key in re.findall(r"nproc [24] \w+ +(\d+) of (\d+) +\(level-fitted \d+, one level per pass (\d+)\)",
+                          r.stdout):
+        got, n, per_pass = map(int, key)
+        assert got <= per_pass <= n
+    assert len(re.findall(r"one level per pass \d+\)", r.stdout)) == 10
     bad = study("studies/cpu_fidelity_scorecard.py", str(DATA / "more"))
     assert bad.returncode == 2 and "no nproc*/validation.json" in bad.stderr
 
@@ -110,3 +117,26 @@ def test_host_states_study_reads_the_probe_and_refuses_no_time():
     assert re.search(r"per-second medians \(us\): \d+", r.stdout)
     bad = study("studies/host_states.py", "--seconds", "0")
     assert bad.returncode == 2 and "--seconds must be > 0, got 0.0" in bad.stderr
+
+
+def test_calibration_spread_lists_every_fitted_constant_of_the_committed_passes(tmp_path):
+    """studies/cpu_calibration_spread.py over the eight committed calibrations of 2026-12-03/04:
+    op_overhead_s 68.4-172 us (x2.52), each constant's values in the passes' order, the count of
+    constants no single level can hold within 25%; fewer than two profiles or a folder without
+    one is a usage error."""
+    folders = [*sorted(PROBED.glob("cf*")), *sorted((ROOT / "docs/cpu/epyc-2026-12-04").glob("cf*")),
+               *sorted((ROOT / "docs/cpu/epyc-2026-12-04b").glob("cf*"))]
+    r = study("studies/cpu_calibration_spread.py", *map(str, folders))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("8 calibrations: cf23, cf24, cf25, cf26, cf27, cf28, cf29, cf30")
+    row = re.search(r"^op_overhead_s +x +([\d.]+) +(\d+)%  (.+)$", r.stdout, re.M)
+    assert row and row[1] == "2.52" and len(row[3].split()) == 8
+    assert re.search(r"^matmul asymptote +x +[\d.]+", r.stdout, re.M)
+    spreads = [float(x) for x in re.findall(r" x *([\d.]+) +\d+%  ", r.stdout)]
+    assert spreads == sorted(spreads, reverse=True) and min(spreads) >= 1.0
+    tail = re.search(r"(\d+) of (\d+) constants fitted in every calibration spread more than x1.67", r.stdout)
+    assert tail and int(tail[1]) == sum(x > 1.25 / 0.75 for x in spreads) and int(tail[2]) == len(spreads)
+    for args, msg in (([str(folders[0])], "at least two profiles, got 1"),
+                      ([str(folders[0]), str(tmp_path)], "no profile")):
+        bad = study("studies/cpu_calibration_spread.py", *args)
+        assert bad.returncode == 2 and msg in bad.stderr and "Traceback" not in bad.stderr
