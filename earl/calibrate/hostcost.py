@@ -210,43 +210,54 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
         hand_rows, hand_y = [], []
         lp_rows: list[list[float]] = []
         skip_old = not worker.trainer.needs_old_logprobs
+        # every case's inputs first, then rounds that run each case once, the order rotated by
+        # one per round (the first round warms up): each case's median then comes from the same
+        # stretch of the host's time, not from a spell of its own (earl.calibrate.timing.
+        # time_host_interleaved; the fits below split the cases' times into fixed parts and slopes)
+        todo = []
         for n, length in cases["steps"]:
-            if time.perf_counter() > deadline and len(tr_res) >= 2:
-                if on_case:
-                    on_case(None)
-                continue
             trajs = synthetic_trajectories(n, length, vocab, gen)
-            meta = {t.episode_id: SampleMeta.of(t) for t in trajs}
-            samples = [Sample(id=t.episode_id, tokens=len(t.token_ids), group=t.group_id) for t in trajs]
-            width = max(len(t.token_ids) for t in trajs)
-            parts: dict[str, list[float]] = {}
-            for rep in range(REPS + 1):  # the first round warms up
-                chunk = n if rep % 2 == 0 else max(1, n // 4)  # all episodes in one engine batch, or in 4
-                worker.cfg = dataclasses.replace(run_cfg, groups=n, group_size=1, engine_batch=chunk)
-                (played, _), t_ro = _timed(lambda w=worker, r=rep: play(w, r + 1), device)
-                # the stage = the hand-off and the log-prob span, split by their spans' shares: the
-                # hand-off on one process waits for no one, the `handoff_*` terms (the price of
-                # any hand-off that copies locally only: earl.cost_model.dispatch); with one
-                # optimizer step the runtime runs no log-prob forward (its training forward stands
-                # for the old policy's) and the log-prob span is batch building, the
-                # `experience_*` terms; else its host work beyond the priced forward is the
-                # `logprob_*` terms'
-                (store, layout, _), t_exp = _timed(lambda w=worker, tr=trajs, sa=samples, me=meta: prepare_experience(
-                    w, ctx, 1, tr, sa, me), device)
-                spans = {sp.name: sp.duration_s for sp in worker.spans}
-                t_span = t_exp * spans["logprob"] / max(spans["logprob"] + spans["handoff"], 1e-12)
-                parts.setdefault("handoff", []).append(t_exp - t_span)
-                t_batch, t_lp = (t_span, 0.0) if skip_old else (0.0, t_span)
-                _, t_train_all = _timed(lambda w=worker, st=store, lay=layout, sa=samples, me=meta: train(
-                    w, ctx, 1, st, lay, sa, me), device)
-                spans = {sp.name: sp.duration_s for sp in worker.spans}
-                disp_share = spans["layout-aware"] / max(spans["layout-aware"] + spans["train_step"], 1e-12)
-                worker.spans = []
-                key = "rollout" if chunk == n else "rollout_chunked"
-                parts.setdefault(key + "_pred", []).append(_sim_rollout(cm, played, chunk, run_cfg.engine))
-                for k, v in ((key, t_ro), ("experience", t_batch), ("logprob", t_lp),
-                             ("dispatch", t_train_all * disp_share), ("train", t_train_all * (1 - disp_share))):
-                    parts.setdefault(k, []).append(v)
+            todo.append({"n": n, "trajs": trajs, "meta": {t.episode_id: SampleMeta.of(t) for t in trajs},
+                         "samples": [Sample(id=t.episode_id, tokens=len(t.token_ids), group=t.group_id)
+                                     for t in trajs],
+                         "width": max(len(t.token_ids) for t in trajs), "parts": {}})
+
+        def one_round(wk: Worker, c: dict, rep: int) -> None:
+            n, trajs, samples, meta, parts = c["n"], c["trajs"], c["samples"], c["meta"], c["parts"]
+            chunk = n if rep % 2 == 0 else max(1, n // 4)  # all episodes in one engine batch, or in 4
+            wk.cfg = dataclasses.replace(run_cfg, groups=n, group_size=1, engine_batch=chunk)
+            (played, _), t_ro = _timed(lambda w=wk, r=rep: play(w, r + 1), device)
+            # the stage = the hand-off and the log-prob span, split by their spans' shares: the
+            # hand-off on one process waits for no one, the `handoff_*` terms (the price of
+            # any hand-off that copies locally only: earl.cost_model.dispatch); with one
+            # optimizer step the runtime runs no log-prob forward (its training forward stands
+            # for the old policy's) and the log-prob span is batch building, the
+            # `experience_*` terms; else its host work beyond the priced forward is the
+            # `logprob_*` terms'
+            (store, layout, _), t_exp = _timed(lambda w=wk, tr=trajs, sa=samples, me=meta: prepare_experience(
+                w, ctx, 1, tr, sa, me), device)
+            spans = {sp.name: sp.duration_s for sp in wk.spans}
+            t_span = t_exp * spans["logprob"] / max(spans["logprob"] + spans["handoff"], 1e-12)
+            parts.setdefault("handoff", []).append(t_exp - t_span)
+            t_batch, t_lp = (t_span, 0.0) if skip_old else (0.0, t_span)
+            _, t_train_all = _timed(lambda w=wk, st=store, lay=layout, sa=samples, me=meta: train(
+                w, ctx, 1, st, lay, sa, me), device)
+            spans = {sp.name: sp.duration_s for sp in wk.spans}
+            disp_share = spans["layout-aware"] / max(spans["layout-aware"] + spans["train_step"], 1e-12)
+            wk.spans = []
+            key = "rollout" if chunk == n else "rollout_chunked"
+            parts.setdefault(key + "_pred", []).append(_sim_rollout(cm, played, chunk, run_cfg.engine))
+            for k, v in ((key, t_ro), ("experience", t_batch), ("logprob", t_lp),
+                         ("dispatch", t_train_all * disp_share), ("train", t_train_all * (1 - disp_share))):
+                parts.setdefault(k, []).append(v)
+
+        for rep in range(REPS + 1):  # past the deadline, stop after the warm-up and two timed rounds
+            if rep >= 3 and time.perf_counter() > deadline:
+                break
+            for j in range(len(todo)):
+                one_round(worker, todo[(rep + j) % len(todo)], rep)
+        for c in todo:
+            n, trajs, width, parts = c["n"], c["trajs"], c["width"], c["parts"]
             warm = ("rollout_chunked", "rollout_chunked_pred")  # first met after the warm-up round
             med = {k: statistics.median(v if k in warm else v[1:]) for k, v in parts.items()}
             for key, batches in (("rollout", 1), ("rollout_chunked", -(-n // max(1, n // 4)))):

@@ -28,7 +28,7 @@ import torch
 from scipy.optimize import nnls
 from transformers import AutoModelForCausalLM
 
-from earl.calibrate.timing import time_calls, time_host
+from earl.calibrate.timing import time_calls, time_host_interleaved
 from earl.cost_model import CostModel
 from earl.cost_model.compute import OPS_PER_LAYER, causal_pairs, forward_pass
 from earl.cost_model.profile import EfficiencyCurve, HardwareProfile, load_profile
@@ -231,15 +231,22 @@ def measure_engine(*, device: torch.device, dtype: torch.dtype, prof: HardwarePr
     tok = CharTokenizer()
     params = SamplingParams(temperature=1.0, max_new_tokens=ENGINE_NEW, stop=ENGINE_STOP, stop_at_eos=False)
     one = dataclasses.replace(params, max_new_tokens=1)
-    iters, turns = [], []
+    iters, turns, calls = [], [], []
     for b, prompt in cases:
         engine = TorchEngine(model, tok)
         # rows of unequal length, as rollouts have: the engine pads them and masks the padding
         # (a slower attention path than an all-ones mask); costs are priced at the padded width
         prompts = {r: torch.randint(3, tok.vocab_size, (prompt - (r % 4) * prompt // 8,)).tolist()
                    for r in range(b)}
-        long = time_host(lambda e=engine, p=prompts: e.open(len(p)).generate(p, params), device=device, reps=5)
-        short = time_host(lambda e=engine, p=prompts: e.open(len(p)).generate(p, one), device=device, reps=5)
+        calls += [lambda e=engine, p=prompts: e.open(len(p)).generate(p, params),
+                  lambda e=engine, p=prompts: e.open(len(p)).generate(p, one)]
+    # the fit below splits each case's time into a fixed part and slopes in batch and cache:
+    # the cases are timed round-robin so that no case alone meets a slow spell of the host
+    # (timed one after another, back-to-back calibrations put step_overhead_s at 0.21-1.21 ms;
+    # docs/fidelity.md, fifteenth session)
+    timed = time_host_interleaved(calls, device=device, reps=5)
+    for k, (b, prompt) in enumerate(cases):
+        long, short = timed[2 * k], timed[2 * k + 1]
         ctx = b * (prompt + ENGINE_NEW / 2)  # mean cached tokens over the decode iterations
         iters.append((b, ctx, max(0.0, long.median_s - short.median_s) / (ENGINE_NEW - 1),
                       cm.decode_step_time_s(1, b, ctx)))

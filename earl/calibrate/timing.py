@@ -101,6 +101,32 @@ def time_host(fn: Callable[[], object], *, device: torch.device, warmup: int = 2
     return Timing.of(samples)
 
 
+def time_host_interleaved(fns: Sequence[Callable[[], object]], *, device: torch.device, warmup: int = 2,
+                          reps: int = 7) -> list[Timing]:
+    """`time_host` of several calls whose times are fitted together, taken round-robin: each
+    round times every call once (the order rotated by one each round), so each call's median is
+    drawn from the same stretch of the host's time. On a host whose speed switches between
+    modes for spells of a second or so (docs/fidelity.md, thirteenth session), calls timed one
+    after the other each land in a mode of their own, and a fit across them (a fixed term and
+    a slope) reads the modes as a shape; interleaved, they share the mix."""
+    if not fns:
+        raise ValueError("time_host_interleaved needs at least one call")
+    clock = host_clock(device)
+    for fn in fns:
+        for _ in range(max(0, warmup)):
+            fn()
+    samples: list[list[float]] = [[] for _ in fns]
+    n = len(fns)
+    for r in range(max(1, reps)):
+        for i in [(r + j) % n for j in range(n)]:
+            synchronize(device)
+            t = clock()
+            fns[i]()
+            synchronize(device)
+            samples[i].append(clock() - t)
+    return [Timing.of(s) for s in samples]
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
