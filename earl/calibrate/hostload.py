@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
-import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -120,12 +119,18 @@ def _corun_loop(iters: int, queue) -> None:
     queue.put((time.perf_counter() - t0, per_iter))
 
 
-def corun_slowdown(procs: int | None = None, iters: int = 2000, repeats: int = 9,
+def corun_slowdown(procs: int | None = None, iters: int = 800, repeats: int = 25,
                    timeout_s: float = 120.0) -> dict:
     """How much longer one fixed eager loop takes on the slowest of `procs` processes (default:
-    every core) running it at once than on one process alone: the slowest concurrent wall time
-    over the lone one, median of `repeats` pairs taken back to back (so both sides of a pair
-    see the same other tenants), at least 1. Validate scores a stage of the ranks' own work as
+    every core) running it at once than on one process alone: over `repeats` pairs taken back to
+    back (so both sides of a pair see the same other tenants), the summed slowest concurrent wall
+    time over the summed lone one, at least 1. Summed, not the median pair: on a host whose
+    cores switch between a fast and a slow mode for spells of up to a second, a pair's two
+    windows often land in different modes (single pairs read x0.62-2.13 on the 2-vCPU EPYC,
+    the median of nine moved x1.01-1.32 between calibrations; re-estimated from the same pairs,
+    the sums put 100 of 160 recorded stage-runs within 25% against 96;
+    docs/fidelity.md, fifteenth session); many short pairs, summed, average the modes out as a
+    stage's time does. Validate scores a stage of the ranks' own work as
     its slowest rank's, which on a shared host is slower than one rank alone twice over: the
     ranks slow each other (caches, memory bandwidth, SMT siblings; in CPU time too, so a CPU
     share cannot see it), and the slowest of several draws from the host's noise is slower
@@ -160,7 +165,8 @@ def corun_slowdown(procs: int | None = None, iters: int = 2000, repeats: int = 9
         alone.append(one)
         probe_alone.append(cpu_one)
         probe_corun += [c for _, c in many]
-    return {"corun_slowdown": max(1.0, statistics.median(ratios)), "procs": procs,
+    slowest = sum(r * a for r, a in zip(ratios, alone, strict=True))
+    return {"corun_slowdown": max(1.0, slowest / sum(alone)), "procs": procs,
             "ratios": [round(r, 4) for r in ratios], "alone_s": [round(a, 5) for a in alone],
             "probe_alone_s": [round(a, 9) for a in probe_alone], "probe_corun_s": [round(c, 9) for c in probe_corun]}
 

@@ -194,8 +194,8 @@ def _calibrate_phases(dev, dt, budget_s, phases, base_prof, seed, progress, t_st
         stamp = {**res.profile.stamp, "cpu_share": round(load.share(), 4)}
         res = dataclasses.replace(res, profile=dataclasses.replace(res.profile, stamp=stamp))
     if dev.type == "cpu" and "runtime" in phases:  # the runtime's ranks compute at once on this host
-        # nine pairs (~3 s on 2 cores) in a full calibration, three in a quick one
-        corun = hostload.corun_slowdown(repeats=9 if budget_s >= 30 else 3)
+        # 25 short pairs (~3 s on 2 cores) in a full calibration, five in a quick one
+        corun = hostload.corun_slowdown(repeats=25 if budget_s >= 30 else 5)
         res = dataclasses.replace(res, profile=dataclasses.replace(
             res.profile, corun_slowdown=round(corun["corun_slowdown"], 4),
             fit_quality={**res.profile.fit_quality, "corun": corun}))
