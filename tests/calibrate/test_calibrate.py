@@ -68,9 +68,9 @@ def test_tiny_calibration_writes_a_loadable_stamped_profile(calibration, tmp_pat
     assert {"optimizer", "experience", "logprob", "train", "dispatch", "rollout", "handoff"} <= set(
         loaded.fit_quality["host_costs"]["points"])
     assert loaded.elementwise is None or 0 < loaded.elementwise.peak_frac <= 1.5
-    # the co-run slowdown: a quick calibration's three pairs, kept with the profile
+    # the co-run slowdown: a quick calibration's five pairs, kept with the profile
     corun = loaded.fit_quality["corun"]
-    assert len(corun["ratios"]) == (3 if corun["procs"] > 1 else 0)
+    assert len(corun["ratios"]) == (5 if corun["procs"] > 1 else 0)
     assert loaded.corun_slowdown == pytest.approx(corun["corun_slowdown"], abs=1e-4) and loaded.corun_slowdown >= 1
     # the host probe read between the one-process phases' cases, one reading per case
     probe = loaded.fit_quality["host_probe"]["by_phase"]
