@@ -37,13 +37,11 @@ def profile_path(arg: Path) -> Path:
 
 def constants(profile: dict) -> dict[str, float]:
     """The profile's fitted numbers by name (curves as their asymptote: peak_frac x peak)."""
-    out = {}
-    for k, v in profile.items():
-        if k not in SKIP and isinstance(v, (int, float)) and not isinstance(v, bool) and v is not None:
-            out[k] = float(v)
-    for k, v in (profile.get("dispatch_path") or {}).items():
-        if k not in SKIP and isinstance(v, (int, float)) and not isinstance(v, bool):
-            out[f"dispatch_path.{k}"] = float(v)
+    def scalars(d: dict, prefix: str = "") -> dict[str, float]:
+        return {prefix + k: float(v) for k, v in d.items()
+                if k not in SKIP and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+    out = {**scalars(profile), **scalars(profile.get("dispatch_path") or {}, "dispatch_path.")}
     hw = profile.get("hardware") or {}
     peak = {"matmul": hw.get("peak_flops"), "attention": hw.get("peak_flops"),
             "attention_decode": hw.get("peak_flops"), "elementwise": hw.get("hbm_bw_bytes_s"),

@@ -48,17 +48,6 @@ def applied(variant: dict) -> bool:
     return bool(variant.get("host_probe_s")) and variant.get("host_speed_applied", True)
 
 
-def other_err(variant: dict, stage: str) -> float:
-    """The median per-step error of the prediction the other way: without the host-speed factor
-    where validate applied it, with it where validate only recorded it."""
-    k = variant.get("host_speed", 1.0)
-    k = 1.0 / k if applied(variant) else k
-    errs = sorted(abs(p[stage] * k - m[stage]) / m[stage]
-                  for p, m in zip(variant["predicted"], variant["measured"], strict=True))
-    n = len(errs)
-    return errs[n // 2] if n % 2 else 0.5 * (errs[n // 2 - 1] + errs[n // 2])
-
-
 LEVELS = np.exp(np.linspace(-1.2, 1.2, 481))  # the multipliers the one-level-per-pass count tries
 
 
@@ -66,6 +55,13 @@ def step_err(variant: dict, stage: str, k: float = 1.0) -> float:
     """The median per-step |error| of the run's prediction (as reported) times `k`."""
     return float(np.median([abs(p[stage] * k - m[stage]) / m[stage]
                             for p, m in zip(variant["predicted"], variant["measured"], strict=True)]))
+
+
+def other_err(variant: dict, stage: str) -> float:
+    """The median per-step error of the prediction the other way: without the host-speed factor
+    where validate applied it, with it where validate only recorded it."""
+    k = variant.get("host_speed", 1.0)
+    return step_err(variant, stage, 1.0 / k if applied(variant) else k)
 
 
 def pass_level(variants: list[dict], stage: str) -> int:

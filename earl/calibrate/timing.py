@@ -88,17 +88,7 @@ def time_host(fn: Callable[[], object], *, device: torch.device, warmup: int = 2
     (an engine turn, an optimizer step). CUDA: synchronised before and after each call, timed
     on the host (`perf_counter`), so launch overheads and host gaps count, as they do in the
     runtime's spans; CPU: `host_clock`."""
-    clock = host_clock(device)
-    for _ in range(max(0, warmup)):
-        fn()
-    samples = []
-    for _ in range(max(1, reps)):
-        synchronize(device)
-        t = clock()
-        fn()
-        synchronize(device)
-        samples.append(clock() - t)
-    return Timing.of(samples)
+    return time_host_interleaved([fn], device=device, warmup=warmup, reps=reps)[0]
 
 
 def time_host_interleaved(fns: Sequence[Callable[[], object]], *, device: torch.device, warmup: int = 2,
