@@ -66,6 +66,11 @@ COLLECTIVE_SPANS = ("handoff",)
 # `cpu_s` over wall seconds) is the core a rank got while it computed, which the step's share
 # (rank 0's step_cpu_s / step_s) reads low by the waits of the collective stages
 COMPUTE_SPANS = ("rollout", "logprob")
+# the experience stage's own work: its log-prob spans and the hand-offs that waited for no one.
+# Its share is pooled from them alone, capped at one core, not at cores / nproc: the ranks reach
+# the stage one after another (4 ranks on 2 cores, 2026-12-04: their spans' CPU over wall 0.8-1.0
+# in most steps, starts up to 8 ms apart), so "all ranks compute at once" overstated its stretch
+EXPERIENCE_SPANS = ("logprob",)
 NPROCS = (1, 2, 4)  # process counts validated: the profile's dispatch path is fitted at 2 and 4
 DTYPE_NAMES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 
@@ -335,19 +340,20 @@ def measured_stages(spans, steps: list[int]) -> list[dict]:
     return out
 
 
-def compute_shares(spans, steps: list[int], nproc: int, cores: int) -> list[float | None]:
-    """Per step: the share of a core the ranks got in their COMPUTE_SPANS (CPU seconds over
-    wall seconds, all ranks' spans pooled), at most min(1, cores / nproc): the share while all
-    ranks compute, before those done early leave their cores to the rest (`rollout_on_host`
-    prices that); None for a step whose spans carry no `cpu_s` (a trace from before the runtime
-    recorded it)."""
+def compute_shares(spans, steps: list[int], nproc: int, cores: int, names: tuple[str, ...] = COMPUTE_SPANS,
+                   cap: float | None = None, own: tuple[str, ...] = ()) -> list[float | None]:
+    """Per step: the share of a core the ranks got in their spans `names` (and those in `own`
+    that waited for no peer; CPU seconds over wall seconds, all ranks' spans pooled), at most
+    `cap`, by default min(1, cores / nproc): the share while all ranks compute, before those done
+    early leave their cores to the rest (`rollout_on_host` prices that); None for a step whose
+    spans carry no `cpu_s` (a trace from before the runtime recorded it)."""
     cpu: dict[int, float] = {}
     wall: dict[int, float] = {}
     for sp in spans:
-        if sp.name in COMPUTE_SPANS and "cpu_s" in sp.args:
+        if (sp.name in names or (sp.name in own and not sp.args.get("waits", True))) and "cpu_s" in sp.args:
             cpu[sp.step] = cpu.get(sp.step, 0.0) + float(sp.args["cpu_s"])
             wall[sp.step] = wall.get(sp.step, 0.0) + sp.duration_s
-    cap = min(1.0, cores / nproc)
+    cap = min(1.0, cores / nproc) if cap is None else cap
     return [min(cap, share_of(cpu[k], wall[k], 1)) if wall.get(k) else None for k in steps]
 
 
@@ -471,6 +477,12 @@ def score_variant(cfg, name: str, overrides: dict, run_dir: Path, rows: list[dic
     per_step = compute_shares(spans, [r["step"] for r in rows[warmup_steps:]], nproc,
                               prof.dispatch_path.host_parallel) if device == "cpu" else []
     computing = [c if c is not None else s for c, s in zip(per_step, shares, strict=True)] if per_step else shares
+    # ... and in the experience stage's own work (EXPERIENCE_SPANS): its log-prob passes' stretch
+    per_exp = compute_shares(spans, [r["step"] for r in rows[warmup_steps:]], nproc,
+                             prof.dispatch_path.host_parallel, names=EXPERIENCE_SPANS, cap=1.0, own=COLLECTIVE_SPANS) \
+        if device == "cpu" else []
+    exp_computing = [c if c is not None else s for c, s in zip(per_exp, computing, strict=True)] if per_exp \
+        else computing
 
     def predicted(p: HardwareProfile) -> tuple[list[dict], list[dict], float, float]:
         """(the scored steps' stage seconds, all simulated rows, the mean host stretch, the mean
@@ -478,13 +490,14 @@ def score_variant(cfg, name: str, overrides: dict, run_dir: Path, rows: list[dic
         their own oversubscription terms (`dispatch_stretch`)."""
         sim_rows = _simulate(cfg, spec, trace, p, len(rows), nproc)
         out, ks, kcs = [], [], []
-        for sr, sh, sc in zip(sim_rows[warmup_steps:], shares, computing, strict=True):
+        for sr, sh, sc, se in zip(sim_rows[warmup_steps:], shares, computing, exp_computing, strict=True):
             k, kd = host_stretch(p, nproc, device, sh), dispatch_stretch(p, nproc, device, sh)
             kc = host_stretch(p, nproc, device, sc) * corun_stretch(p, nproc, device)
+            ke = host_stretch(p, nproc, device, se) * corun_stretch(p, nproc, device)
             row = {s: float(sr[f"{s}_s"]) * (kd if s == "dispatch" else k) for s in STAGES}
             row["rollout"] = rollout_on_host(sr, p, nproc, device, kc)
             row["reshard"] += float(sr["sync_s"]) * k
-            row["experience"] = (float(sr["experience_s"]) - float(sr["handoff_s"])) * kc + float(sr["handoff_s"]) * kd
+            row["experience"] = (float(sr["experience_s"]) - float(sr["handoff_s"])) * ke + float(sr["handoff_s"]) * kd
             out.append(row)
             ks.append(k)
             kcs.append(kc)

@@ -14,6 +14,8 @@ from typer.testing import CliRunner
 from earl.calibrate.host import local_cluster
 from earl.calibrate.overhead import ForwardPoint, fit_overhead
 from earl.calibrate.validate import (
+    COLLECTIVE_SPANS,
+    EXPERIENCE_SPANS,
     NPROCS,
     STAGES,
     advantage_spec,
@@ -364,6 +366,20 @@ def test_compute_share_pools_the_ranks_compute_spans_and_caps_at_the_cores_split
     assert compute_shares(spans, [1, 2, 3], 2, 2) == [pytest.approx(3.6 / 4.0), 1.0, None]
     # four ranks on two cores: the share while all compute is at most a half
     assert compute_shares(spans, [1], 4, 2) == [0.5]
+
+
+def test_experience_share_is_its_own_spans_uncapped_with_the_local_hand_off():
+    """The experience stage's share: its log-prob spans and the hand-offs that waited for no
+    one (a local copy, the rank's own work), all ranks pooled and capped at one core, not at
+    cores / nproc: ranks reach it one after another (traces of 2026-12-04, docs/fidelity.md)."""
+    def sp(name, rank, wall, cpu, waits=None):
+        args = {"cpu_s": cpu} | ({} if waits is None else {"waits": waits})
+        return Span(name=name, stage="experience", rank=rank, t_start=0.0, t_end=wall, step=1, args=args)
+    spans = [sp("logprob", 0, 1.0, 0.9), sp("logprob", 1, 1.0, 1.0), sp("handoff", 0, 2.0, 1.0, waits=False),
+             sp("handoff", 1, 3.0, 0.1, waits=True), sp("handoff", 2, 3.0, 0.1)]  # no arg: a wait
+    got = compute_shares(spans, [1], 4, 2, names=EXPERIENCE_SPANS, cap=1.0, own=COLLECTIVE_SPANS)
+    assert got == [pytest.approx(2.9 / 4.0)]  # above cores / nproc = 0.5
+    assert compute_shares([sp("logprob", 0, 1.0, 1.2)], [1], 4, 2, names=EXPERIENCE_SPANS, cap=1.0) == [1.0]
 
 
 def test_simulated_log_prob_passes_are_the_runtimes():
