@@ -140,3 +140,25 @@ def test_calibration_spread_lists_every_fitted_constant_of_the_committed_passes(
                       ([str(folders[0]), str(tmp_path)], "no profile")):
         bad = study("studies/cpu_calibration_spread.py", *args)
         assert bad.returncode == 2 and msg in bad.stderr and "Traceback" not in bad.stderr
+
+
+# the sixteenth session's re-pricing of the twelve passes (run_dir: the committed runs)
+RESCORED = ROOT / "docs" / "cpu" / "epyc-2026-12-04d" / "rescored"
+
+
+def test_experience_modes_reads_every_run_and_separates_the_two_modes():
+    passes = [str(p) for p in sorted(RESCORED.glob("cf*"))]
+    r = study("studies/cpu_experience_modes.py", *passes)
+    assert r.returncode == 0, r.stderr
+    assert len(re.findall(r"nproc[24]-calculator-run[12] +steps with a preempted rank \d of 8", r.stdout)) == 48
+    assert r.stdout.strip() == (RESCORED.parent / "experience-modes.txt").read_text().strip()
+    # four ranks on two cores: a step with a preempted rank takes about twice its own work, one
+    # without about its own work; two ranks on two cores rarely preempt
+    modes = {n: re.search(rf"nproc {n}: none preempted: (\d+) steps, slowest / own work median x([\d.]+).*"
+                          rf"one or more: (\d+) steps, slowest / own work median x([\d.]+)", r.stdout)
+             for n in (2, 4)}
+    assert all(modes.values())
+    assert float(modes[4][2]) < 1.3 < 1.8 < float(modes[4][4])
+    assert int(modes[2][3]) < int(modes[2][1]) // 10
+    bad = study("studies/cpu_experience_modes.py", str(RESCORED))
+    assert bad.returncode == 2 and "no nproc*/validation.json" in bad.stderr

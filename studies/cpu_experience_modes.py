@@ -1,0 +1,104 @@
+"""The experience stage's two modes at more ranks than cores, read from the runs' traces: per
+`earl validate --nproc N` run of `studies/cpu_fidelity.sh` outputs (or of folders holding such
+runs), per scored step, whether a rank was preempted inside its own experience work (its log-prob
+span and a hand-off that waited for no one: CPU seconds under PREEMPTED x wall seconds), and the
+stage's measured time (the slowest rank's) over the ranks' median own CPU seconds.
+
+Four ranks on two cores (2026-12-04): a step where no rank was preempted takes about one rank's
+own work; a step where one was takes about twice that (the preempted rank waits for a peer's own
+work); which of the two is the majority of a run's steps moves from run to run. A per-step price
+follows the pooled share of the ranks' CPU (earl.calibrate.validate.EXPERIENCE_SPANS), not the
+slowest rank's wait.
+
+    python studies/cpu_experience_modes.py /tmp/cf35 /tmp/cf36            # one line per run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from earl.trace import read_chrome_trace
+
+PREEMPTED = 0.7  # a rank's own experience work got under this share of a core: preempted in it
+BAR = 0.25
+
+
+def own_work(spans, step: int) -> dict[int, tuple[float, float]]:
+    """rank -> (wall s, CPU s) of its own experience work in `step`."""
+    out: dict[int, tuple[float, float]] = {}
+    for sp in spans:
+        if sp.step != step or sp.stage != "experience" or "cpu_s" not in sp.args:
+            continue
+        if sp.name == "logprob" or (sp.name == "handoff" and not sp.args.get("waits", True)):
+            w, c = out.get(sp.rank, (0.0, 0.0))
+            out[sp.rank] = (w + sp.duration_s, c + float(sp.args["cpu_s"]))
+    return out
+
+
+def run_modes(run: Path) -> dict | None:
+    """One multi-process run's steps: {nproc, steps: [(preempted ranks, slowest wall / median
+    own CPU)], err: validate's median per-step error of the stage}; None for a one-process run."""
+    v = json.loads((run / "validation.json").read_text())
+    if v.get("nproc", 1) < 2:
+        return None
+    # a run's own folder, or where a re-priced one (`earl validate --rescore`) says its run lies
+    base = run / "runs" / "base"
+    if not base.is_dir():
+        base = Path(v["variants"][0]["run_dir"])
+    if not (base / "trace.json").is_file():
+        raise ValueError(f"{run}: no trace.json in {base}")
+    steps = [json.loads(line)["step"] for line in (base / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    scored = steps[-len(v["variants"][0]["measured"]):]
+    spans = read_chrome_trace(base / "trace.json")
+    rows = []
+    for st in scored:
+        own = own_work(spans, st)
+        if not own:
+            continue
+        slow = sum(c < PREEMPTED * w for w, c in own.values())
+        rows.append((slow, max(w for w, _ in own.values()) / statistics.median(c for _, c in own.values())))
+    err = next(s["median_err"] for s in v["stages"] if s["stage"] == "experience")
+    return {"nproc": v["nproc"], "steps": rows, "err": err}
+
+
+def report(folders: list[Path]) -> str:
+    lines, by_mode = [], {0: [], 1: []}
+    for folder in folders:
+        runs = sorted(p.parent for p in folder.glob("nproc*/validation.json"))
+        if not runs:
+            raise ValueError(f"{folder}: no nproc*/validation.json; give the OUT folder of studies/cpu_fidelity.sh")
+        for run in runs:
+            got = run_modes(run)
+            if got is None or not got["steps"]:
+                continue
+            hit = [r for s, r in got["steps"] if s]
+            clean = [r for s, r in got["steps"] if not s]
+            for s, r in got["steps"]:
+                by_mode[min(s, 1)].append((got["nproc"], r))
+            med = (lambda xs: f"x{statistics.median(xs):.2f}" if xs else "  -  ")
+            lines.append(f"{folder.name:>8s} {run.name:24s} steps with a preempted rank {len(hit)} of "
+                         f"{len(got['steps'])}; slowest / own work: none preempted {med(clean)}, one or more "
+                         f"{med(hit)} | experience error {100 * got['err']:5.1f}%{'*' if got['err'] > BAR else ''}")
+    lines.append("")
+    for n in sorted({n for rows in by_mode.values() for n, _ in rows}):
+        parts = []
+        for mode, name in ((0, "none preempted"), (1, "one or more")):
+            xs = [r for k, r in by_mode[mode] if k == n]
+            if xs:
+                q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+                parts.append(f"{name}: {len(xs)} steps, slowest / own work median x{q[1]:.2f} "
+                             f"(quartiles x{q[0]:.2f}-{q[2]:.2f})")
+        lines.append(f"nproc {n}: " + "; ".join(parts))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folders", nargs="+", type=Path, help="OUT folders of studies/cpu_fidelity.sh")
+    try:
+        print(report(ap.parse_args().folders))
+    except ValueError as e:
+        ap.error(str(e))  # exit code 2
