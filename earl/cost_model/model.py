@@ -677,6 +677,12 @@ class CostModel:
                         extras={"bytes_per_gpu": worst, "bytes_total": moved, "link_bw_bytes_s": link.bw_bytes_s})
 
 
+# the runtime's trainer runs a shared prompt prefix once when that saves at least this fraction
+# of a micro-batch's tokens (earl.runtime.trainer._shared_prefixes; the simulator prices it so:
+# earl.sim.simulation.Simulation._shared_cost)
+SHARE_MIN_FRAC = 0.1
+
+
 def micro_batches(lengths, token_budget: int) -> list[list[int]]:
     """The one micro-batch packing rule (the PyTorch runtime's trainer packs by it, the cost
     model prices it): row indices grouped so that rows x longest row <= token_budget (a longer

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.utils.checkpoint
 
-from earl.cost_model.model import micro_batches
+from earl.cost_model.model import SHARE_MIN_FRAC, micro_batches
 from earl.runtime.dist import comm_device
 from earl.runtime.losses import clipped_pg, kl_estimate, loss_denominator, policy_ratio, token_weights
 from earl.runtime.mismatch import SUM_KEYS, mismatch_sums, tis_weights
@@ -157,7 +157,6 @@ def _hidden_states(model, decoder, input_ids: torch.Tensor, attention_mask: torc
     return got[-1]
 
 
-SHARE_MIN_FRAC = 0.1  # share prompt prefixes when that saves at least this fraction of the tokens
 
 
 def _shared_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor, sel: torch.Tensor):

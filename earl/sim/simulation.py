@@ -23,6 +23,7 @@ import simpy
 
 from earl.cost_model import CostModel
 from earl.cost_model.dispatch import price_transfer_plan
+from earl.cost_model.model import SHARE_MIN_FRAC
 from earl.cost_model.profile import load_profile
 from earl.policies import Layout, Sample, balance_aligned, make_dispatcher, make_selector
 from earl.policies.balance import assignment_of, balance_samples, balance_tokens, imbalance_ratio
@@ -65,7 +66,7 @@ class Simulation:
                  fine: bool | None = None, progress=None, engine: str = "continuous",
                  padded: bool = False, token_budget: int = 0, fsdp: bool = False, handoff: bool = False,
                  head_on: str = "all", train_placement: str = "aligned", async_feed: str = "stream",
-                 rollout_cost_model: CostModel | None = None, stat_reductions: int = 1):
+                 rollout_cost_model: CostModel | None = None, stat_reductions: int = 1, prompt_group: int = 0):
         # `engine` "turn-sync", `padded` and `token_budget` model the single-process PyTorch
         # runtime for `earl validate`: its engine plays turns in lockstep (sim.rollout_engine.
         # TurnSyncReplica); its log-prob / train micro-batches are right-padded to their longest
@@ -81,7 +82,10 @@ class Simulation:
         # earl.calibrate.validate_async); None: `cost_model`'s. `stat_reductions`: the reductions
         # a dispatch's advantage statistics take (earl.runtime.advantages.AdvantageSpec.reductions:
         # two for a per-turn baseline; 0 where a group estimator computes them from the rewards
-        # the metadata all-gather gave every rank: no statistics reduce and none of its rounds)
+        # the metadata all-gather gave every rank: no statistics reduce and none of its rounds);
+        # `prompt_group` > 1: episodes id // prompt_group share their prompt (a GRPO group) and the
+        # log-prob and training forwards run it once per group (`_shared_cost`; the runtime's
+        # trainer does so where its parameters are plain tensors: one process, no FSDP2 / DTensor)
         if not isinstance(stat_reductions, int) or stat_reductions < 0:
             raise ValueError(f"stat_reductions must be an int >= 0 (0: statistics from the rewards), "
                              f"got {stat_reductions!r}")
@@ -104,6 +108,10 @@ class Simulation:
         self.fsdp = fsdp
         self.handoff = handoff
         self.stat_reductions = stat_reductions
+        if not isinstance(prompt_group, int) or prompt_group < 0:
+            raise ValueError(f"prompt_group must be an int >= 0 (0: no shared prompts), got {prompt_group!r}")
+        self.prompt_group = prompt_group
+        self._prompt_of: dict[int, int] = {}  # this step's episode id -> prompt tokens (`prompt_group`)
         self.sc = scenario
         self.env = simpy.Environment()
         if cost_model is None:
@@ -245,14 +253,46 @@ class Simulation:
             edges = np.rint(np.arange(len(lengths) + 1) * weight).astype(np.int64)
             lengths = np.repeat(lengths, np.diff(edges))
             lengths = np.maximum(np.rint(lengths * (total / lengths.sum())), 1).astype(np.int64)
-        est = self.cm.mixed_batch(stage, plan, lengths, buckets=MAX_BUCKETS, passes=passes,
-                                  imbalance=imbalance, padded=self.padded, token_budget=self.token_budget,
-                                  groups=groups, fsdp=self.fsdp, head_frac=self._head_frac)
-        assert est.feasible, f"{stage} {plan.describe()} infeasible at {longest} tokens after OOM filter"
+        shared = self._shared_cost(stage, plan, ids, tokens, passes) if weight == 1.0 else None
+        if shared is None:
+            est = self.cm.mixed_batch(stage, plan, lengths, buckets=MAX_BUCKETS, passes=passes,
+                                      imbalance=imbalance, padded=self.padded, token_budget=self.token_budget,
+                                      groups=groups, fsdp=self.fsdp, head_frac=self._head_frac)
+            assert est.feasible, f"{stage} {plan.describe()} infeasible at {longest} tokens after OOM filter"
         mem = self.cm.memory(stage, plan, plan.dp, longest)
-        return StageCost(time_s=est.time_s, memory_bytes=mem.total,
+        return StageCost(time_s=est.time_s if shared is None else shared, memory_bytes=mem.total,
                          headroom_frac=mem.headroom_frac, imbalance=imbalance,
                          group_tokens=tuple(loads.tolist()))
+
+    def _shared_cost(self, stage: str, plan: ParallelPlan, ids: np.ndarray, tokens: np.ndarray,
+                     passes: int) -> float | None:
+        """Seconds of the stage with each group's prompt run once (`prompt_group`), as the
+        runtime's trainer runs it (earl.runtime.trainer._shared_prefixes): a prefix pass over one
+        row per group (the tokens before the first position that gets logits: the prompt less
+        one), then every row's suffix attending to it, both right-padded, their host work once.
+        None where the runtime would not share: no `prompt_group`, one process's plan only
+        (dp = tp = 1), logits on every position (`head_on` "all"), or under SHARE_MIN_FRAC of the
+        tokens saved."""
+        if self.prompt_group < 2 or plan.world_size != 1 or self._head_frac is None or not self._prompt_of:
+            return None
+        prefix = np.array([max(0, min(self._prompt_of.get(int(i), 0) - 1, int(n) - 1))
+                           for i, n in zip(ids, tokens, strict=True)], dtype=np.int64)
+        group = ids // self.prompt_group
+        leaders = {}
+        for g, p in zip(group.tolist(), prefix.tolist(), strict=True):
+            leaders[g] = max(leaders.get(g, 0), p)
+        lead = np.array([p for p in leaders.values() if p > 0], dtype=np.int64)
+        if not lead.size or prefix.sum() - lead.sum() < SHARE_MIN_FRAC * tokens.sum():
+            return None
+        suffix = np.sort(tokens - prefix)
+        heads = self._head_frac * float(tokens.sum())  # the positions that get logits: all in the suffixes
+        kw = dict(buckets=MAX_BUCKETS, passes=passes, padded=self.padded, token_budget=self.token_budget,
+                  fsdp=self.fsdp)
+        rest = self.cm.mixed_batch(stage, plan, suffix, head_frac=min(1.0, heads / max(1.0, float(suffix.sum()))),
+                                   **kw)
+        pre = self.cm.mixed_batch(stage, plan, np.sort(lead), head_frac=0.0, **kw)
+        once = "grad_sync_optimizer" if stage == "train" else "host"
+        return rest.time_s + pre.time_s - pre.breakdown[once]
 
     def _prompt_stats(self, drawn: Draw, step: int) -> WorkloadStats:
         """What is known before the first rollout: the prompts."""
@@ -298,6 +338,8 @@ class Simulation:
         drawn = self.workload.draw(step)
         drawn = drawn.rows(drawn.turns > 0)
         n = len(drawn.ids)
+        if self.prompt_group > 1:
+            self._prompt_of = dict(zip(drawn.ids.tolist(), drawn.prompts.tolist(), strict=True))
         aggregated = self.aggregated(n)
         stats_before = self._stats or self._prompt_stats(drawn, step)
         row: dict = {"episodes": n, "truncated_episodes": int(drawn.truncated.sum())}

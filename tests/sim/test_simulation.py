@@ -217,3 +217,42 @@ def test_no_statistics_reductions_prices_dispatch_without_the_statistics_reduce(
         Simulation(sc, "static", "layout-aware", stat_reductions=-1)
     for a, b in zip(base.rows, meta.rows, strict=True):
         assert b["rollout_s"] == pytest.approx(a["rollout_s"]) and b["train_s"] == pytest.approx(a["train_s"])
+
+
+def _one_process_sim(tmp_path, prompt: int, prompt_group: int, gpus: int = 1) -> Simulation:
+    """earl validate's model of a one-process runtime step on a recorded trace: 16 episodes in
+    groups of 4, each opening on `prompt` tokens then 8 generated, 8 observed, 8 generated."""
+    import json
+
+    from earl.sim.scenario import Scenario
+    from earl.sim.workload import WorkloadSpec
+
+    trace = tmp_path / f"w{prompt}.jsonl"
+    trace.write_text("".join(json.dumps({"step": s, "episodes": [
+        {"id": i, "turns": [[prompt, 8, 0.0], [8, 8 + i % 4, 0.0]]} for i in range(16)]}) + "\n" for s in (1, 2)))
+    sc = Scenario(name="validate", steps=2, model="tiny", hardware="cpu", nodes=1, gpus_per_node=gpus,
+                  workload=WorkloadSpec(episodes_per_step=16, trace=str(trace), max_context=4096),
+                  rollout_plan=f"dp{gpus}", experience_plan=f"dp{gpus}", train_plan=f"dp{gpus}")
+    return Simulation(sc, "static", "layout-aware", padded=True, token_budget=16384, head_on="generated",
+                      prompt_group=prompt_group)
+
+
+def test_shared_prompts_price_the_groups_prompt_once(tmp_path):
+    """`prompt_group` (earl validate at one process): a group's prompt runs once in the log-prob
+    and training forwards, as the runtime's trainer runs it (earl.runtime.trainer._shared_prefixes):
+    both stages cheaper, nothing else; not where sharing saves under SHARE_MIN_FRAC of the tokens,
+    nor on a plan of more than one device (FSDP2 / DTensor parameters do not share)."""
+    whole = _one_process_sim(tmp_path, 48, 0).run()
+    shared = _one_process_sim(tmp_path, 48, 4).run()
+    for a, b in zip(whole.rows, shared.rows, strict=True):
+        # 16 rows of 72-75 tokens -> 4 prefix rows of 47 + 16 suffix rows of 25-28: about half the tokens
+        assert 0.3 * a["train_s"] < b["train_s"] < 0.8 * a["train_s"]
+        assert 0.3 * a["experience_s"] < b["experience_s"] < 0.8 * a["experience_s"]
+        assert b["rollout_s"] == pytest.approx(a["rollout_s"]) and b["dispatch_s"] == pytest.approx(a["dispatch_s"])
+    # a 2-token prompt: 3 x 1 token of 16 x ~27 saved, under 10%: the rows run whole
+    short = [_one_process_sim(tmp_path, 2, g).run().rows for g in (0, 4)]
+    assert [r["train_s"] for r in short[0]] == [r["train_s"] for r in short[1]]
+    two = [_one_process_sim(tmp_path, 48, g, gpus=2).run().rows for g in (0, 4)]
+    assert [r["train_s"] for r in two[0]] == [r["train_s"] for r in two[1]]
+    with pytest.raises(ValueError, match="prompt_group"):
+        _one_process_sim(tmp_path, 48, -1)
