@@ -110,6 +110,7 @@ class DecodeClock:
         one mixed forward prefills the admitted turns and samples a token of every row, the
         `running` sequences (total context `context`) included (CostModel.mixed_step_time_s),
         less that iteration's price as a plain decode step of all of them."""
+        batch = [b for b in batch if b[1] > 0]  # a shared prompt's copies: no rows of the forward
         new = sum(n for _, n, _ in batch)
         if new <= 0:
             return 0.0
@@ -203,8 +204,12 @@ class Replica:
 
     def __init__(self, env: simpy.Environment, *, cost_model, tp: int, episodes: list[Episode],
                  clock: DecodeClock | None = None, max_num_seqs: int = 256, fine: bool = False,
-                 log: list | None = None, name: str = "replica0"):
+                 log: list | None = None, name: str = "replica0", prompt_group: int = 0):
+        # `prompt_group` > 1: episodes id // prompt_group open on one prompt (a GRPO group), and
+        # members admitted together prefill it once, the others copying its KV (the runtime
+        # engine's `_forward_mixed`; vLLM's prefix cache does the same); 0: each prefills its own
         self.env = env
+        self.prompt_group = prompt_group
         self.cm = cost_model
         self.tp = tp
         self.cap = cost_model.kv_capacity_tokens(tp)
@@ -258,8 +263,11 @@ class Replica:
 
     # ---- scheduling -----------------------------------------------------------------------------
     def _admit(self) -> list[tuple[Seq, int, int]]:
-        """FCFS admission while KV allows: (seq, new tokens to prefill, cached prefix tokens)."""
+        """FCFS admission while KV allows: (seq, new tokens to prefill, cached prefix tokens);
+        a group member opening on a prompt another member of the batch prefills gets (seq, 0, 0)
+        (`prompt_group`): its KV is a copy, held but not computed."""
         batch: list[tuple[Seq, int, int]] = []
+        opening: set[int] = set()  # groups whose prompt a member of this batch prefills
         while self.waiting and len(self.running) + len(batch) < self.max_num_seqs:
             s = self.waiting[0]
             if s.ctx + s.pending + s.rem > self.cap:  # this turn can never fit in this replica
@@ -281,7 +289,13 @@ class Replica:
             if not s.resident:
                 self.stats.recompute_tokens += s.ctx
             self.used += new
-            batch.append((s, new, s.ctx if s.resident else 0))
+            fresh = self.prompt_group > 1 and s.turn == 0 and s.ctx == 0
+            if fresh and s.ep.id // self.prompt_group in opening:
+                batch.append((s, 0, 0))
+            else:
+                if fresh:
+                    opening.add(s.ep.id // self.prompt_group)
+                batch.append((s, new, s.ctx if s.resident else 0))
             s.resident = True
         return batch
 

@@ -83,9 +83,11 @@ class Simulation:
         # a dispatch's advantage statistics take (earl.runtime.advantages.AdvantageSpec.reductions:
         # two for a per-turn baseline; 0 where a group estimator computes them from the rewards
         # the metadata all-gather gave every rank: no statistics reduce and none of its rounds);
-        # `prompt_group` > 1: episodes id // prompt_group share their prompt (a GRPO group) and the
-        # log-prob and training forwards run it once per group (`_shared_cost`; the runtime's
-        # trainer does so where its parameters are plain tensors: one process, no FSDP2 / DTensor)
+        # `prompt_group` > 1: episodes id // prompt_group share their prompt (a GRPO group): the
+        # rollout engine prefills it once per group among the members it admits together
+        # (`Replica`; not the turn-sync engine), and the log-prob and training forwards run it
+        # once per group (`_shared_cost`; the runtime's trainer does so where its parameters are
+        # plain tensors: a one-device plan here, no FSDP2 / DTensor)
         if not isinstance(stat_reductions, int) or stat_reductions < 0:
             raise ValueError(f"stat_reductions must be an int >= 0 (0: statistics from the rewards), "
                              f"got {stat_reductions!r}")
@@ -459,7 +461,8 @@ class Simulation:
             choice = ReplicaChoice(simulated=every, representatives=every, replicas=ro.dp)
         reps = {i: self.replica_cls(env, cost_model=cm, tp=ro.tp, episodes=deal(drawn, ro.dp, i).episodes(),
                                     clock=clock, max_num_seqs=sc.max_num_seqs, fine=self.fine,
-                                    log=self.log, name=f"replica{i}") for i in choice.simulated}
+                                    log=self.log, name=f"replica{i}", prompt_group=self.prompt_group)
+                for i in choice.simulated}
         yield env.all_of([r.process for r in reps.values()])
         t_end = max(r.stats.t_end for r in reps.values())
         if t_end > env.now:

@@ -242,3 +242,21 @@ def test_decode_status_fits_preempting_cannot_run():
     assert pre.time_s > 1.05 * pre.extras["waves"] * pre.extras["step_time_s"]
     none = cm.decode(ParallelPlan(tp=1), 1, cap + 1)
     assert not none.feasible and none.extras["status"] == "cannot run"
+
+
+def test_group_members_admitted_together_prefill_their_prompt_once():
+    """`prompt_group`: of a group's members admitted in one batch the first prefills the prompt,
+    the others copy its KV (the runtime engine's `_forward_mixed`): fewer prefill tokens, the
+    same KV held and the same tokens generated; later turns are each episode's own."""
+    cm = one_gpu("qwen2.5-7b")
+    eps = [Episode(id=i, turns=((200, 20, 0.0), (30, 10, 0.0))) for i in range(8)]
+    env = simpy.Environment()
+    whole = Replica(env, cost_model=cm, tp=1, episodes=eps)
+    env.run()
+    env = simpy.Environment()
+    shared = Replica(env, cost_model=cm, tp=1, episodes=eps, prompt_group=4)
+    env.run()
+    assert whole.stats.prefill_tokens - shared.stats.prefill_tokens == 6 * 200  # 3 copies in each of 2 groups
+    assert shared.stats.generated_tokens == whole.stats.generated_tokens
+    assert shared.stats.peak_kv_tokens == whole.stats.peak_kv_tokens
+    assert shared.stats.t_end < whole.stats.t_end
