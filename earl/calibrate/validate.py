@@ -69,7 +69,7 @@ COMPUTE_SPANS = ("rollout", "logprob")
 # the experience stage's own work: its log-prob spans and the hand-offs that waited for no one.
 # Its share is pooled from them alone, capped at one core, not at cores / nproc: the ranks reach
 # the stage one after another (4 ranks on 2 cores, 2026-12-04: their spans' CPU over wall 0.8-1.0
-# in most steps, starts up to 8 ms apart), so "all ranks compute at once" overstated its stretch
+# in most steps, starts up to ~10 ms apart), so "all ranks compute at once" overstated its stretch
 EXPERIENCE_SPANS = ("logprob",)
 NPROCS = (1, 2, 4)  # process counts validated: the profile's dispatch path is fitted at 2 and 4
 DTYPE_NAMES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
@@ -283,7 +283,7 @@ def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: i
                      padded=True, token_budget=cfg.trainer.token_budget, fsdp=True, handoff=True,
                      head_on="generated", train_placement="balanced",
                      stat_reductions=adv.reductions(RUNTIME_REWARDS),
-                     prompt_group=cfg.group_size if nproc == 1 else 0).run()
+                     prompt_group=cfg.group_size).run()  # the trainer's share: one process only (_shared_cost)
     # the hand-off's share of each step's experience stage where it waits for peers: a move over
     # gloo, priced by the dispatch path like the dispatch (and stretched like it,
     # `dispatch_stretch`); one that waits for no one is host work like the log-prob span's
