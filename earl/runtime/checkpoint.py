@@ -73,6 +73,36 @@ def _broadcast(obj):
 
 
 @contextmanager
+def _ctrl_c_after():
+    """Hold a Ctrl-C until the block ends, then raise it (a second one raises at once). A
+    KeyboardInterrupt raised inside DCP's writes lands in torch.save's C++ write callback; the
+    file then closes under the archive writer and the process aborts (SIGABRT, "write to closed
+    file", torch 2.13 CPU, 2026-12-04) instead of stopping with the last checkpoint and exit
+    code 130. Only in the main thread, over Python's own SIGINT handler."""
+    import signal
+    import threading
+
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum, frame):
+        if held:
+            raise KeyboardInterrupt
+        held.append(signum)
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if held:
+        raise KeyboardInterrupt
+
+
+@contextmanager
 def _single_process_ok():
     """DCP warns when it runs without a process group; for world 1 that is the intent."""
     with warnings.catch_warnings():
@@ -145,23 +175,24 @@ def save_checkpoint(out_dir: str | Path, step: int, *, params: dict[str, torch.T
     tmp = Path(_broadcast(str(tmp)))
     failed = ""
     try:
-        state = _dcp_state(params, optimizer, shapes, plan, rank)
-        with _single_process_ok():
-            dcp.save(state, checkpoint_id=tmp)
-        if rank == 0:
-            layout = {"plan": plan.describe(), "world": world,
-                      "tensors": {n: {"shape": list(shapes[n].shape), "tp_dim": shapes[n].tp_dim,
-                                      "dtype": _dtype_name(params[n])} for n in sorted(params)},
-                      "optimizer": {k: _dtype_name(v) for k, v in sorted(optimizer.items())}}
-            doc = {"format_version": FORMAT_VERSION, "step": int(step), "optimizer_step": int(optimizer_step),
-                   "layout": layout, **meta}
-            with open(tmp / META, "w") as f:
-                f.write(json.dumps(doc, default=str))
-                f.flush()
-                os.fsync(f.fileno())
-            _publish(tmp, root / name)
-            atomic_write_text(root / LATEST, name + "\n")
-            _clean_up(root, keep)
+        with _ctrl_c_after():
+            state = _dcp_state(params, optimizer, shapes, plan, rank)
+            with _single_process_ok():
+                dcp.save(state, checkpoint_id=tmp)
+            if rank == 0:
+                layout = {"plan": plan.describe(), "world": world,
+                          "tensors": {n: {"shape": list(shapes[n].shape), "tp_dim": shapes[n].tp_dim,
+                                          "dtype": _dtype_name(params[n])} for n in sorted(params)},
+                          "optimizer": {k: _dtype_name(v) for k, v in sorted(optimizer.items())}}
+                doc = {"format_version": FORMAT_VERSION, "step": int(step), "optimizer_step": int(optimizer_step),
+                       "layout": layout, **meta}
+                with open(tmp / META, "w") as f:
+                    f.write(json.dumps(doc, default=str))
+                    f.flush()
+                    os.fsync(f.fileno())
+                _publish(tmp, root / name)
+                atomic_write_text(root / LATEST, name + "\n")
+                _clean_up(root, keep)
     except BaseException as e:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -8,6 +8,8 @@ and the HF export loaded back by transformers.
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -258,3 +260,32 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(tmp_path):
     assert f"step-000002 is intact; free space and continue with earl run --resume {out}" in lines[0]
     ck_dir = out / "checkpoints"
     assert ck.find_checkpoint(out).name == "step-000002" and not list(ck_dir.glob(".tmp-*"))
+
+
+def test_ctrl_c_during_a_save_is_held_until_the_save_ends():
+    """A Ctrl-C inside a checkpoint save is raised after it (one inside DCP's torch.save aborted
+    the process with SIGABRT instead: earl.runtime.checkpoint._ctrl_c_after); a second one
+    raises at once; Python's handler is back afterwards."""
+    import signal
+
+    from earl.runtime.checkpoint import _ctrl_c_after
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with _ctrl_c_after():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            done.append("rest of the save")
+    assert done == ["rest of the save"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt):
+        with _ctrl_c_after():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            done.append("not reached")
+    assert done == ["rest of the save"]
+    with _ctrl_c_after():  # no Ctrl-C: nothing raised
+        done.append("quiet")
+    assert done[-1] == "quiet"
