@@ -250,19 +250,7 @@ def _group(ranks: tuple[int, ...]):
     key = (id(dist.group.WORLD), *ranks)  # a new default group (after destroy/init) gets new groups
     if key not in _GROUP_CACHE:
         _GROUP_CACHE[key] = dist.new_group(list(ranks))
-        _calm_new_threads()
     return _GROUP_CACHE[key]
-
-
-def _calm_new_threads() -> None:
-    """A new gloo group brings its own loop thread: lower its priority as the world's
-    (earl.runtime.dist.calm_gloo_loops)."""
-    import torch.distributed as dist
-
-    if dist.get_backend() == "gloo":
-        from earl.runtime.dist import calm_gloo_loops
-
-        calm_gloo_loops()
 
 
 def build_plan_groups(plan: ParallelPlan, rank: int | None = None) -> PlanGroups:
@@ -312,8 +300,6 @@ def build_mesh(plan: ParallelPlan, *, device_type: str = "cpu", dims: tuple[str,
         if dims != MESH_DIMS:
             ranks = ranks.T.contiguous()
         _MESH_CACHE[key] = DeviceMesh(device_type, ranks, mesh_dim_names=dims)
-        if dist.is_initialized():
-            _calm_new_threads()
     return _MESH_CACHE[key]
 
 

@@ -26,57 +26,6 @@ import torch.distributed as dist
 from earl.parallel import build_plan_groups
 from earl.specs import ParallelPlan
 
-# gloo's TCP transport runs one event-loop thread per process group ("gloo_tcp_loop"). When a
-# message is waiting on a socket and the rank's own thread holds that pair's lock, the loop
-# skips it (a try-lock in gloo/transport/tcp/pair.cc, Pair::handleEvents) and its
-# level-triggered epoll_wait returns at once: it spins in the kernel until the lock is free
-# (perf on this 2-core VM, 2026-12-04: 45% of a core in epoll_wait during a stream of 4 KB
-# sends; in 10-30% of barriers, all-reduces and sends, 2-7 ms of one loop's CPU). On a CPU host
-# that spin takes a core from the ranks' compute threads, the lock holder among them. A loop at
-# a lower priority (a higher nice value) still runs whenever a core is free, which is when its
-# rank waits for it. Side by side (benchmarks/bench_gloo_loops.py) ... see docs/fidelity.md.
-GLOO_LOOP_NICE_ENV = "EARL_GLOO_LOOP_NICE"
-DEFAULT_GLOO_LOOP_NICE = 10
-GLOO_LOOP_THREAD = "gloo_tcp_loop"
-
-
-def gloo_loop_nice() -> int:
-    """The nice value gloo's loop threads get (`EARL_GLOO_LOOP_NICE`, 0-19; 0 leaves them as
-    they are). A bad value raises ValueError naming it."""
-    raw = os.environ.get(GLOO_LOOP_NICE_ENV, "").strip()
-    if not raw:
-        return DEFAULT_GLOO_LOOP_NICE
-    try:
-        nice = int(raw)
-    except ValueError:
-        nice = -1
-    if not 0 <= nice <= 19:
-        raise ValueError(f"{GLOO_LOOP_NICE_ENV}={raw!r}; valid: an integer 0-19 (0: leave gloo's loop threads alone)")
-    return nice
-
-
-def calm_gloo_loops(nice: int | None = None) -> int:
-    """Give this process's gloo loop threads (`GLOO_LOOP_THREAD`; one per process group, so
-    call it again after making groups) the nice value `nice` (default `gloo_loop_nice()`) where
-    theirs is lower. Linux only (elsewhere, or without /proc, a no-op); returns the threads
-    changed. A thread that ended meanwhile is skipped."""
-    nice = gloo_loop_nice() if nice is None else nice
-    tasks = "/proc/self/task"
-    if nice <= 0 or not os.path.isdir(tasks):
-        return 0
-    changed = 0
-    for tid in os.listdir(tasks):
-        try:
-            with open(f"{tasks}/{tid}/comm") as f:
-                if f.read().strip() != GLOO_LOOP_THREAD:
-                    continue
-            if os.getpriority(os.PRIO_PROCESS, int(tid)) < nice:
-                os.setpriority(os.PRIO_PROCESS, int(tid), nice)
-                changed += 1
-        except (OSError, ValueError):
-            continue
-    return changed
-
 
 @dataclass(frozen=True, kw_only=True)
 class DistEnv:
@@ -114,8 +63,6 @@ def init_distributed(backend: str | None = None, timeout_s: float = 120.0) -> Di
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
-    if backend == "gloo":
-        calm_gloo_loops()
     return DistEnv(rank=rank, world=world, local_rank=local_rank, backend=backend, device=device)
 
 
