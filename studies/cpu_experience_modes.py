@@ -20,6 +20,7 @@ import json
 import statistics
 from pathlib import Path
 
+from earl.calibrate.validate import COLLECTIVE_SPANS, EXPERIENCE_SPANS, in_share
 from earl.trace import read_chrome_trace
 
 PREEMPTED = 0.7  # a rank's own experience work got under this share of a core: preempted in it
@@ -32,7 +33,7 @@ def own_work(spans, step: int) -> dict[int, tuple[float, float]]:
     for sp in spans:
         if sp.step != step or sp.stage != "experience" or "cpu_s" not in sp.args:
             continue
-        if sp.name == "logprob" or (sp.name == "handoff" and not sp.args.get("waits", True)):
+        if in_share(sp, EXPERIENCE_SPANS, COLLECTIVE_SPANS):  # the spans validate's experience share reads
             w, c = out.get(sp.rank, (0.0, 0.0))
             out[sp.rank] = (w + sp.duration_s, c + float(sp.args["cpu_s"]))
     return out

@@ -341,6 +341,13 @@ def measured_stages(spans, steps: list[int]) -> list[dict]:
     return out
 
 
+def in_share(sp, names: tuple[str, ...] = COMPUTE_SPANS, own: tuple[str, ...] = ()) -> bool:
+    """Whether span `sp` is work a share counts (`compute_shares`): one of `names`, or one of
+    `own` that waited for no peer (the experience stage's: `in_share(sp, EXPERIENCE_SPANS,
+    COLLECTIVE_SPANS)`)."""
+    return sp.name in names or (sp.name in own and not sp.args.get("waits", True))
+
+
 def compute_shares(spans, steps: list[int], nproc: int, cores: int, names: tuple[str, ...] = COMPUTE_SPANS,
                    cap: float | None = None, own: tuple[str, ...] = ()) -> list[float | None]:
     """Per step: the share of a core the ranks got in their spans `names` (and those in `own`
@@ -351,7 +358,7 @@ def compute_shares(spans, steps: list[int], nproc: int, cores: int, names: tuple
     cpu: dict[int, float] = {}
     wall: dict[int, float] = {}
     for sp in spans:
-        if (sp.name in names or (sp.name in own and not sp.args.get("waits", True))) and "cpu_s" in sp.args:
+        if in_share(sp, names, own) and "cpu_s" in sp.args:
             cpu[sp.step] = cpu.get(sp.step, 0.0) + float(sp.args["cpu_s"])
             wall[sp.step] = wall.get(sp.step, 0.0) + sp.duration_s
     cap = min(1.0, cores / nproc) if cap is None else cap

@@ -48,9 +48,9 @@ from earl.trace import Span
 ONE = ParallelPlan()
 
 
-def span_start() -> tuple[float, float]:
-    """A span's start for `Worker.span`: (wall clock, this process's CPU seconds)."""
-    return time.perf_counter(), time.process_time()
+def span_start() -> tuple[float, float, float]:
+    """A span's start for `Worker.span`: (wall clock, this process's CPU seconds, this thread's)."""
+    return time.perf_counter(), time.process_time(), time.thread_time()
 
 
 class MemoryBudgetExceeded(RuntimeError):
@@ -303,12 +303,16 @@ class Worker:
         self.span(f"train_to_{stage.value}", "reshard", t0, step, bytes=stats.bytes_sent)
         return stats.bytes_sent
 
-    def span(self, name, stage, t0: tuple[float, float], step, **kw) -> None:
-        """Record a span that began at `t0` (`span_start()`) and ends now, with the CPU seconds
-        this process used meanwhile (`args["cpu_s"]`: a span's CPU share, cpu_s / its wall
-        time, is the core it got while the span ran; earl.calibrate.validate reads it)."""
-        wall0, cpu0 = t0
-        kw["args"] = {**kw.get("args", {}), "cpu_s": time.process_time() - cpu0}
+    def span(self, name, stage, t0: tuple[float, float, float], step, **kw) -> None:
+        """Record a span that began at `t0` (`span_start()`, on this thread) and ends now, with
+        the CPU seconds this process used meanwhile (`args["cpu_s"]`) and those of the thread
+        that ran it (`args["thread_cpu_s"]`): the thread's over the span's wall time is the core
+        its work got (earl.calibrate.validate reads it). The process's also counts gloo's own
+        threads, whose event loop can spin for milliseconds while a message waits
+        (docs/fidelity.md, seventeenth session)."""
+        wall0, cpu0, thread0 = t0
+        kw["args"] = {**kw.get("args", {}), "cpu_s": time.process_time() - cpu0,
+                      "thread_cpu_s": time.thread_time() - thread0}
         self.spans.append(Span(name=name, stage=stage, rank=self.rank, t_start=wall0 - self.origin,
                                t_end=time.perf_counter() - self.origin, step=step, **kw))
 

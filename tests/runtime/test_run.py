@@ -58,6 +58,10 @@ def test_run_writes_all_outputs(four_steps):
     assert all(e["args"]["cpu_s"] >= 0 for e in timed)
     rollout = [e for e in timed if e["name"] == "rollout"]
     assert 0 < sum(e["args"]["cpu_s"] for e in rollout) < 2 * sum(e["dur"] / 1e6 for e in rollout)
+    # ... and its own thread's (the process's less gloo's and the writers' threads), which the
+    # process's holds
+    assert all(0 <= e["args"]["thread_cpu_s"] <= e["args"]["cpu_s"] + 1e-3 for e in timed)
+    assert sum(e["args"]["thread_cpu_s"] for e in rollout) > 0.5 * sum(e["args"]["cpu_s"] for e in rollout)
     assert find_checkpoint(out).name == "step-000004"
     assert len(list((out / "checkpoints").glob("step-*"))) == 2  # keep_checkpoints
 

@@ -162,3 +162,26 @@ def test_experience_modes_reads_every_run_and_separates_the_two_modes():
     assert int(modes[2][3]) < int(modes[2][1]) // 10
     bad = study("studies/cpu_experience_modes.py", str(RESCORED))
     assert bad.returncode == 2 and "no nproc*/validation.json" in bad.stderr
+
+
+def test_gloo_loop_study_times_each_op_and_reads_a_runs_threads(tmp_path):
+    from earl.trace import Span, write_chrome_trace
+
+    r = study("studies/cpu_gloo_loop.py", "--ops", "--nproc", "2", "--repeats", "3")
+    assert r.returncode == 0, r.stderr
+    rows = re.findall(r"^  (\w+) +([\d.]+)ms +([\d.]+)ms +([\d.]+)ms +(\d+) of +(\d+)", r.stdout, re.M)
+    assert [row[0] for row in rows] == ["barrier", "all_reduce", "send_recv", "dispatch"]
+    assert all(0 < float(med) <= float(slow) and int(calls) == 6 for _, med, slow, _, _, calls in rows)
+    # a run's trace: the spans' own-thread CPU against the process's, per stage
+    run = tmp_path / "run"
+    run.mkdir()
+    write_chrome_trace([Span(name="train_step", stage="train", rank=k, t_start=0.0, t_end=0.2, step=1,
+                             args={"cpu_s": 0.1, "thread_cpu_s": 0.08}) for k in (0, 1)], run / "trace.json")
+    r = study("studies/cpu_gloo_loop.py", str(run))
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"train +train_step +2 +400.0 +0.50 +0.40 +10.0%", r.stdout), r.stdout
+    # a trace from before the thread's CPU was recorded, and no input at all: one line, exit 2
+    old = ROOT / "docs" / "cpu" / "epyc-2026-12-04d" / "cf37" / "nproc2-calculator-run1" / "runs" / "base"
+    bad = study("studies/cpu_gloo_loop.py", str(old))
+    assert bad.returncode == 2 and "carry no thread_cpu_s" in bad.stderr
+    assert study("studies/cpu_gloo_loop.py").returncode == 2
