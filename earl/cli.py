@@ -382,11 +382,28 @@ def calibrate_cmd(
     measurements: Optional[str] = typer.Option(None, help="also write the raw points to this JSON file"),
     seed: int = typer.Option(0, help="seed of the benchmark inputs"),
     force: bool = typer.Option(False, "--force", help="replace an existing --out / --measurements file"),
+    median_of: Optional[str] = typer.Option(None, "--median-of", help="measure nothing: merge these calibrated "
+                                            "profiles (comma-separated paths or names) into --out, each "
+                                            "fitted number the median of theirs"),
 ):
     """Measure this device (GEMMs, attention, copies, collectives), fit the cost model's
-    efficiency curves and links, and write a version-stamped hardware profile."""
+    efficiency curves and links, and write a version-stamped hardware profile. Or, with
+    --median-of, merge several calibrations of one host into one (earl/calibrate/merge.py)."""
     from earl.calibrate.report import quality_table
-    from earl.calibrate.runner import calibrate_to_file
+    from earl.calibrate.runner import calibrate_to_file, default_out
+
+    if median_of is not None:
+        from earl.calibrate.merge import merge_profile_files
+
+        paths = [p.strip() for p in median_of.split(",") if p.strip()]
+        out_path = out or default_out(device)
+        _, spread = merge_profile_files(paths, out_path, force=force)
+        moved = sorted(spread.items(), key=lambda kv: kv[1][2] / kv[1][0] if kv[1][0] > 0 else 0.0, reverse=True)
+        console.print(f"median of {len(paths)} calibrations; {len(spread)} numbers differed between them"
+                      + (", the widest: " + ", ".join(f"{k} {lo:.3g}..{hi:.3g}" for k, (lo, _, hi) in moved[:3])
+                         if moved else ""))
+        console.print(f"wrote {out_path} (load with --hardware {out_path})")
+        return
 
     res, out_path = calibrate_to_file(device=device, budget_s=budget_s, out=out, phases=phases, dtype=dtype,
                                       threads=threads, base=base, seed=seed, measurements=measurements,
