@@ -12,8 +12,9 @@ What is merged: every number (int or float) of the profile's JSON form, key by k
 calibrations that have it; everything else (names, flags, lists) comes from the first. The
 constants are fitted together within a calibration (an efficiency curve's two parameters, the
 FSDP2 terms); their medians are taken apart, which keeps each within the calibrations' range.
-`fit_quality` describes one fit, so the merged profile records instead where each constant's
-values lay (`fit_quality["median_of"]`), and `stamp.source` names the inputs.
+`fit_quality`'s figures are merged the same way (its point lists are the first's), and it
+records where each constant's values lay (`fit_quality["median_of"]`); `stamp.median_of` names
+the inputs.
 
     earl calibrate --median-of cf1/profile-cpu.json,cf2/profile-cpu.json,cf3/profile-cpu.json --out merged.json
 """
@@ -25,10 +26,12 @@ import statistics
 from earl.cost_model.profile import HardwareProfile, load_profile
 from earl.outputs import check_out_file
 
-# taken from the first calibration, not merged (what it ran on; how its own fit went)
-NOT_MERGED = ("stamp", "fit_quality")
+# taken from the first calibration, not merged: what it ran on
+NOT_MERGED = ("stamp",)
 # stamp fields that must agree: calibrations of different machines or setups are not merged
 SAME_SETUP = ("device", "dtype", "threads", "torch")
+# stamp fields that describe one calibration's run, dropped from the merged stamp
+ONE_RUN = ("load_avg_1m", "wall_s", "cpu_share")
 
 
 def _number(x) -> bool:
@@ -64,10 +67,12 @@ def median_profile(profiles: list[dict], names: list[str] | None = None) -> dict
                              "merge calibrations of one setup only")
     spread: dict[str, list[float]] = {}
     body = _merge([{k: v for k, v in p.items() if k not in NOT_MERGED} for p in profiles], "", spread)
-    stamp = dict(stamps[0])
-    stamp["source"] = f"median of {len(profiles)} calibrations: " + ", ".join(names)
+    stamp = {k: v for k, v in stamps[0].items() if k not in ONE_RUN}
+    stamp["median_of"] = list(names)  # still "source": "calibrated", so its stamp is checked on load
     stamp["date"] = max(str(s.get("date", "")) for s in stamps)
-    return {**body, "stamp": stamp, "fit_quality": {"median_of": {"calibrations": names, "min_median_max": spread}}}
+    constants = {k: v for k, v in spread.items() if not k.startswith("fit_quality.")}
+    quality = {**body.get("fit_quality", {}), "median_of": {"calibrations": list(names), "min_median_max": constants}}
+    return {**body, "stamp": stamp, "fit_quality": quality}
 
 
 def merge_profile_files(paths: list[str], out: str, force: bool = False) -> tuple[HardwareProfile, dict]:

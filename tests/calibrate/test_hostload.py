@@ -190,8 +190,9 @@ def test_host_probe_reads_the_host_and_validate_scales_by_run_over_calibration(t
     assert host_speed(spans, [1, 2], prof, 2, "cpu") == (pytest.approx(1.2), 1.5e-4)
     assert host_speed(spans, [1, 2], prof, 4, "cpu")[0] == pytest.approx(0.75)
     assert host_speed(spans, [1, 2], prof, 1, "cpu")[0] == pytest.approx(1.5)
-    no_gloo = dataclasses.replace(PROF, host_probe_s=1e-4)  # phases fsdp and dispatch not run
+    no_gloo = dataclasses.replace(PROF, host_probe_s=1e-4, host_probe_ranks_s={})  # phases fsdp and dispatch not run
     assert host_speed(spans, [1, 2], no_gloo, 4, "cpu")[0] == pytest.approx(1.5)
     assert host_speed(spans, [1, 2], prof, 2, "cuda") == (1.0, None)  # a GPU: no host term
     assert host_speed([], [1, 2], prof, 2, "cpu") == (1.0, None)  # a run that did not read it
-    assert host_speed(spans, [1, 2], PROF, 2, "cpu") == (1.0, 1.5e-4)  # a profile that did not
+    unread = dataclasses.replace(PROF, host_probe_s=0.0, host_probe_ranks_s={})
+    assert host_speed(spans, [1, 2], unread, 2, "cpu") == (1.0, 1.5e-4)  # a profile that did not
