@@ -398,7 +398,9 @@ def calibrate_cmd(
         paths = [p.strip() for p in median_of.split(",") if p.strip()]
         out_path = out or default_out(device)
         _, spread = merge_profile_files(paths, out_path, force=force)
-        moved = sorted(spread.items(), key=lambda kv: kv[1][2] / kv[1][0] if kv[1][0] > 0 else 0.0, reverse=True)
+        # the widest relative spreads among numbers that are not ~0 in every calibration
+        moved = sorted(((k, v) for k, v in spread.items() if v[2] > 1e-9 and v[0] > 0),
+                       key=lambda kv: kv[1][2] / kv[1][0], reverse=True)
         console.print(f"median of {len(paths)} calibrations; {len(spread)} numbers differed between them"
                       + (", the widest: " + ", ".join(f"{k} {lo:.3g}..{hi:.3g}" for k, (lo, _, hi) in moved[:3])
                          if moved else ""))

@@ -306,10 +306,10 @@ class Worker:
     def span(self, name, stage, t0: tuple[float, float, float], step, **kw) -> None:
         """Record a span that began at `t0` (`span_start()`, on this thread) and ends now, with
         the CPU seconds this process used meanwhile (`args["cpu_s"]`) and those of the thread
-        that ran it (`args["thread_cpu_s"]`): the thread's over the span's wall time is the core
-        its work got (earl.calibrate.validate reads it). The process's also counts gloo's own
-        threads, whose event loop can spin for milliseconds while a message waits
-        (docs/fidelity.md, seventeenth session)."""
+        that ran it (`args["thread_cpu_s"]`). Over the span's wall time, `cpu_s` is the share of
+        a core the process got (earl.calibrate.validate reads it); the thread's leaves out gloo's
+        own threads, whose event loop can spin for milliseconds while a message waits
+        (studies/cpu_gloo_loop.py reads both; docs/fidelity.md, seventeenth session)."""
         wall0, cpu0, thread0 = t0
         kw["args"] = {**kw.get("args", {}), "cpu_s": time.process_time() - cpu0,
                       "thread_cpu_s": time.thread_time() - thread0}
