@@ -16,6 +16,7 @@ calibration's (validate's `host_speed`), and the count is given the other way: w
 where validate only recorded it, without it where validate applied it (runs of 2026-12-03).
 
     python studies/cpu_fidelity_scorecard.py /tmp/cf16 /tmp/cf17     # cpu_fidelity.sh prints it too
+    python studies/cpu_fidelity_scorecard.py --runs heldout-nproc /tmp/cf42   # the held-out model's runs
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ STAGES = ("rollout", "experience", "dispatch", "train", "reshard")
 BAR = 0.25
 
 
-def runs(folder: Path) -> list[tuple[str, int, dict, dict]]:
+def runs(folder: Path, prefix: str = "nproc") -> list[tuple[str, int, dict, dict]]:
     """(name, nproc, stage -> its validation.json row, its first variant) of each multi-process
-    run in `folder`."""
+    run in `folder` whose folder name starts with `prefix` (cpu_fidelity.sh: "nproc", the tiny
+    model's runs; "heldout-nproc", the held-out model's)."""
     out = []
-    for f in sorted(folder.glob("nproc*/validation.json")):
+    for f in sorted(folder.glob(f"{prefix}*/validation.json")):
         d = json.loads(f.read_text())
         if d.get("nproc", 1) > 1:
             out.append((f.parent.name, int(d["nproc"]), {s["stage"]: s for s in d["stages"]}, d["variants"][0]))
@@ -69,14 +71,14 @@ def pass_level(variants: list[dict], stage: str) -> int:
     return max(sum(step_err(v, stage, k) <= BAR for v in variants) for k in LEVELS)
 
 
-def scorecard(folders: list[Path]) -> str:
+def scorecard(folders: list[Path], prefix: str = "nproc") -> str:
     lines, within, floor, total, bare = [], Counter(), Counter(), Counter(), Counter()
     per_pass = Counter()
     probed, scaled = 0, 0
     for folder in folders:
-        got = runs(folder)
+        got = runs(folder, prefix)
         if not got:
-            raise ValueError(f"{folder}: no nproc*/validation.json of a multi-process run; "
+            raise ValueError(f"{folder}: no {prefix}*/validation.json of a multi-process run; "
                              f"give the OUT folder of studies/cpu_fidelity.sh")
         for name, nproc, by, variant in got:
             cells = []
@@ -114,7 +116,10 @@ def scorecard(folders: list[Path]) -> str:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folders", nargs="+", type=Path, help="OUT folders of studies/cpu_fidelity.sh")
+    ap.add_argument("--runs", default="nproc", choices=("nproc", "heldout-nproc"),
+                    help="which runs: the tiny model's (nproc*) or the held-out model's (heldout-nproc*)")
     try:
-        print(scorecard(ap.parse_args().folders))
+        args = ap.parse_args()
+        print(scorecard(args.folders, args.runs))
     except ValueError as e:
         ap.error(str(e))  # exit code 2

@@ -1,5 +1,5 @@
 """Fit the host costs of the multi-process runtime's FSDP2 path (calibration phase "fsdp"):
-`HardwareProfile.fsdp_unit_s`, `fsdp_tensor_s` and `reshard_tensor_s`.
+`HardwareProfile.fsdp_unit_s`, `fsdp_tensor_s`, `reshard_tensor_s` and `reshard_byte_s`.
 
 On a CPU host most of an FSDP2 step's time is not the bytes the cost model prices but FSDP2's
 per-unit hooks, DTensor host work, collectives waiting in lockstep, and the weight sync's
@@ -25,9 +25,9 @@ from scipy.optimize import nnls
 from transformers import AutoModelForCausalLM
 
 from earl.calibrate.host import local_cost_model
-from earl.calibrate.hostload import CpuShare
+from earl.calibrate.hostload import CpuShare, overlap_factor
 from earl.cost_model.compute import param_tensors
-from earl.cost_model.model import pack_micro_batches
+from earl.cost_model.model import FSDP_SHARD_BYTES, pack_micro_batches
 from earl.cost_model.profile import HardwareProfile, load_profile
 from earl.parallel import build_plan_groups
 from earl.policies.reshard import plan_reshard
@@ -54,8 +54,15 @@ TRAIN_CASES: tuple[tuple[int, int, int, int], ...] = ((2, 16, 96, 16384), (2, 16
 # a small budget: the tiny model at 1 and 4 micro-batches per rank, 2 ranks, 2 repeats
 QUICK_CASES = (TRAIN_CASES[0], TRAIN_CASES[2])
 # the profile fields each kind of point fits
-FIELDS = {"train": ("fsdp_unit_s", "fsdp_tensor_s"), "sync": ("reshard_tensor_s",)}
+FIELDS = {"train": ("fsdp_unit_s", "fsdp_tensor_s"), "sync": ("reshard_tensor_s", "reshard_byte_s")}
 FITTED = tuple(f for names in FIELDS.values() for f in names)
+# the weight sync is also timed on a wider model (sync only): its bytes per tensor ~150x the
+# tiny model's, so the per-tensor and per-byte terms separate. On the tiny model alone the
+# per-tensor constant took the bytes' cost too, and a 27M-parameter model's sync (108 MB of
+# fp32 shards gathered) ran 1.6x its price at 2 ranks (2026-12-04, eighteenth session). Its
+# shapes are neither the tiny model's nor a catalog model's, so `earl validate --model
+# qwen2-27m --nproc N` stays held out.
+WIDE = {"hidden_size": 256, "head_dim": 64, "ffn_hidden": 704, "vocab_size": 4096}
 PROCS = (2, 4)  # ranks measured (the process counts `earl validate` checks)
 REPEATS = 6  # timed repeats per case after one warm-up
 # the weight sync's repeats (a few tens of ms each): its lockstep rounds move most from call to
@@ -74,10 +81,11 @@ class FsdpPoint:
     kind: str  # "train" | "sync"
     procs: int  # gloo ranks
     layers: int  # model depth (the tiny model's shapes otherwise)
+    wide: bool = False  # the WIDE shapes (a weight sync only)
     label: str  # e.g. "16x96 budget 192"
-    measured_s: float  # slowest rank's wall time, median over repeats, s
+    measured_s: float  # wall time, median over repeats: the slowest rank's (train), the fastest's (sync), s
     # profile field -> its counted quantity: FSDP units x micro-batches of the busiest rank and
-    # parameter tensors (train), parameter tensors gathered (sync)
+    # parameter tensors (train), parameter tensors gathered and their fp32 bytes (sync)
     counts: dict[str, int]
     priced_s: float = 0.0  # the cost model's price without the fitted term, s (filled by `price`)
     # the share of a core each rank got over its run (earl.calibrate.hostload); None: the idle
@@ -85,6 +93,8 @@ class FsdpPoint:
     share: float | None = None
     stretch: float = 1.0  # the profile's host_share / share: its wall time over the profile's (filled by `price`)
     probe_s: float | None = None  # its ranks' median host-probe reading (earl/runtime/hostprobe.py)
+    # a sync's CPU seconds over wall seconds, its ranks' median over the repeats (None: not measured)
+    busy: float | None = None
 
     def residual_s(self) -> float:
         """Per-device seconds the priced terms leave unexplained."""
@@ -119,9 +129,15 @@ def _batch(seqs: int, longest: int, vocab: int):
     return dataclasses.replace(b, old_logprobs=lp, ref_logprobs=lp, advantages=adv)
 
 
-def spec_of(layers: int):
-    """The measured model: the tiny model's shapes at `layers` layers."""
-    return dataclasses.replace(MODEL_CATALOG[MODEL], num_layers=layers)
+def spec_of(layers: int, wide: bool = False):
+    """The measured model: the tiny model's shapes (with `wide`, WIDE's) at `layers` layers."""
+    return dataclasses.replace(MODEL_CATALOG[MODEL], num_layers=layers, **(WIDE if wide else {}))
+
+
+def sync_counts(spec) -> dict[str, float]:
+    """A weight sync's counted quantities: the parameter tensors a rank gathers and their bytes
+    (its tp shard, gathered whole: earl.cost_model.model.CostModel.reshard)."""
+    return {"reshard_tensor_s": param_tensors(spec), "reshard_byte_s": spec.num_params * FSDP_SHARD_BYTES}
 
 
 def depths(cases) -> list[int]:
@@ -145,14 +161,7 @@ def worker(cases, repeats: int, sync_repeats: int) -> dict:
     with StepGC(every=1) as step_gc:
         for layers in depths(cases):
             spec = spec_of(layers)
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(0)
-                policy = Policy(model=AutoModelForCausalLM.from_config(hf_config_from_spec(spec, "fp32")),
-                                tokenizer=CharTokenizer(), spec=spec, source=MODEL)
-            shapes = param_shapes(policy.model)
-            roll = empty_like_policy(policy, torch.float32).eval()
-            model = parallelize(policy.model, plan, shapes, device_type="cpu")
-            optim = FSDPAdamW(model, shapes, groups, base, torch.float32)
+            model, shapes, roll, optim = _fsdp_model(spec, plan, groups, base)
             for case in (c for c in cases if c[0] == layers):
                 _, seqs, longest, budget = case
                 trainer = Trainer(model, dataclasses.replace(base, token_budget=budget), temperature=1.0,
@@ -167,18 +176,44 @@ def worker(cases, repeats: int, sync_repeats: int) -> dict:
                     train_step(trainer, optim, local)
                     times.append(time.perf_counter() - t0)
                 out["train"][case] = times
-            rplan = plan_reshard(shapes, plan, roll_plan, world)
-            dst = {n: p.data for n, p in roll.named_parameters()}
-            times = []
-            for i in range(sync_repeats + 1):
-                step_gc.step_done(i)
-                out["probe"].append(probe.time())
-                dist.barrier()
-                t0 = time.perf_counter()
-                execute_reshard(rplan, shapes, optim.weights(), dst)
-                times.append(time.perf_counter() - t0)
-            out["sync"][layers] = times
+            out["sync"][(layers, False)] = _sync_times(optim, shapes, roll, plan, roll_plan, sync_repeats,
+                                                       step_gc, probe, out["probe"])
+        spec = spec_of(min(depths(cases)), wide=True)
+        _, shapes, roll, optim = _fsdp_model(spec, plan, groups, base)
+        out["sync"][(spec.num_layers, True)] = _sync_times(optim, shapes, roll, plan, roll_plan, sync_repeats,
+                                                           step_gc, probe, out["probe"])
     return out
+
+
+def _fsdp_model(spec, plan, groups, base):
+    """(FSDP2 model, full parameter shapes, an fp32 rollout copy, its optimizer) of `spec`,
+    random weights seeded alike on every rank, as the runtime builds them for `plan`."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        policy = Policy(model=AutoModelForCausalLM.from_config(hf_config_from_spec(spec, "fp32")),
+                        tokenizer=CharTokenizer(), spec=spec, source=MODEL)
+    shapes = param_shapes(policy.model)
+    roll = empty_like_policy(policy, torch.float32).eval()
+    model = parallelize(policy.model, plan, shapes, device_type="cpu")
+    return model, shapes, roll, FSDPAdamW(model, shapes, groups, base, torch.float32)
+
+
+def _sync_times(optim, shapes, roll, plan, roll_plan, repeats: int, step_gc, probe, probes: list
+                ) -> list[tuple[float, float]]:
+    """The runtime's weight sync (FSDP2 shards -> the rollout copy `roll`), `repeats` + 1
+    times (the first a warm-up), each after a host-probe reading and a barrier: (wall seconds,
+    this process's CPU seconds, gloo's threads included) each."""
+    rplan = plan_reshard(shapes, plan, roll_plan, dist.get_world_size())
+    dst = {n: p.data for n, p in roll.named_parameters()}
+    times = []
+    for i in range(repeats + 1):
+        step_gc.step_done(i)
+        probes.append(probe.time())
+        dist.barrier()
+        t0, c0 = time.perf_counter(), time.process_time()
+        execute_reshard(rplan, shapes, optim.weights(), dst)
+        times.append((time.perf_counter() - t0, time.process_time() - c0))
+    return times
 
 
 def label(case) -> str:
@@ -197,9 +232,6 @@ def measure(procs=PROCS, cases=TRAIN_CASES, repeats: int = REPEATS, sync_repeats
 
         probe_s = median_probe(x for r in res for x in r.get("probe", []))
 
-        def slowest(series: list[list[float]]) -> float:  # per repeat the slowest rank; skip warm-up
-            return statistics.median(max(s[i] for s in series) for i in range(1, len(series[0])))
-
         for case in cases:
             layers, seqs, longest, budget = case
             units = layers + 1  # one FSDP unit per layer + the root (earl.runtime.parallelize)
@@ -207,15 +239,26 @@ def measure(procs=PROCS, cases=TRAIN_CASES, repeats: int = REPEATS, sync_repeats
                       for r in range(n))
             points.append(FsdpPoint(kind="train", procs=n, layers=layers, label=label(case), share=load.share(),
                                     probe_s=probe_s,
-                                    measured_s=slowest([r["train"][case] for r in res]),
+                                    measured_s=per_repeat([r["train"][case] for r in res], max),
                                     counts={"fsdp_unit_s": units * mbs,
                                             "fsdp_tensor_s": param_tensors(spec_of(layers))}))
-        for layers in depths(cases):
-            points.append(FsdpPoint(kind="sync", procs=n, layers=layers, label=f"weight sync {layers} layers",
-                                    share=load.share(), probe_s=probe_s,
-                                    counts={"reshard_tensor_s": param_tensors(spec_of(layers))},
-                                    measured_s=slowest([r["sync"][layers] for r in res])))
+        for key in res[0]["sync"]:
+            layers, wide = key
+            runs = [r["sync"][key] for r in res]  # per rank: (wall, CPU) per repeat
+            points.append(FsdpPoint(kind="sync", procs=n, layers=layers, wide=wide,
+                                    label=f"weight sync {layers} layers{' wide' if wide else ''}",
+                                    share=load.share(), probe_s=probe_s, counts=sync_counts(spec_of(layers, wide)),
+                                    measured_s=per_repeat([[t for t, _ in run] for run in runs], min),
+                                    busy=statistics.median(c / t for run in runs for t, c in run[1:])))
     return points
+
+
+def per_repeat(series: list[list[float]], pick=max) -> float:
+    """The median over repeats (the warm-up skipped) of `pick` (max or min) over the ranks'
+    seconds. `earl validate` reads a training step as its slowest rank and the weight sync, a
+    collective move, as its fastest: the rank whose span holds no wait for a peer
+    (earl.calibrate.validate.measured_stages); the fit reads each the same way."""
+    return statistics.median(pick(s[i] for s in series) for i in range(1, len(series[0])))
 
 
 def price(profile: HardwareProfile, point: FsdpPoint, host_parallel: int, cases=TRAIN_CASES) -> FsdpPoint:
@@ -223,7 +266,7 @@ def price(profile: HardwareProfile, point: FsdpPoint, host_parallel: int, cases=
     the profile's host_share over the share its ranks got (measured, else theirs on an idle host
     of `host_parallel` CPUs), which at no other load is procs / host_parallel when above 1."""
     prof = dataclasses.replace(profile, **dict.fromkeys(FITTED, 0.0))
-    cm = local_cost_model(prof, point.procs, spec_of(point.layers))
+    cm = local_cost_model(prof, point.procs, spec_of(point.layers, point.wide))
     plan = ParallelPlan(dp=point.procs, sharded_optimizer=True)
     if point.kind == "sync":
         priced = cm.reshard(plan, ParallelPlan(dp=point.procs), fsdp=True).time_s
@@ -235,7 +278,9 @@ def price(profile: HardwareProfile, point: FsdpPoint, host_parallel: int, cases=
         priced = cm.mixed_batch("train", plan, ls, padded=True, token_budget=budget, groups=groups, fsdp=True,
                                 head_frac=head).time_s
     share = point.share if point.share is not None else min(1.0, host_parallel / point.procs)
-    return dataclasses.replace(point, priced_s=priced, stretch=max(profile.host_share / share, 1e-3))
+    # the sync's ranks wait on one another: beyond the cores they fill each other's waits
+    over = overlap_factor(profile.reshard_busy, point.procs, host_parallel) if point.kind == "sync" else 1.0
+    return dataclasses.replace(point, priced_s=priced, stretch=max(profile.host_share / share * over, 1e-3))
 
 
 def fit_constants(points: list[FsdpPoint], fields: tuple[str, ...]) -> dict[str, float]:
@@ -255,8 +300,10 @@ def fit_fsdp_costs(profile: HardwareProfile, points: list[FsdpPoint],
                    host_parallel: int | None = None) -> tuple[dict[str, float], dict]:
     """({FITTED field: seconds}, quality) from measured points priced on `profile`."""
     hp = host_parallel or len(os.sched_getaffinity(0))
-    priced = [price(profile, p, hp) for p in points]
-    fields: dict[str, float] = {}
+    # the sync's busy share where its ranks have a core each (`hostload.overlap_factor`)
+    busy = [p.busy for p in points if p.kind == "sync" and p.procs <= hp and p.busy is not None]
+    fields: dict[str, float] = {"reshard_busy": round(min(1.0, statistics.median(busy)), 4)} if busy else {}
+    priced = [price(dataclasses.replace(profile, **fields), p, hp) for p in points]
     for kind, names in FIELDS.items():
         fields.update(fit_constants([p for p in priced if p.kind == kind], names))
     rows, errs = [], []
@@ -294,5 +341,6 @@ if __name__ == "__main__":
         print(f"{r['kind']:5s} n={r['procs']} {r['label']:25s} {r['counts']}: measured "
               f"{r['measured_s'] * 1e3:7.2f} ms, priced without {r['priced_without_s'] * 1e3:7.2f} ms, "
               f"fitted {r['predicted_s'] * 1e3:7.2f} ms")
-    print(", ".join(f"{k} {v * 1e6:.0f} us" for k, v in fields.items()) + "; "
+    print(", ".join(f"{k} {v:.3g}" if k == "reshard_busy" else f"{k} {v * 1e6:.4g} us"
+                    for k, v in fields.items()) + "; "
           f"median error {q['fit_median_err']:.0%}, max {q['fit_max_err']:.0%}, load {q['load_avg_1m']:.2f}")

@@ -30,7 +30,7 @@ from rich.table import Table
 from scipy.stats import kendalltau
 
 from earl.calibrate.host import current_stamp, local_cluster, random_checkpoint, sim_engine
-from earl.calibrate.hostload import CpuShare, share_of, shared_makespan
+from earl.calibrate.hostload import CpuShare, overlap_factor, share_of, shared_makespan
 from earl.config_machinery import parse_sets
 from earl.cost_model import CostModel
 from earl.cost_model.profile import HardwareProfile, check_stamp, datasheet_profile, load_profile
@@ -505,6 +505,9 @@ def score_variant(cfg, name: str, overrides: dict, run_dir: Path, rows: list[dic
             row = {s: float(sr[f"{s}_s"]) * (kd if s == "dispatch" else k) for s in STAGES}
             row["rollout"] = rollout_on_host(sr, p, nproc, device, kc)
             row["reshard"] += float(sr["sync_s"]) * k
+            # the weight sync's ranks wait on one another: beyond the cores they fill each other's waits
+            row["reshard"] *= overlap_factor(p.reshard_busy, nproc, p.dispatch_path.host_parallel) \
+                if device == "cpu" else 1.0
             row["experience"] = (float(sr["experience_s"]) - float(sr["handoff_s"])) * ke + float(sr["handoff_s"]) * kd
             out.append(row)
             ks.append(k)

@@ -668,9 +668,10 @@ class CostModel:
             if rnd > 0:
                 dp_link = dataclasses.replace(dp_link, alpha_s=0.0)
             gather = buckets * (comm.allgather_s(whole / buckets, src.dp, dp_link) + rnd)
-            # + per tensor gathered: slicing it out of its bucket, the concatenation, the cast and
-            # the copy into the destination (calibrated on the weight sync itself: earl.calibrate.fsdpfit)
-            host = tensors * self.profile.reshard_tensor_s
+            # + per tensor gathered and per byte of it: slicing it out of its bucket, the
+            # concatenation, the cast and the copy into the destination (calibrated on the weight
+            # sync itself: earl.calibrate.fsdpfit)
+            host = tensors * self.profile.reshard_tensor_s + whole * self.profile.reshard_byte_s
         moved = worst * world
         return Estimate(stage="reshard", time_s=t + gather + host, feasible=True, gpus=world, plan=dst,
                         breakdown={"transfer": t, "dp_gather": gather, "host": host},

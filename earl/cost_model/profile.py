@@ -213,6 +213,12 @@ class HardwareProfile:
     reshard_tensor_s: float = 0.0  # weight sync from FSDP2 shards: per parameter tensor gathered
     # (its share of the bucket's gather beyond the price of the gather and its round, packing it
     # into the bucket, slicing it out, the concatenation, cast and copy into the destination), s
+    reshard_byte_s: float = 0.0  # ... and per byte of the fp32 shards a rank gathers (the same work's
+    # per-byte part: copies, the cast, the gather's bytes beyond the link's price), s/byte
+    # the share of its wall a rank of that weight sync computes with a core of its own (CPU over
+    # wall at 2 ranks on 2 cores; the rest waits for peers); where ranks outnumber the cores they
+    # fill each other's waits (earl.calibrate.hostload.overlap_factor). 1: no overlap (datasheets)
+    reshard_busy: float = 1.0
     # the share of a CPU core the host terms above are a busy process's at (earl.calibrate.
     # hostload: CPU seconds per wall second, at most 1); `earl validate` scales its CPU
     # predictions by host_share / the share each step got. 1: a dedicated core (datasheets, and
@@ -265,6 +271,8 @@ class HardwareProfile:
                 raise ValueError(f"HardwareProfile.{n} must be a finite number >= 0, got {v!r}")
         if not 0 < self.host_share <= 1:
             raise ValueError(f"HardwareProfile.host_share must be in (0, 1], got {self.host_share!r}")
+        if not 0 < self.reshard_busy <= 1:
+            raise ValueError(f"HardwareProfile.reshard_busy must be in (0, 1], got {self.reshard_busy!r}")
         if not 1 <= self.corun_slowdown < math.inf:
             raise ValueError(f"HardwareProfile.corun_slowdown must be a finite number >= 1, "
                              f"got {self.corun_slowdown!r}")
@@ -374,6 +382,7 @@ class HardwareProfile:
                 gemm_rows_half=scalar("gemm_rows_half", default=0.0),
                 host_share=scalar("host_share", default=1.0),
                 corun_slowdown=scalar("corun_slowdown", default=1.0),
+                reshard_busy=scalar("reshard_busy", default=1.0),
                 host_probe_s=scalar("host_probe_s", default=0.0),
                 host_probe_ranks_s={str(k): convert(f"host_probe_ranks_s.{k}", v, float, where=source)
                                     for k, v in mapping("host_probe_ranks_s").items()},
@@ -411,7 +420,7 @@ HOST_COST_FIELDS = ("step_seq_overhead_s", "step_kv_token_s", "turn_overhead_s",
                     "dispatch_fixed_s",
                     "dispatch_seq_s", "handoff_fixed_s", "handoff_seq_s", "handoff_token_s",
                     "rollout_fixed_s", "rollout_batch_s", "rollout_episode_s",
-                    "fsdp_unit_s", "fsdp_tensor_s", "reshard_tensor_s")
+                    "fsdp_unit_s", "fsdp_tensor_s", "reshard_tensor_s", "reshard_byte_s")
 
 
 # Datasheet GPU profiles' GEMM and copy curves, fitted (least squares on log time, soft-L1;

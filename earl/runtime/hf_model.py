@@ -67,9 +67,9 @@ def build_builtin(name: str, *, seed: int, dtype: str = "fp32") -> Policy:
     return Policy(model=model, tokenizer=CharTokenizer(), spec=spec, source=name)
 
 
-def check_model_path(path: str) -> None:
+def check_model_path(path: str, weights: bool = True) -> None:
     """Cheap checks (no weights read): a built-in name, or a directory with config.json and
-    safetensors weights."""
+    (unless `weights` is false: a reader of its shapes only) safetensors weights."""
     if path in BUILTIN_MODELS:
         return
     d = Path(path)
@@ -81,7 +81,7 @@ def check_model_path(path: str) -> None:
                          f"directory or one of: {', '.join(BUILTIN_MODELS)}")
     if not (d / "config.json").is_file():
         raise ValueError(f"model directory {d} has no config.json")
-    if not list(d.glob("*.safetensors")):
+    if weights and not list(d.glob("*.safetensors")):
         raise ValueError(f"model directory {d} has no *.safetensors weights "
                          "(only safetensors checkpoints are loaded)")
 
@@ -117,7 +117,7 @@ def model_shapes(path: str) -> dict[str, ParamShape]:
     alone: the module is built on the meta device, no weights are read or allocated."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    check_model_path(path)
+    check_model_path(path, weights=False)  # a checkpoint kept as its config.json (`earl validate --rescore`)
     if path in BUILTIN_MODELS:
         config = hf_config_from_spec(MODEL_CATALOG[path], "fp32")
     else:

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from earl.calibrate import fsdpfit
+from earl.calibrate.hostload import overlap_factor
 from earl.cost_model import comm
 from earl.cost_model.compute import param_tensors
 from earl.cost_model.model import FSDP_SHARD_BYTES, FSDP_STEP_ALLREDUCES, SCALAR_BYTES, SYNC_BUCKET_BYTES, CostModel
@@ -14,7 +15,7 @@ from earl.cost_model.profile import HardwareProfile, load_profile
 from earl.specs import MODEL_CATALOG, ParallelPlan
 
 PROF = load_profile("cpu-measured")
-ZERO = dataclasses.replace(PROF, fsdp_unit_s=0.0, fsdp_tensor_s=0.0, reshard_tensor_s=0.0)
+ZERO = dataclasses.replace(PROF, fsdp_unit_s=0.0, fsdp_tensor_s=0.0, reshard_tensor_s=0.0, reshard_byte_s=0.0)
 
 
 def _cm(prof: HardwareProfile, n: int = 2) -> CostModel:
@@ -64,15 +65,20 @@ def test_fsdp_weight_sync_gathers_in_buckets_each_a_measured_round(dp):
 
 
 @pytest.mark.parametrize("dp", [2, 4])
-def test_fsdp_weight_sync_prices_each_gathered_tensor(dp):
+def test_fsdp_weight_sync_prices_each_gathered_tensor_and_byte(dp):
     src, dst = ParallelPlan(dp=dp, sharded_optimizer=True), ParallelPlan(dp=dp)
     base = _cm(ZERO, dp).reshard(src, dst, fsdp=True)
-    got = _cm(dataclasses.replace(ZERO, reshard_tensor_s=2e-4), dp).reshard(src, dst, fsdp=True)
-    tensors = param_tensors(MODEL_CATALOG["tiny"])
+    got = _cm(dataclasses.replace(ZERO, reshard_tensor_s=2e-4, reshard_byte_s=1e-9), dp).reshard(src, dst, fsdp=True)
+    spec = MODEL_CATALOG["tiny"]
+    tensors, whole = param_tensors(spec), spec.num_params * FSDP_SHARD_BYTES  # the rank's shard, gathered whole
+    assert fsdpfit.sync_counts(fsdpfit.spec_of(2)) == {"reshard_tensor_s": tensors, "reshard_byte_s": whole}
     assert base.breakdown["host"] == 0.0
-    assert got.breakdown["host"] == pytest.approx(tensors * 2e-4)
-    assert got.time_s - base.time_s == pytest.approx(tensors * 2e-4)
+    assert got.breakdown["host"] == pytest.approx(tensors * 2e-4 + whole * 1e-9)
+    assert got.time_s - base.time_s == pytest.approx(tensors * 2e-4 + whole * 1e-9)
     assert _cm(PROF, dp).reshard(src, dst).breakdown["host"] == 0.0  # not FSDP2: no gather, no term
+    # the wide sync point's tensors are the tiny model's, each ~30x the bytes: the two terms separate
+    wide = fsdpfit.sync_counts(fsdpfit.spec_of(2, wide=True))
+    assert wide["reshard_tensor_s"] == tensors and wide["reshard_byte_s"] > 30 * whole
 
 
 def _synthetic_points(truth: dict[str, float], host_parallel: int, prof: HardwareProfile = PROF,
@@ -91,9 +97,10 @@ def _synthetic_points(truth: dict[str, float], host_parallel: int, prof: Hardwar
                                             measured_s=0.0, share=share,
                                             counts={"fsdp_unit_s": (layers + 1) * mbs,
                                                     "fsdp_tensor_s": 12 * layers + 2}))
-        for layers in (2, 4):
-            points.append(fsdpfit.FsdpPoint(kind="sync", procs=n, layers=layers, label="sync", measured_s=0.0,
-                                            share=share, counts={"reshard_tensor_s": 12 * layers + 2}))
+        for layers, wide in ((2, False), (4, False), (2, True)):
+            points.append(fsdpfit.FsdpPoint(kind="sync", procs=n, layers=layers, wide=wide, label="sync",
+                                            measured_s=0.0, share=share,
+                                            counts=fsdpfit.sync_counts(fsdpfit.spec_of(layers, wide))))
     out = []
     for p in points:
         priced = fsdpfit.price(prof, p, host_parallel=host_parallel)
@@ -102,7 +109,7 @@ def _synthetic_points(truth: dict[str, float], host_parallel: int, prof: Hardwar
 
 
 def test_fit_recovers_known_constants_from_synthetic_measurements():
-    truth = {"fsdp_unit_s": 3.5e-3, "fsdp_tensor_s": 1.6e-3, "reshard_tensor_s": 4e-4}
+    truth = {"fsdp_unit_s": 3.5e-3, "fsdp_tensor_s": 1.6e-3, "reshard_tensor_s": 4e-4, "reshard_byte_s": 1.2e-9}
     points = _synthetic_points(truth, host_parallel=2)
     assert [p.counts["fsdp_tensor_s"] for p in points[:4]] == [26, 26, 26, 50]  # the tiny model's 26
     fields, quality = fsdpfit.fit_fsdp_costs(PROF, points, host_parallel=2)
@@ -117,13 +124,17 @@ def test_fit_recovers_known_constants_from_synthetic_measurements():
 
 
 def test_profile_reads_and_checks_the_new_fields(tmp_path):
-    prof = dataclasses.replace(PROF, fsdp_unit_s=1e-3, fsdp_tensor_s=2e-3, reshard_tensor_s=3e-4)
+    prof = dataclasses.replace(PROF, fsdp_unit_s=1e-3, fsdp_tensor_s=2e-3, reshard_tensor_s=3e-4, reshard_byte_s=1e-9)
     assert load_profile(str(prof.save(tmp_path / "p.json"))) == prof
     with pytest.raises(ValueError, match="fsdp_unit_s"):
         dataclasses.replace(PROF, fsdp_unit_s=-1.0)
     d = prof.to_dict()
     del d["fsdp_unit_s"]
-    assert HardwareProfile.from_dict(d).fsdp_unit_s == 0.0  # profiles written before it: 0
+    del d["reshard_byte_s"]
+    old = HardwareProfile.from_dict(d)  # profiles written before them: 0
+    assert old.fsdp_unit_s == old.reshard_byte_s == 0.0
+    with pytest.raises(ValueError, match="reshard_byte_s"):
+        dataclasses.replace(PROF, reshard_byte_s=-1e-9)
     assert not math.isnan(PROF.fsdp_unit_s)
 
 
@@ -132,10 +143,44 @@ def test_fit_weighs_points_by_their_relative_error():
     constant and left the 2-rank weight sync under-priced by ~2x. Weighted by 1 / measured, a
     2-rank sync measured 30% above the truth and a 4-rank one 30% below miss by about as
     much each way."""
-    truth = {"fsdp_unit_s": 3.5e-3, "fsdp_tensor_s": 1.6e-3, "reshard_tensor_s": 1e-3}
+    truth = {"fsdp_unit_s": 3.5e-3, "fsdp_tensor_s": 1.6e-3, "reshard_tensor_s": 1e-3, "reshard_byte_s": 0.0}
     points = [dataclasses.replace(p, measured_s=p.measured_s * (1.3 if p.procs == 2 else 0.7))
               if p.kind == "sync" else p for p in _synthetic_points(truth, host_parallel=2)]
     _, quality = fsdpfit.fit_fsdp_costs(PROF, points, host_parallel=2)
     errs = {r["procs"]: r["predicted_s"] / r["measured_s"] - 1 for r in quality["points"] if r["kind"] == "sync"}
     assert errs[2] < 0 < errs[4]
     assert 0.5 < -errs[2] / errs[4] < 2, errs
+
+
+def test_overlap_factor_charges_waits_only_where_ranks_outnumber_cores():
+    assert overlap_factor(0.7, 2, 2) == overlap_factor(0.2, 1, 2) == 1.0  # a core each: no sharing
+    assert overlap_factor(0.7, 4, 2) == pytest.approx(0.7)  # 4 on 2: x2 x 0.7 = x1.4 the dedicated wall
+    assert overlap_factor(0.3, 4, 2) == pytest.approx(0.5)  # never faster than a core each
+    assert overlap_factor(1.0, 8, 2) == 1.0 == overlap_factor(1.5, 4, 2)  # always busy: the whole stretch
+
+
+def test_sync_busy_is_measured_where_ranks_fit_and_stretches_only_the_oversubscribed_syncs():
+    """Synthetic points whose 4-rank syncs ran at 0.6 x the oversubscription stretch: the fit
+    reads the busy share from the 2-rank syncs (the median) and recovers the constants."""
+    truth = {"fsdp_unit_s": 3.5e-3, "fsdp_tensor_s": 1.6e-3, "reshard_tensor_s": 4e-4, "reshard_byte_s": 1.2e-9}
+    busy = dataclasses.replace(PROF, reshard_busy=0.6)
+    points = []
+    for p in _synthetic_points(truth, host_parallel=2, prof=busy):
+        if p.kind == "sync":
+            p = dataclasses.replace(p, busy=0.6 if p.procs == 2 else 0.35)  # at 4 ranks: not read
+        points.append(p)
+    for p in points:
+        got = fsdpfit.price(busy, p, host_parallel=2).stretch
+        plain = fsdpfit.price(dataclasses.replace(busy, reshard_busy=1.0), p, host_parallel=2).stretch
+        assert got == pytest.approx(plain * (0.6 if p.kind == "sync" and p.procs == 4 else 1.0))
+    fields, quality = fsdpfit.fit_fsdp_costs(PROF, points, host_parallel=2)
+    assert fields["reshard_busy"] == pytest.approx(0.6)
+    for k, v in truth.items():
+        assert fields[k] == pytest.approx(v, rel=1e-6), k
+    assert quality["fit_max_err"] < 1e-6
+    # a profile reads it back; outside (0, 1] it is refused; profiles before it: 1 (no overlap)
+    with pytest.raises(ValueError, match="reshard_busy"):
+        dataclasses.replace(PROF, reshard_busy=0.0)
+    d = busy.to_dict()
+    del d["reshard_busy"]
+    assert HardwareProfile.from_dict(d).reshard_busy == 1.0

@@ -6,6 +6,7 @@
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -406,3 +407,20 @@ def test_the_simulated_dispatch_reduces_what_the_runtimes_estimator_does(over, r
     the rewards (no reduction in the runtime, `stat_reductions=0` in the simulator)."""
     spec = advantage_spec(resolve_config(None, overrides={**SMALL, **over}))
     assert (spec.reductions(), spec.grouped, spec.reductions({})) == (reductions, grouped, 0 if grouped else reductions)
+
+
+def test_rescore_prices_a_recorded_multi_process_run_of_a_checkpoint_kept_as_its_config(tmp_path):
+    """A committed `earl validate --nproc 2 --model qwen2-27m` run (studies/cpu_fidelity.sh keeps
+    the random checkpoint's config.json, not its weights): re-priced with the pass's own profile,
+    nothing run, it reproduces the recorded prediction; the plan search reads the shapes from
+    the config alone (it refused the directory for its missing weights before)."""
+    pass_dir = Path(__file__).resolve().parents[2] / "docs" / "cpu" / "epyc-2026-12-04f" / "cf43"
+    recorded = json.loads((pass_dir / "heldout-nproc2" / "validation.json").read_text())
+    assert not list((pass_dir / "heldout-nproc2" / "model").glob("*.safetensors"))
+    again = rescore_validation(source=pass_dir / "heldout-nproc2", profile=str(pass_dir / "profile-cpu.json"),
+                               out_dir=tmp_path / "again")
+    assert again.nproc == 2
+    [v] = again.variants
+    assert v.measured == recorded["variants"][0]["measured"]
+    for got, want in zip(v.predicted, recorded["variants"][0]["predicted"], strict=True):
+        assert got == pytest.approx(want, rel=1e-9)

@@ -185,3 +185,19 @@ def test_gloo_loop_study_times_each_op_and_reads_a_runs_threads(tmp_path):
     bad = study("studies/cpu_gloo_loop.py", str(old))
     assert bad.returncode == 2 and "carry no thread_cpu_s" in bad.stderr
     assert study("studies/cpu_gloo_loop.py").returncode == 2
+
+
+def test_scorecard_of_the_held_out_models_runs_is_apart_from_the_tiny_models():
+    """cpu_fidelity.sh (since the eighteenth session) also runs the held-out model at 2 and 4
+    ranks (heldout-nprocN); the default scorecard counts only the tiny model's runs, `--runs
+    heldout-nproc` only those, each as the pass printed it."""
+    cf43 = ROOT / "docs" / "cpu" / "epyc-2026-12-04f" / "cf43"
+    tiny = study("studies/cpu_fidelity_scorecard.py", str(cf43))
+    held = study("studies/cpu_fidelity_scorecard.py", "--runs", "heldout-nproc", str(cf43))
+    assert tiny.returncode == held.returncode == 0, tiny.stderr + held.stderr
+    assert tiny.stdout.strip() == (cf43 / "scorecard.txt").read_text().strip()
+    assert held.stdout.strip() == (cf43 / "scorecard-heldout.txt").read_text().strip()
+    assert "heldout" not in tiny.stdout and "of 20 stage-runs" in tiny.stdout
+    assert len(re.findall(r"heldout-nproc[24] ", held.stdout)) == 2 and "of 10 stage-runs" in held.stdout
+    bad = study("studies/cpu_fidelity_scorecard.py", "--runs", "nproc8", str(cf43))
+    assert bad.returncode == 2 and "nproc8" in bad.stderr
