@@ -1,5 +1,6 @@
 """Fit the host costs of the multi-process runtime's FSDP2 path (calibration phase "fsdp"):
-`HardwareProfile.fsdp_unit_s`, `fsdp_tensor_s`, `reshard_tensor_s` and `reshard_byte_s`.
+`HardwareProfile.fsdp_unit_s`, `fsdp_tensor_s`, `reshard_tensor_s`, `reshard_byte_s` and the
+weight sync's busy share `reshard_busy`.
 
 On a CPU host most of an FSDP2 step's time is not the bytes the cost model prices but FSDP2's
 per-unit hooks, DTensor host work, collectives waiting in lockstep, and the weight sync's
@@ -56,10 +57,10 @@ QUICK_CASES = (TRAIN_CASES[0], TRAIN_CASES[2])
 # the profile fields each kind of point fits
 FIELDS = {"train": ("fsdp_unit_s", "fsdp_tensor_s"), "sync": ("reshard_tensor_s", "reshard_byte_s")}
 FITTED = tuple(f for names in FIELDS.values() for f in names)
-# the weight sync is also timed on a wider model (sync only): its bytes per tensor ~150x the
-# tiny model's, so the per-tensor and per-byte terms separate. On the tiny model alone the
+# the weight sync is also timed on a wider model (sync only): the same 26 tensors at ~32x the
+# tiny model's bytes, so the per-tensor and per-byte terms separate. On the tiny model alone the
 # per-tensor constant took the bytes' cost too, and a 27M-parameter model's sync (108 MB of
-# fp32 shards gathered) ran 1.6x its price at 2 ranks (2026-12-04, eighteenth session). Its
+# fp32 shards gathered) ran 1.4-1.8x its price at 2 ranks (2026-12-04, eighteenth session). Its
 # shapes are neither the tiny model's nor a catalog model's, so `earl validate --model
 # qwen2-27m --nproc N` stays held out.
 WIDE = {"hidden_size": 256, "head_dim": 64, "ffn_hidden": 704, "vocab_size": 4096}

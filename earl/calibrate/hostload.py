@@ -115,8 +115,8 @@ def overlap_factor(busy: float, procs: int, cores: int) -> float:
     own (the rest waits for its peers: a collective's transfers): the waits of one rank are
     filled by the others' work, so the stage takes max(1, busy x procs / cores) of its wall on
     dedicated cores, not procs / cores of it. 1 where the ranks fit the cores. FSDP2's weight
-    sync, 27M parameters (2026-12-04): CPU over wall 0.7 at 2 ranks; at 4 ranks on 2 cores it
-    took 1.4x its 2-rank wall, not 2x."""
+    sync, 27M parameters (2026-12-04): CPU over wall ~0.7 at 2 ranks; at 4 ranks on 2 cores it
+    took 1.23-1.77x its 2-rank wall (six passes), not 2x."""
     if procs <= cores:
         return 1.0
     return max(cores / procs, min(1.0, busy))
