@@ -11,7 +11,7 @@
 # and benchmarks/bench_dispatch.py at 2 / 4 / 8 processes. Everything lands in $OUT (default
 # ./cpu_fidelity): logs, validation.json per run, the profile. Needs a quiet host (other
 # processes' time slices show up as stage time): the load average is logged before each part.
-# About 16 minutes on 2 cores.
+# About 10 minutes on 2 cores (2026-12-04: 9, the held-out model's two runs about a minute each).
 #
 #   OUT=docs/cpu bash studies/cpu_fidelity.sh                         # calibrate, then check
 #   PROFILE=cpu-measured OUT=/tmp/f bash studies/cpu_fidelity.sh      # check a shipped profile
@@ -55,7 +55,7 @@ for run in $(seq "$RUNS"); do
     validate "nproc$n-calculator-run$run" "$MP_STEPS" --nproc "$n" --set env.name=calculator "${SMALL[@]}"
   done
 done
-for n in "${HELD[@]}"; do  # ~2 (2 ranks) and ~4 minutes (4 ranks): its training steps are seconds long
+for n in "${HELD[@]}"; do  # about a minute each: 4 scored steps of seconds-long training steps
   validate "heldout-nproc$n" "$STEPS" --nproc "$n" --model qwen2-27m --set env.name=calculator "${SMALL[@]}"
 done
 { load "bench_dispatch ${DISPATCH[*]}"; "$PY" benchmarks/bench_dispatch.py --profile "$PROFILE_PATH" "${DISPATCH[@]}"; } \
