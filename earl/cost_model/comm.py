@@ -56,11 +56,29 @@ def allreduce_s(nbytes: float, p: int, link: LinkParams, switched: bool = False)
     return min(ring, tree)
 
 
-def allgather_s(nbytes: float, p: int, link: LinkParams) -> float:
-    """`nbytes` is the size of the gathered (full) result."""
+def allgather_s(nbytes: float, p: int, link: LinkParams, bytes_p: int | None = None) -> float:
+    """`nbytes` is the size of the gathered (full) result. `bytes_p`: the group size whose
+    (p - 1) / p share of the bytes a rank moves (default p; see `bytes_group`)."""
     if p <= 1 or nbytes <= 0:
         return 0.0
-    return (p - 1) / p * nbytes / link.bw_bytes_s + (p - 1) * link.alpha_s
+    q = p if bytes_p is None else bytes_p
+    return (q - 1) / q * nbytes / link.bw_bytes_s + (p - 1) * link.alpha_s
+
+
+# Ranks that move a collective's bytes with their own CPU (gloo over loopback on one host) do
+# about a whole gathered tensor's work each, whatever the group: all-gathers of 16 / 64 MB on
+# the 2-vCPU EPYC (2026-12-04) took 6.6 / 52 ms of CPU a rank at 2 ranks and 7.3 / 61 ms at 4
+# (+10-18%; a ring's (p - 1) / p share says +50%). Its link is fitted between 2 ranks
+# (earl.calibrate.collectives), so the bytes stay at the 2-rank share there; where the ranks
+# outnumber the cores, the oversubscription stretch prices the rest (earl.calibrate.hostload).
+HOST_COPY_BYTES_P = 2
+
+
+def bytes_group(p: int, full_duplex: bool) -> int:
+    """The group size whose byte share a collective of `p` ranks is priced at: p over a device
+    link (`full_duplex`: NVLink, a NIC), at most HOST_COPY_BYTES_P where the ranks' own CPUs
+    copy the bytes (`DispatchPath.full_duplex` False: a CPU host)."""
+    return p if full_duplex else min(p, HOST_COPY_BYTES_P)
 
 
 reducescatter_s = allgather_s
