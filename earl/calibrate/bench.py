@@ -23,6 +23,13 @@ from earl.calibrate.timing import nonzero_tensor, rotation_count, synchronize, t
 from earl.specs import MODEL_CATALOG, ModelSpec
 
 KINDS = ("matmul", "attention", "attention_decode", "memory")
+# input sets a CPU GEMM case rotates through, at most: enough that a small GEMM's weights are
+# out of the last-level cache when timed (rotation_count's 128 MB), as every GEMM of a model
+# larger than the cache finds them. With 8 sets the small shapes ran warm, 2.3-2.6x faster
+# than cold at 1-16 rows (2-vCPU EPYC, 32 MiB L3, 2026-12-04), and the fit priced qwen2-27m's
+# decode GEMMs (108 MB of weights, each read from memory once a step) x0.61-0.77; on cold
+# points x0.76-0.93 (docs/fidelity.md, nineteenth session)
+CPU_MATMUL_MAX_SETS = 4096
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,11 +218,13 @@ def _build(case: Case, *, device: torch.device, dtype: torch.dtype,
     esize = torch.empty((), dtype=dtype).element_size()
     if case.kind == "matmul":
         t, k, n = case.dims
-        sets = rotation_count((t * k + k * n) * esize, device)
-        scale = 1.0 / math.sqrt(k)
-        inputs = [(nonzero_tensor((t, k), dtype=dtype, device=device, generator=gen),
-                   nonzero_tensor((n, k), dtype=dtype, device=device, generator=gen, scale=scale))
-                  for _ in range(sets)]
+        # every timed call on weights out of the cache, as a model larger than the cache runs
+        # them (on CPU: enough copies that those timed first are evicted by the rest)
+        cap = CPU_MATMUL_MAX_SETS if device.type == "cpu" else 8
+        sets = rotation_count((t * k + k * n) * esize, device, max_sets=cap)
+        x = nonzero_tensor((t, k), dtype=dtype, device=device, generator=gen)
+        w = nonzero_tensor((n, k), dtype=dtype, device=device, generator=gen, scale=1.0 / math.sqrt(k))
+        inputs = [(x.clone(), w.clone()) for _ in range(sets)]
         return F.linear, inputs, ""
     if case.kind in ("attention", "attention_decode"):
         b, hq, hkv, q_len, s, d = case.dims

@@ -201,3 +201,17 @@ def test_scorecard_of_the_held_out_models_runs_is_apart_from_the_tiny_models():
     assert len(re.findall(r"heldout-nproc[24] ", held.stdout)) == 2 and "of 10 stage-runs" in held.stdout
     bad = study("studies/cpu_fidelity_scorecard.py", "--runs", "nproc8", str(cf43))
     assert bad.returncode == 2 and "nproc8" in bad.stderr
+
+
+def test_allgather_study_times_each_group_and_refuses_bad_groups():
+    """studies/cpu_allgather_ranks.py: real gloo ranks, each gathered size timed (fastest <=
+    slowest rank, CPU per rank > 0); the ratio column is each world's CPU over the first's."""
+    r = study("studies/cpu_allgather_ranks.py", "--worlds", "2", "--reps", "3")
+    assert r.returncode == 0, r.stderr
+    row = r"^ranks 2 +([\d.]+) MiB +fastest +([\d.]+) ms +slowest +([\d.]+) ms +CPU/rank +([\d.]+) ms +x1\.00$"
+    rows = re.findall(row, r.stdout, re.M)
+    assert [float(row[0]) for row in rows] == [0.25, 1.0, 4.0, 16.0, 64.0]
+    assert all(0 < float(f) <= float(s) and float(c) > 0 for _, f, s, c in rows)
+    for bad in (["--worlds", "1,2"], ["--worlds", "two"], ["--reps", "1"]):
+        got = study("studies/cpu_allgather_ranks.py", *bad)
+        assert got.returncode == 2 and ("--worlds" in got.stderr or "--reps" in got.stderr), got.stderr

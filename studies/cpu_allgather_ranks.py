@@ -1,0 +1,108 @@
+"""How a gloo all-gather's cost grows with the group on one host: wall time (fastest and slowest
+rank) and CPU seconds per rank of `all_gather_into_tensor` over 2, 3 and 4 local processes, at
+gathered sizes of 0.25-64 MiB.
+
+The cost model prices an all-gather's bytes as (p - 1) / p of the gathered tensor over the link
+(a ring's share, right for NVLink and NICs). On a CPU host the ranks move the bytes with their
+own CPU time; this study measures what each rank's share comes to as p grows, the evidence
+behind `earl.cost_model.comm.bytes_group` (docs/fidelity.md, nineteenth session).
+
+    OMP_NUM_THREADS=1 python studies/cpu_allgather_ranks.py            # about a minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+SIZES_MIB = (0.25, 1.0, 4.0, 16.0, 64.0)
+
+
+def _worker(rank: int, world: int, store: str, sizes: tuple[float, ...], reps: int, queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    res = {}
+    for mib in sizes:
+        whole = int(mib * 2 ** 20 / 4)
+        whole -= whole % world
+        out, inp = torch.empty(whole), torch.randn(whole // world)
+        for _ in range(2):  # warm-up: buffers, the transport's pairs
+            dist.all_gather_into_tensor(out, inp)
+        walls, cpus = [], []
+        for _ in range(reps if mib < 16 else max(3, reps // 2)):
+            dist.barrier()
+            c0, t0 = time.process_time(), time.perf_counter()
+            dist.all_gather_into_tensor(out, inp)
+            walls.append(time.perf_counter() - t0)
+            cpus.append(time.process_time() - c0)
+        res[mib] = (walls, cpus)
+    queue.put((rank, res))
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # gloo ranks on torch 2.13 CPU can abort at interpreter exit after finishing
+
+
+def measure(world: int, sizes=SIZES_MIB, reps: int = 12, timeout_s: float = 300.0) -> dict[float, dict]:
+    """Per gathered size (MiB): the median over repeats of the fastest and slowest rank's wall
+    seconds and of the ranks' mean CPU seconds."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = os.path.join(tmp, "store")
+        procs = [ctx.Process(target=_worker, args=(r, world, store, sizes, reps, queue)) for r in range(world)]
+        for p in procs:
+            p.start()
+        try:
+            got = dict(queue.get(timeout=timeout_s) for _ in range(world))
+        finally:
+            for p in procs:
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.kill()
+    out = {}
+    for mib in sizes:
+        n = len(got[0][mib][0])
+        out[mib] = {
+            "fastest_s": statistics.median(min(got[r][mib][0][i] for r in range(world)) for i in range(n)),
+            "slowest_s": statistics.median(max(got[r][mib][0][i] for r in range(world)) for i in range(n)),
+            "cpu_per_rank_s": statistics.median(sum(got[r][mib][1][i] for r in range(world)) / world for i in range(n)),
+        }
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--worlds", default="2,3,4", help="process counts, comma-separated (default 2,3,4)")
+    ap.add_argument("--reps", type=int, default=12, help="timed repeats per size (default 12)")
+    args = ap.parse_args(argv)
+    try:
+        worlds = [int(w) for w in args.worlds.split(",")]
+    except ValueError:
+        ap.error(f"--worlds must be integers >= 2, comma-separated, got {args.worlds!r}")
+    if not worlds or min(worlds) < 2:
+        ap.error(f"--worlds must be integers >= 2, comma-separated, got {args.worlds!r}")
+    if args.reps < 3:
+        ap.error(f"--reps must be >= 3, got {args.reps}")
+    print(f"gloo all_gather_into_tensor, {os.cpu_count()} CPUs; per gathered size: median wall of the "
+          "fastest / slowest rank, CPU seconds per rank; ratio: CPU per rank over the first world's")
+    first = None
+    for w in worlds:
+        res = measure(w, reps=args.reps)
+        first = first or res
+        for mib, r in res.items():
+            print(f"ranks {w}  {mib:6.2f} MiB  fastest {r['fastest_s'] * 1e3:8.2f} ms  slowest "
+                  f"{r['slowest_s'] * 1e3:8.2f} ms  CPU/rank {r['cpu_per_rank_s'] * 1e3:8.2f} ms  "
+                  f"x{r['cpu_per_rank_s'] / first[mib]['cpu_per_rank_s']:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
