@@ -8,6 +8,10 @@ penalty (`gemm_rows_half`) is priced a second time without it ("rows 0"), side b
 
 This is the forward-level half of `earl validate --model qwen2-27m`: no engine, no runtime
 host costs, so a miss here is the compute model's (docs/fidelity.md, thirteenth session).
+`--gemm-sequence` also times, at decode batches 1-16, the model's own Linear layers called in
+the forward's order on its own weights (each read from memory once a step when the model is
+larger than the cache) against each profile's price of those GEMMs, and the whole decode step
+(nineteenth session).
 
     OMP_NUM_THREADS=1 python studies/cpu_heldout_forward.py docs/cpu/epyc-2026-12-04/cf27/profile-cpu.json
 """
@@ -19,14 +23,15 @@ import dataclasses
 import math
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from earl.calibrate.overhead import ForwardPoint, measure_forward_points  # noqa: E402
-from earl.cost_model.compute import forward_pass  # noqa: E402
+from earl.calibrate.overhead import ForwardPoint, _build, cache_kwarg, measure_forward_points  # noqa: E402
+from earl.cost_model.compute import forward_pass, gemm_time_s  # noqa: E402
 from earl.cost_model.profile import load_profile  # noqa: E402
 from earl.specs import MODEL_CATALOG  # noqa: E402
 
@@ -43,6 +48,45 @@ def measure(model_name: str, prefill=PREFILL, decode=DECODE) -> list[ForwardPoin
     return measure_forward_points(device=torch.device("cpu"), dtype=torch.float32, prof=load_profile("cpu"),
                                   budget_s=math.inf, cases={"models": (model_name,), "prefill": prefill,
                                                             "decode": decode})
+
+
+SEQUENCE_BATCHES = (1, 2, 4, 8, 16)
+
+
+def _median_s(fn, reps: int = 15) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def gemm_sequence(model_name: str, profiles: dict, batches=SEQUENCE_BATCHES, prefix: int = 32) -> str:
+    """Per decode batch: the step's wall time, its Linear layers alone (in order, on the model's
+    weights) and each profile's price of those GEMMs (`gemm_time_s` per layer's own shape)."""
+    spec, model = _build(model_name, torch.device("cpu"), torch.float32)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    shapes = [(m.in_features, m.out_features) for m in linears]
+    kw = cache_kwarg(model)
+    mb = sum(k * n for k, n in shapes) * 4 / 1e6
+    lines = [f"{model_name}: {len(linears)} Linear layers, {mb:.1f} MB of fp32 weights, called in the forward's order"]
+    gen = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for b in batches:
+            ids = torch.randint(1, 64, (b, prefix), generator=gen)
+            cache = model(input_ids=ids, use_cache=True).past_key_values
+            step = torch.randint(1, 64, (b, 1), generator=gen)
+            fwd = _median_s(lambda s=step, c=cache: model(input_ids=s, use_cache=True, **{kw: c}))
+            xs = {k: torch.randn(b, 1, k, generator=gen) for k, _ in shapes}
+            seq = _median_s(lambda x=xs: [m(x[m.in_features]) for m in linears])
+            prices = " ".join(f"{name}: x{sum(gemm_time_s(b, k, n, prof, 4) for k, n in shapes) / seq:.2f}"
+                              for name, prof in profiles.items())
+            lines.append(f"  decode b={b:<3d} step {fwd * 1e3:7.2f} ms, its GEMMs {seq * 1e3:7.2f} ms "
+                         f"({mb / 1e3 / seq:.1f} GB/s); GEMMs priced / measured: {prices}")
+    return "\n".join(lines)
 
 
 def priced(point: ForwardPoint, prof) -> dict:
@@ -74,6 +118,8 @@ def main(argv=None) -> None:
     ap.add_argument("profiles", nargs="+", help="calibrated profile JSON files (or shipped profile names)")
     ap.add_argument("--model", default="qwen2-27m", choices=sorted(MODEL_CATALOG), metavar="MODEL",
                     help="catalog model to time (default qwen2-27m)")
+    ap.add_argument("--gemm-sequence", action="store_true",
+                    help="also time the decode step's Linear layers in order against each profile's price")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     profiles = {}
@@ -88,6 +134,8 @@ def main(argv=None) -> None:
     points = measure(args.model)
     print(f"{args.model}: eager forwards on 1 thread, priced by each profile")
     print(report(points, profiles))
+    if args.gemm_sequence:
+        print(gemm_sequence(args.model, {p: profiles[p] for p in args.profiles}))
 
 
 if __name__ == "__main__":

@@ -66,9 +66,10 @@ def allgather_s(nbytes: float, p: int, link: LinkParams, bytes_p: int | None = N
 
 
 # Ranks that move a collective's bytes with their own CPU (gloo over loopback on one host) do
-# about a whole gathered tensor's work each, whatever the group: all-gathers of 16 / 64 MB on
-# the 2-vCPU EPYC (2026-12-04) took 6.6 / 52 ms of CPU a rank at 2 ranks and 7.3 / 61 ms at 4
-# (+10-18%; a ring's (p - 1) / p share says +50%). Its link is fitted between 2 ranks
+# about a whole gathered tensor's work each, whatever the group: all-gathers of 16 / 64 MiB on
+# the 2-vCPU EPYC (2026-12-04, studies/cpu_allgather_ranks.py, two runs) took 6.6-7.5 / 50-52
+# ms of CPU a rank at 2 ranks and +5-18% at 4 (a ring's (p - 1) / p share says +50%; the
+# 0.25-4 MiB sizes scatter x0.55-1.48 run to run). Its link is fitted between 2 ranks
 # (earl.calibrate.collectives), so the bytes stay at the 2-rank share there; where the ranks
 # outnumber the cores, the oversubscription stretch prices the rest (earl.calibrate.hostload).
 HOST_COPY_BYTES_P = 2

@@ -89,10 +89,18 @@ def test_heldout_forward_study_prices_each_profile_and_its_rows_zero_twin(tmp_pa
     from earl.cost_model.profile import load_profile
 
     pen = dataclasses.replace(load_profile("cpu"), gemm_rows_half=8.0).save(tmp_path / "pen.json")
-    r = study("studies/cpu_heldout_forward.py", "cpu", str(pen), "--model", "tiny")
+    r = study("studies/cpu_heldout_forward.py", "cpu", str(pen), "--model", "tiny", "--gemm-sequence")
     assert r.returncode == 0, r.stderr
     sections = re.findall(r"^(\S.*):\n((?:  .*\n?)+)", r.stdout.split("\n", 1)[1], flags=re.M)
     assert [s[0] for s in sections] == ["cpu", str(pen), f"{pen} (rows 0)"]
+    # --gemm-sequence: per decode batch the step, its 15 Linear layers (2 layers x 7 + the
+    # tied head) timed in order, and each profile given (not the rows-0 twin) pricing them
+    seq = re.findall(r"^  decode b=(\d+) +step +([\d.]+) ms, its GEMMs +([\d.]+) ms .*priced / measured: (.*)$",
+                     r.stdout, re.M)
+    assert "tiny: 15 Linear layers" in r.stdout and [int(b) for b, *_ in seq] == [1, 2, 4, 8, 16]
+    for _, step, gemms, prices in seq:
+        assert 0 < float(gemms) < float(step)
+        assert re.fullmatch(rf"cpu: x[\d.]+ {re.escape(str(pen))}: x[\d.]+", prices), prices
     for _, body in sections:
         ratios = [float(x) for x in re.findall(r"predicted/measured x([\d.]+)", body)]
         assert len(ratios) == 7 and all(x > 0 for x in ratios)
