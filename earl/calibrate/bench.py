@@ -25,10 +25,11 @@ from earl.specs import MODEL_CATALOG, ModelSpec
 KINDS = ("matmul", "attention", "attention_decode", "memory")
 # input sets a CPU GEMM case rotates through, at most: enough that a small GEMM's weights are
 # out of the last-level cache when timed (rotation_count's 128 MB), as every GEMM of a model
-# larger than the cache finds them. With 8 sets the small shapes ran warm, 2.3-2.6x faster
-# than cold at 1-16 rows (2-vCPU EPYC, 32 MiB L3, 2026-12-04), and the fit priced qwen2-27m's
-# decode GEMMs (108 MB of weights, each read from memory once a step) x0.61-0.77; on cold
-# points x0.76-0.93 (docs/fidelity.md, nineteenth session)
+# larger than the cache finds them. With 8 sets the small shapes (under 4 MB) ran warm, 1.8-2.1x
+# faster than cold at 1-16 rows (medians; 2-vCPU EPYC, 32 MiB L3, 2026-12-04), and the fit
+# priced qwen2-27m's decode GEMMs (108 MB of weights, each read from memory once a step)
+# x0.49-0.75 at 1-16 sequences; a fit on cold points x0.61-0.89 (docs/fidelity.md, nineteenth
+# session; studies/cpu_heldout_forward.py --gemm-sequence)
 CPU_MATMUL_MAX_SETS = 4096
 
 

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "docs" / "cpu" / "epyc-2026-12-03"
 
@@ -223,3 +225,24 @@ def test_allgather_study_times_each_group_and_refuses_bad_groups():
     for bad in (["--worlds", "1,2"], ["--worlds", "two"], ["--reps", "1"]):
         got = study("studies/cpu_allgather_ranks.py", *bad)
         assert got.returncode == 2 and ("--worlds" in got.stderr or "--reps" in got.stderr), got.stderr
+
+
+def test_fsdp_refit_reprices_a_committed_calibrations_points(tmp_path):
+    """studies/cpu_fsdp_refit.py: the recorded fsdp points of cf44's calibration refitted under
+    the current prices; the profile written with the new constants loads, and a profile with
+    no fsdp fit is refused in one line."""
+    from earl.cost_model.profile import load_profile
+
+    src = ROOT / "docs" / "cpu" / "epyc-2026-12-04f" / "cf44" / "profile-cpu.json"
+    r = study("studies/cpu_fsdp_refit.py", str(src), "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    syncs = re.findall(r"(\d)r (\d) layers( wide)? x([\d.]+)", r.stdout)
+    assert sorted(n for n, *_ in syncs) == ["2"] * 3 + ["4"] * 3
+    assert all(0.5 < float(x) < 2 for *_, x in syncs)
+    got = load_profile(tmp_path / "cf44.json")
+    printed = dict(re.findall(r"(reshard_byte_s|reshard_tensor_s|fsdp_unit_s|fsdp_tensor_s) \S+ -> (\S+)", r.stdout))
+    assert len(printed) == 4
+    assert all(float(v) == pytest.approx(getattr(got, f), rel=1e-2) for f, v in printed.items())
+    assert got.reshard_busy == load_profile(src).reshard_busy
+    bad = study("studies/cpu_fsdp_refit.py", str(ROOT / "earl" / "cost_model" / "profiles" / "h200-measured.json"))
+    assert bad.returncode == 2 and "no recorded fsdp points" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,0 +1,84 @@
+"""Refit a calibrated profile's FSDP2 host constants from the points its calibration recorded,
+under the current code's prices: what `earl calibrate`'s fsdp phase (earl.calibrate.fsdpfit)
+would have fitted from the same measurements. For re-pricing committed passes after a change
+to how the cost model prices the FSDP2 gathers (docs/fidelity.md, nineteenth session).
+
+Each profile's `fit_quality.fsdp.points` (measured seconds, counts, the ranks' core share) are
+priced again with its own `reshard_busy`, the four constants refitted per kind, and a copy of
+the profile written with them; a line per profile gives the old and new constants and each
+weight sync point's predicted / measured.
+
+    python studies/cpu_fsdp_refit.py docs/cpu/epyc-2026-12-04f/cf4[4-5]/profile-cpu.json --out /tmp/refit
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from earl.calibrate.fsdpfit import FIELDS, FsdpPoint, fit_constants, price  # noqa: E402
+from earl.cost_model.profile import load_profile  # noqa: E402
+
+
+def points(quality: dict) -> list[FsdpPoint]:
+    """The recorded points of a profile's fsdp fit (its `fit_quality["fsdp"]`)."""
+    out = []
+    for r in quality["points"]:
+        lab = r["label"]
+        if r["kind"] == "train":  # "2L 16x96 budget 192"
+            layers, wide = int(lab.split("L")[0]), False
+        else:  # "weight sync 2 layers[ wide]"
+            layers, wide = int(lab.split()[2]), lab.endswith(" wide")
+        out.append(FsdpPoint(kind=r["kind"], procs=r["procs"], layers=layers, wide=wide, label=lab,
+                             measured_s=r["measured_s"], counts=r["counts"], share=r["share"]))
+    return out
+
+
+def refit(path: str) -> tuple[dict, dict[str, float], list[tuple[int, str, float]]]:
+    """(the profile's JSON with the refitted constants, those constants, per sync point (ranks,
+    label, predicted / measured))."""
+    prof = load_profile(path)
+    data = json.loads(Path(path).read_text())
+    quality = data.get("fit_quality", {}).get("fsdp")
+    if not quality or not quality.get("points"):
+        raise ValueError(f"{path}: no recorded fsdp points (fit_quality.fsdp.points); calibrate with phase fsdp")
+    host = quality.get("host_parallel") or prof.dispatch_path.host_parallel
+    priced = [price(prof, p, host) for p in points(quality)]
+    fields: dict[str, float] = {}
+    for kind, names in FIELDS.items():
+        fields.update(fit_constants([p for p in priced if p.kind == kind], names))
+    syncs = [(p.procs, p.label.replace("weight sync ", ""), p.predicted_s(fields) / p.measured_s)
+             for p in priced if p.kind == "sync"]
+    return {**data, **fields}, fields, syncs
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("profiles", nargs="+", help="calibrated profile JSON files with an fsdp fit")
+    ap.add_argument("--out", help="folder to write each refitted profile into (as <parent folder>.json)")
+    args = ap.parse_args(argv)
+    rows = []
+    for path in args.profiles:
+        try:
+            data, fields, syncs = refit(path)
+        except (ValueError, OSError) as e:
+            ap.error(str(e).splitlines()[0])
+        old = json.loads(Path(path).read_text())
+        consts = " ".join(f"{f} {old.get(f, 0.0):.3g} -> {v:.3g}" for f, v in fields.items())
+        rows.append(f"{path}: {consts}\n  syncs predicted / measured: "
+                    + " ".join(f"{n}r {lab} x{r:.2f}" for n, lab, r in syncs))
+        if args.out:
+            out = Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            dataclasses.replace(load_profile(path), **fields)  # the refitted values pass the profile's checks
+            (out / f"{Path(path).parent.name}.json").write_text(json.dumps(data, indent=1))
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
