@@ -221,8 +221,8 @@ def _build(case: Case, *, device: torch.device, dtype: torch.dtype,
         t, k, n = case.dims
         # every timed call on weights out of the cache, as a model larger than the cache runs
         # them (on CPU: enough copies that those timed first are evicted by the rest)
-        cap = CPU_MATMUL_MAX_SETS if device.type == "cpu" else 8
-        sets = rotation_count((t * k + k * n) * esize, device, max_sets=cap)
+        cap = {"max_sets": CPU_MATMUL_MAX_SETS} if device.type == "cpu" else {}
+        sets = rotation_count((t * k + k * n) * esize, device, **cap)
         x = nonzero_tensor((t, k), dtype=dtype, device=device, generator=gen)
         w = nonzero_tensor((n, k), dtype=dtype, device=device, generator=gen, scale=1.0 / math.sqrt(k))
         inputs = [(x.clone(), w.clone()) for _ in range(sets)]

@@ -91,7 +91,8 @@ class DispatchPath:
     # from it); the node's total work is shared over host_parallel regardless. 0: no stretch
     oversubscribed_exp: float = 0.0
     # a rank sends and receives over its intra-node link at once (NVLink ports are full duplex);
-    # False on a CPU host, where a loopback send and a receive both cost the rank's CPU time
+    # False on a CPU host, where a loopback send and a receive both cost the rank's CPU time (and
+    # a collective's bytes cost each rank about the whole tensor: earl.cost_model.comm.bytes_group)
     full_duplex: bool = True
     # bytes/s of a rank's point-to-point traffic inside a node as the executor drives it (its
     # sends plus receives; None: the profile's `intra` link). On a CPU host the gloo runs fit it
