@@ -24,6 +24,11 @@ def inter_node_link(cluster: ClusterSpec, ranks_per_node_sharing: int) -> LinkPa
     return LinkParams(alpha_s=net.latency_s, bw_bytes_s=net.node_bw_bytes_s / share)
 
 
+def in_node(cluster: ClusterSpec, group_size: int, stride: int = 1) -> bool:
+    """Whether a group of `group_size` ranks spaced `stride` apart fits inside one node."""
+    return (group_size - 1) * stride < cluster.gpus_per_node
+
+
 def group_link(cluster: ClusterSpec, profile: HardwareProfile, group_size: int, stride: int = 1,
                concurrent_groups: bool = True, collective: str = "p2p") -> LinkParams:
     """The bottleneck link of a group of `group_size` ranks spaced `stride` apart.
@@ -34,7 +39,7 @@ def group_link(cluster: ClusterSpec, profile: HardwareProfile, group_size: int, 
     fitted for this `collective`."""
     if group_size <= 1:
         return LinkParams(alpha_s=0.0, bw_bytes_s=float("inf"))
-    if (group_size - 1) * stride < cluster.gpus_per_node:
+    if in_node(cluster, group_size, stride):
         return profile.link_for(collective)
     sharing = cluster.gpus_per_node if concurrent_groups else max(1, cluster.gpus_per_node // stride)
     return inter_node_link(cluster, sharing)
@@ -75,11 +80,14 @@ def allgather_s(nbytes: float, p: int, link: LinkParams, bytes_p: int | None = N
 HOST_COPY_BYTES_P = 2
 
 
-def bytes_group(p: int, full_duplex: bool) -> int:
-    """The group size whose byte share a collective of `p` ranks is priced at: p over a device
-    link (`full_duplex`: NVLink, a NIC), at most HOST_COPY_BYTES_P where the ranks' own CPUs
-    copy the bytes (`DispatchPath.full_duplex` False: a CPU host)."""
-    return p if full_duplex else min(p, HOST_COPY_BYTES_P)
+def bytes_group(cluster: ClusterSpec, profile: HardwareProfile, p: int, stride: int = 1) -> int:
+    """The group size whose byte share a collective of `p` ranks spaced `stride` apart is
+    priced at: p over a device link (`DispatchPath.full_duplex`: NVLink) or across nodes (a
+    NIC), at most HOST_COPY_BYTES_P where the group shares one host whose ranks copy the bytes
+    with their own CPUs (`full_duplex` False: a CPU host)."""
+    if profile.dispatch_path.full_duplex or not in_node(cluster, p, stride):
+        return p
+    return min(p, HOST_COPY_BYTES_P)
 
 
 reducescatter_s = allgather_s

@@ -484,7 +484,7 @@ class CostModel:
             stride = plan.tp * plan.cp * plan.pp
             ag = comm.group_link(self.cluster, self.profile, plan.dp, stride, collective="allgather")
             rs = comm.group_link(self.cluster, self.profile, plan.dp, stride, collective="reducescatter")
-            share = comm.bytes_group(plan.dp, self.profile.dispatch_path.full_duplex)
+            share = comm.bytes_group(self.cluster, self.profile, plan.dp, stride)
             fsdp_c = (2 * units - 1) * comm.allgather_s(unit_bytes, plan.dp, ag, share) + \
                 units * comm.reducescatter_s(p_local / units * 4, plan.dp, rs, share)  # fp32 gradients
             fsdp_host = units * self.profile.fsdp_unit_s  # hooks, DTensor work, lockstep (calibrated)
@@ -668,7 +668,7 @@ class CostModel:
             rnd = self.profile.dispatch_path.round_cost_s(ppn)
             if rnd > 0:
                 dp_link = dataclasses.replace(dp_link, alpha_s=0.0)
-            share = comm.bytes_group(src.dp, self.profile.dispatch_path.full_duplex)
+            share = comm.bytes_group(self.cluster, self.profile, src.dp, src.model_parallel)
             gather = buckets * (comm.allgather_s(whole / buckets, src.dp, dp_link, share) + rnd)
             # + per tensor gathered and per byte of it: slicing it out of its bucket, the
             # concatenation, the cast and the copy into the destination (calibrated on the weight

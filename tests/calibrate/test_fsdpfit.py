@@ -76,8 +76,14 @@ def test_collective_bytes_on_a_cpu_host_stay_at_the_fitted_two_rank_share():
     group (measured +10-18% from 2 to 4 ranks, not a ring's +50%), so its link, fitted between 2
     ranks, prices the bytes at 2; device links keep (p - 1) / p."""
     link = comm.LinkParams(alpha_s=1e-4, bw_bytes_s=1e9)
-    assert [comm.bytes_group(p, full_duplex=False) for p in (1, 2, 4, 8)] == [1, 2, 2, 2]
-    assert [comm.bytes_group(p, full_duplex=True) for p in (1, 2, 4, 8)] == [1, 2, 4, 8]
+    duplex_prof = dataclasses.replace(PROF, dispatch_path=dataclasses.replace(PROF.dispatch_path, full_duplex=True))
+    one_host = _cm(PROF, 8).cluster  # one node of 8 ranks
+    assert [comm.bytes_group(one_host, PROF, p) for p in (1, 2, 4, 8)] == [1, 2, 2, 2]
+    assert [comm.bytes_group(one_host, duplex_prof, p) for p in (1, 2, 4, 8)] == [1, 2, 4, 8]
+    # a group across nodes goes over their NICs: a wire, (p - 1) / p of the bytes
+    two_hosts = dataclasses.replace(one_host, nodes=2)
+    assert two_hosts.gpus_per_node == 8 and comm.bytes_group(two_hosts, PROF, 4, stride=4) == 4
+    assert comm.bytes_group(two_hosts, PROF, 4, stride=2) == 2  # ranks 0, 2, 4, 6: one host
     assert comm.allgather_s(1e6, 4, link, bytes_p=2) == pytest.approx(0.5e-3 + 3e-4)
     assert comm.allgather_s(1e6, 4, link) == pytest.approx(0.75e-3 + 3e-4)
     # the FSDP2 training step's gathers and reduce-scatters follow the same rule
