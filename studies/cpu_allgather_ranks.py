@@ -13,22 +13,27 @@ behind `earl.cost_model.comm.bytes_group` (docs/fidelity.md, nineteenth session)
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import statistics
 import sys
-import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from earl.runtime.dist import run_local  # noqa: E402
 
 SIZES_MIB = (0.25, 1.0, 4.0, 16.0, 64.0)
 
 
-def _worker(rank: int, world: int, store: str, sizes: tuple[float, ...], reps: int, queue) -> None:
+def _gathers(sizes: tuple[float, ...], reps: int) -> dict[float, tuple[list[float], list[float]]]:
+    """On one gloo rank (earl.runtime.dist.run_local): per gathered size (MiB), the wall and CPU
+    seconds of each timed all-gather, after a barrier each."""
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    world = dist.get_world_size()
     res = {}
     for mib in sizes:
         whole = int(mib * 2 ** 20 / 4)
@@ -44,37 +49,20 @@ def _worker(rank: int, world: int, store: str, sizes: tuple[float, ...], reps: i
             walls.append(time.perf_counter() - t0)
             cpus.append(time.process_time() - c0)
         res[mib] = (walls, cpus)
-    queue.put((rank, res))
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)  # gloo ranks on torch 2.13 CPU can abort at interpreter exit after finishing
+    return res
 
 
 def measure(world: int, sizes=SIZES_MIB, reps: int = 12, timeout_s: float = 300.0) -> dict[float, dict]:
     """Per gathered size (MiB): the median over repeats of the fastest and slowest rank's wall
     seconds and of the ranks' mean CPU seconds."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_worker, args=(r, world, store, sizes, reps, queue)) for r in range(world)]
-        for p in procs:
-            p.start()
-        try:
-            got = dict(queue.get(timeout=timeout_s) for _ in range(world))
-        finally:
-            for p in procs:
-                p.join(timeout=30)
-                if p.is_alive():
-                    p.kill()
+    got = run_local(_gathers, world, tuple(sizes), reps, timeout_s=timeout_s, start_method="spawn")
     out = {}
     for mib in sizes:
         n = len(got[0][mib][0])
         out[mib] = {
-            "fastest_s": statistics.median(min(got[r][mib][0][i] for r in range(world)) for i in range(n)),
-            "slowest_s": statistics.median(max(got[r][mib][0][i] for r in range(world)) for i in range(n)),
-            "cpu_per_rank_s": statistics.median(sum(got[r][mib][1][i] for r in range(world)) / world for i in range(n)),
+            "fastest_s": statistics.median(min(g[mib][0][i] for g in got) for i in range(n)),
+            "slowest_s": statistics.median(max(g[mib][0][i] for g in got) for i in range(n)),
+            "cpu_per_rank_s": statistics.median(sum(g[mib][1][i] for g in got) / world for i in range(n)),
         }
     return out
 

@@ -3,8 +3,8 @@ under the current code's prices: what `earl calibrate`'s fsdp phase (earl.calibr
 would have fitted from the same measurements. For re-pricing committed passes after a change
 to how the cost model prices the FSDP2 gathers (docs/fidelity.md, nineteenth session).
 
-Each profile's `fit_quality.fsdp.points` (measured seconds, counts, the ranks' core share) are
-priced again with its own `reshard_busy`, the four constants refitted per kind, and a copy of
+Each profile's `fit_quality.fsdp.points` (measured seconds, counts, the ranks' core share) go
+through `fsdpfit.fit_fsdp_costs` again with its own `reshard_busy`, and a copy of
 the profile written with them; a line per profile gives the old and new constants and each
 weight sync point's predicted / measured.
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from earl.calibrate.fsdpfit import FIELDS, FsdpPoint, fit_constants, price  # noqa: E402
+from earl.calibrate.fsdpfit import FsdpPoint, fit_fsdp_costs  # noqa: E402
 from earl.cost_model.profile import load_profile  # noqa: E402
 
 
@@ -47,13 +47,10 @@ def refit(path: str) -> tuple[dict, dict[str, float], list[tuple[int, str, float
     quality = data.get("fit_quality", {}).get("fsdp")
     if not quality or not quality.get("points"):
         raise ValueError(f"{path}: no recorded fsdp points (fit_quality.fsdp.points); calibrate with phase fsdp")
-    host = quality.get("host_parallel") or prof.dispatch_path.host_parallel
-    priced = [price(prof, p, host) for p in points(quality)]
-    fields: dict[str, float] = {}
-    for kind, names in FIELDS.items():
-        fields.update(fit_constants([p for p in priced if p.kind == kind], names))
-    syncs = [(p.procs, p.label.replace("weight sync ", ""), p.predicted_s(fields) / p.measured_s)
-             for p in priced if p.kind == "sync"]
+    # the recorded points carry no busy readings: the profile's own reshard_busy prices them
+    fields, fit = fit_fsdp_costs(prof, points(quality), quality.get("host_parallel"))
+    syncs = [(r["procs"], r["label"].replace("weight sync ", ""), r["predicted_s"] / r["measured_s"])
+             for r in fit["points"] if r["kind"] == "sync"]
     return {**data, **fields}, fields, syncs
 
 

@@ -23,7 +23,6 @@ import dataclasses
 import math
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -31,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from earl.calibrate.overhead import ForwardPoint, _build, cache_kwarg, measure_forward_points  # noqa: E402
+from earl.calibrate.timing import time_calls  # noqa: E402
 from earl.cost_model.compute import forward_pass, gemm_time_s  # noqa: E402
 from earl.cost_model.profile import load_profile  # noqa: E402
 from earl.specs import MODEL_CATALOG  # noqa: E402
@@ -53,21 +53,11 @@ def measure(model_name: str, prefill=PREFILL, decode=DECODE) -> list[ForwardPoin
 SEQUENCE_BATCHES = (1, 2, 4, 8, 16)
 
 
-def _median_s(fn, reps: int = 15) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def gemm_sequence(model_name: str, profiles: dict, batches=SEQUENCE_BATCHES, prefix: int = 32) -> str:
     """Per decode batch: the step's wall time, its Linear layers alone (in order, on the model's
     weights) and each profile's price of those GEMMs (`gemm_time_s` per layer's own shape)."""
-    spec, model = _build(model_name, torch.device("cpu"), torch.float32)
+    cpu = torch.device("cpu")
+    spec, model = _build(model_name, cpu, torch.float32)
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     shapes = [(m.in_features, m.out_features) for m in linears]
     kw = cache_kwarg(model)
@@ -79,9 +69,11 @@ def gemm_sequence(model_name: str, profiles: dict, batches=SEQUENCE_BATCHES, pre
             ids = torch.randint(1, 64, (b, prefix), generator=gen)
             cache = model(input_ids=ids, use_cache=True).past_key_values
             step = torch.randint(1, 64, (b, 1), generator=gen)
-            fwd = _median_s(lambda s=step, c=cache: model(input_ids=s, use_cache=True, **{kw: c}))
+            fwd = time_calls(lambda s=step, c=cache: model(input_ids=s, use_cache=True, **{kw: c}), [()],
+                             device=cpu, max_reps=15).median_s
             xs = {k: torch.randn(b, 1, k, generator=gen) for k, _ in shapes}
-            seq = _median_s(lambda x=xs: [m(x[m.in_features]) for m in linears])
+            seq = time_calls(lambda x=xs: [m(x[m.in_features]) for m in linears], [()], device=cpu,
+                             max_reps=15).median_s
             prices = " ".join(f"{name}: x{sum(gemm_time_s(b, k, n, prof, 4) for k, n in shapes) / seq:.2f}"
                               for name, prof in profiles.items())
             lines.append(f"  decode b={b:<3d} step {fwd * 1e3:7.2f} ms, its GEMMs {seq * 1e3:7.2f} ms "

@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM
 from earl.calibrate.host import local_cost_model
 from earl.calibrate.hostload import CpuShare, overlap_factor
 from earl.cost_model.compute import param_tensors
-from earl.cost_model.model import FSDP_SHARD_BYTES, pack_micro_batches
+from earl.cost_model.model import fsdp_sync_counts, pack_micro_batches
 from earl.cost_model.profile import HardwareProfile, load_profile
 from earl.parallel import build_plan_groups
 from earl.policies.reshard import plan_reshard
@@ -138,7 +138,8 @@ def spec_of(layers: int, wide: bool = False):
 def sync_counts(spec) -> dict[str, float]:
     """A weight sync's counted quantities: the parameter tensors a rank gathers and their bytes
     (its tp shard, gathered whole: earl.cost_model.model.CostModel.reshard)."""
-    return {"reshard_tensor_s": param_tensors(spec), "reshard_byte_s": spec.num_params * FSDP_SHARD_BYTES}
+    tensors, whole = fsdp_sync_counts(spec)
+    return {"reshard_tensor_s": tensors, "reshard_byte_s": whole}
 
 
 def depths(cases) -> list[int]:

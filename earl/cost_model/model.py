@@ -656,8 +656,7 @@ class CostModel:
         # per bucket of consecutive tensors (earl.runtime.optim.FSDPAdamW.weights, sync_buckets)
         gather = host = 0.0
         if fsdp and src.sharded_optimizer and src.dp > 1 and not include_optimizer:
-            tensors = math.ceil(param_tensors(self.model) / src.pp)
-            whole = params / (src.tp * src.pp) * FSDP_SHARD_BYTES  # this rank's tp shard, gathered whole
+            tensors, whole = fsdp_sync_counts(self.model, src.tp, src.pp)
             # buckets by bytes: a tensor larger than a bucket, gathered alone, counts as its bytes' worth
             buckets = min(tensors, max(1, math.ceil(whole / src.dp / SYNC_BUCKET_BYTES)))
             dp_link = comm.group_link(self.cluster, self.profile, src.dp, src.model_parallel, collective="allgather")
@@ -678,6 +677,13 @@ class CostModel:
         return Estimate(stage="reshard", time_s=t + gather + host, feasible=True, gpus=world, plan=dst,
                         breakdown={"transfer": t, "dp_gather": gather, "host": host},
                         extras={"bytes_per_gpu": worst, "bytes_total": moved, "link_bw_bytes_s": link.bw_bytes_s})
+
+
+def fsdp_sync_counts(model: ModelSpec, tp: int = 1, pp: int = 1) -> tuple[int, float]:
+    """An FSDP2 weight sync's counted quantities on one rank: the parameter tensors it gathers
+    and the bytes of its tp x pp shard, gathered whole (fp32), as `CostModel.reshard` prices
+    them and `earl.calibrate.fsdpfit` fits their constants."""
+    return math.ceil(param_tensors(model) / pp), model.num_params / (tp * pp) * FSDP_SHARD_BYTES
 
 
 # the runtime's trainer runs a shared prompt prefix once when that saves at least this fraction
