@@ -59,6 +59,12 @@ def main(argv=None) -> None:
     ap.add_argument("profiles", nargs="+", help="calibrated profile JSON files with an fsdp fit")
     ap.add_argument("--out", help="folder to write each refitted profile into (as <parent folder>.json)")
     args = ap.parse_args(argv)
+    out = Path(args.out) if args.out else None
+    if out:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            ap.error(f"--out {out}: cannot create it ({e.strerror})")
     rows = []
     for path in args.profiles:
         try:
@@ -69,9 +75,7 @@ def main(argv=None) -> None:
         consts = " ".join(f"{f} {old.get(f, 0.0):.3g} -> {v:.3g}" for f, v in fields.items())
         rows.append(f"{path}: {consts}\n  syncs predicted / measured: "
                     + " ".join(f"{n}r {lab} x{r:.2f}" for n, lab, r in syncs))
-        if args.out:
-            out = Path(args.out)
-            out.mkdir(parents=True, exist_ok=True)
+        if out:
             dataclasses.replace(load_profile(path), **fields)  # the refitted values pass the profile's checks
             (out / f"{Path(path).parent.name}.json").write_text(json.dumps(data, indent=1))
     print("\n".join(rows))

@@ -246,3 +246,6 @@ def test_fsdp_refit_reprices_a_committed_calibrations_points(tmp_path):
     assert got.reshard_busy == load_profile(src).reshard_busy
     bad = study("studies/cpu_fsdp_refit.py", str(ROOT / "earl" / "cost_model" / "profiles" / "h200-measured.json"))
     assert bad.returncode == 2 and "no recorded fsdp points" in bad.stderr and "Traceback" not in bad.stderr
+    (tmp_path / "file").write_text("x")
+    bad = study("studies/cpu_fsdp_refit.py", str(src), "--out", str(tmp_path / "file" / "sub"))
+    assert bad.returncode == 2 and "cannot create it" in bad.stderr and "Traceback" not in bad.stderr
