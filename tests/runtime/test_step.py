@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from earl.cost_model.memory import MemoryBreakdown
+from earl.policies.reshard import plan_reshard
 from earl.runtime.dist import process_group
 from earl.runtime.resolve import initial_plans, resolve_config, resolve_hardware, selector_cost_model
 from earl.runtime.resources import estimate_bytes
@@ -110,3 +111,15 @@ def test_the_budget_check_and_the_selector_price_one_memory_figure(one_step):
     est, one = estimate_bytes(cfg, w.policy.spec, 1), w.memory(ParallelPlan(), micro_batch, 1)
     for c in ("weights", "grads", "optimizer", "activations", "logits"):
         assert est[c] == pytest.approx(getattr(one, c)), c
+
+
+def test_the_weight_sync_plans_once_per_layout_pair(one_step):
+    """Worker.reshard_plan: planned once per (source, destination) layout pair, the plan
+    plan_reshard makes; a different pair gets its own."""
+    w = one_step["worker"]
+    a, b = ParallelPlan(), ParallelPlan(sharded_optimizer=True)
+    first = w.reshard_plan(a, b)
+    assert w.reshard_plan(a, b) is first
+    assert first == plan_reshard(w.shapes, a, b, w.world)
+    other = w.reshard_plan(b, a)
+    assert other is not first and other == plan_reshard(w.shapes, b, a, w.world)
