@@ -75,7 +75,7 @@ class DispatchPoint:
     kind: str  # dispatcher
     seconds: float  # slowest rank's wall time, median of the repeats, s
     busiest_bytes: float  # bytes the busiest rank sent + received
-    cold_seconds: float = math.nan  # the same on cold caches, start barrier included (nan: not measured), s
+    cold_seconds: float = math.nan  # the same on cold caches (nan: not measured), s
     # the share of a core its ranks got beyond their own oversubscription (earl.calibrate.hostload)
     share: float = 1.0
     # seconds per synchronising round of its process group (`round_seconds`; nan: not measured)
@@ -151,11 +151,12 @@ def _timed_cases(cases, repeats, step_gc):
         for rep in range(repeats):
             for k in KINDS:
                 step_gc.step_done(rep)
-                evict.fill_(rep)  # cold caches (see EVICT_BYTES); every rank starts together
-                dist.barrier()
-                t0 = time.perf_counter()
-                execute_dispatch(tplans[k], store, samples, src, dst, check=False)
-                t = torch.tensor([time.perf_counter() - t0])
+                evict.fill_(rep)  # cold caches (see EVICT_BYTES)
+                # timed as the warm repeats are: the executor's own seconds after its start
+                # barrier (a wall clock around the call also took the barrier's round, 0.4-1 ms
+                # at 2 ranks and 2-4 ms at 4 here, and read it as the caches' cost)
+                _, stats = execute_dispatch(tplans[k], store, samples, src, dst, check=False)
+                t = torch.tensor([stats.seconds])
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)
                 cold[k].append(float(t[0]))
         # the median repeat: the runtime's dispatches are single shots, not the luckiest of several

@@ -134,7 +134,7 @@ def sync_rounds(tplan) -> int:
 
 
 def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, world: int,
-                        plan=None, control: bool = True, advantages: bool = True) -> Estimate:
+                        plan=None, control: bool = True, advantages: bool = True, cold: bool = True) -> Estimate:
     """Price `tplan` (an earl.policies TransferPlan: `kind`, `controller`, `phases` of transfers
     with src, dst, bytes, sample_ids, tensors; `metadata_bytes`, `reduce_bytes`) moving
     `samples` samples made by `producers` data-parallel groups among `world` ranks.
@@ -143,7 +143,9 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
     plans before it starts its clock and runs dispatches back to back measures.
     `advantages=False`: the executor moves the plan's tensors and computes no advantages (the
     runtime's rollout -> experience hand-off, `execute_dispatch(tensors=...)`): no advantage host
-    work, no statistics all-reduce and none of its synchronising rounds."""
+    work, no statistics all-reduce and none of its synchronising rounds.
+    `cold=False`: the executor starts on warm caches (no `cold_round_s`): a training dispatch
+    with no log-prob pass since the hand-off, which ran the same executor just before it."""
     if not advantages:
         tplan = dataclasses.replace(tplan, reduce_bytes=0)
     if samples < 1 or producers < 1 or world < 1:
@@ -198,7 +200,7 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
     if round_s and rounds:
         br["rounds"] = rounds * round_s
     if control:
-        if world > 1 and path.cold_round_s and rounds:  # the executor's rounds, started on cold caches,
+        if cold and world > 1 and path.cold_round_s and rounds:  # the executor's rounds, started on cold caches,
             # once per kind: a second statistics reduction runs on what the first warmed (at 2
             # gloo ranks here the runtime's two took ~0.4 ms more cold than warm, not 2 x 2 rounds)
             br["cold_start"] = sync_rounds(dataclasses.replace(tplan, reductions=min(tplan.reductions, 1))) \

@@ -529,7 +529,8 @@ class Simulation:
             samples, s_layout, d_layout = dispatch_layouts(src, dst, n, context)
             tplan = self._priced(make_dispatcher(self.dispatcher_name).plan(s_layout, d_layout, samples))
             est = price_transfer_plan(self.cm, tplan, samples=n, producers=src.dp,
-                                      world=max(src.world_size, dst.world_size), plan=dst)
+                                      world=max(src.world_size, dst.world_size), plan=dst,
+                                      cold=self.sc.logprob_passes > 0)
             self._what_if[(key, context)] = est.time_s, float(est.extras.get("moved_bytes", 0))
         return self._what_if[(key, context)]
 
@@ -596,8 +597,11 @@ class Simulation:
         src = Layout(ex, src_assign)
         dst = Layout(tr, tuple(tuple(g) for g in dst_assign))
         tplan = self._priced(self.dispatcher.plan(src, dst, samples))
+        # the executor starts cold after the experience stage's log-prob passes; with none, right
+        # after the hand-off ran it (docs/fidelity.md, twentieth session)
         est = price_transfer_plan(self.cm, tplan, samples=len(samples), producers=ex.dp,
-                                  world=max(ex.world_size, tr.world_size), plan=tr)
+                                  world=max(ex.world_size, tr.world_size), plan=tr,
+                                  cold=self.sc.logprob_passes > 0)
         self.events += 1
         yield self.env.timeout(est.time_s)
         self.span(f"dispatch ({tplan.kind})", "dispatch", tplan.controller, t0, self.env.now, step,

@@ -321,6 +321,10 @@ def test_cold_start_is_rounds_times_a_fitted_constant():
         back_to_back = price_transfer_plan(dispatchfit.local_cost_model(cold, 2), tplan, samples=8, producers=2,
                                            world=2, control=False)
         assert "cold_start" not in back_to_back.breakdown
+        # no log-prob pass since the hand-off ran the executor: it starts warm, nothing else moves
+        after_handoff = price_transfer_plan(dispatchfit.local_cost_model(cold, 2), tplan, samples=8, producers=2,
+                                            world=2, cold=False)
+        assert "cold_start" not in after_handoff.breakdown and after_handoff.time_s == pytest.approx(w.time_s)
     one = price_transfer_plan(dispatchfit.local_cost_model(cold, 1), tplan, samples=8, producers=1, world=1)
     assert "cold_start" not in one.breakdown  # one process: no executor runs
     # the fit: cold runs measured at warm + rounds x 0.7 ms

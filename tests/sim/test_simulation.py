@@ -6,6 +6,8 @@ cost-model selector, dispatch on the link model, re-shard charging, link content
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import simpy
 
@@ -258,3 +260,21 @@ def test_shared_prompts_price_the_groups_prompt_once(tmp_path):
     assert [r["train_s"] for r in two[0]] == [r["train_s"] for r in two[1]]
     with pytest.raises(ValueError, match="prompt_group"):
         _one_process_sim(tmp_path, 48, -1)
+
+
+@pytest.mark.parametrize("passes", [0, 1, 2])
+def test_the_training_dispatch_starts_cold_only_after_log_prob_passes(passes):
+    """The dispatch's cold start (`cold_round_s` per round) is charged only where the
+    experience stage ran log-prob passes since the hand-off ran the executor."""
+    sc = load_scenario("connect-four-small", small(scenario__steps=2, experience__logprob_passes=str(passes)))
+    sim = Simulation(sc, "static", "layout-aware", handoff=True, train_placement="balanced")
+    prof = sim.cm.profile
+    sim.cm = sim.cm.with_profile(dataclasses.replace(
+        prof, dispatch_path=dataclasses.replace(prof.dispatch_path, cold_round_s=5e-4)))
+    sim.run()
+    moves = [s for s in sim.spans if s.stage == "dispatch"]
+    assert moves
+    for s in moves:
+        assert ("cold_start" in s.args["breakdown_s"]) == (passes > 0)
+        if passes:
+            assert s.args["breakdown_s"]["cold_start"] > 0
