@@ -141,8 +141,8 @@ def _timed_cases(cases, repeats, step_gc):
             out["probe"].append(probe.time())
             for k in KINDS:
                 step_gc.step_done(rep)
-                _, stats = execute_dispatch(tplans[k], store, samples, src, dst, check=(rep == 0))
-                t = torch.tensor([stats.seconds, float(stats.bytes_sent + stats.bytes_recv)])
+                wall, stats = _timed_call(tplans[k], store, samples, src, dst, check=(rep == 0))
+                t = torch.tensor([wall, float(stats.bytes_sent + stats.bytes_recv)])
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)
                 busiest[k] = float(t[1])
                 if rep:  # the first round warms up connections and allocators
@@ -152,17 +152,27 @@ def _timed_cases(cases, repeats, step_gc):
             for k in KINDS:
                 step_gc.step_done(rep)
                 evict.fill_(rep)  # cold caches (see EVICT_BYTES)
-                # timed as the warm repeats are: the executor's own seconds after its start
-                # barrier (a wall clock around the call also took the barrier's round, 0.4-1 ms
-                # at 2 ranks and 2-4 ms at 4 here, and read it as the caches' cost)
-                _, stats = execute_dispatch(tplans[k], store, samples, src, dst, check=False)
-                t = torch.tensor([stats.seconds])
+                t = torch.tensor([_timed_call(tplans[k], store, samples, src, dst, check=False)[0]])
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)
                 cold[k].append(float(t[0]))
         # the median repeat: the runtime's dispatches are single shots, not the luckiest of several
         out[(per_rank, ctx)] = {k: (statistics.median(v), busiest[k], statistics.median(cold[k]))
                                 for k, v in times.items()}
     return out
+
+
+def _timed_call(tplan, store, samples, src, dst, check: bool):
+    """(wall seconds, stats) of one `execute_dispatch` after a barrier: the executor's start
+    barrier included, as the runtime's dispatch span holds it and the price counts it among
+    the executor's rounds (`sync_rounds`). Warm and cold repeats are both timed so; until
+    2026-12-05 the warm ones read the executor's own seconds after that barrier, so the fit
+    priced a round the points did not hold (its per-message cost went to its lower bound) and
+    the cold repeats' extra held the barrier's round (0.4-1 ms at 2 ranks, 2-4 ms at 4 on the
+    2-vCPU EPYC; studies/cpu_dispatch_cold.py, docs/fidelity.md, twentieth session)."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    _, stats = execute_dispatch(tplan, store, samples, src, dst, check=check)
+    return time.perf_counter() - t0, stats
 
 
 def round_seconds(rounds: int = ROUNDS, repeats: int = 5) -> float:

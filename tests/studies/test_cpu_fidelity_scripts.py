@@ -227,6 +227,26 @@ def test_allgather_study_times_each_group_and_refuses_bad_groups():
         assert got.returncode == 2 and ("--worlds" in got.stderr or "--reps" in got.stderr), got.stderr
 
 
+def test_dispatch_cold_study_times_each_case_four_ways_and_refuses_bad_input():
+    """studies/cpu_dispatch_cold.py: real gloo ranks, every case timed warm and cold, by the
+    executor's own clock and around the call (which holds the start barrier: never shorter)."""
+    r = study("studies/cpu_dispatch_cold.py", "--worlds", "2", "--reps", "3")
+    assert r.returncode == 0, r.stderr
+    num = r"([-+]?[\d.]+)"
+    row = (rf"^ranks 2 +(\d+) x +(\d+) +warm +{num} +cold +{num} +cold-warm +{num} +\| +wall warm +{num} +"
+           rf"cold +{num} +\| +cold wall - warm +{num}$")
+    rows = re.findall(row, r.stdout, re.M)
+    assert [(int(a), int(b)) for a, b, *_ in rows] == [(1, 512), (4, 2048), (8, 256)]
+    for _, _, warm, cold, diff, warm_wall, cold_wall, wall_diff in rows:
+        warm, cold, warm_wall, cold_wall = map(float, (warm, cold, warm_wall, cold_wall))
+        assert 0 < warm <= warm_wall and 0 < cold <= cold_wall
+        assert float(diff) == pytest.approx(cold - warm, abs=0.011)
+        assert float(wall_diff) == pytest.approx(cold_wall - warm, abs=0.011)
+    for bad in (["--worlds", "1"], ["--worlds", "x"], ["--reps", "2"]):
+        got = study("studies/cpu_dispatch_cold.py", *bad)
+        assert got.returncode == 2 and ("--worlds" in got.stderr or "--reps" in got.stderr), got.stderr
+
+
 def test_fsdp_refit_reprices_a_committed_calibrations_points(tmp_path):
     """studies/cpu_fsdp_refit.py: the recorded fsdp points of cf44's calibration refitted under
     the current prices; the profile written with the new constants loads, and a profile with
