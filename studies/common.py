@@ -59,6 +59,26 @@ def parse_args(doc: str | None, argv: list[str] | None = None) -> argparse.Names
     return ap.parse_args(argv)
 
 
+def gloo_study_args(doc: str | None, argv: list[str] | None, worlds: str, reps: int) -> tuple[list[int], int]:
+    """(process counts, timed repeats) of a study that times gloo ranks: `--worlds` (comma-
+    separated integers >= 2, default `worlds`) and `--reps` (>= 3, default `reps`); bad values
+    exit 2 with one line naming them."""
+    ap = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    ap.add_argument("--worlds", default=worlds, help=f"process counts, comma-separated (default {worlds})")
+    ap.add_argument("--reps", type=int, default=reps, help=f"timed repeats (default {reps})")
+    args = ap.parse_args(argv)
+    bad = f"--worlds must be integers >= 2, comma-separated, got {args.worlds!r}"
+    try:
+        got = [int(w) for w in args.worlds.split(",")]
+    except ValueError:
+        ap.error(bad)
+    if not got or min(got) < 2:
+        ap.error(bad)
+    if args.reps < 3:
+        ap.error(f"--reps must be >= 3, got {args.reps}")
+    return got, args.reps
+
+
 def main(run, doc: str | None, argv: list[str] | None = None) -> None:
     """Parse `--out/--quick/--jobs`, run the study, report where its files went. A study whose
     `run` takes `jobs` runs its variants in parallel (earl/sim/sweep.py)."""

@@ -12,7 +12,6 @@ behind `earl.cost_model.comm.bytes_group` (docs/fidelity.md, nineteenth session)
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -20,6 +19,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import gloo_study_args  # noqa: E402
 
 from earl.runtime.dist import run_local  # noqa: E402
 
@@ -68,23 +69,12 @@ def measure(world: int, sizes=SIZES_MIB, reps: int = 12, timeout_s: float = 300.
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--worlds", default="2,3,4", help="process counts, comma-separated (default 2,3,4)")
-    ap.add_argument("--reps", type=int, default=12, help="timed repeats per size (default 12)")
-    args = ap.parse_args(argv)
-    try:
-        worlds = [int(w) for w in args.worlds.split(",")]
-    except ValueError:
-        ap.error(f"--worlds must be integers >= 2, comma-separated, got {args.worlds!r}")
-    if not worlds or min(worlds) < 2:
-        ap.error(f"--worlds must be integers >= 2, comma-separated, got {args.worlds!r}")
-    if args.reps < 3:
-        ap.error(f"--reps must be >= 3, got {args.reps}")
+    worlds, reps = gloo_study_args(__doc__, argv, "2,3,4", 12)
     print(f"gloo all_gather_into_tensor, {os.cpu_count()} CPUs; per gathered size: median wall of the "
           "fastest / slowest rank, CPU seconds per rank; ratio: CPU per rank over the first world's")
     first = None
     for w in worlds:
-        res = measure(w, reps=args.reps)
+        res = measure(w, reps=reps)
         first = first or res
         for mib, r in res.items():
             print(f"ranks {w}  {mib:6.2f} MiB  fastest {r['fastest_s'] * 1e3:8.2f} ms  slowest "

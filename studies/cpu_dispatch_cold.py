@@ -14,7 +14,6 @@ cold repeats also carried the barrier's round (docs/fidelity.md, twentieth sessi
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -22,6 +21,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import gloo_study_args  # noqa: E402
 
 from earl.runtime.dist import run_local  # noqa: E402
 
@@ -73,22 +74,11 @@ def measure(world: int, cases=CASES, reps: int = 15, timeout_s: float = 300.0) -
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--worlds", default="2,4", help="process counts, comma-separated (default 2,4)")
-    ap.add_argument("--reps", type=int, default=15, help="timed repeats per case (default 15)")
-    args = ap.parse_args(argv)
-    try:
-        worlds = [int(w) for w in args.worlds.split(",")]
-    except ValueError:
-        ap.error(f"--worlds must be integers >= 2, comma-separated, got {args.worlds!r}")
-    if not worlds or min(worlds) < 2:
-        ap.error(f"--worlds must be integers >= 2, comma-separated, got {args.worlds!r}")
-    if args.reps < 3:
-        ap.error(f"--reps must be >= 3, got {args.reps}")
-    print(f"layout-aware dispatch on gloo, {os.cpu_count()} CPUs, ms (slowest rank, median of {args.reps}); "
+    worlds, reps = gloo_study_args(__doc__, argv, "2,4", 15)
+    print(f"layout-aware dispatch on gloo, {os.cpu_count()} CPUs, ms (slowest rank, median of {reps}); "
           "executor: its own seconds after the start barrier; wall: around the call")
     for w in worlds:
-        for (per_rank, ctx), r in measure(w, reps=args.reps).items():
+        for (per_rank, ctx), r in measure(w, reps=reps).items():
             ms = {k: v * 1e3 for k, v in r.items()}
             print(f"ranks {w}  {per_rank:2d} x {ctx:5d}  warm {ms['warm']:7.2f}  cold {ms['cold']:7.2f}  "
                   f"cold-warm {ms['cold'] - ms['warm']:+6.2f}  |  wall warm {ms['warm_wall']:7.2f}  "

@@ -165,10 +165,10 @@ def _timed_call(tplan, store, samples, src, dst, check: bool):
     """(wall seconds, stats) of one `execute_dispatch` after a barrier: the executor's start
     barrier included, as the runtime's dispatch span holds it and the price counts it among
     the executor's rounds (`sync_rounds`). Warm and cold repeats are both timed so; until
-    2026-12-05 the warm ones read the executor's own seconds after that barrier, so the fit
-    priced a round the points did not hold (its per-message cost went to its lower bound) and
-    the cold repeats' extra held the barrier's round (0.4-1 ms at 2 ranks, 2-4 ms at 4 on the
-    2-vCPU EPYC; studies/cpu_dispatch_cold.py, docs/fidelity.md, twentieth session)."""
+    2026-12-05 the warm ones read the executor's own seconds after that barrier, which the price
+    counts as a round the points did not hold, and the cold ones the wall around the call, so
+    `cold_round_s` took the barrier's round for the caches' cost (0.4-1 ms at 2 ranks, 2-4 ms at
+    4 on the 2-vCPU EPYC; studies/cpu_dispatch_cold.py, docs/fidelity.md, twentieth session)."""
     dist.barrier()
     t0 = time.perf_counter()
     _, stats = execute_dispatch(tplan, store, samples, src, dst, check=check)
