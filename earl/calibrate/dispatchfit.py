@@ -167,8 +167,8 @@ def _timed_call(tplan, store, samples, src, dst, check: bool):
     the executor's rounds (`sync_rounds`). Warm and cold repeats are both timed so; until
     2026-12-05 the warm ones read the executor's own seconds after that barrier, which the price
     counts as a round the points did not hold, and the cold ones the wall around the call, so
-    `cold_round_s` took the barrier's round for the caches' cost (0.4-1 ms at 2 ranks, 2-4 ms at
-    4 on the 2-vCPU EPYC; studies/cpu_dispatch_cold.py, docs/fidelity.md, twentieth session)."""
+    `cold_round_s` took the barrier's round for the caches' cost (0.4-1.0 ms at 2 ranks, 1.7-4.5
+    ms at 4 on the 2-vCPU EPYC; studies/cpu_dispatch_cold.py, docs/fidelity.md, twentieth session)."""
     dist.barrier()
     t0 = time.perf_counter()
     _, stats = execute_dispatch(tplan, store, samples, src, dst, check=check)
