@@ -121,12 +121,11 @@ def test_fsdp_fit_recovers_constants_from_points_measured_under_load():
     """Synthetic points at per-point shares (1/6 of a core at 2 ranks, 1/5 at 4): the wall time
     is the profile-share time x host_share / share; the fit recovers the constants exactly."""
     truth = {"fsdp_unit_s": 2.5e-3, "fsdp_tensor_s": 9e-4, "reshard_tensor_s": 3e-4, "reshard_byte_s": 8e-10}
-    prof = dataclasses.replace(PROF, host_share=0.4)
+    # reshard_busy 1: the sync's ranks overlap nothing (the overlap factor has its own tests)
+    prof = dataclasses.replace(PROF, host_share=0.4, reshard_busy=1.0)
     synth = _synthetic_points(truth, 2, prof, shares={2: 1 / 6, 4: 1 / 5})
     for p in synth:
-        # a weight sync at more ranks than cores pays only its busy share of the oversubscription
-        over = hostload.overlap_factor(prof.reshard_busy, p.procs, 2) if p.kind == "sync" and prof.reshard_busy else 1.0
-        assert fsdpfit.price(prof, p, host_parallel=2).stretch == pytest.approx(0.4 / p.share * over)
+        assert fsdpfit.price(prof, p, host_parallel=2).stretch == pytest.approx(0.4 / p.share)
     fields, quality = fsdpfit.fit_fsdp_costs(prof, synth, host_parallel=2)
     for k, v in truth.items():
         assert fields[k] == pytest.approx(v, rel=1e-6), k
