@@ -57,6 +57,12 @@ STAGES = STEP_PHASES  # the runtime's span stages, the rows of every table
 # there (its stages last as long as their slowest group); the rank that arrived last, the one
 # with the shortest span, is the move itself
 COLLECTIVE_MOVES = ("dispatch", "reshard")
+# ... of which those the dispatch path prices (earl.cost_model.dispatch: the executor's slowest
+# rank from a common start, as `earl calibrate` times it, earl.calibrate.dispatchfit._timed_call)
+# are read so: from the last rank's arrival to the last rank's end (`measured_stages`). The
+# shortest span is the last arrival's own end, which at 4 ranks on 2 cores came ~2 ms (median)
+# before the last end (2026-12-05 passes, docs/fidelity.md, twenty-third session)
+DISPATCH_MOVES = ("dispatch",)
 # spans of other stages that are such moves where their `waits` arg says so: the rollout ->
 # experience hand-off is a dispatch (earl.runtime.step.prepare_experience: `execute_dispatch`),
 # which waits for its peers where a phase sends between ranks; onto the layout aligned with the
@@ -323,13 +329,21 @@ def measured_stages(spans, steps: list[int]) -> list[dict]:
     """Per step: stage -> seconds: each rank's spans of the stage summed, then the largest over
     ranks, and for collective moves (COLLECTIVE_MOVES; COLLECTIVE_SPANS that waited, which a
     trace from before the `waits` arg always did) the smallest, the two added; 0 for a stage no
-    rank ran."""
+    rank ran. Moves the dispatch path prices (DISPATCH_MOVES and the COLLECTIVE_SPANS that
+    waited) are read as `earl calibrate` times them: each one (a rank's n-th such span in the
+    step) from its last rank's start to its last rank's end, summed over them."""
     per: dict[tuple[int, str, bool, int], float] = {}
-    for sp in spans:
-        if sp.stage in STAGES:
-            move = sp.stage in COLLECTIVE_MOVES or (sp.name in COLLECTIVE_SPANS and sp.args.get("waits", True))
-            key = (sp.step, sp.stage, move, sp.rank)
-            per[key] = per.get(key, 0.0) + sp.duration_s
+    moves: dict[tuple[int, str, int], list] = {}  # (step, stage, n-th) -> the ranks' spans
+    seen: dict[tuple[int, str, int], int] = {}
+    for sp in sorted((sp for sp in spans if sp.stage in STAGES), key=lambda sp: sp.t_start):
+        waited = sp.name in COLLECTIVE_SPANS and sp.args.get("waits", True)
+        if sp.stage in DISPATCH_MOVES or waited:
+            n = seen.get((sp.step, sp.stage, sp.rank), 0)
+            seen[(sp.step, sp.stage, sp.rank)] = n + 1
+            moves.setdefault((sp.step, sp.stage, n), []).append(sp)
+            continue
+        key = (sp.step, sp.stage, sp.stage in COLLECTIVE_MOVES, sp.rank)
+        per[key] = per.get(key, 0.0) + sp.duration_s
     out = []
     for step in steps:
         row = dict.fromkeys(STAGES, 0.0)
@@ -337,6 +351,9 @@ def measured_stages(spans, steps: list[int]) -> list[dict]:
             for move in (False, True):
                 got = [v for (k, st, m, _), v in per.items() if k == step and st == s and m == move]
                 row[s] += (min if move else max)(got) if got else 0.0
+        for (k, s, _), group in moves.items():
+            if k == step:
+                row[s] += max(sp.t_end for sp in group) - max(sp.t_start for sp in group)
         out.append(row)
     return out
 

@@ -100,6 +100,7 @@ class Simulation:
             raise ValueError(f"unknown train_placement {train_placement!r}; valid: {', '.join(TRAIN_PLACEMENTS)}")
         self.train_placement = train_placement
         self._exp_assign: tuple | None = None  # this step's hand-off destination (experience layout)
+        self._handoff_waited = False  # whether this step's hand-off ran the executor's rounds
         if head_on not in HEAD_ON:
             raise ValueError(f"unknown head_on {head_on!r}; valid: {', '.join(HEAD_ON)}")
         self.head_on = head_on
@@ -175,6 +176,7 @@ class Simulation:
         """Forget the previous step's placements and hand-off."""
         self._placements = {}
         self._exp_assign = None
+        self._handoff_waited = False
 
     def clock(self, tp: int) -> DecodeClock:
         if tp not in self._clocks:
@@ -557,6 +559,7 @@ class Simulation:
         est = price_transfer_plan(self.cm, tplan, samples=len(samples), producers=ro.dp,
                                   world=max(ro.world_size, ex.world_size), plan=ex, advantages=False)
         self.events += 1
+        self._handoff_waited = est.extras["waits"]
         yield self.env.timeout(est.time_s)
         # `waits`: the ranks waited for one another (else local copies, each rank's own host work)
         self.span(f"hand-off ({tplan.kind})", "experience", tplan.controller, t0, self.env.now, step,
@@ -597,11 +600,13 @@ class Simulation:
         src = Layout(ex, src_assign)
         dst = Layout(tr, tuple(tuple(g) for g in dst_assign))
         tplan = self._priced(self.dispatcher.plan(src, dst, samples))
-        # the executor starts cold after the experience stage's log-prob passes; with none, right
-        # after the hand-off ran it (docs/fidelity.md, twentieth session)
+        # the executor's rounds start warm only right after the hand-off ran them (a hand-off
+        # that waited for its peers) with no log-prob pass since; after local copies only, they
+        # start as cold as the rollout left them (docs/fidelity.md, twentieth and twenty-third
+        # sessions)
         est = price_transfer_plan(self.cm, tplan, samples=len(samples), producers=ex.dp,
                                   world=max(ex.world_size, tr.world_size), plan=tr,
-                                  cold=self.sc.logprob_passes > 0)
+                                  cold=self.sc.logprob_passes > 0 or not self._handoff_waited)
         self.events += 1
         yield self.env.timeout(est.time_s)
         self.span(f"dispatch ({tplan.kind})", "dispatch", tplan.controller, t0, self.env.now, step,

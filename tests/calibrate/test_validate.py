@@ -245,21 +245,33 @@ def test_measured_stage_slowest_rank_or_last_to_arrive_for_moves():
              Span(name="s", stage="reshard", rank=0, t_start=0, t_end=0.75, step=1),  # waited longer
              Span(name="s", stage="select", rank=1, t_start=0, t_end=9, step=1),  # not a scored stage
              Span(name="d", stage="dispatch", rank=1, t_start=0, t_end=0.25, step=2)]
-    # the hand-off is a move (it starts with a barrier): its last rank to arrive; then each rank's
+    # the hand-off is a move (it starts with a barrier) the dispatch path prices: from its last
+    # rank's arrival (rank 1, at 0.5) to its last rank's end (rank 0, 1.25); then each rank's
     # own log-prob work, the slowest
-    spans += [Span(name="handoff", stage="experience", rank=0, t_start=0, t_end=0.75, step=2),  # waited
-              Span(name="handoff", stage="experience", rank=1, t_start=0, t_end=0.25, step=2),
-              Span(name="logprob", stage="experience", rank=0, t_start=1, t_end=1.5, step=2),
-              Span(name="logprob", stage="experience", rank=1, t_start=1, t_end=2, step=2)]
+    spans += [Span(name="handoff", stage="experience", rank=0, t_start=0, t_end=1.25, step=2),  # waited
+              Span(name="handoff", stage="experience", rank=1, t_start=0.5, t_end=1.0, step=2),
+              Span(name="logprob", stage="experience", rank=0, t_start=2, t_end=2.5, step=2),
+              Span(name="logprob", stage="experience", rank=1, t_start=2, t_end=3, step=2)]
     got = measured_stages(spans, [1, 2])
     assert got[0] == {"rollout": 0.0, "experience": 0.0, "dispatch": 0.0, "train": 3.0, "reshard": 0.5}
     assert got[1]["dispatch"] == 0.25 and got[1]["train"] == 0.0
-    assert got[1]["experience"] == 0.25 + 1.0
+    assert got[1]["experience"] == 0.75 + 1.0
     # a hand-off that waited for no one (onto the aligned layout: `waits` false) is the rank's
     # own work, like its log-prob span: the slowest rank's sum
     for sp in spans[-4:-2]:
         sp.args["waits"] = False
-    assert measured_stages(spans, [1, 2])[1]["experience"] == 0.75 + 0.5
+    assert measured_stages(spans, [1, 2])[1]["experience"] == 1.25 + 0.5
+
+
+def test_measured_dispatch_from_the_last_arrival_to_the_last_end_each_move_apart():
+    """A dispatch is read as `earl calibrate` times the executor (the slowest rank from a common
+    start): the last rank's arrival to the last rank's end, not the shortest span (the last
+    arrival's own end); a retried dispatch (the rank's second span in the step) adds its own."""
+    spans = [Span(name="d", stage="dispatch", rank=0, t_start=0.0, t_end=1.0, step=3),  # waited 0.5
+             Span(name="d", stage="dispatch", rank=1, t_start=0.5, t_end=0.875, step=3),
+             Span(name="d", stage="dispatch", rank=1, t_start=2.0, t_end=2.5, step=3),  # the retry
+             Span(name="d", stage="dispatch", rank=0, t_start=2.25, t_end=2.5, step=3)]
+    assert measured_stages(spans, [3])[0]["dispatch"] == (1.0 - 0.5) + (2.5 - 2.25)
 
 
 def test_token_budget_packing_per_data_parallel_group():
@@ -412,10 +424,10 @@ def test_the_simulated_dispatch_reduces_what_the_runtimes_estimator_does(over, r
 def test_rescore_prices_a_recorded_multi_process_run_of_a_checkpoint_kept_as_its_config(tmp_path):
     """A committed `earl validate --nproc 2 --model qwen2-27m` run (studies/cpu_fidelity.sh keeps
     the random checkpoint's config.json, not its weights): re-priced with the pass's own profile,
-    nothing run, it reproduces the recorded prediction (the dispatch's less its cold start: the
-    run ran no log-prob pass, and since 2026-12-05 such a dispatch is priced warm); the plan
-    search reads the shapes from the config alone (it refused the directory for its missing
-    weights before)."""
+    nothing run, it reproduces the recorded prediction (the dispatch's with its cold start: the
+    run's hand-off copied locally, so its executor rounds start cold, as they were priced then);
+    the plan search reads the shapes from the config alone (it refused the directory for its
+    missing weights before)."""
     pass_dir = Path(__file__).resolve().parents[2] / "docs" / "cpu" / "epyc-2026-12-04f" / "cf43"
     recorded = json.loads((pass_dir / "heldout-nproc2" / "validation.json").read_text())
     assert not list((pass_dir / "heldout-nproc2" / "model").glob("*.safetensors"))
@@ -423,8 +435,10 @@ def test_rescore_prices_a_recorded_multi_process_run_of_a_checkpoint_kept_as_its
                                out_dir=tmp_path / "again")
     assert again.nproc == 2
     [v] = again.variants
-    assert v.measured == recorded["variants"][0]["measured"]
+    for got, want in zip(v.measured, recorded["variants"][0]["measured"], strict=True):
+        # the dispatch is read from its last rank's arrival to its last rank's end since the
+        # twenty-third session, at least the shortest span read before
+        assert {k: x for k, x in got.items() if k != "dispatch"} == {k: x for k, x in want.items() if k != "dispatch"}
+        assert got["dispatch"] >= want["dispatch"]
     for got, want in zip(v.predicted, recorded["variants"][0]["predicted"], strict=True):
-        assert {k: x for k, x in got.items() if k != "dispatch"} == \
-            pytest.approx({k: x for k, x in want.items() if k != "dispatch"}, rel=1e-9)
-        assert 0 < got["dispatch"] < want["dispatch"]
+        assert got == pytest.approx(want, rel=1e-9)

@@ -263,18 +263,24 @@ def test_shared_prompts_price_the_groups_prompt_once(tmp_path):
 
 
 @pytest.mark.parametrize("passes", [0, 1, 2])
-def test_the_training_dispatch_starts_cold_only_after_log_prob_passes(passes):
-    """The dispatch's cold start (`cold_round_s` per round) is charged only where the
-    experience stage ran log-prob passes since the hand-off ran the executor."""
-    sc = load_scenario("connect-four-small", small(scenario__steps=2, experience__logprob_passes=str(passes)))
+@pytest.mark.parametrize("experience_plan", ["tp1-dp8", "tp2-dp4"])
+def test_the_training_dispatch_starts_warm_only_right_after_a_hand_off_that_ran_its_rounds(passes, experience_plan):
+    """The dispatch's cold start (`cold_round_s` per round) is left out only where the hand-off
+    just ran the executor's rounds (onto tp2-dp4 it sends between ranks and waits for them) and
+    no log-prob pass ran since; a hand-off of local copies (onto the aligned tp1-dp8) runs no
+    round, and the rollout before it left them cold."""
+    sc = load_scenario("connect-four-small", small(scenario__steps=2, experience__logprob_passes=str(passes),
+                                                   plan__experience=experience_plan))
     sim = Simulation(sc, "static", "layout-aware", handoff=True, train_placement="balanced")
     prof = sim.cm.profile
     sim.cm = sim.cm.with_profile(dataclasses.replace(
         prof, dispatch_path=dataclasses.replace(prof.dispatch_path, cold_round_s=5e-4)))
     sim.run()
+    handoffs = {s.step: s.args["waits"] for s in sim.spans if s.name.startswith("hand-off")}
     moves = [s for s in sim.spans if s.stage == "dispatch"]
-    assert moves
+    assert moves and set(handoffs.values()) == {experience_plan == "tp2-dp4"}
     for s in moves:
-        assert ("cold_start" in s.args["breakdown_s"]) == (passes > 0)
-        if passes:
+        cold = passes > 0 or not handoffs[s.step]
+        assert ("cold_start" in s.args["breakdown_s"]) == cold
+        if cold:
             assert s.args["breakdown_s"]["cold_start"] > 0
