@@ -269,3 +269,22 @@ def test_fsdp_refit_reprices_a_committed_calibrations_points(tmp_path):
     (tmp_path / "file").write_text("x")
     bad = study("studies/cpu_fsdp_refit.py", str(src), "--out", str(tmp_path / "file" / "sub"))
     assert bad.returncode == 2 and "cannot create it" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_dispatch_reading_study_reads_each_step_three_ways_and_refuses_a_folder_without_runs():
+    passes = [ROOT / "docs" / "cpu" / "epyc-2026-12-05" / p for p in ("cf54", "cf56")] + \
+        [ROOT / "docs" / "cpu" / "epyc-2026-12-05b" / p for p in ("cf57", "cf58", "cf59")]
+    r = study("studies/cpu_dispatch_reading.py", *map(str, passes))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == (ROOT / "docs" / "cpu" / "epyc-2026-12-05c" / "dispatch-reading.txt").read_text().strip()
+    got = {(m, int(n)): (int(k), *map(float, xs)) for m, n, k, *xs in re.findall(
+        r"(tiny|held-out) model, nproc (\d), (\d+) steps: shortest span ([\d.]+) ms .*last arrival -> last end "
+        r"([\d.]+) ms .*slowest executor ([\d.]+) ms .*ends apart ([\d.]+) ms", r.stdout)}
+    assert set(got) == {(m, n) for m in ("tiny", "held-out") for n in (2, 4)}
+    assert got[("tiny", 2)][0] == got[("tiny", 4)][0] == 80  # ten runs x eight scored steps
+    for _steps, shortest, last, executor, _apart in got.values():
+        assert last >= shortest > 0 and executor > 0  # the last arrival's span ends by the last end
+    # four ranks on two cores end ~2 ms apart; two ranks at once
+    assert got[("tiny", 4)][4] > 1.0 > 0.2 > got[("tiny", 2)][4]
+    bad = study("studies/cpu_dispatch_reading.py", str(ROOT / "docs"))
+    assert bad.returncode == 2 and "no multi-process" in bad.stderr
