@@ -169,6 +169,36 @@ def fit_gemm(flops: Sequence[float], rows: Sequence[float], times_s: Sequence[fl
     return best[0]
 
 
+# GEMM row counts fitted apart (`fit_row_factors`), left out of the smooth row penalty's fit:
+# MKL's kernels for 2 and 3 rows ran slower than its 4-row one on the 2-core EPYC VM (qwen2-27m's
+# shapes 1.3-2.6x the 4-row time, one process, cold weights; docs/fidelity.md, twenty-third
+# session), which no smooth penalty in 1 / rows follows
+ROW_FACTOR_ROWS = (2, 3)
+ROW_FACTOR_GRID = np.geomspace(0.25, 8.0, 241)
+
+
+def fit_row_factors(fit: AffineFit, rows_half: float, flops: Sequence[float], rows: Sequence[float],
+                    times_s: Sequence[float], floor_s: Sequence[float] | None = None) -> dict[str, float]:
+    """Row count -> the multiplier on a GEMM's priced FLOPs (`HardwareProfile.gemm_row_factors`,
+    on top of `rows_half`'s penalty) that gives the smallest median |log error| of t = max(fixed_s
+    + factor x w / rate, floor) over the points of that row count (ROW_FACTOR_ROWS, two points
+    at least); row counts with fewer points get none."""
+    f = np.asarray(flops, dtype=float)
+    r = np.asarray(rows, dtype=float)
+    t = np.asarray(times_s, dtype=float)
+    fl = np.zeros_like(t) if floor_s is None else np.asarray(floor_s, dtype=float)
+    out = {}
+    for n in ROW_FACTOR_ROWS:
+        at = r == n
+        if at.sum() < 2:
+            continue
+        w = f[at] * (1.0 + rows_half / n)
+        pred = np.maximum(fit.fixed_s + np.outer(ROW_FACTOR_GRID, w) / fit.rate, fl[at])
+        err = np.median(np.abs(np.log(t[at] / pred)), axis=1)
+        out[str(n)] = round(float(ROW_FACTOR_GRID[int(np.argmin(err))]), 4)
+    return out
+
+
 def synthetic_times(curve: EfficiencyCurve, peak: float, sizes: Sequence[float], *,
                     noise: float = 0.0, seed: int = 0) -> list[float]:
     """Times a device following `curve` exactly would take, with optional relative noise."""

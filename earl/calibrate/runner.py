@@ -25,7 +25,7 @@ from rich.progress import Progress as RichBars
 
 from earl.calibrate import bench, dispatchfit, fsdpfit, hostcost, hostload, overhead
 from earl.calibrate.collectives import CPU_SIZES, CUDA_SIZES, CollectiveResult, run_collectives
-from earl.calibrate.fit import AffineFit, fit_affine, fit_gemm
+from earl.calibrate.fit import ROW_FACTOR_ROWS, AffineFit, fit_affine, fit_gemm, fit_row_factors
 from earl.calibrate.host import current_stamp
 from earl.calibrate.linkfit import LinkFit, fit_link
 from earl.calibrate.report import roofline_checks, write_measurements
@@ -97,20 +97,24 @@ def parse_phases(text: str) -> tuple[str, ...]:
 
 
 def _fit_kind(ms: list[bench.Measurement], kind: str, overhead_s: float,
-              memory_s=None) -> tuple[AffineFit | None, float]:
-    """(fit, gemm_rows_half) of one kind's points, less the operator overhead the cost model
-    adds itself, under the memory roofline `memory_s(bytes)` (None: no floor); GEMMs that carry
-    their row counts get the row penalty fitted too (`fit_gemm`), others 0. (None, 0) when
-    nothing was measured."""
+              memory_s=None) -> tuple[AffineFit | None, float, dict[str, float]]:
+    """(fit, gemm_rows_half, gemm_row_factors) of one kind's points, less the operator overhead
+    the cost model adds itself, under the memory roofline `memory_s(bytes)` (None: no floor);
+    GEMMs that carry their row counts get the row penalty fitted too (`fit_gemm`, on the points
+    of other row counts than ROW_FACTOR_ROWS) and those row counts' factors
+    (`fit_row_factors`), others 0 and none. (None, 0, {}) when nothing was measured."""
     pts = [m for m in ms if m.kind == kind]
     if not pts:
-        return None, 0.0
+        return None, 0.0, {}
     times = [max(m.time_s - overhead_s, 0.1 * m.time_s) for m in pts]
     floor = [memory_s(m.bytes) for m in pts] if memory_s else None
     if kind == "matmul" and memory_s and all(m.rows > 0 for m in pts):
-        return fit_gemm([m.flops for m in pts], [m.rows for m in pts], times, floor_s=floor)
+        main = [i for i, m in enumerate(pts) if m.rows not in ROW_FACTOR_ROWS]
+        fit, half = fit_gemm([pts[i].flops for i in main], [pts[i].rows for i in main], [times[i] for i in main],
+                             floor_s=[floor[i] for i in main])
+        return fit, half, fit_row_factors(fit, half, [m.flops for m in pts], [m.rows for m in pts], times, floor)
     return fit_affine([m.flops if memory_s else m.size for m in pts], times, floor_s=floor,
-                      what=f"{kind} fit"), 0.0
+                      what=f"{kind} fit"), 0.0, {}
 
 
 def run_calibration(*, device: str = "cpu", budget_s: float = 90.0, phases: tuple[str, ...] = PHASES,
@@ -323,7 +327,7 @@ def _build_profile(dev, dt, base_prof: HardwareProfile, overhead_s: float,
     hw = base_prof.hardware
     fits: dict[str, AffineFit] = {}
     # 1. memory first: it is the floor under every compute fit
-    mem_fit, _ = _fit_kind(ms, "memory", overhead_s)
+    mem_fit, _, _ = _fit_kind(ms, "memory", overhead_s)
     mem_curve = base_prof.memory
     if mem_fit:
         fits["memory"] = mem_fit
@@ -336,11 +340,12 @@ def _build_profile(dev, dt, base_prof: HardwareProfile, overhead_s: float,
 
     # 2. compute curves under that floor (decode attention gets its own curve)
     rows_half = 0.0  # no GEMMs measured (or no row counts): the base's law, as before
+    row_factors: dict[str, float] = {}
     for kind in ("matmul", "attention", "attention_decode"):
-        f, half = _fit_kind(ms, kind, overhead_s, memory_s)
+        f, half, factors = _fit_kind(ms, kind, overhead_s, memory_s)
         if f:
             fits[kind] = f
-            rows_half = half if kind == "matmul" else rows_half
+            rows_half, row_factors = (half, factors) if kind == "matmul" else (rows_half, row_factors)
     # only the compute-bound kinds identify the peak: decode attention is memory-bound, and its
     # time barely moves with FLOPs, so its fitted rate can run off to absurd values (seen on an
     # H200: 3.5e19 FLOP/s); a rate beyond 1.5x the peak is capped at the peak below
@@ -373,6 +378,7 @@ def _build_profile(dev, dt, base_prof: HardwareProfile, overhead_s: float,
     quality = {k: f.quality() for k, f in fits.items()}
     if "matmul" in quality:
         quality["matmul"]["rows_half"] = rows_half
+        quality["matmul"]["row_factors"] = row_factors
     if link:
         quality["links"] = link.quality()
 
@@ -394,6 +400,7 @@ def _build_profile(dev, dt, base_prof: HardwareProfile, overhead_s: float,
         op_overhead_s=overhead_s,
         gemm_norm=None,
         gemm_rows_half=rows_half if "matmul" in fits else base_prof.gemm_rows_half,
+        gemm_row_factors=row_factors if "matmul" in fits else dict(base_prof.gemm_row_factors),
         stamp=stamp,
         fit_quality={**base_prof.fit_quality, **quality},
     )

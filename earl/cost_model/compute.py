@@ -54,9 +54,13 @@ def _op_time(flops: float, nbytes: float, prof: HardwareProfile, curve, norm: fl
 
 def gemm_work(flops: float, rows: float, prof: HardwareProfile) -> float:
     """The FLOPs a GEMM of `rows` rows is priced as on the `matmul` curve: its own, x (1 +
-    gemm_rows_half / rows) when the profile has a row penalty (a CPU BLAS's per-call packing)."""
+    gemm_rows_half / rows) when the profile has a row penalty (a CPU BLAS's per-call packing),
+    x the profile's factor for that row count where it has one (`gemm_row_factors`)."""
     half = prof.gemm_rows_half
-    return flops * (1.0 + half / rows) if half > 0 and rows > 0 else flops
+    work = flops * (1.0 + half / rows) if half > 0 and rows > 0 else flops
+    if prof.gemm_row_factors and rows == int(rows):
+        work *= prof.gemm_row_factors.get(str(int(rows)), 1.0)
+    return work
 
 
 def gemm_time_s(m: float, k: float, n: float, prof: HardwareProfile, dtype_bytes: int = 2) -> float:

@@ -258,6 +258,12 @@ class HardwareProfile:
     # there; docs/fidelity.md, thirteenth session). 0: efficiency depends on FLOPs alone (the
     # datasheet GPU profiles, whose small-batch penalty is `gemm_norm`'s)
     gemm_rows_half: float = 0.0
+    # row count (as a string, "2") -> a multiplier on that GEMM's priced FLOPs beyond the row
+    # penalty: a BLAS whose kernels for a few rows are slower than the smooth penalty says (MKL on
+    # the 2-core EPYC VM: 2- and 3-row GEMMs of qwen2-27m's shapes took 1.3-2.6x the 4-row ones'
+    # time; docs/fidelity.md, twenty-third session). Fitted by `earl calibrate` on its GEMMs of
+    # those rows (`earl.calibrate.fit.fit_row_factors`); none: 1
+    gemm_row_factors: dict = field(default_factory=dict)
     dp_grad_overlap: bool = True  # data-parallel gradient reduction bucketed and overlapped with backward
     grad_bucket_bytes: float = 80e6  # gradient bytes per bucket (Megatron DDP: 40M params in bf16)
 
@@ -281,6 +287,10 @@ class HardwareProfile:
                      *((f"host_probe_ranks_s[{k!r}]", v) for k, v in self.host_probe_ranks_s.items())):
             if not (isinstance(v, (int, float)) and 0 <= v < math.inf):
                 raise ValueError(f"HardwareProfile.{n} must be a finite number >= 0 (0: not measured), got {v!r}")
+        if any(not str(k).isdigit() or int(k) < 1 or not (isinstance(v, (int, float)) and 0.1 <= v < math.inf)
+               for k, v in self.gemm_row_factors.items()):
+            raise ValueError(f"HardwareProfile.gemm_row_factors: keys are GEMM row counts >= 1 (\"2\"), values "
+                             f"finite multipliers >= 0.1, got {dict(sorted(self.gemm_row_factors.items()))}")
         if any(not str(k).isdigit() or int(k) < 2 for k in self.host_probe_ranks_s):
             raise ValueError(f"HardwareProfile.host_probe_ranks_s: keys are process counts >= 2 (\"2\", \"4\"), "
                              f"got {sorted(self.host_probe_ranks_s)}")
@@ -381,6 +391,8 @@ class HardwareProfile:
                 grad_bucket_bytes=scalar("grad_bucket_bytes", default=80e6),
                 gemm_norm=None if d.get("gemm_norm") is None else scalar("gemm_norm"),
                 gemm_rows_half=scalar("gemm_rows_half", default=0.0),
+                gemm_row_factors={str(k): convert(f"gemm_row_factors.{k}", v, float, where=source)
+                                  for k, v in mapping("gemm_row_factors").items()},
                 host_share=scalar("host_share", default=1.0),
                 corun_slowdown=scalar("corun_slowdown", default=1.0),
                 reshard_busy=scalar("reshard_busy", default=1.0),

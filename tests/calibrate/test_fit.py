@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from earl.calibrate.collectives import CollectiveResult
-from earl.calibrate.fit import fit_affine, fit_gemm, split_holdout, synthetic_times
+from earl.calibrate.fit import ROW_FACTOR_ROWS, fit_affine, fit_gemm, fit_row_factors, split_holdout, synthetic_times
 from earl.calibrate.linkfit import fit_link, predict_s
 from earl.cost_model.profile import EfficiencyCurve, LinkParams
 
@@ -111,3 +111,25 @@ def test_gemm_row_penalty_within_noise_and_checked():
     assert 5.0 <= half <= 12.0 and fit.rate == pytest.approx(6e10, rel=0.15)
     with pytest.raises(ValueError, match="row count"):
         fit_gemm(flops, [0] * len(flops), times)
+
+
+def test_row_factors_recover_a_slow_two_and_three_row_kernel_apart_from_the_smooth_penalty():
+    """2- and 3-row GEMMs slower than the row penalty says (MKL on the 2-core EPYC VM): the
+    smooth fit leaves them out, and each row count's factor on the priced FLOPs is recovered
+    from its own points; a row count with fewer than two points gets none."""
+    keep = [(f, m, t) for f, m, t in zip(*_gemm_points(8.0), strict=True) if m not in ROW_FACTOR_ROWS]
+    flops, rows, times = (list(x) for x in zip(*keep, strict=True))
+    slow = {2: 2.5, 3: 1.6}
+    for m, factor in slow.items():
+        for k in (1e6, 4e6, 1.6e7, 6.4e7):
+            f = 2.0 * m * k
+            flops.append(f), rows.append(m), times.append(2e-6 + factor * f * (1 + 8.0 / m) / 6e10)
+    main = [i for i, m in enumerate(rows) if m not in ROW_FACTOR_ROWS]
+    fit, half = fit_gemm([flops[i] for i in main], [rows[i] for i in main], [times[i] for i in main])
+    assert half == pytest.approx(8.0, rel=0.05, abs=0.3)
+    got = fit_row_factors(fit, half, flops, rows, times)
+    assert got.keys() == {"2", "3"}
+    assert got["2"] == pytest.approx(2.5, rel=0.03) and got["3"] == pytest.approx(1.6, rel=0.03)
+    one = [i for i, m in enumerate(rows) if m != 3][:-3]  # a single 2-row point left
+    assert fit_row_factors(fit, half, [flops[i] for i in one], [rows[i] for i in one],
+                           [times[i] for i in one]) == {}

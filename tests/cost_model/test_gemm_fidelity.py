@@ -95,3 +95,23 @@ def test_switched_allreduce_pays_two_latencies_not_a_ring():
     assert allreduce_s(small, 8, link, switched=True) == pytest.approx(two_shot)
     # on a switch tp8 costs about what tp4 does per all-reduce (latency-bound)
     assert allreduce_s(small, 8, link, switched=True) / allreduce_s(small, 4, link, switched=True) < 1.1
+
+
+def test_gemm_row_factors_price_their_row_counts_only():
+    """`gemm_row_factors` {"2": f}: a 2-row GEMM is priced as f x its penalised FLOPs, other row
+    counts as before; it survives a save, a profile without it has none, and bad entries are
+    refused naming them."""
+    cpu = load_profile("cpu")
+    assert cpu.gemm_row_factors == {} and load_profile("h100-sxm-80gb").gemm_row_factors == {}
+    pen = dataclasses.replace(cpu, gemm_rows_half=8.0)
+    slow = dataclasses.replace(pen, gemm_row_factors={"2": 2.0, "3": 1.5})
+    assert gemm_work(1e9, 2, slow) == pytest.approx(2.0 * gemm_work(1e9, 2, pen))
+    assert gemm_work(1e9, 3.0, slow) == pytest.approx(1.5 * gemm_work(1e9, 3, pen))
+    assert gemm_work(1e9, 4, slow) == gemm_work(1e9, 4, pen) and gemm_work(1e9, 2.5, slow) == gemm_work(1e9, 2.5, pen)
+    assert HardwareProfile.from_dict(slow.to_dict()).gemm_row_factors == {"2": 2.0, "3": 1.5}
+    d = slow.to_dict()
+    del d["gemm_row_factors"]
+    assert HardwareProfile.from_dict(d).gemm_row_factors == {}
+    for bad in ({"0": 2.0}, {"two": 2.0}, {"2": 0.0}, {"2": float("inf")}):
+        with pytest.raises(ValueError, match="gemm_row_factors"):
+            HardwareProfile.from_dict({**slow.to_dict(), "gemm_row_factors": bad})
