@@ -25,7 +25,15 @@ from rich.progress import Progress as RichBars
 
 from earl.calibrate import bench, dispatchfit, fsdpfit, hostcost, hostload, overhead
 from earl.calibrate.collectives import CPU_SIZES, CUDA_SIZES, CollectiveResult, run_collectives
-from earl.calibrate.fit import ROW_FACTOR_ROWS, AffineFit, fit_affine, fit_gemm, fit_row_factors
+from earl.calibrate.fit import (
+    MIN_FIT_POINTS,
+    MIN_HELD_POINTS,
+    ROW_FACTOR_ROWS,
+    AffineFit,
+    fit_affine,
+    fit_gemm,
+    fit_row_factors,
+)
 from earl.calibrate.host import current_stamp
 from earl.calibrate.linkfit import LinkFit, fit_link
 from earl.calibrate.report import roofline_checks, write_measurements
@@ -110,6 +118,8 @@ def _fit_kind(ms: list[bench.Measurement], kind: str, overhead_s: float,
     floor = [memory_s(m.bytes) for m in pts] if memory_s else None
     if kind == "matmul" and memory_s and all(m.rows > 0 for m in pts):
         main = [i for i, m in enumerate(pts) if m.rows not in ROW_FACTOR_ROWS]
+        if len(main) < MIN_FIT_POINTS + MIN_HELD_POINTS:  # a short budget: one smooth fit of all, no factors
+            main = list(range(len(pts)))
         fit, half = fit_gemm([pts[i].flops for i in main], [pts[i].rows for i in main], [times[i] for i in main],
                              floor_s=[floor[i] for i in main])
         return fit, half, fit_row_factors(fit, half, [m.flops for m in pts], [m.rows for m in pts], times, floor)

@@ -288,3 +288,14 @@ def test_dispatch_reading_study_reads_each_step_three_ways_and_refuses_a_folder_
     assert got[("tiny", 4)][4] > 1.0 > 0.2 > got[("tiny", 2)][4]
     bad = study("studies/cpu_dispatch_reading.py", str(ROOT / "docs"))
     assert bad.returncode == 2 and "no multi-process" in bad.stderr
+
+
+def test_gemm_rows_study_times_and_prices_each_row_count_and_refuses_an_unknown_model():
+    r = study("studies/cpu_gemm_rows.py", "--hardware", "cpu-measured", "--model", "tiny")
+    assert r.returncode == 0, r.stderr
+    summed = re.findall(r"rows +(\d+): one layer's GEMMs \+ LM head measured ([\d.]+) ms, priced ([\d.]+) ms", r.stdout)
+    assert [int(n) for n, _, _ in summed] == [1, 2, 3, 4, 8, 16]
+    assert all(float(m) > 0 and float(p) > 0 for _, m, p in summed)
+    assert len(re.findall(r"rows +\d+ \(k \d+, n \d+\): measured", r.stdout)) == 5 * 6  # 4 projections + LM head
+    bad = study("studies/cpu_gemm_rows.py", "--model", "no-such-model")
+    assert bad.returncode == 2 and "no-such-model" in bad.stderr
