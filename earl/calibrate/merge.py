@@ -9,7 +9,8 @@ calibrations priced the same twenty recorded multi-process runs within 25% in 74
 stage-runs, each run's own calibration in 66.
 
 What is merged: every number (int or float) of the profile's JSON form, key by key, over the
-calibrations that have it; everything else (names, flags, lists) comes from the first. The
+calibrations that have it (a key only some have, such as a field newer calibrations fit, is
+their median); everything else (names, flags, lists) comes from the first that has it. The
 constants are fitted together within a calibration (an efficiency curve's two parameters, the
 FSDP2 terms); their medians are taken apart, which keeps each within the calibrations' range.
 `fit_quality`'s figures are merged the same way (its point lists are the first's), and it
@@ -40,9 +41,10 @@ def _number(x) -> bool:
 
 def _merge(values: list, path: str, spread: dict[str, list[float]]):
     first = values[0]
-    if isinstance(first, dict):
+    if isinstance(first, dict):  # every key any calibration has (the first's order, then the others' new ones)
+        keys = list(dict.fromkeys(k for v in values if isinstance(v, dict) for k in v))
         return {k: _merge([v[k] for v in values if isinstance(v, dict) and k in v],
-                          f"{path}.{k}" if path else k, spread) for k in first}
+                          f"{path}.{k}" if path else k, spread) for k in keys}
     if not _number(first):
         return first
     nums = [float(v) for v in values if _number(v)]

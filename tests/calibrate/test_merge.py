@@ -39,6 +39,12 @@ def test_each_number_is_the_median_of_the_calibrations():
     assert m["fit_quality"]["corun"] == {"ratios": [1.0]}  # point lists from the first
     spread = m["fit_quality"]["median_of"]["min_median_max"]
     assert spread["corun_slowdown"] == [1.2, 1.3, 1.6] and "hardware.name" not in spread
+    # a key only later calibrations fit (an older one's empty mapping, or none at all) is the
+    # median of theirs, whichever calibration comes first
+    rows = [{**a, "gemm_row_factors": {}}, {**b, "gemm_row_factors": {"2": 1.9, "3": 1.7}},
+            {**c, "gemm_row_factors": {"2": 2.1, "3": 1.8}}, {**c}]
+    assert median_profile(rows)["gemm_row_factors"] == {"2": 2.0, "3": 1.75}
+    assert median_profile(rows[::-1])["gemm_row_factors"] == {"2": 2.0, "3": 1.75}
     with pytest.raises(ValueError, match="at least 2 calibrations, got 1"):
         median_profile([a])
     with pytest.raises(ValueError, match="differ in device"):
