@@ -118,11 +118,14 @@ def _fit_kind(ms: list[bench.Measurement], kind: str, overhead_s: float,
     floor = [memory_s(m.bytes) for m in pts] if memory_s else None
     if kind == "matmul" and memory_s and all(m.rows > 0 for m in pts):
         main = [i for i, m in enumerate(pts) if m.rows not in ROW_FACTOR_ROWS]
-        if len(main) < MIN_FIT_POINTS + MIN_HELD_POINTS:  # a short budget: one smooth fit of all, no factors
+        apart = len(main) >= MIN_FIT_POINTS + MIN_HELD_POINTS
+        if not apart:  # a short budget: one smooth fit of all the points, no factors
             main = list(range(len(pts)))
         fit, half = fit_gemm([pts[i].flops for i in main], [pts[i].rows for i in main], [times[i] for i in main],
                              floor_s=[floor[i] for i in main])
-        return fit, half, fit_row_factors(fit, half, [m.flops for m in pts], [m.rows for m in pts], times, floor)
+        factors = fit_row_factors(fit, half, [m.flops for m in pts], [m.rows for m in pts], times, floor) \
+            if apart else {}
+        return fit, half, factors
     return fit_affine([m.flops if memory_s else m.size for m in pts], times, floor_s=floor,
                       what=f"{kind} fit"), 0.0, {}
 

@@ -133,3 +133,27 @@ def test_row_factors_recover_a_slow_two_and_three_row_kernel_apart_from_the_smoo
     one = [i for i, m in enumerate(rows) if m != 3][:-3]  # a single 2-row point left
     assert fit_row_factors(fit, half, [flops[i] for i in one], [rows[i] for i in one],
                            [times[i] for i in one]) == {}
+
+
+def test_calibration_fits_row_factors_only_when_the_other_rows_can_carry_the_smooth_fit():
+    """`earl calibrate`'s GEMM fit (runner._fit_kind): the 2- and 3-row points get their
+    factors when the other row counts leave enough points for the smooth fit; on a short budget
+    (too few others) all points make one smooth fit and no factors are claimed."""
+    from earl.calibrate.bench import Measurement
+    from earl.calibrate.runner import _fit_kind
+
+    def gemms(rows_and_factor):
+        out = []
+        for m, factor in rows_and_factor:
+            for k in (1e6, 4e6, 1.6e7, 6.4e7):
+                f = 2.0 * m * k
+                out.append(Measurement(kind="matmul", label=f"T={m}", flops=f, bytes=1.0, reps=5, iqr_frac=0.0,
+                                       time_s=2e-6 + factor * f * (1 + 8.0 / m) / 6e10, rows=m))
+        return out
+
+    full = gemms([(1, 1.0), (2, 2.5), (3, 1.6), (4, 1.0), (16, 1.0), (64, 1.0)])
+    fit, half, factors = _fit_kind(full, "matmul", 0.0, memory_s=lambda b: 0.0)
+    assert half == pytest.approx(8.0, rel=0.05, abs=0.3) and fit.rate == pytest.approx(6e10, rel=0.05)
+    assert factors["2"] == pytest.approx(2.5, rel=0.03) and factors["3"] == pytest.approx(1.6, rel=0.03)
+    short = [m for m in full if m.rows in (2, 3)] + [m for m in full if m.rows == 1][:3]
+    assert _fit_kind(short, "matmul", 0.0, memory_s=lambda b: 0.0)[2] == {}
