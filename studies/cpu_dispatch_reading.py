@@ -21,6 +21,7 @@ import json
 import statistics
 from pathlib import Path
 
+from earl.runtime.metrics import read_metrics
 from earl.trace import read_chrome_trace
 
 READINGS = ("shortest span", "last arrival -> last end", "slowest executor", "ends apart")
@@ -32,7 +33,7 @@ def run_steps(run: Path) -> tuple[int, list[tuple[float, float, float, float]]]:
     base = run / "runs" / "base"
     if not (base / "trace.json").is_file():
         raise ValueError(f"{run}: no runs/base/trace.json; give the OUT folder of studies/cpu_fidelity.sh")
-    steps = [json.loads(line)["step"] for line in (base / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r["step"] for r in read_metrics(base)]
     scored = set(steps[-len(v["variants"][0]["measured"]):])
     by: dict[int, list] = {}
     for sp in read_chrome_trace(base / "trace.json"):

@@ -19,20 +19,18 @@ import torch
 from earl.calibrate.bench import Case, gemm_shapes, run_case
 from earl.cost_model.compute import gemm_time_s
 from earl.cost_model.profile import load_profile
-from earl.specs import MODEL_CATALOG, ModelSpec
+from earl.runtime.resolve import model_spec
+from earl.specs import MODEL_CATALOG
 
 ROWS = (1, 2, 3, 4, 8, 16)
 
 
 def report(hardware: str, model: str, rows=ROWS, max_s: float = 0.3) -> str:
     prof = load_profile(hardware)
-    if model in MODEL_CATALOG:
-        spec = MODEL_CATALOG[model]
-    elif (Path(model) / "config.json").is_file():
-        spec = ModelSpec.from_hf_config(model)
-    else:
+    if model not in MODEL_CATALOG and not (Path(model) / "config.json").is_file():
         raise ValueError(f"--model {model!r}: neither a catalog model ({', '.join(sorted(MODEL_CATALOG))}) nor a "
                          "folder with a config.json")
+    spec = model_spec(model)
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
     lines, total = [], {}
