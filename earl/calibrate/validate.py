@@ -63,6 +63,13 @@ COLLECTIVE_MOVES = ("dispatch", "reshard")
 # shortest span is the last arrival's own end, which at 4 ranks on 2 cores came ~2 ms (median)
 # before the last end (2026-12-05 passes, docs/fidelity.md, twenty-third session)
 DISPATCH_MOVES = ("dispatch",)
+# ... and the weight sync, which `earl calibrate` times as its fastest rank after a barrier
+# (earl.calibrate.fsdpfit._sync_times), is read so: from the last rank's arrival (the common
+# start) to the first rank's end. After that end the rank that left starts its rollout, which
+# takes cores from the ranks still unpacking: a stretch the next stage's work causes. The
+# shortest span, the last arrival's own end, held it in most 4-rank steps of the 2026-12-05
+# passes (docs/fidelity.md, twenty-fourth session)
+SYNC_MOVES = ("reshard",)
 # spans of other stages that are such moves where their `waits` arg says so: the rollout ->
 # experience hand-off is a dispatch (earl.runtime.step.prepare_experience: `execute_dispatch`),
 # which waits for its peers where a phase sends between ranks; onto the layout aligned with the
@@ -331,13 +338,14 @@ def measured_stages(spans, steps: list[int]) -> list[dict]:
     trace from before the `waits` arg always did) the smallest, the two added; 0 for a stage no
     rank ran. Moves the dispatch path prices (DISPATCH_MOVES and the COLLECTIVE_SPANS that
     waited) are read as `earl calibrate` times them: each one (a rank's n-th such span in the
-    step) from its last rank's start to its last rank's end, summed over them."""
+    step) from its last rank's start to its last rank's end, summed over them; the weight sync
+    (SYNC_MOVES) likewise, to its first rank's end."""
     per: dict[tuple[int, str, bool, int], float] = {}
     moves: dict[tuple[int, str, int], list] = {}  # (step, stage, n-th) -> the ranks' spans
     seen: dict[tuple[int, str, int], int] = {}
     for sp in sorted((sp for sp in spans if sp.stage in STAGES), key=lambda sp: sp.t_start):
         waited = sp.name in COLLECTIVE_SPANS and sp.args.get("waits", True)
-        if sp.stage in DISPATCH_MOVES or waited:
+        if sp.stage in DISPATCH_MOVES or sp.stage in SYNC_MOVES or waited:
             n = seen.get((sp.step, sp.stage, sp.rank), 0)
             seen[(sp.step, sp.stage, sp.rank)] = n + 1
             moves.setdefault((sp.step, sp.stage, n), []).append(sp)
@@ -353,9 +361,39 @@ def measured_stages(spans, steps: list[int]) -> list[dict]:
                 row[s] += (min if move else max)(got) if got else 0.0
         for (k, s, _), group in moves.items():
             if k == step:
-                row[s] += max(sp.t_end for sp in group) - max(sp.t_start for sp in group)
+                end = (min if s in SYNC_MOVES else max)(sp.t_end for sp in group)
+                row[s] += max(0.0, end - max(sp.t_start for sp in group))
         out.append(row)
     return out
+
+
+def sync_leads(spans, steps: list[int]) -> list[list[float]]:
+    """Per step: how long before the weight sync's last arrival each rank reached it (seconds,
+    0 for the last; each rank's first span of the stage SYNC_MOVES in the step); [] for a step
+    with no sync (`active_ranks` reads them)."""
+    first: dict[tuple[int, int], float] = {}
+    for sp in spans:
+        if sp.stage in SYNC_MOVES:
+            key = (sp.step, sp.rank)
+            first[key] = min(first.get(key, sp.t_start), sp.t_start)
+    out = []
+    for step in steps:
+        got = [t for (k, _), t in first.items() if k == step]
+        out.append([max(got) - t for t in got])
+    return out
+
+
+def active_ranks(leads: list[float], work_s: float, nproc: int) -> int:
+    """How many ranks still compute a weight sync of `work_s` seconds (a rank's own work with a
+    core to itself) when its last rank arrives, the ranks having reached it `leads` seconds
+    before the last one: those that arrived less than `work_s` before it. A rank that arrived
+    earlier has done what it could without the last rank's slices and sleeps in its receives, so
+    the window the sync is read over (`measured_stages`) runs only the others: the tiny model's
+    4 ranks reached it 8-14 ms apart (median per run, 2026-12-05 passes) for ~3 ms of work, the
+    27M-parameter model's 10-14 ms apart for ~90 ms. `nproc` where the leads are unknown."""
+    if not leads:
+        return nproc
+    return max(1, sum(lead < work_s for lead in leads))
 
 
 def in_share(sp, names: tuple[str, ...] = COMPUTE_SPANS, own: tuple[str, ...] = ()) -> bool:
@@ -449,6 +487,21 @@ def host_stretch(prof: HardwareProfile, nproc: int, device: str, share: float | 
     return prof.host_share / share
 
 
+def sync_stretch(prof: HardwareProfile, nproc: int, device: str, share: float, leads: list[float],
+                 sync_s: float) -> float:
+    """The weight sync's stretch on this host: `host_stretch` and the overlap of its ranks'
+    waits (`overlap_factor`: beyond the cores they fill each other's waits), both over the ranks
+    still computing it when its last rank arrives (`active_ranks`, the sync priced `sync_s` on a
+    dedicated core), not all `nproc`; `share` (a rank's share of a core in the step) keeps the
+    other tenants' load apart from the job's own oversubscription. 1 on a GPU."""
+    if device != "cpu":
+        return 1.0
+    cores = prof.dispatch_path.host_parallel
+    active = active_ranks(leads, sync_s * prof.host_share, nproc)
+    own = min(1.0, share * min(1.0, cores / active) / min(1.0, cores / nproc))  # `share` at `active` ranks
+    return host_stretch(prof, active, device, own) * overlap_factor(prof.reshard_busy, active, cores)
+
+
 def corun_stretch(prof: HardwareProfile, nproc: int, device: str) -> float:
     """How much slower the stages priced by one-process constants (rollout, experience) compute
     when the job's ranks compute at once on a CPU host: the profile's `corun_slowdown` at N > 1
@@ -508,6 +561,7 @@ def score_variant(cfg, name: str, overrides: dict, run_dir: Path, rows: list[dic
         if device == "cpu" else []
     exp_computing = [c if c is not None else s for c, s in zip(per_exp, computing, strict=True)] if per_exp \
         else computing
+    leads = sync_leads(spans, [r["step"] for r in rows[warmup_steps:]])
 
     def predicted(p: HardwareProfile) -> tuple[list[dict], list[dict], float, float]:
         """(the scored steps' stage seconds, all simulated rows, the mean host stretch, the mean
@@ -515,16 +569,15 @@ def score_variant(cfg, name: str, overrides: dict, run_dir: Path, rows: list[dic
         their own oversubscription terms (`dispatch_stretch`)."""
         sim_rows = _simulate(cfg, spec, trace, p, len(rows), nproc)
         out, ks, kcs = [], [], []
-        for sr, sh, sc, se in zip(sim_rows[warmup_steps:], shares, computing, exp_computing, strict=True):
+        for sr, sh, sc, se, lead in zip(sim_rows[warmup_steps:], shares, computing, exp_computing, leads,
+                                        strict=True):
             k, kd = host_stretch(p, nproc, device, sh), dispatch_stretch(p, nproc, device, sh)
             kc = host_stretch(p, nproc, device, sc) * corun_stretch(p, nproc, device)
             ke = host_stretch(p, nproc, device, se) * corun_stretch(p, nproc, device)
             row = {s: float(sr[f"{s}_s"]) * (kd if s == "dispatch" else k) for s in STAGES}
             row["rollout"] = rollout_on_host(sr, p, nproc, device, kc)
-            row["reshard"] += float(sr["sync_s"]) * k
-            # the weight sync's ranks wait on one another: beyond the cores they fill each other's waits
-            row["reshard"] *= overlap_factor(p.reshard_busy, nproc, p.dispatch_path.host_parallel) \
-                if device == "cpu" else 1.0
+            row["reshard"] = (float(sr["reshard_s"]) + float(sr["sync_s"])) * sync_stretch(p, nproc, device, sh, lead,
+                                                                                   float(sr["sync_s"]))
             row["experience"] = (float(sr["experience_s"]) - float(sr["handoff_s"])) * ke + float(sr["handoff_s"]) * kd
             out.append(row)
             ks.append(k)

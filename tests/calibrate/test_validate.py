@@ -34,6 +34,8 @@ from earl.calibrate.validate import (
     rescore_validation,
     run_plans,
     run_validation,
+    sync_leads,
+    sync_stretch,
 )
 from earl.cli import app
 from earl.cost_model import CostModel
@@ -272,6 +274,35 @@ def test_measured_dispatch_from_the_last_arrival_to_the_last_end_each_move_apart
              Span(name="d", stage="dispatch", rank=1, t_start=2.0, t_end=2.5, step=3),  # the retry
              Span(name="d", stage="dispatch", rank=0, t_start=2.25, t_end=2.5, step=3)]
     assert measured_stages(spans, [3])[0]["dispatch"] == (1.0 - 0.5) + (2.5 - 2.25)
+
+
+def test_measured_weight_sync_from_the_last_arrival_to_the_first_end():
+    """The weight sync is read as `earl calibrate` times it (its fastest rank after a barrier):
+    from the last rank's arrival to the first rank's end. The last arrival's own span (0.5 s
+    here) holds the time after the first rank left for its rollout."""
+    spans = [Span(name="train_to_rollout", stage="reshard", rank=0, t_start=0.0, t_end=0.625, step=4),
+             Span(name="train_to_rollout", stage="reshard", rank=1, t_start=0.25, t_end=0.75, step=4),
+             Span(name="train_to_rollout", stage="reshard", rank=2, t_start=0.125, t_end=0.875, step=4)]
+    assert measured_stages(spans, [4])[0]["reshard"] == 0.625 - 0.25
+    assert sync_leads(spans, [4, 5]) == [[0.25, 0.0, 0.125], []]
+
+
+def test_sync_stretch_counts_the_ranks_still_computing_when_the_last_arrives():
+    """4 ranks on 2 cores: ranks that reached the sync more than its work before the last one
+    sleep in their receives, so a short sync pays no oversubscription and a long one all of it."""
+    prof = dataclasses.replace(load_profile("cpu-measured"), host_share=1.0, reshard_busy=0.75)
+    prof = dataclasses.replace(prof, dispatch_path=dataclasses.replace(prof.dispatch_path, host_parallel=2))
+    leads = [0.010, 0.006, 0.003, 0.0]
+    # rank 0's share in the step 0.5 (4 ranks on 2 cores, no other load)
+    assert sync_stretch(prof, 4, "cpu", 0.5, leads, 0.002) == 1.0  # only the last rank computes
+    assert sync_stretch(prof, 4, "cpu", 0.5, leads, 0.004) == 1.0  # two ranks: one core each
+    # three ranks (the 0.010 s one long done) on 2 cores: 3/2 x the overlap of their waits
+    assert sync_stretch(prof, 4, "cpu", 0.5, leads, 0.008) == pytest.approx(1.5 * 0.75)
+    assert sync_stretch(prof, 4, "cpu", 0.5, leads, 1.0) == pytest.approx(2.0 * 0.75)  # all four
+    assert sync_stretch(prof, 4, "cpu", 0.5, [], 0.002) == pytest.approx(2.0 * 0.75)  # no trace: all
+    # other tenants' load stays: rank 0 got 0.4 of a core where 0.5 was its due
+    assert sync_stretch(prof, 4, "cpu", 0.4, leads, 0.002) == pytest.approx(1 / 0.8)
+    assert sync_stretch(prof, 4, "cuda", 0.5, leads, 0.002) == 1.0
 
 
 def test_token_budget_packing_per_data_parallel_group():
