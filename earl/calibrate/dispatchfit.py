@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.distributed as dist
-from scipy.optimize import least_squares
+from scipy.optimize import least_squares, nnls
 
 from earl.calibrate.host import local_cost_model
 from earl.calibrate.hostload import CpuShare, cores
@@ -247,10 +247,41 @@ def _with_path(profile: HardwareProfile, **fields) -> HardwareProfile:
     return dataclasses.replace(profile, dispatch_path=dataclasses.replace(profile.dispatch_path, **fields))
 
 
-def measure_host(repeats: int = 15) -> dict[str, float]:
+# the advantage estimators `measure_host` times apart (AdvantageSpec.key -> its spec): the
+# runtime's default REINFORCE++ with a per-turn baseline costs ~3x GRPO's per sample (~57 vs ~19
+# us at 200 tokens on the 2-vCPU EPYC), and its return-to-go grows with the tokens
+ESTIMATOR_SPECS = {spec.key: spec for spec in (
+    AdvantageSpec(), AdvantageSpec(estimator="rloo"), AdvantageSpec(estimator="reinforce++"),
+    AdvantageSpec(estimator="reinforce++", per_turn=True), AdvantageSpec(estimator="reinforce++", gamma=0.99),
+    AdvantageSpec(estimator="reinforce++", per_turn=True, gamma=0.99))}
+TURNS = 4  # turns per timed sample (its turn ids: the per-turn baseline's keys)
+
+
+def with_turns(store, turns: int = TURNS):
+    """`store` (`_store`'s) with what the return-based estimators read: per-token rewards (one
+    at each sample's last token) and turn ids (`turns` equal turns)."""
+    for item in store.values():
+        n = item["input_ids"].numel()
+        item["token_rewards"] = torch.zeros(n)
+        item["token_rewards"][-1] = 1.0
+        item["turn_ids"] = torch.arange(n) * turns // n
+    return store
+
+
+def fit_estimator(tokens: list[float], seconds: list[float]) -> tuple[float, float]:
+    """(s per sample, s per token) through per-sample costs `seconds` at `tokens` tokens per
+    sample: non-negative least squares of relative errors."""
+    t, y = np.asarray(tokens, dtype=float), np.asarray(seconds, dtype=float)
+    coef, _ = nnls(np.stack([np.ones_like(t), t], axis=1) / y[:, None], np.ones_like(y))
+    return float(coef[0]), float(coef[1])
+
+
+def measure_host(repeats: int = 15) -> dict:
     """In one process, the executor's own packing and unpacking (per piece and per byte) and
     advantage computation (per sample), fastest of `repeats`: {object_s, copy_bw_bytes_s,
-    sample_s}. Quiet and exact where the gloo runs are noisy."""
+    sample_s, estimator_s}: `sample_s` GRPO's median per sample (what the gloo runs'
+    dispatches compute), `estimator_s` each of ESTIMATOR_SPECS' [s per sample, s per token]
+    (`fit_estimator`; HardwareProfile.estimator_s). Quiet and exact where the gloo runs are noisy."""
 
 
     def fastest(fn) -> float:
@@ -261,11 +292,12 @@ def measure_host(repeats: int = 15) -> dict[str, float]:
             best = min(best, time.perf_counter() - t0)
         return best
 
-    rows, per_sample = [], []
+    rows, per_sample, sizes = [], [], []
+    per_estimator: dict[str, list[float]] = {k: [] for k in ESTIMATOR_SPECS}
     spec = AdvantageSpec()
     for per, ctx in ((1, 512), (16, 64), (64, 64), (4, 16384), (16, 8192), (2, 65536)):
         samples, src, _ = layouts(1, per, ctx)
-        store = _store(samples, src, 0)
+        store = with_turns(_store(samples, src, 0))
         tokens = {s.id: s.tokens for s in samples}
         ids = tuple(s.id for s in samples)
         names = ("input_ids", "loss_mask", "old_logprobs", "ref_logprobs")
@@ -275,13 +307,17 @@ def measure_host(repeats: int = 15) -> dict[str, float]:
         t = (fastest(lambda tr=tr, st=store, tk=tokens: pack_transfer(tr, st, tk))
              + fastest(lambda tr=tr, b=buf, tk=tokens: unpack_transfer(tr, b, tk, {}, {}))) / 2
         rows.append((len(ids) * len(names), float(buf.numel()), t))
-        per_sample.append(fastest(lambda st=store, sm=samples: fill_advantages(st, sm, local_stats(st, sm, spec), spec))
-                          / len(samples))
+        for key, sp in ESTIMATOR_SPECS.items():
+            per_estimator[key].append(fastest(lambda st=store, sm=samples, sp=sp:
+                                              fill_advantages(st, sm, local_stats(st, sm, sp), sp)) / len(samples))
+        per_sample.append(per_estimator[spec.key][-1])
+        sizes.append(sum(tokens.values()) / len(samples))
     a = np.array([[r[0], r[1]] for r in rows])
     y = np.array([r[2] for r in rows])
     (obj, inv_bw), *_ = np.linalg.lstsq(a / y[:, None], np.ones(len(y)), rcond=None)  # relative error
     return {"object_s": max(float(obj), 1e-8), "copy_bw_bytes_s": 1 / max(float(inv_bw), 1e-12),
-            "sample_s": float(np.median(per_sample))}
+            "sample_s": float(np.median(per_sample)),
+            "estimator_s": {k: fit_estimator(sizes, v) for k, v in per_estimator.items()}}
 
 
 def round_terms(points: list[DispatchPoint], host_parallel: int, path) -> dict[str, float]:
@@ -314,6 +350,7 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
         raise ValueError("fit_dispatch_path needs measured points")
     hp = host_parallel or len(os.sched_getaffinity(0))
     measured_rounds = round_terms(points, hp, profile.dispatch_path)
+    host = {k: v for k, v in host.items() if k != "estimator_s"}  # the profile's own field, not the path's
     base = _with_path(profile, host_parallel=hp, controller_bw_bytes_s=float("inf"), controller_object_s=0.0,
                       full_duplex=False, **host, **measured_rounds)  # gloo on one host: loopback sockets, CPU both ways
     plans_by = {(p.procs, p.per_rank, p.context): transfer_plans(p.procs, p.per_rank, p.context)
@@ -375,10 +412,11 @@ def calibrate_dispatch(profile: HardwareProfile, budget_s: float = 60.0) -> Hard
     per-message cost keep `profile`'s values."""
     quick = budget_s < QUICK_BUDGET_S
     pts = measure((2,), CASES[:3], repeats=3, trials=1) if quick else measure((2, 4), CASES, repeats=9, trials=3)
-    path, quality = fit_dispatch_path(profile, pts, measure_host(), message_only=quick)
+    host = measure_host()
+    path, quality = fit_dispatch_path(profile, pts, host, message_only=quick)
     quality["probe_s"] = {str(n): median_probe(p.probe_s for p in pts if p.procs == n)
                           for n in sorted({p.procs for p in pts})}
-    return dataclasses.replace(profile, dispatch_path=path,
+    return dataclasses.replace(profile, dispatch_path=path, estimator_s=host["estimator_s"],
                                fit_quality={**profile.fit_quality, "dispatch_path": quality})
 
 

@@ -45,6 +45,9 @@ def _merge(values: list, path: str, spread: dict[str, list[float]]):
         keys = list(dict.fromkeys(k for v in values if isinstance(v, dict) for k in v))
         return {k: _merge([v[k] for v in values if isinstance(v, dict) and k in v],
                           f"{path}.{k}" if path else k, spread) for k in keys}
+    if isinstance(first, list) and first and all(_number(x) for x in first):  # e.g. estimator_s pairs
+        same = [v for v in values if isinstance(v, list) and len(v) == len(first)]
+        return [_merge([v[i] for v in same], f"{path}[{i}]", spread) for i in range(len(first))]
     if not _number(first):
         return first
     nums = [float(v) for v in values if _number(v)]

@@ -295,7 +295,7 @@ def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: i
     sim = Simulation(sc, cfg.policy.selector, cfg.policy.dispatcher, cost_model=cm, engine=sim_engine(cfg.engine),
                      padded=True, token_budget=cfg.trainer.token_budget, fsdp=True, handoff=True,
                      head_on="generated", train_placement="balanced",
-                     stat_reductions=adv.reductions(RUNTIME_REWARDS),
+                     stat_reductions=adv.reductions(RUNTIME_REWARDS), estimator=adv.key,
                      prompt_group=cfg.group_size).run()  # the trainer's share: one process only (_shared_cost)
     # the hand-off's share of each step's experience stage where it waits for peers: a move over
     # gloo, priced by the dispatch path like the dispatch (and stretched like it,

@@ -134,7 +134,7 @@ def simulate_async(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, ste
                       padded=True, token_budget=cfg.trainer.token_budget, fsdp=True, handoff=True,
                       head_on="generated", train_placement="balanced", async_feed="per-step",
                       rollout_cost_model=priced(stretch[0]) if stretch[0] != stretch[1] else None,
-                      stat_reductions=adv.reductions(RUNTIME_REWARDS)).run()
+                      stat_reductions=adv.reductions(RUNTIME_REWARDS), estimator=adv.key).run()
 
 
 def pool_busy(sim: Simulation, scored: int) -> tuple[float, float]:

@@ -134,7 +134,8 @@ def sync_rounds(tplan) -> int:
 
 
 def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, world: int,
-                        plan=None, control: bool = True, advantages: bool = True, cold: bool = True) -> Estimate:
+                        plan=None, control: bool = True, advantages: bool = True, cold: bool = True,
+                        estimator: str | None = None) -> Estimate:
     """Price `tplan` (an earl.policies TransferPlan: `kind`, `controller`, `phases` of transfers
     with src, dst, bytes, sample_ids, tensors; `metadata_bytes`, `reduce_bytes`) moving
     `samples` samples made by `producers` data-parallel groups among `world` ranks.
@@ -145,7 +146,9 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
     runtime's rollout -> experience hand-off, `execute_dispatch(tensors=...)`): no advantage host
     work, no statistics all-reduce and none of its synchronising rounds.
     `cold=False`: the executor starts on warm caches (no `cold_round_s`): a training dispatch
-    with no log-prob pass since the hand-off, which ran the same executor just before it."""
+    with no log-prob pass since the hand-off, which ran the same executor just before it.
+    `estimator`: the advantage estimator the executor runs (AdvantageSpec.key), priced per
+    sample and token by `HardwareProfile.advantage_s` (None: `sample_s`)."""
     if not advantages:
         tplan = dataclasses.replace(tplan, reduce_bytes=0)
     if samples < 1 or producers < 1 or world < 1:
@@ -177,11 +180,13 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
         sent += info["sent_bytes"]
         at_ctrl += info["controller_bytes"]
     br: dict[str, float] = {}
+    got = delivered(tplan).values()
+    per_sample = prof.advantage_s(estimator, sum(tok for _, tok in got) / max(1, sum(n for n, _ in got)))
     if central is not None:
-        adv_s = samples * path.sample_s  # the controller alone, between its phases
+        adv_s = samples * per_sample  # the controller alone, between its phases
         names = ("gather", "scatter") if len(phase_s) == 2 else tuple(f"phase{i}" for i in range(len(phase_s)))
     else:
-        per = math.ceil(samples / producers) * path.sample_s
+        per = math.ceil(samples / producers) * per_sample
         adv_s = max(per, per * ppn / path.host_parallel)
         names = ("alltoall",) if len(phase_s) == 1 else tuple(f"phase{i}" for i in range(len(phase_s)))
     if advantages:

@@ -264,6 +264,14 @@ class HardwareProfile:
     # time; docs/fidelity.md, twenty-third session). Fitted by `earl calibrate` on its GEMMs of
     # those rows (`earl.calibrate.fit.fit_row_factors`); none: 1
     gemm_row_factors: dict = field(default_factory=dict)
+    # advantage estimator (earl.runtime.advantages.AdvantageSpec.key: "grpo", "reinforce++/per-turn",
+    # ...) -> [s per sample, s per token of the sample] a rank computing its advantage pays
+    # (`advantage_s`); `earl calibrate` times each (earl.calibrate.dispatchfit.measure_host). An
+    # estimator it did not time costs dispatch_path.sample_s, GRPO's, what the calibration's gloo
+    # dispatches compute. On the 2-vCPU EPYC a 200-token sample took ~16 us under GRPO and ~52 us
+    # under the runtime's default REINFORCE++ with its per-turn baseline (docs/fidelity.md,
+    # twenty-fourth session)
+    estimator_s: dict = field(default_factory=dict)
     dp_grad_overlap: bool = True  # data-parallel gradient reduction bucketed and overlapped with backward
     grad_bucket_bytes: float = 80e6  # gradient bytes per bucket (Megatron DDP: 40M params in bf16)
 
@@ -291,6 +299,11 @@ class HardwareProfile:
                for k, v in self.gemm_row_factors.items()):
             raise ValueError(f"HardwareProfile.gemm_row_factors: keys are GEMM row counts >= 1 (\"2\"), values "
                              f"finite multipliers >= 0.1, got {dict(sorted(self.gemm_row_factors.items()))}")
+        for k, v in self.estimator_s.items():
+            if not (isinstance(v, (tuple, list)) and len(v) == 2 and
+                    all(isinstance(x, (int, float)) and 0 <= x < math.inf for x in v)):
+                raise ValueError(f"HardwareProfile.estimator_s: each estimator maps to [s per sample, s per token], "
+                                 f"both finite and >= 0; got {k!r}: {v!r}")
         if any(not str(k).isdigit() or int(k) < 2 for k in self.host_probe_ranks_s):
             raise ValueError(f"HardwareProfile.host_probe_ranks_s: keys are process counts >= 2 (\"2\", \"4\"), "
                              f"got {sorted(self.host_probe_ranks_s)}")
@@ -309,6 +322,14 @@ class HardwareProfile:
     @property
     def name(self) -> str:
         return self.hardware.name
+
+    def advantage_s(self, estimator: str | None, tokens: float) -> float:
+        """Seconds one sample of `tokens` tokens costs the rank computing its advantage under
+        `estimator` (an `estimator_s` key; None or one not timed: dispatch_path.sample_s)."""
+        if estimator is None or estimator not in self.estimator_s:
+            return self.dispatch_path.sample_s
+        per_sample, per_token = self.estimator_s[estimator]
+        return per_sample + per_token * tokens
 
     def link_for(self, collective: str) -> LinkParams:
         """The intra-node link to price `collective` with: its own fitted link if calibrated."""
@@ -393,6 +414,7 @@ class HardwareProfile:
                 gemm_rows_half=scalar("gemm_rows_half", default=0.0),
                 gemm_row_factors={str(k): convert(f"gemm_row_factors.{k}", v, float, where=source)
                                   for k, v in mapping("gemm_row_factors").items()},
+                estimator_s={str(k): _pair(f"estimator_s.{k}", v, source) for k, v in mapping("estimator_s").items()},
                 host_share=scalar("host_share", default=1.0),
                 corun_slowdown=scalar("corun_slowdown", default=1.0),
                 reshard_busy=scalar("reshard_busy", default=1.0),
@@ -404,6 +426,15 @@ class HardwareProfile:
         except ValueError as e:
             msg = str(e).splitlines()[0]
             raise ValueError(msg if source in msg else f"{source}: {msg}") from None
+
+
+def _pair(name: str, value, source: str) -> tuple[float, float]:
+    """A profile's [a, b] pair of numbers (estimator_s: s per sample, s per token)."""
+    from earl.config_machinery import convert
+
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise ValueError(f"{source}: {name} must be [s per sample, s per token], got {value!r}")
+    return tuple(convert(name, x, float, where=source) for x in value)
 
 
 def _dispatch_path(d: dict | None, source: str = "<dict>") -> DispatchPath:
@@ -482,6 +513,7 @@ def slowed(profile: HardwareProfile, factor: float) -> HardwareProfile:
         wire_bw_bytes_s=None if dp.wire_bw_bytes_s is None else dp.wire_bw_bytes_s / factor)
     return dataclasses.replace(
         profile, hardware=hw, intra=link(profile.intra), dispatch_path=dp,
+        estimator_s={k: (a * factor, b * factor) for k, (a, b) in profile.estimator_s.items()},
         collective_links={k: link(v) for k, v in profile.collective_links.items()},
         **{k: getattr(profile, k) * factor for k in ("op_overhead_s", "step_overhead_s", *HOST_COST_FIELDS)})
 

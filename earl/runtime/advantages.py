@@ -52,6 +52,15 @@ class AdvantageSpec:
             raise ValueError(f"advantage gamma must be in [0, 1] (1: undiscounted), got {self.gamma}")
 
     @property
+    def key(self) -> str:
+        """The estimator as the cost model prices it (DispatchPath.estimator_s): "grpo", "rloo",
+        "reinforce++", "reinforce++/per-turn", or either of the last two with "/discounted"
+        (gamma < 1: the return-to-go is discounted turn by turn)."""
+        if self.grouped:
+            return self.estimator
+        return self.estimator + ("/per-turn" if self.per_turn else "") + ("/discounted" if self.gamma < 1 else "")
+
+    @property
     def grouped(self) -> bool:
         """A group estimator: its statistics are the episode rewards of each prompt group."""
         return self.estimator in GROUP_ESTIMATORS

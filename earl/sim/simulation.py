@@ -66,7 +66,8 @@ class Simulation:
                  fine: bool | None = None, progress=None, engine: str = "continuous",
                  padded: bool = False, token_budget: int = 0, fsdp: bool = False, handoff: bool = False,
                  head_on: str = "all", train_placement: str = "aligned", async_feed: str = "stream",
-                 rollout_cost_model: CostModel | None = None, stat_reductions: int = 1, prompt_group: int = 0):
+                 rollout_cost_model: CostModel | None = None, stat_reductions: int = 1, prompt_group: int = 0,
+                 estimator: str | None = None):
         # `engine` "turn-sync", `padded` and `token_budget` model the single-process PyTorch
         # runtime for `earl validate`: its engine plays turns in lockstep (sim.rollout_engine.
         # TurnSyncReplica); its log-prob / train micro-batches are right-padded to their longest
@@ -83,6 +84,8 @@ class Simulation:
         # a dispatch's advantage statistics take (earl.runtime.advantages.AdvantageSpec.reductions:
         # two for a per-turn baseline; 0 where a group estimator computes them from the rewards
         # the metadata all-gather gave every rank: no statistics reduce and none of its rounds);
+        # `estimator`: the advantage estimator a dispatch computes (AdvantageSpec.key, priced by
+        # DispatchPath.advantage_s; None: the profile's `sample_s`);
         # `prompt_group` > 1: episodes id // prompt_group share their prompt (a GRPO group): the
         # rollout engine prefills it once per group among the members it admits together
         # (`Replica`; not the turn-sync engine), and the log-prob and training forwards run it
@@ -111,6 +114,7 @@ class Simulation:
         self.fsdp = fsdp
         self.handoff = handoff
         self.stat_reductions = stat_reductions
+        self.estimator = estimator
         if not isinstance(prompt_group, int) or prompt_group < 0:
             raise ValueError(f"prompt_group must be an int >= 0 (0: no shared prompts), got {prompt_group!r}")
         self.prompt_group = prompt_group
@@ -532,7 +536,7 @@ class Simulation:
             tplan = self._priced(make_dispatcher(self.dispatcher_name).plan(s_layout, d_layout, samples))
             est = price_transfer_plan(self.cm, tplan, samples=n, producers=src.dp,
                                       world=max(src.world_size, dst.world_size), plan=dst,
-                                      cold=self.sc.logprob_passes > 0)
+                                      cold=self.sc.logprob_passes > 0, estimator=self.estimator)
             self._what_if[(key, context)] = est.time_s, float(est.extras.get("moved_bytes", 0))
         return self._what_if[(key, context)]
 
@@ -606,7 +610,8 @@ class Simulation:
         # sessions)
         est = price_transfer_plan(self.cm, tplan, samples=len(samples), producers=ex.dp,
                                   world=max(ex.world_size, tr.world_size), plan=tr,
-                                  cold=self.sc.logprob_passes > 0 or not self._handoff_waited)
+                                  cold=self.sc.logprob_passes > 0 or not self._handoff_waited,
+                                  estimator=self.estimator)
         self.events += 1
         yield self.env.timeout(est.time_s)
         self.span(f"dispatch ({tplan.kind})", "dispatch", tplan.controller, t0, self.env.now, step,

@@ -45,6 +45,10 @@ def test_each_number_is_the_median_of_the_calibrations():
             {**c, "gemm_row_factors": {"2": 2.1, "3": 1.8}}, {**c}]
     assert median_profile(rows)["gemm_row_factors"] == {"2": 2.0, "3": 1.75}
     assert median_profile(rows[::-1])["gemm_row_factors"] == {"2": 2.0, "3": 1.75}
+    # a pair of numbers (estimator_s: s per sample, s per token) is merged element by element
+    pairs = [{**a, "estimator_s": {"grpo": [1.0, 9.0]}}, {**b, "estimator_s": {"grpo": [3.0, 7.0]}},
+             {**c, "estimator_s": {"grpo": [2.0, 8.0]}}]
+    assert median_profile(pairs)["estimator_s"] == {"grpo": [2.0, 8.0]}
     with pytest.raises(ValueError, match="at least 2 calibrations, got 1"):
         median_profile([a])
     with pytest.raises(ValueError, match="differ in device"):

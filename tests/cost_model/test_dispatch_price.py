@@ -456,3 +456,51 @@ def test_every_rank_plans_so_planning_shares_the_cores():
     got = {n: price_transfer_plan(dispatchfit.local_cost_model(prof, n), dispatchfit.transfer_plans(n, 4, 2048)[
         "layout-aware"], samples=4 * n, producers=n, world=n).breakdown["planning"] for n in (2, 4, 8)}
     assert got == pytest.approx({2: 1e-3, 4: 2e-3, 8: 4e-3})
+
+
+def test_the_estimator_the_run_computes_prices_its_advantages(tmp_path):
+    """A dispatch's advantage work costs the estimator's per-sample and per-token seconds
+    (HardwareProfile.estimator_s, keyed by AdvantageSpec.key); an estimator the profile did not
+    time, or none named, costs dispatch_path.sample_s. The pair round-trips through the file
+    and a bad one is refused by name."""
+    from earl.runtime.advantages import AdvantageSpec
+
+    base = load_profile("cpu-measured")
+    prof = dataclasses.replace(base, estimator_s={"reinforce++/per-turn": (40e-6, 5e-8), "grpo": (15e-6, 1e-9)})
+    cm = dispatchfit.local_cost_model(prof, 2)
+    tplan = dispatchfit.transfer_plans(2, 4, 2048)["layout-aware"]
+    last = tplan.phases[-1]  # per sample delivered (a sample a tp pair shares counts at both)
+    tokens = sum(b - a for t in last for a, b in t.token_ranges) / sum(len(t.sample_ids) for t in last)
+    key = AdvantageSpec(estimator="reinforce++", per_turn=True).key
+    assert key == "reinforce++/per-turn"
+    got = price_transfer_plan(cm, tplan, samples=8, producers=2, world=2, estimator=key).breakdown["advantages"]
+    assert got == pytest.approx(4 * (40e-6 + 5e-8 * tokens))  # 8 samples over 2 producers
+    plain = price_transfer_plan(cm, tplan, samples=8, producers=2, world=2).breakdown["advantages"]
+    assert plain == pytest.approx(4 * base.dispatch_path.sample_s)
+    assert price_transfer_plan(cm, tplan, samples=8, producers=2, world=2, estimator="rloo"
+                               ).breakdown["advantages"] == pytest.approx(plain)  # not timed: sample_s
+    back = load_profile(prof.save(tmp_path / "p.json"))
+    assert back.estimator_s == prof.estimator_s
+    bad = json.loads((tmp_path / "p.json").read_text())
+    bad["estimator_s"]["grpo"] = [1e-5]
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match=r"estimator_s.grpo must be \[s per sample, s per token\]"):
+        load_profile(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="estimator_s"):
+        dataclasses.replace(base, estimator_s={"grpo": (-1.0, 0.0)})
+
+
+def test_estimator_keys_and_their_fit():
+    """AdvantageSpec.key names what the cost model prices apart; `fit_estimator` recovers a
+    planted per-sample and per-token cost; `measure_host` times every key."""
+    from earl.runtime.advantages import AdvantageSpec
+
+    assert [AdvantageSpec(estimator=e).key for e in ("grpo", "rloo", "reinforce++")] == ["grpo", "rloo", "reinforce++"]
+    assert AdvantageSpec(estimator="reinforce++", per_turn=True, gamma=0.9).key == "reinforce++/per-turn/discounted"
+    assert AdvantageSpec(estimator="grpo", per_turn=True, gamma=0.9).key == "grpo"  # group statistics only
+    tokens = [64.0, 512.0, 8192.0, 65536.0]
+    a, b = dispatchfit.fit_estimator(tokens, [40e-6 + 5e-8 * t for t in tokens])
+    assert (a, b) == (pytest.approx(40e-6, rel=1e-6), pytest.approx(5e-8, rel=1e-6))
+    host = dispatchfit.measure_host(repeats=1)
+    assert set(host["estimator_s"]) == set(dispatchfit.ESTIMATOR_SPECS)
+    assert all(x >= 0 for pair in host["estimator_s"].values() for x in pair)
