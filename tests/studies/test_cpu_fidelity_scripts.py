@@ -290,6 +290,25 @@ def test_dispatch_reading_study_reads_each_step_three_ways_and_refuses_a_folder_
     assert bad.returncode == 2 and "no multi-process" in bad.stderr
 
 
+def test_sync_reading_study_reads_the_weight_sync_from_the_last_arrival():
+    """`--stage reshard`: the committed reading of the twenty-third session's passes; per step
+    the last arrival -> first end window is at most the shortest span, which is at most the last
+    arrival -> last end; at 4 ranks on 2 cores the first rank arrives well before the last."""
+    passes = [ROOT / "docs" / "cpu" / "epyc-2026-12-05c" / f"cf6{i}" for i in range(5)]
+    r = study("studies/cpu_dispatch_reading.py", "--stage", "reshard", *map(str, passes))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == (ROOT / "docs" / "cpu" / "epyc-2026-12-05d" / "sync-reading.txt").read_text().strip()
+    got = {(m, int(n)): tuple(map(float, xs)) for m, n, *xs in re.findall(
+        r"(tiny|held-out) model, nproc (\d), \d+ steps: shortest span ([\d.]+) ms .*last arrival -> first end "
+        r"([\d.]+) ms .*last arrival -> last end ([\d.]+) ms .*first arrived ([\d.]+) ms .*rank CPU ([\d.]+) ms",
+        r.stdout)}
+    assert set(got) == {(m, n) for m in ("tiny", "held-out") for n in (2, 4)}
+    for shortest, first_end, last_end, _first, cpu in got.values():
+        assert 0 < first_end <= shortest <= last_end and cpu > 0
+    assert got[("tiny", 4)][3] > 2 * got[("tiny", 4)][4]  # arrivals spread over more than the work
+    assert got[("held-out", 4)][3] < got[("held-out", 4)][4] / 2  # ... and well within it
+
+
 def test_gemm_rows_study_times_and_prices_each_row_count_and_refuses_an_unknown_model():
     r = study("studies/cpu_gemm_rows.py", "--hardware", "cpu-measured", "--model", "tiny")
     assert r.returncode == 0, r.stderr
