@@ -258,8 +258,9 @@ def measure(procs=PROCS, cases=TRAIN_CASES, repeats: int = REPEATS, sync_repeats
 def per_repeat(series: list[list[float]], pick=max) -> float:
     """The median over repeats (the warm-up skipped) of `pick` (max or min) over the ranks'
     seconds. `earl validate` reads a training step as its slowest rank and the weight sync, a
-    collective move, as its fastest: the rank whose span holds no wait for a peer
-    (earl.calibrate.validate.measured_stages); the fit reads each the same way."""
+    collective move, as its fastest from a common start: from the last rank's arrival to the
+    first rank's end (earl.calibrate.validate.measured_stages); here every rank starts at a
+    barrier, so the fastest rank's span is that window."""
     return statistics.median(pick(s[i] for s in series) for i in range(1, len(series[0])))
 
 

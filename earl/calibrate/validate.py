@@ -54,8 +54,8 @@ from earl.trace import atomic_write_text, read_chrome_trace
 STAGES = STEP_PHASES  # the runtime's span stages, the rows of every table
 # stages whose ranks wait for one another at their start (collective moves): each rank's span
 # holds its wait for the slowest peer's previous stage, which the simulator already charges
-# there (its stages last as long as their slowest group); the rank that arrived last, the one
-# with the shortest span, is the move itself
+# there (its stages last as long as their slowest group); the move itself starts when the last
+# rank arrives (each is read from then, `measured_stages`)
 COLLECTIVE_MOVES = ("dispatch", "reshard")
 # ... of which those the dispatch path prices (earl.cost_model.dispatch: the executor's slowest
 # rank from a common start, as `earl calibrate` times it, earl.calibrate.dispatchfit._timed_call)
