@@ -576,8 +576,8 @@ def score_variant(cfg, name: str, overrides: dict, run_dir: Path, rows: list[dic
             ke = host_stretch(p, nproc, device, se) * corun_stretch(p, nproc, device)
             row = {s: float(sr[f"{s}_s"]) * (kd if s == "dispatch" else k) for s in STAGES}
             row["rollout"] = rollout_on_host(sr, p, nproc, device, kc)
-            row["reshard"] = (float(sr["reshard_s"]) + float(sr["sync_s"])) * sync_stretch(p, nproc, device, sh, lead,
-                                                                                   float(sr["sync_s"]))
+            sync_s = float(sr["sync_s"])
+            row["reshard"] = (float(sr["reshard_s"]) + sync_s) * sync_stretch(p, nproc, device, sh, lead, sync_s)
             row["experience"] = (float(sr["experience_s"]) - float(sr["handoff_s"])) * ke + float(sr["handoff_s"]) * kd
             out.append(row)
             ks.append(k)
