@@ -248,7 +248,7 @@ def _with_path(profile: HardwareProfile, **fields) -> HardwareProfile:
 
 
 # the advantage estimators `measure_host` times apart (AdvantageSpec.key -> its spec): the
-# runtime's default REINFORCE++ with a per-turn baseline costs ~3x GRPO's per sample (~57 vs ~19
+# runtime's default REINFORCE++ with a per-turn baseline costs ~3x GRPO's per sample (~51 vs ~16
 # us at 200 tokens on the 2-vCPU EPYC), and its return-to-go grows with the tokens
 ESTIMATOR_SPECS = {spec.key: spec for spec in (
     AdvantageSpec(), AdvantageSpec(estimator="rloo"), AdvantageSpec(estimator="reinforce++"),

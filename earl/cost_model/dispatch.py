@@ -180,8 +180,11 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
         sent += info["sent_bytes"]
         at_ctrl += info["controller_bytes"]
     br: dict[str, float] = {}
-    got = delivered(tplan).values()
-    per_sample = prof.advantage_s(estimator, sum(tok for _, tok in got) / max(1, sum(n for n, _ in got)))
+    tokens = 0.0  # per delivered sample, read only where the estimator is priced per token
+    if advantages and estimator in prof.estimator_s:
+        got = delivered(tplan).values()
+        tokens = sum(tok for _, tok in got) / max(1, sum(n for n, _ in got))
+    per_sample = prof.advantage_s(estimator, tokens)
     if central is not None:
         adv_s = samples * per_sample  # the controller alone, between its phases
         names = ("gather", "scatter") if len(phase_s) == 2 else tuple(f"phase{i}" for i in range(len(phase_s)))

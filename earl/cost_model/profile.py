@@ -268,7 +268,7 @@ class HardwareProfile:
     # ...) -> [s per sample, s per token of the sample] a rank computing its advantage pays
     # (`advantage_s`); `earl calibrate` times each (earl.calibrate.dispatchfit.measure_host). An
     # estimator it did not time costs dispatch_path.sample_s, GRPO's, what the calibration's gloo
-    # dispatches compute. On the 2-vCPU EPYC a 200-token sample took ~16 us under GRPO and ~52 us
+    # dispatches compute. On the 2-vCPU EPYC a 200-token sample took ~16 us under GRPO and ~51 us
     # under the runtime's default REINFORCE++ with its per-turn baseline (docs/fidelity.md,
     # twenty-fourth session)
     estimator_s: dict = field(default_factory=dict)

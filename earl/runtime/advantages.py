@@ -53,7 +53,7 @@ class AdvantageSpec:
 
     @property
     def key(self) -> str:
-        """The estimator as the cost model prices it (DispatchPath.estimator_s): "grpo", "rloo",
+        """The estimator as the cost model prices it (HardwareProfile.estimator_s): "grpo", "rloo",
         "reinforce++", "reinforce++/per-turn", or either of the last two with "/discounted"
         (gamma < 1: the return-to-go is discounted turn by turn)."""
         if self.grouped:

@@ -85,7 +85,7 @@ class Simulation:
         # two for a per-turn baseline; 0 where a group estimator computes them from the rewards
         # the metadata all-gather gave every rank: no statistics reduce and none of its rounds);
         # `estimator`: the advantage estimator a dispatch computes (AdvantageSpec.key, priced by
-        # DispatchPath.advantage_s; None: the profile's `sample_s`);
+        # HardwareProfile.advantage_s; None: dispatch_path.sample_s);
         # `prompt_group` > 1: episodes id // prompt_group share their prompt (a GRPO group): the
         # rollout engine prefills it once per group among the members it admits together
         # (`Replica`; not the turn-sync engine), and the log-prob and training forwards run it
