@@ -5,7 +5,8 @@ Each point runs both dispatchers (earl.runtime.move_samples.execute_dispatch) on
 processes, warm and cold (as the runtime's dispatch runs right after its log-prob passes);
 host costs come from timing the executor's own packing in one process; each process group
 first times its synchronising rounds (back-to-back barriers: `DispatchPath.round_s`, and at more
-processes than cores `sync_s`); the gloo runs then fit the per-message cost and the
+processes than cores `sync_s`) and its statistics reductions (the runtime's `reduce_small` back
+to back: `reduce_s`, `reduce_sync_s`); the gloo runs then fit the per-message cost and the
 oversubscription stretch by least squared log error of `price_transfer_plan` on the plans
 that ran. benchmarks/bench_dispatch.py uses the same layouts
 and workers. Layouts, medians and the cold-cache figures: docs/calibration.md, "Design notes".
@@ -35,7 +36,7 @@ from earl.parallel import coord_of
 from earl.policies.balance import balance_samples, round_robin_samples
 from earl.policies.dispatch import CentralizedDispatcher, LayoutAwareDispatcher
 from earl.policies.types import Layout, Sample, Transfer
-from earl.runtime.advantages import AdvantageSpec, fill_advantages, local_stats
+from earl.runtime.advantages import AdvantageSpec, fill_advantages, local_stats, reduce_small
 from earl.runtime.dist import run_local
 from earl.runtime.gc_steps import StepGC
 from earl.runtime.hostprobe import HostProbe, median_probe
@@ -48,7 +49,8 @@ KINDS = ("centralized", "layout-aware")
 # per-message, per-piece and per-byte terms separate
 CASES: tuple[tuple[int, int], ...] = ((1, 512), (4, 2048), (16, 1024), (4, 16384), (8, 8192), (4, 32768))
 # the dispatch-path terms the gloo runs fit, in this order (a quick fit: the first only)
-# (round_s is measured directly, `round_terms`; sync_s is measured so too, then refitted on the
+# (round_s and the reduction's terms are measured directly, `round_terms`; sync_s is measured so
+# too, then refitted on the
 # executor's own runs where some ran more processes than cores: OVERSUBSCRIBED_ROUND)
 FITTED = ("message_s", "oversubscribed_exp", "controller_bw_bytes_s", "wire_bw_bytes_s")
 # sync_s, what a round adds when ranks outnumber the cores, is fitted on the executor's runs at
@@ -63,6 +65,7 @@ START_METHOD = "spawn"  # fresh rank processes for every measurement (see `measu
 # bytes each rank writes before a cold repeat: past the last-level cache (32 MiB on this host)
 EVICT_BYTES = 64 << 20
 ROUNDS = 40  # back-to-back barriers per timed loop (`round_seconds`)
+REDUCE_KEYS = 4  # the per-key sums a timed reduction carries (`reduce_seconds`: a few, as the runtime's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +83,8 @@ class DispatchPoint:
     share: float = 1.0
     # seconds per synchronising round of its process group (`round_seconds`; nan: not measured)
     round_s: float = math.nan
+    # seconds per statistics reduction of its process group (`reduce_seconds`; nan: not measured)
+    reduce_s: float = math.nan
     probe_s: float | None = None  # rank 0's median host-probe reading over its trials (earl/runtime/hostprobe.py)
 
 
@@ -179,13 +184,28 @@ def round_seconds(rounds: int = ROUNDS, repeats: int = 5) -> float:
     """Runs on every gloo rank: seconds per synchronising round, a barrier issued back to back
     `rounds` times (the executor's and the weight sync's rounds follow one another so), median
     of `repeats` loops after one warm-up, the slowest rank's. `DispatchPath.round_s` / `sync_s`."""
+    return _loop_seconds(dist.barrier, rounds, repeats)
 
+
+def reduce_seconds(rounds: int = ROUNDS, repeats: int = 5) -> float:
+    """Runs on every gloo rank: seconds per statistics reduction, the runtime's own
+    `reduce_small` (a gather of a few float64 scalars to one rank and a scatter back, what
+    `distributed_advantages` issues once or twice per dispatch) timed as `round_seconds` times a
+    barrier. `DispatchPath.reduce_s` / `reduce_sync_s`: a gloo barrier is not that gather and
+    scatter (4 ranks on 2 cores here, 2026-12-05: ~2.3 ms a barrier, ~0.8 ms a reduction)."""
+    flat = torch.zeros(REDUCE_KEYS, 3, dtype=torch.float64)
+    return _loop_seconds(lambda: reduce_small(flat), rounds, repeats)
+
+
+def _loop_seconds(call, rounds: int, repeats: int) -> float:
+    """Seconds per `call()` issued back to back `rounds` times on every rank, median of `repeats`
+    loops after one warm-up, the slowest rank's."""
     per = []
     for rep in range(repeats + 1):
         dist.barrier()
         t0 = time.perf_counter()
         for _ in range(rounds):
-            dist.barrier()
+            call()
         t = torch.tensor([(time.perf_counter() - t0) / rounds])
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         if rep:
@@ -194,9 +214,10 @@ def round_seconds(rounds: int = ROUNDS, repeats: int = 5) -> float:
 
 
 def _measure_worker(cases, repeats):
-    """`worker` after `round_seconds`, in the same process group: (rounds, cases)."""
+    """`worker` after `round_seconds` and `reduce_seconds`, in the same process group:
+    ((round, reduction), cases)."""
     with StepGC(every=1):
-        rounds = round_seconds()
+        rounds = (round_seconds(), reduce_seconds())
     return rounds, worker(cases, repeats)
 
 
@@ -212,7 +233,7 @@ def measure(procs=(2, 4), cases=CASES, repeats: int = 5, trials: int = 3) -> lis
     before it."""
 
     seen: dict[tuple, list[tuple[float, float, float]]] = {}
-    rounds: dict[int, list[float]] = {}
+    rounds: dict[int, list[tuple[float, float]]] = {}
     probes: dict[int, list[float]] = {}
     for _ in range(trials):
         for n in procs:
@@ -229,7 +250,8 @@ def measure(procs=(2, 4), cases=CASES, repeats: int = 5, trials: int = 3) -> lis
     return [DispatchPoint(procs=n, per_rank=per_rank, context=ctx, kind=k,
                           seconds=statistics.median(x[0] for x in v), busiest_bytes=v[0][1],
                           cold_seconds=statistics.median(x[2] for x in v), share=statistics.median(x[3] for x in v),
-                          round_s=statistics.median(rounds[n]), probe_s=median_probe(probes[n]))
+                          round_s=statistics.median(r for r, _ in rounds[n]),
+                          reduce_s=statistics.median(r for _, r in rounds[n]), probe_s=median_probe(probes[n]))
             for (n, per_rank, ctx, k), v in seen.items()]
 
 
@@ -321,18 +343,20 @@ def measure_host(repeats: int = 15) -> dict:
 
 
 def round_terms(points: list[DispatchPoint], host_parallel: int, path) -> dict[str, float]:
-    """{round_s, sync_s} from the points' measured rounds: round_s the round at the largest
-    process count that fits the cores, sync_s what the smallest count beyond them adds; a term
-    with no such measurement keeps `path`'s."""
-    by = {}
-    for p in points:
-        if math.isfinite(p.round_s):
-            by.setdefault(p.procs, []).append(p.round_s)
-    fit = [n for n in by if n <= host_parallel]
-    over = [n for n in by if n > host_parallel]
-    round_s = statistics.median(by[max(fit)]) if fit else path.round_s
-    sync_s = max(0.0, statistics.median(by[min(over)]) - round_s) if over else path.sync_s
-    return {"round_s": round_s, "sync_s": sync_s}
+    """{round_s, sync_s, reduce_s, reduce_sync_s} from the points' measured rounds and
+    reductions: each the loop at the largest process count that fits the cores, and what the
+    smallest count beyond them adds; a term with no such measurement keeps `path`'s."""
+    out = {}
+    for base, extra in (("round_s", "sync_s"), ("reduce_s", "reduce_sync_s")):
+        by: dict[int, list[float]] = {}
+        for p in points:
+            if math.isfinite(getattr(p, base)):
+                by.setdefault(p.procs, []).append(getattr(p, base))
+        fit = [n for n in by if n <= host_parallel]
+        over = [n for n in by if n > host_parallel]
+        out[base] = statistics.median(by[max(fit)]) if fit else getattr(path, base)
+        out[extra] = max(0.0, statistics.median(by[min(over)]) - out[base]) if over else getattr(path, extra)
+    return out
 
 
 def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], host: dict[str, float],
@@ -344,7 +368,7 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
     per-message cost, the oversubscription stretch, the centralized controller's extra per-byte
     cost and the executor's wire bandwidth (with `message_only`, the per-message cost alone;
     the others stay `profile`'s). Returns it and its quality {fit_median_err, fit_max_err, n,
-    host_parallel, round_s, sync_s, points}."""
+    host_parallel, round_s, sync_s, reduce_s, reduce_sync_s, points}."""
 
     if not points:
         raise ValueError("fit_dispatch_path needs measured points")
@@ -361,8 +385,8 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
     fixed = {name: getattr(profile.dispatch_path, name) for name in FITTED[k:]}  # not fitted: the profile's
     loop_sync = measured_rounds["sync_s"]
     # the oversubscribed round is fitted too where points ran beyond the cores and the loop measured it
-    names = FITTED[:k] + (("sync_s",) if not message_only and loop_sync > 0 and
-                          any(p.procs > hp and math.isfinite(p.round_s) for p in points) else ())
+    sync = not message_only and loop_sync > 0 and any(p.procs > hp and math.isfinite(p.round_s) for p in points)
+    names = FITTED[:k] + (("sync_s",) if sync else ())
 
     def fields(x) -> dict:
         return {**fixed, **dict(zip(names, np.exp(x).tolist(), strict=True))}
@@ -378,7 +402,6 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
 
     y = np.array([p.seconds for p in points])
     link_bw = profile.intra.bw_bytes_s
-    sync = len(names) > k  # (start, low, high) of the oversubscribed round, when it is fitted
     x0 = np.log([50e-6, 0.3, 10 * link_bw, link_bw][:k] + ([loop_sync * 0.5] if sync else []))
     lo = np.log([1e-7, 1e-4, link_bw / 100, link_bw / 100][:k] + ([loop_sync * OVERSUBSCRIBED_ROUND] if sync else []))
     hi = np.log([1e-2, 2.0, 1e13, 100 * link_bw][:k] + ([loop_sync] if sync else []))
@@ -396,6 +419,7 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
     quality = {"fit_median_err": round(float(np.median(errs)), 4), "fit_max_err": round(float(max(errs)), 4),
                "n": len(points), "host_parallel": hp, "cold_round_s": cold_round_s,
                "round_s": path.round_s, "sync_s": path.sync_s, "sync_s_loop": loop_sync,
+               "reduce_s": path.reduce_s, "reduce_sync_s": path.reduce_sync_s,
                "points": [{"label": f"{p.kind} n={p.procs} {p.per_rank}x{p.context}", "measured_s": p.seconds,
                            "predicted_s": q, "cold_measured_s": p.cold_seconds,
                            "cold_predicted_s": q + r * cold_round_s}

@@ -133,6 +133,12 @@ def sync_rounds(tplan) -> int:
     return 1 + tplan.talking_phases + (2 * tplan.reductions if tplan.reduce_bytes else 0)
 
 
+def stat_reductions(tplan) -> int:
+    """The statistics reductions among `sync_rounds`' rounds (two rounds each): the plan's
+    `reductions` where it reduces statistics and waits for its peers, else none."""
+    return tplan.reductions if tplan.reduce_bytes and tplan.waits_for_peers else 0
+
+
 def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, world: int,
                         plan=None, control: bool = True, advantages: bool = True, cold: bool = True,
                         estimator: str | None = None) -> Estimate:
@@ -196,17 +202,20 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
         br["advantages"] = adv_s
     br.update(zip(names, phase_s, strict=True))
     # every rank waits for its peers at each of the executor's rounds: where the profile
-    # measured a round (DispatchPath.round_cost_s) it is their price, the statistics' two
-    # included, and stands for the all-reduce link's latency (timed right after a barrier)
+    # measured a round (DispatchPath.round_cost_s) it is their price, and a statistics
+    # reduction's two rounds are priced as the profile measured that reduction
+    # (DispatchPath.reduce_cost_s); both stand for the links' latency (timed back to back)
     round_s = path.round_cost_s(ppn) if world > 1 else 0.0
+    rounds = sync_rounds(tplan)
+    reductions = stat_reductions(tplan)
     if tplan.reduce_bytes and world > 1:
         link = comm.group_link(cm.cluster, cm.profile, world, collective="allreduce")
         if round_s:
             link = dataclasses.replace(link, alpha_s=0.0)
-        br["advantage_stats"] = comm.allreduce_s(tplan.reduce_bytes, world, link)
-    rounds = sync_rounds(tplan)
-    if round_s and rounds:
-        br["rounds"] = rounds * round_s
+        br["advantage_stats"] = comm.allreduce_s(tplan.reduce_bytes, world, link) + \
+            (reductions * path.reduce_cost_s(ppn) if round_s else 0.0)
+    if round_s and rounds > 2 * reductions:
+        br["rounds"] = (rounds - 2 * reductions) * round_s
     if control:
         if cold and world > 1 and path.cold_round_s and rounds:  # the executor's rounds, started on cold caches,
             # once per kind: a second statistics reduction runs on what the first warmed (at 2

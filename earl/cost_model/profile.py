@@ -86,6 +86,13 @@ class DispatchPath:
     # barriers in a loop at 2 and 4 processes); 0 on datasheets, whose links' alpha prices NCCL's latency.
     round_s: float = 0.0  # per round when the node's processes fit its host_parallel cores, s
     sync_s: float = 0.0  # extra per round when a node runs more processes than host_parallel, s
+    # A statistics reduction of the advantages (earl.runtime.advantages.reduce_small: a gather of
+    # a few scalars to one rank and a scatter back), issued back to back and timed as a round is
+    # (earl.calibrate.dispatchfit.reduce_seconds). Two rounds' wake-ups, but not two barriers:
+    # 4 gloo ranks on 2 cores here, 2026-12-05, ~0.8 ms a reduction against ~2.0 ms a barrier.
+    # 0: not measured, a reduction is priced as two rounds (`reduce_cost_s`).
+    reduce_s: float = 0.0  # per reduction when the node's processes fit its host_parallel cores, s
+    reduce_sync_s: float = 0.0  # extra per reduction when a node runs more processes than that, s
     # a node running more processes than host_parallel: its slowest rank's time stretches by
     # (processes / host_parallel) ** oversubscribed_exp (its waiting peers poll and take CPU
     # from it); the node's total work is shared over host_parallel regardless. 0: no stretch
@@ -109,7 +116,7 @@ class DispatchPath:
         if not 0 < self.host_share <= 1:
             raise ValueError(f"DispatchPath.host_share must be in (0, 1], got {self.host_share!r}")
         for k in ("message_s", "object_s", "sample_s", "controller_object_s", "round_s", "sync_s",
-                  "oversubscribed_exp", "cold_round_s"):
+                  "reduce_s", "reduce_sync_s", "oversubscribed_exp", "cold_round_s"):
             if getattr(self, k) < 0:
                 raise ValueError(f"DispatchPath.{k} must be >= 0 s, got {getattr(self, k)}")
         for k in ("copy_bw_bytes_s", "controller_bw_bytes_s"):
@@ -125,6 +132,14 @@ class DispatchPath:
         """Seconds of one synchronising round of ranks sharing a node that runs `procs`
         processes: `round_s`, plus `sync_s` when they outnumber its host_parallel cores."""
         return self.round_s + (self.sync_s if procs > self.host_parallel else 0.0)
+
+    def reduce_cost_s(self, procs: int) -> float:
+        """Seconds of one statistics reduction among ranks sharing a node that runs `procs`
+        processes: `reduce_s`, plus `reduce_sync_s` when they outnumber its host_parallel cores;
+        two rounds (`round_cost_s`) where the profile did not measure it."""
+        if self.reduce_s <= 0:
+            return 2 * self.round_cost_s(procs)
+        return self.reduce_s + (self.reduce_sync_s if procs > self.host_parallel else 0.0)
 
 
 # Named controller paths for `--set dispatch.controller=...` style options and the sensitivity
@@ -508,7 +523,8 @@ def slowed(profile: HardwareProfile, factor: float) -> HardwareProfile:
                              intra_latency_s=hw.intra_latency_s * factor)
     dp = dataclasses.replace(
         dp, **{k: getattr(dp, k) * factor for k in ("message_s", "object_s", "sample_s", "controller_object_s",
-                                                     "round_s", "sync_s", "cold_round_s")},
+                                                     "round_s", "sync_s", "reduce_s", "reduce_sync_s",
+                                                     "cold_round_s")},
         copy_bw_bytes_s=dp.copy_bw_bytes_s / factor, controller_bw_bytes_s=dp.controller_bw_bytes_s / factor,
         wire_bw_bytes_s=None if dp.wire_bw_bytes_s is None else dp.wire_bw_bytes_s / factor)
     return dataclasses.replace(

@@ -14,7 +14,7 @@ import pytest
 
 from earl.calibrate import dispatchfit
 from earl.cost_model import comm
-from earl.cost_model.dispatch import price_transfer_plan, sync_rounds
+from earl.cost_model.dispatch import price_transfer_plan, stat_reductions, sync_rounds
 from earl.cost_model.profile import HardwareProfile, load_profile, with_controller_path
 from earl.cost_model.resolve import make_cost_model
 from earl.policies import make_dispatcher
@@ -132,7 +132,7 @@ def test_fit_recovers_known_parameters_from_synthetic_points(loop_extra):
     a worse one (`loop_extra` above the truth: the loop's every rank asleep at every round)."""
     prof = load_profile("cpu-measured")
     truth = dataclasses.replace(prof.dispatch_path, message_s=150e-6, round_s=4e-4, sync_s=1e-3, host_parallel=2,
-                                full_duplex=False)
+                                full_duplex=False, reduce_s=3e-4, reduce_sync_s=6e-4)
     true_prof = dataclasses.replace(prof, dispatch_path=truth)
     points = []
     for n in (2, 4):
@@ -140,7 +140,8 @@ def test_fit_recovers_known_parameters_from_synthetic_points(loop_extra):
             for kind, t in dispatchfit.predict(true_prof, n, per, ctx).items():
                 points.append(dispatchfit.DispatchPoint(procs=n, per_rank=per, context=ctx, kind=kind,
                                                         seconds=t, busiest_bytes=0.0,
-                                                        round_s=truth.round_cost_s(n) + loop_extra * (n > 2)))
+                                                        round_s=truth.round_cost_s(n) + loop_extra * (n > 2),
+                                                        reduce_s=truth.reduce_cost_s(n)))
     host = {"object_s": truth.object_s, "copy_bw_bytes_s": truth.copy_bw_bytes_s, "sample_s": truth.sample_s}
     path, quality = dispatchfit.fit_dispatch_path(prof, points, host, host_parallel=2)
     assert quality["fit_max_err"] < 1e-3
@@ -148,34 +149,49 @@ def test_fit_recovers_known_parameters_from_synthetic_points(loop_extra):
     assert (path.round_s, path.sync_s) == (pytest.approx(4e-4), pytest.approx(1e-3, rel=0.02))
     assert (quality["round_s"], quality["sync_s"]) == (path.round_s, path.sync_s)
     assert quality["sync_s_loop"] == pytest.approx(1e-3 + loop_extra)
-    # points without round measurements keep the profile's terms
-    plain = [dataclasses.replace(p, round_s=float("nan")) for p in points]
+    # the reduction's terms are the loop's, as measured (2: reduce_s; 4: reduce_s + reduce_sync_s)
+    assert (path.reduce_s, path.reduce_sync_s) == (pytest.approx(3e-4), pytest.approx(6e-4))
+    assert (quality["reduce_s"], quality["reduce_sync_s"]) == (path.reduce_s, path.reduce_sync_s)
+    # points without round or reduction measurements keep the profile's terms
+    plain = [dataclasses.replace(p, round_s=float("nan"), reduce_s=float("nan")) for p in points]
     kept = dispatchfit.fit_dispatch_path(true_prof, plain, host, host_parallel=2)[0]
-    assert (kept.round_s, kept.sync_s) == (truth.round_s, truth.sync_s)
+    assert (kept.round_s, kept.sync_s, kept.reduce_s, kept.reduce_sync_s) == \
+        (truth.round_s, truth.sync_s, truth.reduce_s, truth.reduce_sync_s)
 
 
 def test_every_synchronising_round_costs_the_measured_round():
-    """A dispatch over N processes pays sync_rounds x DispatchPath.round_cost_s(N): round_s
-    while the node's processes fit its cores, + sync_s beyond; the measured round stands for
-    the statistics all-reduce's latency (the link's alpha, timed right after a barrier)."""
+    """A dispatch over N processes pays each of its sync_rounds at DispatchPath.round_cost_s(N):
+    round_s while the node's processes fit its cores, + sync_s beyond; a statistics reduction's
+    two rounds at DispatchPath.reduce_cost_s(N), two rounds where the profile measured no
+    reduction; the measured rounds stand for the statistics all-reduce's latency (the link's
+    alpha)."""
     prof = load_profile("cpu-measured")
-    path = dataclasses.replace(prof.dispatch_path, round_s=5e-4, sync_s=2e-3, host_parallel=2)
+    path = dataclasses.replace(prof.dispatch_path, round_s=5e-4, sync_s=2e-3, host_parallel=2, reduce_s=0.0,
+                               reduce_sync_s=0.0)
     with_rounds = dataclasses.replace(prof, dispatch_path=path)
+    reduced = dataclasses.replace(prof, dispatch_path=dataclasses.replace(path, reduce_s=3e-4, reduce_sync_s=7e-4))
     none = dataclasses.replace(prof, dispatch_path=dataclasses.replace(path, round_s=0.0, sync_s=0.0))
     assert (path.round_cost_s(2), path.round_cost_s(4)) == (5e-4, 2.5e-3)
+    assert (path.reduce_cost_s(2), path.reduce_cost_s(4)) == (1e-3, 5e-3)  # not measured: two rounds
+    assert (reduced.dispatch_path.reduce_cost_s(2), reduced.dispatch_path.reduce_cost_s(4)) == (3e-4, 1e-3)
     for n in (2, 4):
         for kind, tplan in dispatchfit.transfer_plans(n, 4, 2048).items():
-            a, b = (price_transfer_plan(dispatchfit.local_cost_model(p, n), tplan, samples=4 * n, producers=n,
-                                        world=n) for p in (with_rounds, none))
-            assert a.breakdown["rounds"] == pytest.approx(sync_rounds(tplan) * path.round_cost_s(n)), kind
+            a, b, c = (price_transfer_plan(dispatchfit.local_cost_model(p, n), tplan, samples=4 * n, producers=n,
+                                           world=n) for p in (with_rounds, none, reduced))
+            k = stat_reductions(tplan)
+            assert k == (1 if tplan.reduce_bytes else 0), kind
+            assert a.breakdown["rounds"] == pytest.approx((sync_rounds(tplan) - 2 * k) * path.round_cost_s(n)), kind
+            assert c.breakdown["rounds"] == a.breakdown["rounds"]
             assert "rounds" not in b.breakdown
             assert {k: v for k, v in a.breakdown.items() if k not in ("rounds", "advantage_stats")} == \
                 {k: v for k, v in b.breakdown.items() if k != "advantage_stats"}
-            if tplan.reduce_bytes:  # bytes only: no alpha
+            if tplan.reduce_bytes:  # the link's bytes term without its alpha, and the measured reduction
                 link = comm.group_link(dispatchfit.local_cost_model(prof, n).cluster, prof, n, collective="allreduce")
-                assert a.breakdown["advantage_stats"] == pytest.approx(
-                    comm.allreduce_s(tplan.reduce_bytes, n, dataclasses.replace(link, alpha_s=0.0)))
-                assert a.breakdown["advantage_stats"] < b.breakdown["advantage_stats"]
+                moved = comm.allreduce_s(tplan.reduce_bytes, n, dataclasses.replace(link, alpha_s=0.0))
+                assert a.breakdown["advantage_stats"] == pytest.approx(moved + 2 * path.round_cost_s(n))
+                red = reduced.dispatch_path.reduce_cost_s(n)
+                assert c.breakdown["advantage_stats"] == pytest.approx(moved + red)
+                assert a.time_s == pytest.approx(c.time_s + 2 * path.round_cost_s(n) - red)
     one = price_transfer_plan(dispatchfit.local_cost_model(with_rounds, 1), tplan, samples=4, producers=1, world=1)
     assert "rounds" not in one.breakdown  # one process: no executor runs
 
@@ -299,7 +315,8 @@ def test_a_phase_of_local_copies_is_no_round(dp):
                               advantages=False)
     assert "rounds" not in est.breakdown and "cold_start" not in est.breakdown
     full = price_transfer_plan(dispatchfit.local_cost_model(prof, dp), moved, samples=16, producers=dp, world=dp)
-    assert full.breakdown["rounds"] == pytest.approx(sync_rounds(moved) * prof.dispatch_path.round_cost_s(dp))
+    assert full.breakdown["rounds"] == pytest.approx((sync_rounds(moved) - 2 * stat_reductions(moved))
+                                                     * prof.dispatch_path.round_cost_s(dp))
 
 
 def test_cold_start_is_rounds_times_a_fitted_constant():
@@ -427,12 +444,15 @@ def test_vectorised_phase_price_is_the_loop_to_the_last_bit():
     assert checked == 600 and _phase_s(cms[0], [], None, 8)[0] == 0.0
 
 
-def test_each_statistics_reduction_is_a_gather_and_a_scatter_cold_once():
+@pytest.mark.parametrize("reduce_s", [0.0, 3e-4])
+def test_each_statistics_reduction_is_a_gather_and_a_scatter_cold_once(reduce_s):
     """A plan whose statistics take two reductions (a per-turn baseline: the turn count first,
-    TransferPlan.reductions) pays two more synchronising rounds than one of a single reduction,
-    at round_cost_s(N) each, and no more cold start: the second runs on what the first warmed."""
+    TransferPlan.reductions) pays one more reduction than one of a single reduction, at
+    reduce_cost_s(N) (two rounds at round_cost_s(N) where the profile measured none), and no
+    more cold start: the second runs on what the first warmed."""
     prof = load_profile("cpu-measured")
-    path = dataclasses.replace(prof.dispatch_path, round_s=5e-4, sync_s=2e-3, cold_round_s=7e-4, host_parallel=2)
+    path = dataclasses.replace(prof.dispatch_path, round_s=5e-4, sync_s=2e-3, cold_round_s=7e-4, host_parallel=2,
+                               reduce_s=reduce_s, reduce_sync_s=7e-4)
     prof = dataclasses.replace(prof, dispatch_path=path)
     for n in (2, 4):
         tplan = dispatchfit.transfer_plans(n, 4, 2048)["layout-aware"]
@@ -441,7 +461,9 @@ def test_each_statistics_reduction_is_a_gather_and_a_scatter_cold_once():
         assert sync_rounds(two) == sync_rounds(tplan) + 2
         a, b = (price_transfer_plan(dispatchfit.local_cost_model(prof, n), p, samples=4 * n, producers=n, world=n)
                 for p in (tplan, two))
-        assert b.breakdown["rounds"] - a.breakdown["rounds"] == pytest.approx(2 * path.round_cost_s(n))
+        assert b.breakdown["rounds"] == a.breakdown["rounds"]
+        assert b.time_s - a.time_s == pytest.approx(path.reduce_cost_s(n))
+        assert path.reduce_cost_s(n) == (reduce_s + 7e-4 * (n > 2) if reduce_s else 2 * path.round_cost_s(n))
         assert b.breakdown["cold_start"] == a.breakdown["cold_start"] == pytest.approx(sync_rounds(tplan) * 7e-4)
         # none reduced (the hand-off, or statistics from the rewards): the count is moot
         assert sync_rounds(dataclasses.replace(two, reduce_bytes=0)) == sync_rounds(dataclasses.replace(tplan,
