@@ -10,13 +10,16 @@ Then, per process count and stage, how many runs are within 25% on each of the f
 third count between them: one level per pass (per folder, process count and stage, the one
 multiplier of the prediction that brings the most of that pass's runs within 25%; a log grid of
 x0.30-x3.32), what a calibration that placed each stage's level right for its pass would get,
-the runs of that pass keeping their own spread around it. Runs
+the runs of that pass keeping their own spread around it; with `--common`, one level for all
+(the one multiplier for every run given, and the count it reaches): what any constant-level
+price of the stage could reach on these runs. Runs
 that read the host probe (earl/runtime/hostprobe.py) also show the host's speed over the
 calibration's (validate's `host_speed`), and the count is given the other way: with that factor
 where validate only recorded it, without it where validate applied it (runs of 2026-12-03).
 
     python studies/cpu_fidelity_scorecard.py /tmp/cf16 /tmp/cf17     # cpu_fidelity.sh prints it too
     python studies/cpu_fidelity_scorecard.py --runs heldout-nproc /tmp/cf42   # the held-out model's runs
+    python studies/cpu_fidelity_scorecard.py --common /tmp/cf60 /tmp/cf61     # + one level for all runs
 """
 
 from __future__ import annotations
@@ -68,12 +71,21 @@ def other_err(variant: dict, stage: str) -> float:
 
 def pass_level(variants: list[dict], stage: str) -> int:
     """How many of one pass's runs (one process count) one common level brings within 25%."""
-    return max(sum(step_err(v, stage, k) <= BAR for v in variants) for k in LEVELS)
+    return common_level(variants, stage)[0]
 
 
-def scorecard(folders: list[Path], prefix: str = "nproc") -> str:
+def common_level(variants: list[dict], stage: str) -> tuple[int, float]:
+    """(how many of `variants` one common level brings within 25% at best, the level nearest
+    x1 that does): over every pass, what any constant-level price of the stage could reach."""
+    counts = [sum(step_err(v, stage, k) <= BAR for v in variants) for k in LEVELS]
+    best = max(counts)
+    return best, min((k for k, c in zip(LEVELS, counts, strict=True) if c == best), key=lambda k: abs(np.log(k)))
+
+
+def scorecard(folders: list[Path], prefix: str = "nproc", common: bool = False) -> str:
     lines, within, floor, total, bare = [], Counter(), Counter(), Counter(), Counter()
     per_pass = Counter()
+    everyone: dict[tuple[int, str], list[dict]] = {}
     probed, scaled = 0, 0
     for folder in folders:
         got = runs(folder, prefix)
@@ -100,6 +112,7 @@ def scorecard(folders: list[Path], prefix: str = "nproc") -> str:
             group = [v for _, n, _, v in got if n == nproc]
             for st in STAGES:
                 per_pass[(nproc, st)] += pass_level(group, st)
+                everyone.setdefault((nproc, st), []).extend(group)
     lines.append("")
     lines.append(f"median per-step error within {BAR:.0%}: {sum(within.values())} of {sum(total.values())} "
                  f"stage-runs (level-fitted: {sum(floor.values())}; one level per pass: {sum(per_pass.values())})")
@@ -108,8 +121,12 @@ def scorecard(folders: list[Path], prefix: str = "nproc") -> str:
                else f"each the other way ({scaled} applied it)")
         lines.append(f"  ({probed} runs read the host probe; {how}: {sum(bare.values())} within)")
     for key in sorted(total):
-        lines.append(f"  nproc {key[0]} {key[1]:10s} {within[key]:3d} of {total[key]:<3d} "
-                     f"(level-fitted {floor[key]}, one level per pass {per_pass[key]})")
+        line = (f"  nproc {key[0]} {key[1]:10s} {within[key]:3d} of {total[key]:<3d} "
+                f"(level-fitted {floor[key]}, one level per pass {per_pass[key]})")
+        if common:
+            n_all, k_all = common_level(everyone[key], key[1])
+            line += f" one level for all {n_all} (x{k_all:.2f})"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -118,8 +135,10 @@ if __name__ == "__main__":
     ap.add_argument("folders", nargs="+", type=Path, help="OUT folders of studies/cpu_fidelity.sh")
     ap.add_argument("--runs", default="nproc", choices=("nproc", "heldout-nproc"),
                     help="which runs: the tiny model's (nproc*) or the held-out model's (heldout-nproc*)")
+    ap.add_argument("--common", action="store_true",
+                    help="also count what one level for every run given reaches, per process count and stage")
     try:
         args = ap.parse_args()
-        print(scorecard(args.folders, args.runs))
+        print(scorecard(args.folders, args.runs, args.common))
     except ValueError as e:
         ap.error(str(e))  # exit code 2

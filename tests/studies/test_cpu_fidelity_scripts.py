@@ -31,12 +31,15 @@ def test_scorecard_counts_every_multi_process_run_and_matches_the_committed_one(
     assert total and int(total[2]) == 100 and int(total[1]) <= int(total[3]) <= 100
     assert r.stdout.strip() == (DATA / "scorecard-all.txt").read_text().strip()
     # one level per pass (the two runs of a pass and process count share it) lies between the
-    # as-priced count (x1 is one of the levels tried) and the runs' count
-    for key in re.findall(r"nproc [24] \w+ +(\d+) of (\d+) +\(level-fitted \d+, one level per pass (\d+)\)",
-                          r.stdout):
-        got, n, per_pass = map(int, key)
-        assert got <= per_pass <= n
-    assert len(re.findall(r"one level per pass \d+\)", r.stdout)) == 10
+    # as-priced count (x1 is one of the levels tried) and the runs' count; one level for every
+    # run given (--common, the same lines with it appended) reaches no more than one per pass
+    r = study("studies/cpu_fidelity_scorecard.py", "--common", *passes)
+    assert r.returncode == 0, r.stderr
+    for key in re.findall(r"nproc [24] \w+ +(\d+) of (\d+) +\(level-fitted \d+, one level per pass (\d+)\) "
+                          r"one level for all (\d+) \(x[\d.]+\)", r.stdout):
+        got, n, per_pass, common = map(int, key)
+        assert got <= per_pass <= n and common <= per_pass
+    assert len(re.findall(r"one level for all \d+", r.stdout)) == 10
     bad = study("studies/cpu_fidelity_scorecard.py", str(DATA / "more"))
     assert bad.returncode == 2 and "no nproc*/validation.json" in bad.stderr
 
