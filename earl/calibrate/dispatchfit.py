@@ -5,10 +5,10 @@ Each point runs both dispatchers (earl.runtime.move_samples.execute_dispatch) on
 processes, warm and cold (as the runtime's dispatch runs right after its log-prob passes);
 host costs come from timing the executor's own packing in one process; each process group
 first times its synchronising rounds (back-to-back barriers: `DispatchPath.round_s`, and at more
-processes than cores `sync_s`) and its statistics reductions (the runtime's `reduce_small` back
-to back: `reduce_s`, `reduce_sync_s`); the gloo runs then fit the per-message cost and the
-oversubscription stretch by least squared log error of `price_transfer_plan` on the plans
-that ran. benchmarks/bench_dispatch.py uses the same layouts
+processes than cores `sync_s`) and its statistics reductions (the runtime's own advantage
+code after a barrier, less its local work: `reduce_s`, `reduce_sync_s`); the gloo runs then
+fit the per-message cost and the oversubscription stretch by least squared log error of
+`price_transfer_plan` on the plans that ran. benchmarks/bench_dispatch.py uses the same layouts
 and workers. Layouts, medians and the cold-cache figures: docs/calibration.md, "Design notes".
 
     OMP_NUM_THREADS=1 python -m earl.calibrate.dispatchfit     # measure at 2 and 4, fit, print
@@ -36,7 +36,7 @@ from earl.parallel import coord_of
 from earl.policies.balance import balance_samples, round_robin_samples
 from earl.policies.dispatch import CentralizedDispatcher, LayoutAwareDispatcher
 from earl.policies.types import Layout, Sample, Transfer
-from earl.runtime.advantages import AdvantageSpec, fill_advantages, local_stats, reduce_small
+from earl.runtime.advantages import AdvantageSpec, distributed_advantages, fill_advantages, local_stats
 from earl.runtime.dist import run_local
 from earl.runtime.gc_steps import StepGC
 from earl.runtime.hostprobe import HostProbe, median_probe
@@ -65,7 +65,9 @@ START_METHOD = "spawn"  # fresh rank processes for every measurement (see `measu
 # bytes each rank writes before a cold repeat: past the last-level cache (32 MiB on this host)
 EVICT_BYTES = 64 << 20
 ROUNDS = 40  # back-to-back barriers per timed loop (`round_seconds`)
-REDUCE_KEYS = 4  # the per-key sums a timed reduction carries (`reduce_seconds`: a few, as the runtime's)
+# `reduce_seconds`: the batch whose advantages the ranks compute (samples over all ranks, the
+# longest `REDUCE_CONTEXT` tokens, `layouts`' lengths) and the timed repeats
+REDUCE_SAMPLES, REDUCE_CONTEXT, REDUCE_REPEATS = 16, 256, 25
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,33 +186,53 @@ def round_seconds(rounds: int = ROUNDS, repeats: int = 5) -> float:
     """Runs on every gloo rank: seconds per synchronising round, a barrier issued back to back
     `rounds` times (the executor's and the weight sync's rounds follow one another so), median
     of `repeats` loops after one warm-up, the slowest rank's. `DispatchPath.round_s` / `sync_s`."""
-    return _loop_seconds(dist.barrier, rounds, repeats)
 
-
-def reduce_seconds(rounds: int = ROUNDS, repeats: int = 5) -> float:
-    """Runs on every gloo rank: seconds per statistics reduction, the runtime's own
-    `reduce_small` (a gather of a few float64 scalars to one rank and a scatter back, what
-    `distributed_advantages` issues once or twice per dispatch) timed as `round_seconds` times a
-    barrier. `DispatchPath.reduce_s` / `reduce_sync_s`: a gloo barrier is not that gather and
-    scatter (4 ranks on 2 cores here, 2026-12-05: ~2.3 ms a barrier, ~0.8 ms a reduction)."""
-    flat = torch.zeros(REDUCE_KEYS, 3, dtype=torch.float64)
-    return _loop_seconds(lambda: reduce_small(flat), rounds, repeats)
-
-
-def _loop_seconds(call, rounds: int, repeats: int) -> float:
-    """Seconds per `call()` issued back to back `rounds` times on every rank, median of `repeats`
-    loops after one warm-up, the slowest rank's."""
     per = []
     for rep in range(repeats + 1):
         dist.barrier()
         t0 = time.perf_counter()
         for _ in range(rounds):
-            call()
+            dist.barrier()
         t = torch.tensor([(time.perf_counter() - t0) / rounds])
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         if rep:
             per.append(float(t[0]))
     return statistics.median(per)
+
+
+def reduce_seconds(repeats: int = REDUCE_REPEATS, samples: int = REDUCE_SAMPLES) -> float:
+    """Runs on every gloo rank: seconds per statistics reduction as the runtime issues them. The
+    runtime's own `distributed_advantages` under a per-turn REINFORCE++ baseline (its default:
+    each rank's local statistics, then two `reduce_small`s, the turn count's and the sums') runs
+    right after a barrier, as the dispatch executor runs it; the slowest rank's time, median of
+    `repeats` after one warm-up, less the same rank's local work alone (the statistics and the
+    fill without any round, timed the same way), over the two reductions.
+    `DispatchPath.reduce_s` / `reduce_sync_s`. Neither a barrier round pair nor a back-to-back
+    loop of reductions is that: on 2 gloo ranks on 2 cores here (2026-12-05) a reduction read
+    ~0.56 ms in situ, 0.19-0.35 ms back to back, 0.75 ms as two barrier rounds; at 4 ranks ~1.5,
+    0.5-1.2 and ~2.8 ms."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    spec = AdvantageSpec(estimator="reinforce++", per_turn=True)
+    batch, src, _ = layouts(world, max(1, samples // world), REDUCE_CONTEXT)
+    store = with_turns(_store(batch, src, rank))
+    mine = [x for x in batch if x.id in store]
+
+    def slowest(fn) -> float:
+        per = []
+        for rep in range(repeats + 1):
+            work = {k: dict(v) for k, v in store.items()}
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn(work)
+            t = torch.tensor([time.perf_counter() - t0])
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            if rep:
+                per.append(float(t[0]))
+        return statistics.median(per)
+
+    both = slowest(lambda work: distributed_advantages(work, batch, src, spec, rank))
+    local = slowest(lambda work: fill_advantages(work, mine, local_stats(work, mine, spec), spec))
+    return max(0.0, both - local) / spec.reductions()
 
 
 def _measure_worker(cases, repeats):
