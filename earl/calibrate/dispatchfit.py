@@ -209,8 +209,8 @@ def reduce_seconds(repeats: int = REDUCE_REPEATS, samples: int = REDUCE_SAMPLES)
     fill without any round, timed the same way), over the two reductions.
     `DispatchPath.reduce_s` / `reduce_sync_s`. Neither a barrier round pair nor a back-to-back
     loop of reductions is that: on 2 gloo ranks on 2 cores here (2026-12-05) a reduction read
-    ~0.56 ms in situ, 0.19-0.35 ms back to back, 0.75 ms as two barrier rounds; at 4 ranks ~1.5,
-    0.5-1.2 and ~2.8 ms."""
+    0.46-0.74 ms in situ, 0.20-0.33 ms back to back, 0.39-1.0 ms as two barrier rounds; at 4
+    ranks 1.3-2.2, 0.5-1.2 and 3.9-4.4 ms (docs/fidelity.md, twenty-fifth session)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     spec = AdvantageSpec(estimator="reinforce++", per_turn=True)
     batch, src, _ = layouts(world, max(1, samples // world), REDUCE_CONTEXT)

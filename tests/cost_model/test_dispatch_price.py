@@ -196,6 +196,17 @@ def test_every_synchronising_round_costs_the_measured_round():
     assert "rounds" not in one.breakdown  # one process: no executor runs
 
 
+def test_reduce_seconds_times_the_runtimes_two_reductions_on_gloo_ranks():
+    """The calibration's reading of a statistics reduction: the runtime's own per-turn advantage
+    code on real gloo ranks, less its local work, over its two reductions; every rank returns
+    the same slowest-rank figure, a positive time well under a second."""
+    from earl.runtime.dist import run_local
+
+    got = run_local(dispatchfit.reduce_seconds, 2, 3, 8, timeout_s=120)
+    assert len(got) == 2 and got[0] == got[1]
+    assert 0 < got[0] < 0.5
+
+
 def test_quick_fit_keeps_the_oversubscription_terms():
     """Two processes on two cores never oversubscribe: a quick (2-process) fit moves only the
     per-message cost and keeps the base profile's sync_s (no point measured a round beyond the
