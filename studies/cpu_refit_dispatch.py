@@ -76,13 +76,18 @@ def refit(prof: HardwareProfile, reduction: tuple[float, float] | None) -> Hardw
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("profile", help="a calibrated profile JSON (or a shipped profile's name)")
-    ap.add_argument("out", type=Path, help="where to write the refitted profile")
+    ap.add_argument("out", type=Path, help="where to write the refitted profile (a new file, or --force)")
+    ap.add_argument("--force", action="store_true", help="replace an existing OUT")
     ap.add_argument("--reduce-ms", default=None,
                     help="ms per statistics reduction within the host's cores and beyond them (2 and 4 "
                          "ranks on 2 cores: '0.26,1.08'), or 'from:A.json,B.json' "
                          "(the median of those calibrations' loop figures); default: none timed")
     args = ap.parse_args(argv)
     try:
+        if args.out.exists() and not args.force:
+            raise ValueError(f"{args.out} exists; pass --force to replace it")
+        if not args.out.parent.is_dir():
+            raise ValueError(f"{args.out.parent} is not a folder; give OUT in an existing folder")
         prof = load_profile(args.profile)
         reduction = None
         if args.reduce_ms and args.reduce_ms.startswith("from:"):
@@ -104,7 +109,10 @@ def main(argv: list[str] | None = None) -> int:
           f"max {before['fit_max_err']:.2f} -> {after['fit_max_err']:.2f}")
     for k in SHOWN:
         print(f"  {k:20s} {getattr(prof.dispatch_path, k):.4g} -> {getattr(new.dispatch_path, k):.4g}")
-    new.save(args.out)
+    try:
+        new.save(args.out)
+    except OSError as e:
+        ap.error(f"cannot write {args.out}: {e.strerror}")
     print(f"wrote {args.out}")
     return 0
 

@@ -204,7 +204,8 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
     # every rank waits for its peers at each of the executor's rounds: where the profile
     # measured a round (DispatchPath.round_cost_s) it is their price, and a statistics
     # reduction's two rounds are priced as the profile measured that reduction
-    # (DispatchPath.reduce_cost_s); both stand for the links' latency (timed back to back)
+    # (DispatchPath.reduce_cost_s, timed in the runtime's advantage code); both stand for the
+    # links' latency
     round_s = path.round_cost_s(ppn) if world > 1 else 0.0
     rounds = sync_rounds(tplan)
     reductions = stat_reductions(tplan)

@@ -47,3 +47,15 @@ def test_bad_reduction_figures_exit_2_with_one_line(tmp_path, bad):
     r, got = refit(tmp_path, "--reduce-ms", bad)
     assert r.returncode == 2 and not got
     assert "--reduce-ms" in r.stderr or "reduce_s is 0" in r.stderr
+
+
+def test_an_existing_or_unreachable_out_is_refused_and_left_as_it_was(tmp_path):
+    out = tmp_path / "out.json"
+    out.write_text("keep me")
+    cmd = [sys.executable, "studies/cpu_refit_dispatch.py", str(CAL)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([*cmd, str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and "exists; pass --force" in r.stderr and out.read_text() == "keep me"
+    r = subprocess.run([*cmd, str(tmp_path / "no" / "out.json")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 2 and "is not a folder" in r.stderr
