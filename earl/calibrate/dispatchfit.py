@@ -203,10 +203,13 @@ def round_seconds(rounds: int = ROUNDS, repeats: int = 5) -> float:
 def reduce_seconds(repeats: int = REDUCE_REPEATS, samples: int = REDUCE_SAMPLES) -> float:
     """Runs on every gloo rank: seconds per statistics reduction as the runtime issues them. The
     runtime's own `distributed_advantages` under a per-turn REINFORCE++ baseline (its default:
-    each rank's local statistics, then two `reduce_small`s, the turn count's and the sums') runs
-    right after a barrier, as the dispatch executor runs it; the slowest rank's time, median of
-    `repeats` after one warm-up, less the same rank's local work alone (the statistics and the
-    fill without any round, timed the same way), over the two reductions.
+    each rank's local statistics, then one `reduce_small` of the per-turn sums, the turn count
+    known to every rank as the runtime's metadata all-gather makes it) runs right after a
+    barrier, as the dispatch executor runs it; the slowest rank's time, median of `repeats`
+    after one warm-up, less the same rank's local work alone (the statistics and the fill
+    without any round, timed the same way), over the reductions issued (one). Until the
+    twenty-sixth session (2026-12-05) the runtime agreed on the turn count in a reduction of
+    its own, and this timed the two and divided by two.
     `DispatchPath.reduce_s` / `reduce_sync_s`. Neither a barrier round pair nor a back-to-back
     loop of reductions is that: on 2 gloo ranks on 2 cores here (2026-12-05) a reduction read
     0.46-0.74 ms in situ, 0.20-0.33 ms back to back, 0.39-1.0 ms as two barrier rounds; at 4
@@ -230,9 +233,9 @@ def reduce_seconds(repeats: int = REDUCE_REPEATS, samples: int = REDUCE_SAMPLES)
                 per.append(float(t[0]))
         return statistics.median(per)
 
-    both = slowest(lambda work: distributed_advantages(work, batch, src, spec, rank))
+    both = slowest(lambda work: distributed_advantages(work, batch, src, spec, rank, turns=TURNS))
     local = slowest(lambda work: fill_advantages(work, mine, local_stats(work, mine, spec), spec))
-    return max(0.0, both - local) / spec.reductions()
+    return max(0.0, both - local) / spec.reductions(turns=TURNS)
 
 
 def _measure_worker(cases, repeats):

@@ -255,19 +255,34 @@ def logprob_passes(trainer_cfg) -> int:
     return int(old) + int(bool(trainer_cfg.kl_coef))
 
 
-# the runtime's training step hands its dispatch every episode's reward (the metadata all-gather):
-# what `AdvantageSpec.reductions` needs to know of them is that they are there
+# the runtime's training step hands its dispatch every episode's reward and the step's most
+# rewarded turns (the metadata all-gather): what `AdvantageSpec.reductions` needs to know of
+# them is that they are there
 RUNTIME_REWARDS: dict[int, float] = {}
+RUNTIME_TURNS = 0
 
 
 def advantage_spec(cfg) -> AdvantageSpec:
     """The advantage estimator the runtime's dispatch runs for `cfg` (earl.runtime.step.train):
-    its reductions given RUNTIME_REWARDS are the simulator's `stat_reductions`."""
+    its reductions given RUNTIME_REWARDS and RUNTIME_TURNS are the simulator's `stat_reductions`."""
     return AdvantageSpec(estimator=cfg.trainer.algo, per_turn=cfg.trainer.baseline == "per-turn",
                          gamma=cfg.trainer.gamma)
 
 
-def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: int, nproc: int = 1) -> list[dict]:
+def recorded_reductions(spans) -> int | None:
+    """The statistics reductions a run's training dispatches issued, as its trace records them
+    (the dispatch spans' `reductions`, the most of any rank); None for a run recorded before the
+    runtime wrote them: that runtime issued `advantage_spec(cfg).reductions(RUNTIME_REWARDS)`
+    (a per-turn baseline's turn count agreed in a round of its own)."""
+    got = [int(sp.args["reductions"]) for sp in spans if sp.stage == "dispatch" and "reductions" in sp.args]
+    return max(got) if got else None
+
+
+def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: int, nproc: int = 1,
+              reductions: int | None = None) -> list[dict]:
+    """The simulator's rows for the run of `cfg` whose workload is `trace`. `reductions`: the
+    statistics reductions its dispatches issued (`recorded_reductions`; None: as the runtime
+    issues them now)."""
 
     cm = CostModel(spec, local_cluster(prof, nproc), prof)
     episodes = cfg.episodes_per_step
@@ -295,7 +310,8 @@ def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: i
     sim = Simulation(sc, cfg.policy.selector, cfg.policy.dispatcher, cost_model=cm, engine=sim_engine(cfg.engine),
                      padded=True, token_budget=cfg.trainer.token_budget, fsdp=True, handoff=True,
                      head_on="generated", train_placement="balanced",
-                     stat_reductions=adv.reductions(RUNTIME_REWARDS), estimator=adv.key,
+                     stat_reductions=adv.reductions(RUNTIME_REWARDS, RUNTIME_TURNS) if reductions is None
+                     else reductions, estimator=adv.key,
                      prompt_group=cfg.group_size).run()  # the trainer's share: one process only (_shared_cost)
     # the hand-off's share of each step's experience stage where it waits for peers: a move over
     # gloo, priced by the dispatch path like the dispatch (and stretched like it,
@@ -562,12 +578,15 @@ def score_variant(cfg, name: str, overrides: dict, run_dir: Path, rows: list[dic
     exp_computing = [c if c is not None else s for c, s in zip(per_exp, computing, strict=True)] if per_exp \
         else computing
     leads = sync_leads(spans, [r["step"] for r in rows[warmup_steps:]])
+    reductions = recorded_reductions(spans)
+    if reductions is None:  # recorded by a runtime that agreed on the turn count in a round
+        reductions = advantage_spec(cfg).reductions(RUNTIME_REWARDS)
 
     def predicted(p: HardwareProfile) -> tuple[list[dict], list[dict], float, float]:
         """(the scored steps' stage seconds, all simulated rows, the mean host stretch, the mean
         compute stretch) for profile `p`; dispatch and the experience stage's hand-off carry
         their own oversubscription terms (`dispatch_stretch`)."""
-        sim_rows = _simulate(cfg, spec, trace, p, len(rows), nproc)
+        sim_rows = _simulate(cfg, spec, trace, p, len(rows), nproc, reductions)
         out, ks, kcs = [], [], []
         for sr, sh, sc, se, lead in zip(sim_rows[warmup_steps:], shares, computing, exp_computing, leads,
                                         strict=True):

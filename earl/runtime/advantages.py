@@ -79,13 +79,14 @@ class AdvantageSpec:
         ranks computes them (`distributed_advantages`, `execute_dispatch`)."""
         return rewards is not None and self.grouped
 
-    def reductions(self, rewards: dict[int, float] | None = None) -> int:
+    def reductions(self, rewards: dict[int, float] | None = None, turns: int | None = None) -> int:
         """The statistics reductions between ranks `distributed_advantages` issues (each a
         `reduce_small`): none where the ranks hold the rewards (`stats_from`), one of the per-key
-        sums, and before it one of the turn count where a per-turn baseline keys them by turn."""
+        sums, and before it one of the turn count where a per-turn baseline keys them by turn and
+        the ranks do not know it (`turns` None)."""
         if self.stats_from(rewards):
             return 0
-        return 2 if self.per_turn and not self.grouped else 1
+        return 2 if self.per_turn and not self.grouped and turns is None else 1
 
 
 def returns_to_go(item: dict[str, torch.Tensor], gamma: float = 1.0) -> torch.Tensor:
@@ -216,11 +217,15 @@ def reduce_small(flat: torch.Tensor, root: int = 0, op: str = "sum", group=None)
 
 
 def distributed_advantages(store: Store, samples: list[Sample], src: Layout, spec: AdvantageSpec,
-                           rank: int = 0, group=None, rewards: dict[int, float] | None = None) -> None:
+                           rank: int = 0, group=None, rewards: dict[int, float] | None = None,
+                           turns: int | None = None) -> None:
     """Advantages at the producers: only per-key scalars cross the network (plus, for a
-    per-turn baseline, one max of the turn count); nothing at all where every rank holds every
-    sample's reward (`rewards`, `AdvantageSpec.stats_from`): the group statistics are then
-    computed from them on each rank, the same on all (float32 rewards, as the store holds them)."""
+    per-turn baseline whose turn count `turns` the ranks do not know, one max of it first);
+    nothing at all where every rank holds every sample's reward (`rewards`,
+    `AdvantageSpec.stats_from`): the group statistics are then computed from them on each rank,
+    the same on all (float32 rewards, as the store holds them). `turns`: the most rewarded
+    turns of any sample (the runtime's metadata all-gather gives it every rank), an upper bound
+    on the per-turn keys (a key at or above it raises)."""
     if spec.stats_from(rewards):
         r = torch.tensor([rewards[s.id] for s in samples], dtype=torch.float32).double()
         stats = _key_sums(torch.tensor([s.group for s in samples], dtype=torch.long), r) if samples else {}
@@ -231,6 +236,11 @@ def distributed_advantages(store: Store, samples: list[Sample], src: Layout, spe
         keys = sorted({s.group for s in samples})
     elif not spec.per_turn:
         keys = [0]
+    elif turns is not None:  # every rank knows the turn count: the same keys on all, no round
+        if max(local, default=-1) >= turns:
+            raise ValueError(f"rank {rank}: a sample has a turn index {max(local)} at or above the known turn count "
+                             f"{turns} (every turn index must be below it)")
+        keys = list(range(turns))
     else:  # every rank must stack the same keys: agree on the number of turns first
         width = torch.tensor([max(local, default=-1) + 1], dtype=torch.float64, device=comm_device())
         if dist.is_initialized():

@@ -65,6 +65,7 @@ class DispatchStats:
     # whether this rank waited for peers (a barrier, a phase that sends, a statistics all-reduce);
     # False for a plan of local copies (TransferPlan.waits_for_peers) or one process
     waited: bool = False
+    reductions: int = 0  # statistics reductions between ranks (AdvantageSpec.reductions; 0 in one process)
 
 
 # --------------------------------------------------------------------------------------------
@@ -138,7 +139,8 @@ def carry_along(tplan: TransferPlan, extra: tuple[str, ...]) -> TransferPlan:
 def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], src: Layout, dst: Layout, *,
                      advantages: AdvantageSpec = AdvantageSpec(), tensors: tuple[str, ...] | None = None,
                      extra: tuple[str, ...] = (), rank: int | None = None,
-                     check: bool = True, rewards: dict[int, float] | None = None) -> tuple[Store, DispatchStats]:
+                     check: bool = True, rewards: dict[int, float] | None = None,
+                     turns: int | None = None) -> tuple[Store, DispatchStats]:
     """Run `tplan` from this rank's `store` (the samples it produced, with rewards). Returns
     the samples this rank needs for training under `dst` (per-token tensors + advantages) and
     timings. Collective over every rank of the world.
@@ -148,7 +150,9 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
     `extra` per-token tensors travel with the old log-probs (`carry_along`). `rewards`: every
     sample's episode reward, known to every rank (the runtime's metadata all-gather): a group
     estimator's statistics then need no round between ranks (`AdvantageSpec.stats_from`), and
-    the plan's statistics reduce (`TransferPlan.reduce_bytes`) is not run."""
+    the plan's statistics reduce (`TransferPlan.reduce_bytes`) is not run. `turns`: the most
+    rewarded turns of any sample, known to every rank (the same all-gather): a per-turn
+    baseline's keys then need no agreement round (`AdvantageSpec.reductions`)."""
     rank = (dist.get_rank() if dist.is_initialized() else 0) if rank is None else rank
     if tensors is not None:
         tplan = dataclasses.replace(tplan, phases=[
@@ -165,10 +169,13 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
         dist.barrier()
     t_start = time.perf_counter()
     adv_s = 0.0
+    reductions = 0
     if tplan.kind != "centralized" and tensors is None:
         t0 = time.perf_counter()
-        distributed_advantages(store, samples, src, advantages, rank, rewards=rewards)
+        distributed_advantages(store, samples, src, advantages, rank, rewards=rewards, turns=turns)
         adv_s = time.perf_counter() - t0
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            reductions = advantages.reductions(rewards, turns)
     held: Store = {i: dict(v) for i, v in store.items()}  # grows with staged data (centralized)
     phase_s = []
     sent = recv = msgs = 0
@@ -216,7 +223,8 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
             adv_s += time.perf_counter() - t1
         phase_s.append(time.perf_counter() - t0)
     stats = DispatchStats(kind=tplan.kind, seconds=time.perf_counter() - t_start, phase_s=tuple(phase_s),
-                          advantage_s=adv_s, bytes_sent=sent, bytes_recv=recv, messages=msgs, waited=waited)
+                          advantage_s=adv_s, bytes_sent=sent, bytes_recv=recv, messages=msgs, waited=waited,
+                          reductions=reductions)
     if check:
         check_delivery(counts, dst, samples, rank, tensors, extra)
     return delivered, stats

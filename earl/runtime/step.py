@@ -70,13 +70,15 @@ class SampleMeta:
     actions: int
     invalid: int
     turns: tuple[tuple[int, int, float], ...]  # per turn (observation tokens, generated tokens, env s)
+    reward_turns: int  # turns with a reward (Trajectory.step_rewards): the per-turn baseline's keys are below it
 
     @staticmethod
     def of(t: Trajectory) -> SampleMeta:
         return SampleMeta(id=t.episode_id, group=t.group_id, tokens=len(t.token_ids),
                           generated=t.generated_tokens, reward=t.reward, outcome=t.outcome,
                           actions=t.actions, invalid=t.invalid_actions,
-                          turns=tuple((u.obs_tokens, u.gen_tokens, round(u.env_latency_s, 7)) for u in t.turns))
+                          turns=tuple((u.obs_tokens, u.gen_tokens, round(u.env_latency_s, 7)) for u in t.turns),
+                          reward_turns=len(t.step_rewards))
 
 
 @dataclass
@@ -340,21 +342,24 @@ def train(w: Worker, ctx: StepContext, step: int, store: Store, src: Layout, sam
     # TIS's behaviour policy; the engine gap, when the training forward measures it
     extra = ("engine_logprobs",) if cfg.trainer.tis_cap or skip_old else ()
     extra += ("legal_bits",) if w.trainer.uses_legal_bits else ()
-    # every rank holds every episode's reward (the metadata all-gather after the rollout):
-    # a group estimator's statistics need no round of the dispatch (AdvantageSpec.stats_from)
+    # every rank holds every episode's reward and turn count (the metadata all-gather after the
+    # rollout): a group estimator's statistics need no round of the dispatch
+    # (AdvantageSpec.stats_from), a per-turn baseline's no round to agree on its keys
     rewards = {s.id: meta[s.id].reward for s in samples}
+    turns = max((meta[s.id].reward_turns for s in samples), default=0)
     for _attempt in range(4):
         plan, tg = w.plans.train, w.train_groups
         t0 = span_start()
         dst = Layout(plan, balance_samples(samples, plan.dp)[0])
         tplan = ctx.dispatcher.plan(src, dst, samples)
         delivered, dstats = execute_dispatch(tplan, {i: dict(v) for i, v in store.items()}, samples, src, dst,
-                                             advantages=spec, extra=extra, rewards=rewards)
+                                             advantages=spec, extra=extra, rewards=rewards, turns=turns)
         # where the time went: the executor's own seconds (after its start barrier), of which
         # advantages (their statistics' rounds included; the centralized controller's run inside
         # its phases) and each phase; the rest of the span is planning and the barrier's wait
         w.span(tplan.kind, "dispatch", t0, step, bytes=dstats.bytes_sent,
-               args={"transfers": len(tplan.transfers), "moved_s": round(dstats.seconds, 6),
+               args={"transfers": len(tplan.transfers), "reductions": dstats.reductions,
+                     "moved_s": round(dstats.seconds, 6),
                      "advantage_s": round(dstats.advantage_s, 6), "phase_s": [round(x, 6) for x in dstats.phase_s]})
         local = padded_batch(delivered, list(dst.assignment[tg.dp_rank]), meta, w.policy.tokenizer.pad_id)
         if skip_old:  # the experience stage sent placeholders (Trainer.needs_old_logprobs)

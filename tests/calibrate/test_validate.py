@@ -18,6 +18,8 @@ from earl.calibrate.validate import (
     COLLECTIVE_SPANS,
     EXPERIENCE_SPANS,
     NPROCS,
+    RUNTIME_REWARDS,
+    RUNTIME_TURNS,
     STAGES,
     advantage_spec,
     check_nproc,
@@ -31,6 +33,7 @@ from earl.calibrate.validate import (
     measured_stages,
     parse_variants,
     plan_mismatches,
+    recorded_reductions,
     rescore_validation,
     run_plans,
     run_validation,
@@ -446,10 +449,26 @@ def test_simulated_log_prob_passes_are_the_runtimes():
                                                      ({"trainer.algo": "grpo"}, 1, True)])
 def test_the_simulated_dispatch_reduces_what_the_runtimes_estimator_does(over, reductions, grouped):
     """validate prices the runtime's own estimator: its default (REINFORCE++, per-turn
-    baseline) reduces twice, a batch baseline once; a group estimator's statistics come with
-    the rewards (no reduction in the runtime, `stat_reductions=0` in the simulator)."""
+    baseline) reduces once, its turn count known from the metadata (twice where unknown), a
+    batch baseline once; a group estimator's statistics come with the rewards (no reduction in
+    the runtime, `stat_reductions=0` in the simulator)."""
     spec = advantage_spec(resolve_config(None, overrides={**SMALL, **over}))
-    assert (spec.reductions(), spec.grouped, spec.reductions({})) == (reductions, grouped, 0 if grouped else reductions)
+    assert (spec.reductions(), spec.grouped) == (reductions, grouped)
+    assert spec.reductions(RUNTIME_REWARDS, RUNTIME_TURNS) == (0 if grouped else 1)
+
+
+def test_a_run_is_priced_with_the_reductions_its_trace_records():
+    """`recorded_reductions`: the most any rank's training dispatch span records; None for a
+    trace from before the runtime wrote them (validate then prices the per-turn baseline's
+    turn-count round those runs did issue)."""
+    def span(stage, args, rank=0):
+        return Span(name="layout-aware", stage=stage, rank=rank, t_start=0.0, t_end=1.0, step=1, args=args)
+
+    assert recorded_reductions([span("dispatch", {"reductions": 1}), span("dispatch", {"reductions": 0}, 1),
+                                span("experience", {"reductions": 5})]) == 1
+    assert recorded_reductions([span("dispatch", {"transfers": 4})]) is None
+    old = advantage_spec(resolve_config(None, overrides=SMALL)).reductions(RUNTIME_REWARDS)
+    assert old == 2
 
 
 def test_rescore_prices_a_recorded_multi_process_run_of_a_checkpoint_kept_as_its_config(tmp_path):

@@ -196,10 +196,11 @@ def test_every_synchronising_round_costs_the_measured_round():
     assert "rounds" not in one.breakdown  # one process: no executor runs
 
 
-def test_reduce_seconds_times_the_runtimes_two_reductions_on_gloo_ranks():
+def test_reduce_seconds_times_the_runtimes_reduction_on_gloo_ranks():
     """The calibration's reading of a statistics reduction: the runtime's own per-turn advantage
-    code on real gloo ranks, less its local work, over its two reductions; every rank returns
-    the same slowest-rank figure, a positive time well under a second."""
+    code on real gloo ranks (the turn count known, as the runtime's metadata gives it: one
+    reduction), less its local work; every rank returns the same slowest-rank figure, a
+    positive time well under a second."""
     from earl.runtime.dist import run_local
 
     got = run_local(dispatchfit.reduce_seconds, 2, 3, 8, timeout_s=120)

@@ -104,10 +104,12 @@ def _dispatch_worker(samples, src, dst, kind, spec):
     store = {i: produce(s) for s in samples for i in [s.id] if i in src.assignment[g]}
     disp = CentralizedDispatcher() if kind == "centralized" else LayoutAwareDispatcher()
     tplan = disp.plan(src, dst, samples)
-    # "rewards": every sample's episode reward on every rank, as the runtime's metadata gives them
+    # "rewards": every sample's episode reward and the most turns of any, on every rank, as the
+    # runtime's metadata gives them
     rewards = {s.id: float(produce(s)["rewards"]) for s in samples} if kind == "rewards" else None
-    got, stats = execute_dispatch(tplan, store, samples, src, dst, advantages=spec, rewards=rewards)
-    return got, stats.bytes_sent, stats.bytes_recv, stats.waited
+    turns = max(int(produce(s)["turn_ids"].max()) + 1 for s in samples) if kind == "rewards" else None
+    got, stats = execute_dispatch(tplan, store, samples, src, dst, advantages=spec, rewards=rewards, turns=turns)
+    return got, stats.bytes_sent, stats.bytes_recv, stats.waited, stats.reductions
 
 
 @pytest.mark.dist
@@ -122,8 +124,8 @@ def test_both_dispatchers_deliver_identical_batches_exactly_once(src_plan, dst_p
     expected = {s.id: produce(s) for s in samples}
     for i, adv in expected_advantages(samples, spec).items():
         expected[i]["advantages"] = adv
-    # "rewards": layout-aware with the rewards known everywhere (a group estimator's statistics
-    # from them, no reduce; reinforce++ ignores them and reduces)
+    # "rewards": layout-aware with the rewards and the turn count known everywhere (a group
+    # estimator's statistics from them, no reduce; reinforce++ reduces its sums only)
     runs = {k: run_local(_dispatch_worker, 4, samples, src, dst, k, spec, timeout_s=120)
             for k in ("centralized", "layout-aware", "rewards")}
     for rank in range(4):
@@ -146,6 +148,11 @@ def test_both_dispatchers_deliver_identical_batches_exactly_once(src_plan, dst_p
     sent_l = [r[1] for r in runs["layout-aware"]]
     assert sent_c[0] > max(sent_l)
     assert sum(sent_c) > sum(sent_l)
+    # the reductions each rank issued, as AdvantageSpec.reductions counts them (none centralized:
+    # the controller computes alone)
+    assert [r[4] for r in runs["centralized"]] == [0] * 4
+    assert [r[4] for r in runs["layout-aware"]] == [spec.reductions()] * 4
+    assert [r[4] for r in runs["rewards"]] == [spec.reductions({}, 0)] * 4
 
 
 @pytest.mark.dist
@@ -190,8 +197,10 @@ def _reductions_worker(samples, src, cases):
         store = {i: produce(s) for s in samples for i in [s.id] if i in src.assignment[rank]}
         tplan = LayoutAwareDispatcher().plan(src, src, samples)
         rewards = {s.id: float(produce(s)["rewards"]) for s in samples} if known else None
+        turns = max(int(produce(s)["turn_ids"].max()) + 1 for s in samples) if known else None
         calls.clear()
-        execute_dispatch(tplan, store, samples, src, src, advantages=spec, rewards=rewards)
+        _, stats = execute_dispatch(tplan, store, samples, src, src, advantages=spec, rewards=rewards, turns=turns)
+        assert stats.reductions == len(calls)
         out.append(len(calls))
     advantages.reduce_small = real
     return out
@@ -201,15 +210,18 @@ def _reductions_worker(samples, src, cases):
 def test_the_priced_count_of_statistics_reductions_is_what_the_executor_runs():
     """AdvantageSpec.reductions (the simulator's `stat_reductions`, TransferPlan.reductions) is
     the number of reductions the executor issues on 2 gloo ranks: none for a group estimator
-    whose rewards every rank holds, one of the per-key sums, two with a per-turn baseline."""
+    whose rewards every rank holds, one of the per-key sums, two with a per-turn baseline whose
+    turn count the ranks do not know (one where they do, as the runtime's metadata gives it)."""
     samples = make_samples(8)
     src = Layout(ParallelPlan(dp=2), round_robin_samples(samples, 2)[0])
     cases = [(e, pt, known) for e in ("grpo", "rloo", "reinforce++") for pt in (False, True)
              for known in (False, True)]
     got = run_local(_reductions_worker, 2, samples, src, cases, timeout_s=120)
-    want = [AdvantageSpec(estimator=e, per_turn=pt).reductions({} if known else None) for e, pt, known in cases]
+    want = [AdvantageSpec(estimator=e, per_turn=pt).reductions({} if known else None, 0 if known else None)
+            for e, pt, known in cases]
     assert got == [want, want]
     assert dict(zip(cases, want, strict=True))[("reinforce++", True, False)] == 2
+    assert dict(zip(cases, want, strict=True))[("reinforce++", True, True)] == 1
     assert dict(zip(cases, want, strict=True))[("grpo", True, True)] == 0
 
 
@@ -271,3 +283,25 @@ def test_delivery_check_catches_duplicates_and_gaps():
         check_delivery({**need, (0, "input_ids"): 2}, dst, samples, 0)
     with pytest.raises(RuntimeError, match="missed 1"):
         check_delivery({k: v for k, v in need.items() if k != (3, "advantages")}, dst, samples, 0)
+
+
+def test_a_known_turn_count_keys_the_per_turn_baseline_as_the_agreed_one_does():
+    """One process: `distributed_advantages` with the turn count given (the runtime's metadata
+    knows it) writes the advantages it writes when it finds the count itself, also with a count
+    above the longest sample's (empty keys drop out); a sample with a turn at or above the given
+    count raises instead of leaving its statistics out."""
+    from earl.runtime.advantages import distributed_advantages
+
+    samples = make_samples(7)
+    src = Layout(ParallelPlan(), (tuple(s.id for s in samples),))
+    spec = AdvantageSpec(estimator="reinforce++", per_turn=True)
+    turns = max(int(produce(s)["turn_ids"].max()) + 1 for s in samples)
+    found = {s.id: produce(s) for s in samples}
+    distributed_advantages(found, samples, src, spec)
+    for given in (turns, turns + 3):
+        store = {s.id: produce(s) for s in samples}
+        distributed_advantages(store, samples, src, spec, turns=given)
+        for i in store:
+            assert torch.equal(store[i]["advantages"], found[i]["advantages"])
+    with pytest.raises(ValueError, match=f"turn index {turns - 1} at or above the known turn count {turns - 1}"):
+        distributed_advantages({s.id: produce(s) for s in samples}, samples, src, spec, turns=turns - 1)
