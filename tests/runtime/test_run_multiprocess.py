@@ -75,6 +75,11 @@ def test_one_and_two_processes_run_the_same_step(tmp_path):
         stages = [d["stage"] for d in decisions_of(out) if "predicted" in d]
         assert stages == ["rollout", "experience", "train"] * 3
     assert (one / "metrics.csv").read_text().splitlines()[0] == (two / "metrics.csv").read_text().splitlines()[0]
+    # the default per-turn baseline's turn count comes with the metadata: every training dispatch
+    # reduces its statistics once between the two ranks, and none in one process
+    for out, want in ((one, 0), (two, 1)):
+        got = [sp.args["reductions"] for sp in read_chrome_trace(out / "trace.json") if sp.stage == "dispatch"]
+        assert got and set(got) == {want}, (out.name, got)
     # transcripts: rank 0 writes episodes it played itself (rollout tp1-dp2: the even ids)
     tr = {out: [json.loads(x) for x in (out / "episodes.jsonl").read_text().splitlines()] for out in (one, two)}
     assert tr[one] and tr[two] and {t["step"] for t in tr[one] + tr[two]} == {3}
