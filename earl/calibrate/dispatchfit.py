@@ -212,8 +212,9 @@ def reduce_seconds(repeats: int = REDUCE_REPEATS, samples: int = REDUCE_SAMPLES)
     its own, and this timed the two and divided by two.
     `DispatchPath.reduce_s` / `reduce_sync_s`. Neither a barrier round pair nor a back-to-back
     loop of reductions is that: on 2 gloo ranks on 2 cores here (2026-12-05) a reduction read
-    0.46-0.74 ms in situ, 0.20-0.33 ms back to back, 0.39-1.0 ms as two barrier rounds; at 4
-    ranks 1.3-2.2, 0.5-1.2 and 3.9-4.4 ms (docs/fidelity.md, twenty-fifth session)."""
+    0.46-0.74 ms in situ (two, averaged), 0.20-0.33 ms back to back, 0.39-1.0 ms as two barrier
+    rounds; at 4 ranks 1.3-2.2, 0.5-1.2 and 3.9-4.4 ms (docs/fidelity.md, twenty-fifth session);
+    a lone one in situ 0.45-0.89 / 1.8-2.4 ms (six calibrations, twenty-sixth session)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     spec = AdvantageSpec(estimator="reinforce++", per_turn=True)
     batch, src, _ = layouts(world, max(1, samples // world), REDUCE_CONTEXT)

@@ -90,7 +90,8 @@ class DispatchPath:
     # a few scalars to one rank and a scatter back) as the runtime issues it: timed in the
     # runtime's own advantage code right after a barrier, less its local work
     # (earl.calibrate.dispatchfit.reduce_seconds). Not two barrier rounds: 2 gloo ranks on 2 cores
-    # here, 2026-12-05, 0.46-0.74 ms against 0.4-1.0; 4 ranks 1.3-2.2 ms against ~4.
+    # here, 2026-12-05, 0.46-0.74 ms against 0.4-1.0; 4 ranks 1.3-2.2 ms against ~4 (the average
+    # of the two the runtime then issued; a lone one, as it issues now: 0.45-0.89 / 1.8-2.4 ms).
     # 0: not measured, a reduction is priced as two rounds (`reduce_cost_s`).
     reduce_s: float = 0.0  # per reduction when the node's processes fit its host_parallel cores, s
     reduce_sync_s: float = 0.0  # extra per reduction when a node runs more processes than that, s
