@@ -218,19 +218,21 @@ def reduce_small(flat: torch.Tensor, root: int = 0, op: str = "sum", group=None)
 
 def distributed_advantages(store: Store, samples: list[Sample], src: Layout, spec: AdvantageSpec,
                            rank: int = 0, group=None, rewards: dict[int, float] | None = None,
-                           turns: int | None = None) -> None:
+                           turns: int | None = None) -> int:
     """Advantages at the producers: only per-key scalars cross the network (plus, for a
     per-turn baseline whose turn count `turns` the ranks do not know, one max of it first);
     nothing at all where every rank holds every sample's reward (`rewards`,
     `AdvantageSpec.stats_from`): the group statistics are then computed from them on each rank,
     the same on all (float32 rewards, as the store holds them). `turns`: the most rewarded
     turns of any sample (the runtime's metadata all-gather gives it every rank), an upper bound
-    on the per-turn keys (a key at or above it raises)."""
+    on the per-turn keys (a key at or above it raises). Returns the reductions it issued (0
+    without a process group)."""
     if spec.stats_from(rewards):
         r = torch.tensor([rewards[s.id] for s in samples], dtype=torch.float32).double()
         stats = _key_sums(torch.tensor([s.group for s in samples], dtype=torch.long), r) if samples else {}
         fill_advantages(store, samples, stats, spec)
-        return
+        return 0
+    issued = 0
     local = local_stats(store, samples, spec, producer_samples(src, rank))
     if spec.estimator in GROUP_ESTIMATORS:
         keys = sorted({s.group for s in samples})
@@ -245,6 +247,7 @@ def distributed_advantages(store: Store, samples: list[Sample], src: Layout, spe
         width = torch.tensor([max(local, default=-1) + 1], dtype=torch.float64, device=comm_device())
         if dist.is_initialized():
             reduce_small(width, op="max", group=group)
+            issued += 1
         keys = list(range(int(width.item())))
     flat = torch.stack([local.get(k, torch.zeros(3, dtype=torch.float64)) for k in keys]) if keys \
         else torch.zeros(0, 3, dtype=torch.float64)
@@ -252,4 +255,6 @@ def distributed_advantages(store: Store, samples: list[Sample], src: Layout, spe
         flat = flat.to(comm_device())
         reduce_small(flat, group=group)
         flat = flat.cpu()
+        issued += 1
     fill_advantages(store, samples, {k: flat[i] for i, k in enumerate(keys) if flat[i][2] > 0}, spec)
+    return issued

@@ -65,7 +65,7 @@ class DispatchStats:
     # whether this rank waited for peers (a barrier, a phase that sends, a statistics all-reduce);
     # False for a plan of local copies (TransferPlan.waits_for_peers) or one process
     waited: bool = False
-    reductions: int = 0  # statistics reductions between ranks (AdvantageSpec.reductions; 0 in one process)
+    reductions: int = 0  # statistics reductions issued between ranks (0 in one process)
 
 
 # --------------------------------------------------------------------------------------------
@@ -172,10 +172,10 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
     reductions = 0
     if tplan.kind != "centralized" and tensors is None:
         t0 = time.perf_counter()
-        distributed_advantages(store, samples, src, advantages, rank, rewards=rewards, turns=turns)
+        issued = distributed_advantages(store, samples, src, advantages, rank, rewards=rewards, turns=turns)
         adv_s = time.perf_counter() - t0
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            reductions = advantages.reductions(rewards, turns)
+        if dist.is_initialized() and dist.get_world_size() > 1:  # between ranks
+            reductions = issued
     held: Store = {i: dict(v) for i, v in store.items()}  # grows with staged data (centralized)
     phase_s = []
     sent = recv = msgs = 0

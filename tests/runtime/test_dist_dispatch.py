@@ -54,6 +54,11 @@ def produce(s: Sample) -> dict[str, torch.Tensor]:
     }
 
 
+def turn_count(samples) -> int:
+    """The most turns of any sample `produce` makes: what the runtime's metadata gives every rank."""
+    return max(int(produce(s)["turn_ids"].max()) + 1 for s in samples)
+
+
 def expected_advantages(samples, spec: AdvantageSpec) -> dict[int, torch.Tensor]:
     """The estimators' reference formulas on the whole batch, on one process.
 
@@ -107,7 +112,7 @@ def _dispatch_worker(samples, src, dst, kind, spec):
     # "rewards": every sample's episode reward and the most turns of any, on every rank, as the
     # runtime's metadata gives them
     rewards = {s.id: float(produce(s)["rewards"]) for s in samples} if kind == "rewards" else None
-    turns = max(int(produce(s)["turn_ids"].max()) + 1 for s in samples) if kind == "rewards" else None
+    turns = turn_count(samples) if kind == "rewards" else None
     got, stats = execute_dispatch(tplan, store, samples, src, dst, advantages=spec, rewards=rewards, turns=turns)
     return got, stats.bytes_sent, stats.bytes_recv, stats.waited, stats.reductions
 
@@ -197,7 +202,7 @@ def _reductions_worker(samples, src, cases):
         store = {i: produce(s) for s in samples for i in [s.id] if i in src.assignment[rank]}
         tplan = LayoutAwareDispatcher().plan(src, src, samples)
         rewards = {s.id: float(produce(s)["rewards"]) for s in samples} if known else None
-        turns = max(int(produce(s)["turn_ids"].max()) + 1 for s in samples) if known else None
+        turns = turn_count(samples) if known else None
         calls.clear()
         _, stats = execute_dispatch(tplan, store, samples, src, src, advantages=spec, rewards=rewards, turns=turns)
         assert stats.reductions == len(calls)
@@ -295,7 +300,7 @@ def test_a_known_turn_count_keys_the_per_turn_baseline_as_the_agreed_one_does():
     samples = make_samples(7)
     src = Layout(ParallelPlan(), (tuple(s.id for s in samples),))
     spec = AdvantageSpec(estimator="reinforce++", per_turn=True)
-    turns = max(int(produce(s)["turn_ids"].max()) + 1 for s in samples)
+    turns = turn_count(samples)
     found = {s.id: produce(s) for s in samples}
     distributed_advantages(found, samples, src, spec)
     for given in (turns, turns + 3):
