@@ -1,7 +1,12 @@
 """The training dispatch's statistics rounds, measured side by side: the runtime's layout-aware
 dispatch under its default estimator (REINFORCE++, per-turn baseline) with the turn count agreed
-in a reduction of its own (how the runtime ran until the twenty-sixth session) and with the
-turn count known to every rank (the metadata all-gather gives it: one reduction fewer).
+in a reduction of its own (how the runtime ran until the twenty-sixth session: two reductions),
+with the turn count known to every rank (the metadata all-gather gives it: one reduction, the
+twenty-sixth session) and with every episode's key sums known to every rank (the same
+all-gather carries them without a KL penalty: no reduction, the twenty-seventh). The last
+variant's time includes what the runtime does for it outside the dispatch: each rank sums its
+own episodes (`episode_key_sums`, in the metadata span) and adds up every episode's
+(`summed_stats`); the all-gather itself runs in every variant and is not timed.
 
 Each gloo rank produced `--per-rank` samples of up to `--context` tokens in `--turns` turns
 (earl.calibrate.dispatchfit's setting: experience tp1-dpN, training tp2-dp(N/2)). The two
@@ -22,7 +27,8 @@ import os
 import statistics
 import time
 
-VARIANTS = ("agreed", "known")  # the turn count: agreed in a reduction / known to every rank
+# the turn count agreed in a reduction / known to every rank / the episodes' key sums known too
+VARIANTS = ("agreed", "known", "summed")
 
 
 def worker(per_rank: int, context: int, turns: int, repeats: int) -> dict:
@@ -32,7 +38,7 @@ def worker(per_rank: int, context: int, turns: int, repeats: int) -> dict:
 
     from earl.calibrate.dispatchfit import _store, layouts, with_turns
     from earl.policies.dispatch import LayoutAwareDispatcher
-    from earl.runtime.advantages import AdvantageSpec
+    from earl.runtime.advantages import AdvantageSpec, episode_key_sums, summed_stats
     from earl.runtime.gc_steps import StepGC
     from earl.runtime.move_samples import execute_dispatch
 
@@ -41,6 +47,9 @@ def worker(per_rank: int, context: int, turns: int, repeats: int) -> dict:
     store = with_turns(_store(samples, src, rank), turns)
     tplan = LayoutAwareDispatcher().plan(src, dst, samples)
     spec = AdvantageSpec(estimator="reinforce++", per_turn=True)
+    every = [None] * dist.get_world_size()  # every rank's episodes' key sums: the metadata's
+    dist.all_gather_object(every, episode_key_sums(store, spec))
+    every = {i: v for part in every for i, v in part.items()}
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     issued = {}
     with StepGC(every=1):
@@ -49,8 +58,12 @@ def worker(per_rank: int, context: int, turns: int, repeats: int) -> dict:
                 work = {k: dict(x) for k, x in store.items()}
                 dist.barrier()
                 t0 = time.perf_counter()
+                known = None
+                if v == "summed":  # this rank's own sums (the runtime's metadata span), then all
+                    episode_key_sums(work, spec)
+                    known = summed_stats(every, samples)
                 _, stats = execute_dispatch(tplan, work, samples, src, dst, advantages=spec,
-                                            turns=turns if v == "known" else None)
+                                            turns=turns if v != "agreed" else None, stats=known)
                 t = torch.tensor([time.perf_counter() - t0])
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)
                 issued[v] = stats.reductions
@@ -87,12 +100,15 @@ def main() -> None:
             m = got[n][-1]
             print(f"round {r + 1}/{args.rounds}, {n} processes: turn count agreed {m['agreed'][0] * 1e3:.2f} ms "
                   f"({m['agreed'][1]} reductions), known {m['known'][0] * 1e3:.2f} ms ({m['known'][1]}), "
-                  f"known / agreed x{m['known'][0] / m['agreed'][0]:.2f}; load {os.getloadavg()[0]:.2f}", flush=True)
+                  f"key sums known {m['summed'][0] * 1e3:.2f} ms ({m['summed'][1]}); "
+                  f"known / agreed x{m['known'][0] / m['agreed'][0]:.2f}, "
+                  f"summed / known x{m['summed'][0] / m['known'][0]:.2f}; load {os.getloadavg()[0]:.2f}", flush=True)
     for n in args.procs:
-        ratios = [m["known"][0] / m["agreed"][0] for m in got[n]]
-        saved = [(m["agreed"][0] - m["known"][0]) * 1e3 for m in got[n]]
-        print(f"{n} processes: known / agreed x{statistics.median(ratios):.2f} (rounds x{min(ratios):.2f}-"
-              f"x{max(ratios):.2f}), {statistics.median(saved):.2f} ms saved per dispatch (median of rounds)")
+        for a, b in (("known", "agreed"), ("summed", "known"), ("summed", "agreed")):
+            ratios = [m[a][0] / m[b][0] for m in got[n]]
+            saved = [(m[b][0] - m[a][0]) * 1e3 for m in got[n]]
+            print(f"{n} processes: {a} / {b} x{statistics.median(ratios):.2f} (rounds x{min(ratios):.2f}-"
+                  f"x{max(ratios):.2f}), {statistics.median(saved):.2f} ms saved per dispatch (median of rounds)")
     print(f"load average {os.getloadavg()[0]:.2f} at end")
 
 

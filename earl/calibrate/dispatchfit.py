@@ -329,7 +329,9 @@ def measure_host(repeats: int = 15) -> dict:
     advantage computation (per sample), fastest of `repeats`: {object_s, copy_bw_bytes_s,
     sample_s, estimator_s}: `sample_s` GRPO's median per sample (what the gloo runs'
     dispatches compute), `estimator_s` each of ESTIMATOR_SPECS' [s per sample, s per token]
-    (`fit_estimator`; HardwareProfile.estimator_s). Quiet and exact where the gloo runs are noisy."""
+    (`fit_estimator`; HardwareProfile.estimator_s), and each REINFORCE++ one's filling-in alone
+    (its `priced_key(summed=True)`: the statistics came with the metadata). Quiet and exact
+    where the gloo runs are noisy."""
 
 
     def fastest(fn) -> float:
@@ -358,6 +360,10 @@ def measure_host(repeats: int = 15) -> dict:
         for key, sp in ESTIMATOR_SPECS.items():
             per_estimator[key].append(fastest(lambda st=store, sm=samples, sp=sp:
                                               fill_advantages(st, sm, local_stats(st, sm, sp), sp)) / len(samples))
+            if not sp.grouped:  # the batch statistics summed with the metadata: filling in only
+                stats = local_stats(store, samples, sp)
+                per_estimator.setdefault(sp.priced_key(summed=True), []).append(
+                    fastest(lambda st=store, sm=samples, sp=sp, x=stats: fill_advantages(st, sm, x, sp)) / len(samples))
         per_sample.append(per_estimator[spec.key][-1])
         sizes.append(sum(tokens.values()) / len(samples))
     a = np.array([[r[0], r[1]] for r in rows])

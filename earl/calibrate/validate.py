@@ -265,8 +265,16 @@ RUNTIME_TURNS = 0
 def advantage_spec(cfg) -> AdvantageSpec:
     """The advantage estimator the runtime's dispatch runs for `cfg` (earl.runtime.step.train):
     its reductions given RUNTIME_REWARDS and RUNTIME_TURNS are the simulator's `stat_reductions`."""
-    return AdvantageSpec(estimator=cfg.trainer.algo, per_turn=cfg.trainer.baseline == "per-turn",
-                         gamma=cfg.trainer.gamma)
+    return AdvantageSpec.of(cfg.trainer)
+
+
+def runtime_reductions(cfg) -> int:
+    """The statistics reductions the runtime's training dispatch issues for `cfg` now: none
+    where the metadata all-gather carries the rewards (a group estimator) or every episode's key
+    sums (REINFORCE++ without a KL penalty, `AdvantageSpec.summed_at_rollout`); one of the sums
+    with the KL penalty in the rewards (the turn count still comes with the metadata)."""
+    return advantage_spec(cfg).reductions(RUNTIME_REWARDS, RUNTIME_TURNS,
+                                          summed=AdvantageSpec.summed_at_rollout(cfg.trainer))
 
 
 def recorded_reductions(spans) -> int | None:
@@ -310,8 +318,9 @@ def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: i
     sim = Simulation(sc, cfg.policy.selector, cfg.policy.dispatcher, cost_model=cm, engine=sim_engine(cfg.engine),
                      padded=True, token_budget=cfg.trainer.token_budget, fsdp=True, handoff=True,
                      head_on="generated", train_placement="balanced",
-                     stat_reductions=adv.reductions(RUNTIME_REWARDS, RUNTIME_TURNS) if reductions is None
-                     else reductions, estimator=adv.key,
+                     stat_reductions=runtime_reductions(cfg) if reductions is None else reductions,
+                     estimator=adv.priced_key(summed=AdvantageSpec.summed_at_rollout(cfg.trainer)
+                                              if reductions is None else reductions == 0),
                      prompt_group=cfg.group_size).run()  # the trainer's share: one process only (_shared_cost)
     # the hand-off's share of each step's experience stage where it waits for peers: a move over
     # gloo, priced by the dispatch path like the dispatch (and stretched like it,
@@ -350,23 +359,25 @@ def _predicted_peak(rows: list[dict], cm_capacity: float, reserve: float) -> flo
 
 def measured_stages(spans, steps: list[int]) -> list[dict]:
     """Per step: stage -> seconds: each rank's spans of the stage summed, then the largest over
-    ranks, and for collective moves (COLLECTIVE_MOVES; COLLECTIVE_SPANS that waited, which a
+    ranks, and for collective moves (COLLECTIVE_MOVES and COLLECTIVE_SPANS that waited, which a
     trace from before the `waits` arg always did) the smallest, the two added; 0 for a stage no
     rank ran. Moves the dispatch path prices (DISPATCH_MOVES and the COLLECTIVE_SPANS that
     waited) are read as `earl calibrate` times them: each one (a rank's n-th such span in the
     step) from its last rank's start to its last rank's end, summed over them; the weight sync
-    (SYNC_MOVES) likewise, to its first rank's end."""
+    (SYNC_MOVES) likewise, to its first rank's end. A training dispatch that waited for no peer
+    (local copies, nothing to reduce: `waits` false) is each rank's own work, the largest."""
     per: dict[tuple[int, str, bool, int], float] = {}
     moves: dict[tuple[int, str, int], list] = {}  # (step, stage, n-th) -> the ranks' spans
     seen: dict[tuple[int, str, int], int] = {}
     for sp in sorted((sp for sp in spans if sp.stage in STAGES), key=lambda sp: sp.t_start):
-        waited = sp.name in COLLECTIVE_SPANS and sp.args.get("waits", True)
-        if sp.stage in DISPATCH_MOVES or sp.stage in SYNC_MOVES or waited:
+        waits = sp.args.get("waits", True)  # a dispatch of local copies with nothing to reduce: no
+        # peer's (earl.runtime.move_samples.DispatchStats.waited), each rank's own work
+        if (sp.stage in DISPATCH_MOVES and waits) or sp.stage in SYNC_MOVES or (sp.name in COLLECTIVE_SPANS and waits):
             n = seen.get((sp.step, sp.stage, sp.rank), 0)
             seen[(sp.step, sp.stage, sp.rank)] = n + 1
             moves.setdefault((sp.step, sp.stage, n), []).append(sp)
             continue
-        key = (sp.step, sp.stage, sp.stage in COLLECTIVE_MOVES, sp.rank)
+        key = (sp.step, sp.stage, sp.stage in COLLECTIVE_MOVES and waits, sp.rank)
         per[key] = per.get(key, 0.0) + sp.duration_s
     out = []
     for step in steps:

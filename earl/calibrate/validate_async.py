@@ -31,7 +31,6 @@ from rich.table import Table
 from earl.calibrate.host import local_cluster, sim_engine
 from earl.calibrate.validate import (
     DTYPE_NAMES,
-    RUNTIME_REWARDS,
     _run_runtime,
     _simulate,
     advantage_spec,
@@ -134,7 +133,9 @@ def simulate_async(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, ste
                       padded=True, token_budget=cfg.trainer.token_budget, fsdp=True, handoff=True,
                       head_on="generated", train_placement="balanced", async_feed="per-step",
                       rollout_cost_model=priced(stretch[0]) if stretch[0] != stretch[1] else None,
-                      stat_reductions=adv.reductions(RUNTIME_REWARDS), estimator=adv.key).run()
+                      # each learner rank computes the step's advantages over every episode
+                      # itself (earl.runtime.async_rl.experience): no reduction between ranks
+                      stat_reductions=0, estimator=adv.key).run()
 
 
 def pool_busy(sim: Simulation, scored: int) -> tuple[float, float]:

@@ -23,6 +23,9 @@ from earl.specs import HARDWARE_CATALOG, HardwareSpec, unknown_name_error
 
 PROFILE_VERSION = 1
 PROFILES_DIR = Path(__file__).parent / "profiles"
+# an estimator_s key's suffix: the executor's advantage work where the batch statistics came summed
+# with the metadata (earl.runtime.advantages.AdvantageSpec.priced_key): filling the advantages in
+SUMMED = "/summed"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -342,7 +345,11 @@ class HardwareProfile:
 
     def advantage_s(self, estimator: str | None, tokens: float) -> float:
         """Seconds one sample of `tokens` tokens costs the rank computing its advantage under
-        `estimator` (an `estimator_s` key; None or one not timed: dispatch_path.sample_s)."""
+        `estimator` (an `estimator_s` key, earl.runtime.advantages.AdvantageSpec.priced_key;
+        None or one not timed: dispatch_path.sample_s)."""
+        if estimator is not None and estimator not in self.estimator_s and estimator.endswith(SUMMED):
+            estimator = estimator[:-len(SUMMED)]  # a profile from before it was timed apart: the
+            # whole estimator's price (the sums as well), an over-price by its local sums' share
         if estimator is None or estimator not in self.estimator_s:
             return self.dispatch_path.sample_s
         per_sample, per_token = self.estimator_s[estimator]

@@ -14,7 +14,10 @@ batch:
   a move is credited mostly with what it caused itself (an invalid move's own penalty), less
   with what the rest of the game brought.
 Each rank sums, per key (group or turn), [sum, sum of squares, count] of the values it holds;
-one reduction of those scalars (`reduce_small`) gives every rank the batch statistics.
+one reduction of those scalars (`reduce_small`) gives every rank the batch statistics. Where the
+values are final when an episode ends (no KL penalty folded into REINFORCE++'s rewards), each
+episode's own sums travel in the runtime's metadata all-gather instead (`episode_key_sums`,
+`summed_stats`) and no rank reduces anything; the group estimators need only the rewards there.
 
     OMP_NUM_THREADS=1 python -m pytest -q tests/runtime/test_dist_dispatch.py
 """
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from earl.cost_model.profile import SUMMED
 from earl.policies.types import Layout, Sample
 from earl.runtime.dist import comm_device
 
@@ -51,6 +55,18 @@ class AdvantageSpec:
         if not 0 <= self.gamma <= 1:
             raise ValueError(f"advantage gamma must be in [0, 1] (1: undiscounted), got {self.gamma}")
 
+    @classmethod
+    def of(cls, trainer) -> AdvantageSpec:
+        """The estimator a run's trainer config (earl.runtime.run_config.TrainerConfig) asks for."""
+        return cls(estimator=trainer.algo, per_turn=trainer.baseline == "per-turn", gamma=trainer.gamma)
+
+    @staticmethod
+    def summed_at_rollout(trainer) -> bool:
+        """Whether each episode's contribution to the statistics is known when it ends (its
+        `episode_key_sums` can ride the runtime's metadata all-gather): not where REINFORCE++
+        folds the KL penalty, which needs the experience stage's log-probs, into its rewards."""
+        return not (trainer.kl_coef and trainer.algo == "reinforce++")
+
     @property
     def key(self) -> str:
         """The estimator as the cost model prices it (HardwareProfile.estimator_s): "grpo", "rloo",
@@ -59,6 +75,12 @@ class AdvantageSpec:
         if self.grouped:
             return self.estimator
         return self.estimator + ("/per-turn" if self.per_turn else "") + ("/discounted" if self.gamma < 1 else "")
+
+    def priced_key(self, summed: bool = False) -> str:
+        """The key the cost model prices the executor's advantage work under: `key`, and for
+        REINFORCE++ whose batch statistics came summed (`summed_stats`) "<key>/summed": the
+        executor only fills the advantages in, the per-sample sums were made at the rollout."""
+        return self.key + (SUMMED if summed and not self.grouped else "")
 
     @property
     def grouped(self) -> bool:
@@ -79,12 +101,14 @@ class AdvantageSpec:
         ranks computes them (`distributed_advantages`, `execute_dispatch`)."""
         return rewards is not None and self.grouped
 
-    def reductions(self, rewards: dict[int, float] | None = None, turns: int | None = None) -> int:
+    def reductions(self, rewards: dict[int, float] | None = None, turns: int | None = None,
+                   summed: bool = False) -> int:
         """The statistics reductions between ranks `distributed_advantages` issues (each a
-        `reduce_small`): none where the ranks hold the rewards (`stats_from`), one of the per-key
+        `reduce_small`): none where the ranks hold the rewards (`stats_from`) or the batch
+        statistics (`summed`: every episode's key sums, `summed_stats`), one of the per-key
         sums, and before it one of the turn count where a per-turn baseline keys them by turn and
         the ranks do not know it (`turns` None)."""
-        if self.stats_from(rewards):
+        if summed or self.stats_from(rewards):
             return 0
         return 2 if self.per_turn and not self.grouped and turns is None else 1
 
@@ -135,6 +159,47 @@ def local_stats(store: Store, samples: list[Sample], spec: AdvantageSpec,
     if not keys:
         return {}
     return _key_sums(torch.cat(keys).long(), torch.cat(values))
+
+
+def episode_key_sums(items: Store, spec: AdvantageSpec) -> dict[int, tuple[tuple[int, float, float, float], ...]]:
+    """Per sample id of `items` (each with token_rewards, turn_ids and loss_mask), the
+    (key, sum, sum of squares, count) its own tokens add to REINFORCE++'s batch statistics: what
+    `local_stats` of that sample alone holds, as plain numbers for the control plane; with a
+    per-turn baseline only its turns' keys (>= 0), as `distributed_advantages` reduces them. All
+    samples' entries are summed at once under a key per (sample, key)."""
+    if spec.grouped:
+        raise ValueError(f"episode key sums are REINFORCE++'s; {spec.estimator} needs only the rewards")
+    ids, keys, values = list(items), [], []
+    for i in ids:
+        k, v = _entries(items[i], None, spec)
+        keys.append(k)
+        values.append(v)
+    if not ids or not sum(len(k) for k in keys):
+        return {i: () for i in ids}
+    width = max(int(k.max()) for k in keys if len(k)) + 2  # keys run from -1 (tokens after the last turn)
+    owner = torch.repeat_interleave(torch.arange(len(ids)), torch.tensor([len(k) for k in keys]))
+    sums = _key_sums(owner * width + torch.cat(keys).long() + 1, torch.cat(values))
+    out: dict[int, list] = {i: [] for i in ids}
+    for c, tot in sums.items():
+        j, k = divmod(c, width)
+        if k >= 1 or not spec.per_turn:
+            out[ids[j]].append((k - 1, *tot.tolist()))
+    return {i: tuple(v) for i, v in out.items()}
+
+
+def summed_stats(per_sample: dict[int, tuple[tuple[int, float, float, float], ...]],
+                 samples: list[Sample]) -> dict[int, torch.Tensor]:
+    """The batch statistics (key -> float64 [sum, sum of squares, count]) from every sample's
+    `episode_key_sums`, added in the order of `samples`: every rank that holds the same sums gets
+    the same statistics, bit for bit, with no round between ranks."""
+    acc: dict[int, list[float]] = {}
+    for s in samples:
+        for k, total, sq, n in per_sample[s.id]:
+            a = acc.setdefault(k, [0.0, 0.0, 0.0])
+            a[0] += total
+            a[1] += sq
+            a[2] += n
+    return {k: torch.tensor(v, dtype=torch.float64) for k, v in sorted(acc.items())}
 
 
 def _key_sums(k: torch.Tensor, v: torch.Tensor) -> dict[int, torch.Tensor]:
@@ -218,15 +283,19 @@ def reduce_small(flat: torch.Tensor, root: int = 0, op: str = "sum", group=None)
 
 def distributed_advantages(store: Store, samples: list[Sample], src: Layout, spec: AdvantageSpec,
                            rank: int = 0, group=None, rewards: dict[int, float] | None = None,
-                           turns: int | None = None) -> int:
+                           turns: int | None = None, stats: dict[int, torch.Tensor] | None = None) -> int:
     """Advantages at the producers: only per-key scalars cross the network (plus, for a
     per-turn baseline whose turn count `turns` the ranks do not know, one max of it first);
     nothing at all where every rank holds every sample's reward (`rewards`,
     `AdvantageSpec.stats_from`): the group statistics are then computed from them on each rank,
     the same on all (float32 rewards, as the store holds them). `turns`: the most rewarded
     turns of any sample (the runtime's metadata all-gather gives it every rank), an upper bound
-    on the per-turn keys (a key at or above it raises). Returns the reductions it issued (0
-    without a process group)."""
+    on the per-turn keys (a key at or above it raises). `stats`: the batch statistics, known to
+    every rank (`summed_stats`): nothing is reduced. Returns the reductions it issued (0 without
+    a process group)."""
+    if stats is not None:
+        fill_advantages(store, samples, stats, spec)
+        return 0
     if spec.stats_from(rewards):
         r = torch.tensor([rewards[s.id] for s in samples], dtype=torch.float32).double()
         stats = _key_sums(torch.tensor([s.group for s in samples], dtype=torch.long), r) if samples else {}

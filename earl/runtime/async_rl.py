@@ -528,8 +528,7 @@ def experience(lr: Learner, trajs: list[Trajectory], share: list[int], samples: 
                 item["token_rewards"] = item["token_rewards"] - cfg.trainer.kl_coef * (old[r, :k] - ref[r, :k]) \
                     * item["loss_mask"]
             store[i] = item
-    spec = AdvantageSpec(estimator=cfg.trainer.algo, per_turn=cfg.trainer.baseline == "per-turn",
-                         gamma=cfg.trainer.gamma)
+    spec = AdvantageSpec.of(cfg.trainer)
     fill_advantages(store, samples, local_stats(store, samples, spec), spec)
     batch = padded_batch(store, share, meta, pad)  # zeros where the store has no field
     if lr.ref_model is None:

@@ -140,7 +140,8 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
                      advantages: AdvantageSpec = AdvantageSpec(), tensors: tuple[str, ...] | None = None,
                      extra: tuple[str, ...] = (), rank: int | None = None,
                      check: bool = True, rewards: dict[int, float] | None = None,
-                     turns: int | None = None) -> tuple[Store, DispatchStats]:
+                     turns: int | None = None,
+                     stats: dict[int, torch.Tensor] | None = None) -> tuple[Store, DispatchStats]:
     """Run `tplan` from this rank's `store` (the samples it produced, with rewards). Returns
     the samples this rank needs for training under `dst` (per-token tensors + advantages) and
     timings. Collective over every rank of the world.
@@ -152,7 +153,9 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
     estimator's statistics then need no round between ranks (`AdvantageSpec.stats_from`), and
     the plan's statistics reduce (`TransferPlan.reduce_bytes`) is not run. `turns`: the most
     rewarded turns of any sample, known to every rank (the same all-gather): a per-turn
-    baseline's keys then need no agreement round (`AdvantageSpec.reductions`)."""
+    baseline's keys then need no agreement round (`AdvantageSpec.reductions`). `stats`: the
+    batch statistics themselves, known to every rank (`summed_stats` of the episodes' key sums
+    in that all-gather): no round at all."""
     rank = (dist.get_rank() if dist.is_initialized() else 0) if rank is None else rank
     if tensors is not None:
         tplan = dataclasses.replace(tplan, phases=[
@@ -162,8 +165,8 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
     tokens = {s.id: s.tokens for s in samples}
     # ranks start together (`seconds` times the moves, not the arrival skew), unless the plan
     # waits for no one: local copies only, no statistics (the hand-off onto the aligned layout)
-    if tensors is not None or advantages.stats_from(rewards):  # no advantages, or no round for
-        tplan = dataclasses.replace(tplan, reduce_bytes=0)  # their statistics
+    if tensors is not None or stats is not None or advantages.stats_from(rewards):  # no advantages,
+        tplan = dataclasses.replace(tplan, reduce_bytes=0)  # or no round for their statistics
     waited = dist.is_initialized() and dist.get_world_size() > 1 and tplan.waits_for_peers
     if waited:
         dist.barrier()
@@ -172,7 +175,8 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
     reductions = 0
     if tplan.kind != "centralized" and tensors is None:
         t0 = time.perf_counter()
-        issued = distributed_advantages(store, samples, src, advantages, rank, rewards=rewards, turns=turns)
+        issued = distributed_advantages(store, samples, src, advantages, rank, rewards=rewards, turns=turns,
+                                        stats=stats)
         adv_s = time.perf_counter() - t0
         if dist.is_initialized() and dist.get_world_size() > 1:  # between ranks
             reductions = issued

@@ -39,7 +39,7 @@ from earl.parallel import deal
 from earl.policies import Dispatcher, Selector, make_dispatcher, make_selector
 from earl.policies.balance import balance_aligned, balance_samples
 from earl.policies.types import Layout, Sample
-from earl.runtime.advantages import AdvantageSpec, Store
+from earl.runtime.advantages import AdvantageSpec, Store, episode_key_sums, summed_stats
 from earl.runtime.control import ControlBytes, all_gather_objects, gather_objects, reduce_scalars
 from earl.runtime.envs import OUTCOMES, env_options, make_env
 from earl.runtime.envs.dataset import LAST_REWARD_ERROR
@@ -71,14 +71,17 @@ class SampleMeta:
     invalid: int
     turns: tuple[tuple[int, int, float], ...]  # per turn (observation tokens, generated tokens, env s)
     reward_turns: int  # turns with a reward (Trajectory.step_rewards): the per-turn baseline's keys are below it
+    # REINFORCE++: (key, sum, sum of squares, count) this episode adds to the advantage statistics
+    # (earl.runtime.advantages.episode_key_sums); None where they are not final at the rollout's end
+    key_sums: tuple[tuple[int, float, float, float], ...] | None = None
 
     @staticmethod
-    def of(t: Trajectory) -> SampleMeta:
+    def of(t: Trajectory, key_sums: tuple[tuple[int, float, float, float], ...] | None = None) -> SampleMeta:
         return SampleMeta(id=t.episode_id, group=t.group_id, tokens=len(t.token_ids),
                           generated=t.generated_tokens, reward=t.reward, outcome=t.outcome,
                           actions=t.actions, invalid=t.invalid_actions,
                           turns=tuple((u.obs_tokens, u.gen_tokens, round(u.env_latency_s, 7)) for u in t.turns),
-                          reward_turns=len(t.step_rewards))
+                          reward_turns=len(t.step_rewards), key_sums=key_sums)
 
 
 @dataclass
@@ -247,6 +250,23 @@ def rollout_store(trajs: list[Trajectory]) -> Store:
             for j, t in enumerate(trajs)}
 
 
+def rollout_key_sums(cfg, trajs: list[Trajectory]) -> dict[int, tuple]:
+    """Per episode of `trajs`, its key sums of REINFORCE++'s advantage statistics
+    (`episode_key_sums`) where they are final when the rollout ends
+    (`AdvantageSpec.summed_at_rollout`); empty otherwise (and for the group estimators, whose
+    statistics are the rewards the metadata carries anyway)."""
+    spec = AdvantageSpec.of(cfg.trainer)
+    if spec.grouped or not trajs or not AdvantageSpec.summed_at_rollout(cfg.trainer):
+        return {}
+    lengths = [len(t.token_ids) for t in trajs]
+    mask = torch.from_numpy(np.fromiter(itertools.chain.from_iterable(t.loss_mask for t in trajs), dtype=np.bool_,
+                                        count=sum(lengths)))
+    tok_r, turn_ids = turn_fields(trajs, mask)
+    items = {t.episode_id: {"token_rewards": r, "turn_ids": k, "loss_mask": m} for t, r, k, m in
+             zip(trajs, tok_r.split(lengths), turn_ids.split(lengths), mask.split(lengths), strict=True)}
+    return episode_key_sums(items, spec)
+
+
 def padded_batch(store: Store, ids: list[int], meta: dict[int, SampleMeta], pad_id: int) -> ExperienceBatch:
     """Right-padded rows of `ids` from per-sample 1-D tensors; absent fields are zeros. Each
     field is filled with one masked assignment of all its samples' tokens."""
@@ -336,29 +356,32 @@ def train(w: Worker, ctx: StepContext, step: int, store: Store, src: Layout, sam
     """Dispatch to the training layout, then the training step (re-planning on a memory-budget
     miss and retrying on the same samples)."""
     cfg = w.cfg
-    spec = AdvantageSpec(estimator=cfg.trainer.algo, per_turn=cfg.trainer.baseline == "per-turn",
-                         gamma=cfg.trainer.gamma)
+    spec = AdvantageSpec.of(cfg.trainer)
     skip_old = not w.trainer.needs_old_logprobs
     # TIS's behaviour policy; the engine gap, when the training forward measures it
     extra = ("engine_logprobs",) if cfg.trainer.tis_cap or skip_old else ()
     extra += ("legal_bits",) if w.trainer.uses_legal_bits else ()
-    # every rank holds every episode's reward and turn count (the metadata all-gather after the
-    # rollout): a group estimator's statistics need no round of the dispatch
-    # (AdvantageSpec.stats_from), a per-turn baseline's no round to agree on its keys
+    # every rank holds every episode's reward, turn count and (REINFORCE++ without a KL penalty)
+    # key sums: the metadata all-gather after the rollout. A group estimator's statistics then
+    # need no round of the dispatch (AdvantageSpec.stats_from), nor REINFORCE++'s (summed_stats,
+    # the same on every rank); with a KL penalty a per-turn baseline needs none to agree on its keys
     rewards = {s.id: meta[s.id].reward for s in samples}
     turns = max((meta[s.id].reward_turns for s in samples), default=0)
+    known = summed_stats({s.id: meta[s.id].key_sums for s in samples}, samples) \
+        if samples and all(meta[s.id].key_sums is not None for s in samples) else None
     for _attempt in range(4):
         plan, tg = w.plans.train, w.train_groups
         t0 = span_start()
         dst = Layout(plan, balance_samples(samples, plan.dp)[0])
         tplan = ctx.dispatcher.plan(src, dst, samples)
         delivered, dstats = execute_dispatch(tplan, {i: dict(v) for i, v in store.items()}, samples, src, dst,
-                                             advantages=spec, extra=extra, rewards=rewards, turns=turns)
+                                             advantages=spec, extra=extra, rewards=rewards, turns=turns,
+                                             stats=known)
         # where the time went: the executor's own seconds (after its start barrier), of which
         # advantages (their statistics' rounds included; the centralized controller's run inside
         # its phases) and each phase; the rest of the span is planning and the barrier's wait
         w.span(tplan.kind, "dispatch", t0, step, bytes=dstats.bytes_sent,
-               args={"transfers": len(tplan.transfers), "reductions": dstats.reductions,
+               args={"transfers": len(tplan.transfers), "reductions": dstats.reductions, "waits": dstats.waited,
                      "moved_s": round(dstats.seconds, 6),
                      "advantage_s": round(dstats.advantage_s, 6), "phase_s": [round(x, 6) for x in dstats.phase_s]})
         local = padded_batch(delivered, list(dst.assignment[tg.dp_rank]), meta, w.policy.tokenizer.pad_id)
@@ -402,10 +425,12 @@ def run_step(w: Worker, ctx: StepContext, step: int,
     decisions = select_plans(w, ctx, step, prev)
 
     trajs, counts = play(w, step)
-    local_meta = [SampleMeta.of(t) for t in trajs] if w.roll_groups.tp_rank == 0 else []
     t0 = span_start()
+    sums = rollout_key_sums(cfg, trajs) if w.roll_groups.tp_rank == 0 else {}
+    local_meta = [SampleMeta.of(t, sums.get(t.episode_id)) for t in trajs] if w.roll_groups.tp_rank == 0 else []
     parts = all_gather_objects(local_meta, ctx.control, "metadata")
-    # the ranks meet here after their rollouts: a span of no scored stage, so the trace shows it
+    # the ranks meet here after their rollouts (each first sums its episodes' statistics): a span
+    # of no scored stage, so the trace shows it
     w.span("metadata", "other", t0, step)
     meta = {m.id: m for part in parts for m in part}
     assert sorted(meta) == list(range(cfg.groups * cfg.group_size)), "an episode was lost"

@@ -37,6 +37,7 @@ from earl.calibrate.validate import (
     rescore_validation,
     run_plans,
     run_validation,
+    runtime_reductions,
     sync_leads,
     sync_stretch,
 )
@@ -277,6 +278,11 @@ def test_measured_dispatch_from_the_last_arrival_to_the_last_end_each_move_apart
              Span(name="d", stage="dispatch", rank=1, t_start=2.0, t_end=2.5, step=3),  # the retry
              Span(name="d", stage="dispatch", rank=0, t_start=2.25, t_end=2.5, step=3)]
     assert measured_stages(spans, [3])[0]["dispatch"] == (1.0 - 0.5) + (2.5 - 2.25)
+    # a dispatch of local copies with nothing to reduce (`waits` false) waited for no peer: each
+    # rank's own work, the slowest rank's
+    local = [Span(name="d", stage="dispatch", rank=0, t_start=0.0, t_end=0.25, step=4, args={"waits": False}),
+             Span(name="d", stage="dispatch", rank=1, t_start=1.0, t_end=1.375, step=4, args={"waits": False})]
+    assert measured_stages(local, [4])[0]["dispatch"] == 0.375
 
 
 def test_measured_weight_sync_from_the_last_arrival_to_the_first_end():
@@ -445,16 +451,21 @@ def test_simulated_log_prob_passes_are_the_runtimes():
     assert 0 < none.time_s < one.time_s and none.time_s == pytest.approx(none.breakdown["host"])
 
 
-@pytest.mark.parametrize("over,reductions,grouped", [({}, 2, False), ({"trainer.baseline": "batch"}, 1, False),
-                                                     ({"trainer.algo": "grpo"}, 1, True)])
-def test_the_simulated_dispatch_reduces_what_the_runtimes_estimator_does(over, reductions, grouped):
-    """validate prices the runtime's own estimator: its default (REINFORCE++, per-turn
-    baseline) reduces once, its turn count known from the metadata (twice where unknown), a
-    batch baseline once; a group estimator's statistics come with the rewards (no reduction in
-    the runtime, `stat_reductions=0` in the simulator)."""
-    spec = advantage_spec(resolve_config(None, overrides={**SMALL, **over}))
+@pytest.mark.parametrize("over,reductions,grouped,now", [
+    ({}, 2, False, 0), ({"trainer.baseline": "batch"}, 1, False, 0), ({"trainer.algo": "grpo"}, 1, True, 0),
+    ({"trainer.kl_coef": 0.1}, 2, False, 1), ({"trainer.kl_coef": 0.1, "trainer.algo": "grpo"}, 1, True, 0)])
+def test_the_simulated_dispatch_reduces_what_the_runtimes_estimator_does(over, reductions, grouped, now):
+    """validate prices the runtime's own estimator (`runtime_reductions`): its default
+    (REINFORCE++, per-turn baseline) and a batch baseline reduce nothing, their episodes' key
+    sums known from the metadata; with a KL penalty in the rewards the per-turn sums are reduced
+    once (the turn count known; twice where unknown); a group estimator's statistics come with
+    the rewards (no reduction in the runtime, `stat_reductions=0` in the simulator)."""
+    cfg = resolve_config(None, overrides={**SMALL, **over})
+    spec = advantage_spec(cfg)
     assert (spec.reductions(), spec.grouped) == (reductions, grouped)
     assert spec.reductions(RUNTIME_REWARDS, RUNTIME_TURNS) == (0 if grouped else 1)
+    assert runtime_reductions(cfg) == now
+    assert spec.priced_key(summed=now == 0) == spec.key + ("/summed" if now == 0 and not grouped else "")
 
 
 def test_a_run_is_priced_with_the_reductions_its_trace_records():

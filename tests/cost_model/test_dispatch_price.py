@@ -536,5 +536,12 @@ def test_estimator_keys_and_their_fit():
     a, b = dispatchfit.fit_estimator(tokens, [40e-6 + 5e-8 * t for t in tokens])
     assert (a, b) == (pytest.approx(40e-6, rel=1e-6), pytest.approx(5e-8, rel=1e-6))
     host = dispatchfit.measure_host(repeats=1)
-    assert set(host["estimator_s"]) == set(dispatchfit.ESTIMATOR_SPECS)
+    summed = {sp.priced_key(summed=True) for sp in dispatchfit.ESTIMATOR_SPECS.values() if not sp.grouped}
+    assert summed == {k + "/summed" for k in dispatchfit.ESTIMATOR_SPECS if k.startswith("reinforce++")}
+    assert set(host["estimator_s"]) == set(dispatchfit.ESTIMATOR_SPECS) | summed
     assert all(x >= 0 for pair in host["estimator_s"].values() for x in pair)
+    # a profile from before the filling-in was timed apart prices it as the whole estimator
+    prof = load_profile("cpu-measured")
+    old = dataclasses.replace(prof, estimator_s={k: v for k, v in prof.estimator_s.items() if k not in summed})
+    assert old.advantage_s("reinforce++/per-turn/summed", 200) == old.advantage_s("reinforce++/per-turn", 200)
+    assert old.advantage_s("grpo", 200) == prof.advantage_s("grpo", 200)

@@ -14,7 +14,7 @@ import torch
 from earl.policies.balance import balance_samples, round_robin_samples
 from earl.policies.dispatch import CentralizedDispatcher, LayoutAwareDispatcher
 from earl.policies.types import Layout, Sample
-from earl.runtime.advantages import AdvantageSpec
+from earl.runtime.advantages import AdvantageSpec, episode_key_sums, fill_advantages, local_stats, summed_stats
 from earl.runtime.dist import run_local
 from earl.runtime.move_samples import check_delivery, execute_dispatch
 from earl.specs import ParallelPlan
@@ -57,6 +57,14 @@ def produce(s: Sample) -> dict[str, torch.Tensor]:
 def turn_count(samples) -> int:
     """The most turns of any sample `produce` makes: what the runtime's metadata gives every rank."""
     return max(int(produce(s)["turn_ids"].max()) + 1 for s in samples)
+
+
+def known_stats(samples, spec: AdvantageSpec):
+    """REINFORCE++'s batch statistics from every sample's key sums, as each rank of the runtime
+    sums them from its metadata all-gather (None for a group estimator)."""
+    if spec.grouped:
+        return None
+    return summed_stats(episode_key_sums({s.id: produce(s) for s in samples}, spec), samples)
 
 
 def expected_advantages(samples, spec: AdvantageSpec) -> dict[int, torch.Tensor]:
@@ -110,10 +118,12 @@ def _dispatch_worker(samples, src, dst, kind, spec):
     disp = CentralizedDispatcher() if kind == "centralized" else LayoutAwareDispatcher()
     tplan = disp.plan(src, dst, samples)
     # "rewards": every sample's episode reward and the most turns of any, on every rank, as the
-    # runtime's metadata gives them
-    rewards = {s.id: float(produce(s)["rewards"]) for s in samples} if kind == "rewards" else None
-    turns = turn_count(samples) if kind == "rewards" else None
-    got, stats = execute_dispatch(tplan, store, samples, src, dst, advantages=spec, rewards=rewards, turns=turns)
+    # runtime's metadata gives them; "summed": REINFORCE++'s key sums too (no KL penalty)
+    known = kind in ("rewards", "summed")
+    rewards = {s.id: float(produce(s)["rewards"]) for s in samples} if known else None
+    turns = turn_count(samples) if known else None
+    got, stats = execute_dispatch(tplan, store, samples, src, dst, advantages=spec, rewards=rewards, turns=turns,
+                                  stats=known_stats(samples, spec) if kind == "summed" else None)
     return got, stats.bytes_sent, stats.bytes_recv, stats.waited, stats.reductions
 
 
@@ -131,22 +141,26 @@ def test_both_dispatchers_deliver_identical_batches_exactly_once(src_plan, dst_p
         expected[i]["advantages"] = adv
     # "rewards": layout-aware with the rewards and the turn count known everywhere (a group
     # estimator's statistics from them, no reduce; reinforce++ reduces its sums only)
-    runs = {k: run_local(_dispatch_worker, 4, samples, src, dst, k, spec, timeout_s=120)
-            for k in ("centralized", "layout-aware", "rewards")}
+    # (the group estimators' statistics are the rewards: "summed" is REINFORCE++'s)
+    kinds = ("centralized", "layout-aware", "rewards") + (() if spec.grouped else ("summed",))
+    runs = {k: run_local(_dispatch_worker, 4, samples, src, dst, k, spec, timeout_s=120) for k in kinds}
     for rank in range(4):
-        a, b, c = (runs[k][rank][0] for k in ("centralized", "layout-aware", "rewards"))
+        a, b, *others = (runs[k][rank][0] for k in kinds)
         group = rank // dst_plan.tp
-        assert sorted(a) == sorted(b) == sorted(c) == sorted(dst.assignment[group])
+        assert sorted(a) == sorted(b) == sorted(dst.assignment[group])
+        assert all(sorted(c) == sorted(b) for c in others)
         for i in a:
-            assert sorted(a[i]) == sorted(b[i]) == sorted(c[i])
+            assert sorted(a[i]) == sorted(b[i]) and all(sorted(c[i]) == sorted(b[i]) for c in others)
             for name in a[i]:
                 if name == "advantages":  # float64 statistics, summed in a different order
                     torch.testing.assert_close(a[i][name], b[i][name], atol=1e-5, rtol=1e-5)
-                    torch.testing.assert_close(c[i][name], b[i][name], atol=1e-5, rtol=1e-5)
+                    for c in others:
+                        torch.testing.assert_close(c[i][name], b[i][name], atol=1e-5, rtol=1e-5)
                     torch.testing.assert_close(a[i][name], expected[i][name], atol=1e-5, rtol=1e-5)
                 else:
                     assert torch.equal(a[i][name], b[i][name]), f"rank {rank} sample {i} {name} differs"
-                    assert torch.equal(c[i][name], b[i][name]), f"rank {rank} sample {i} {name} differs"
+                    for c in others:
+                        assert torch.equal(c[i][name], b[i][name]), f"rank {rank} sample {i} {name} differs"
                     assert torch.equal(a[i][name], expected[i][name]), f"rank {rank} sample {i} {name}"
     # the controller (rank 0) carries everything twice under centralized; not under layout-aware
     sent_c = [r[1] for r in runs["centralized"]]
@@ -158,6 +172,8 @@ def test_both_dispatchers_deliver_identical_batches_exactly_once(src_plan, dst_p
     assert [r[4] for r in runs["centralized"]] == [0] * 4
     assert [r[4] for r in runs["layout-aware"]] == [spec.reductions()] * 4
     assert [r[4] for r in runs["rewards"]] == [spec.reductions({}, 0)] * 4
+    if "summed" in runs:  # REINFORCE++ with its key sums known: no round at all
+        assert [r[4] for r in runs["summed"]] == [spec.reductions({}, 0, summed=True)] * 4 == [0] * 4
 
 
 @pytest.mark.dist
@@ -180,7 +196,8 @@ def test_group_statistics_from_the_rewards_need_no_round_between_ranks():
 
 
 def _reductions_worker(samples, src, cases):
-    """Per (estimator, per_turn, rewards known) case: the statistics reductions between ranks
+    """Per (estimator, per_turn, what is known) case (known: None, "rewards": the rewards and the
+    turn count, "summed": REINFORCE++'s key sums too): the statistics reductions between ranks
     (`reduce_small` calls) the runtime's dispatch runs (execute_dispatch with the training
     step's arguments)."""
     import torch.distributed as dist
@@ -204,7 +221,8 @@ def _reductions_worker(samples, src, cases):
         rewards = {s.id: float(produce(s)["rewards"]) for s in samples} if known else None
         turns = turn_count(samples) if known else None
         calls.clear()
-        _, stats = execute_dispatch(tplan, store, samples, src, src, advantages=spec, rewards=rewards, turns=turns)
+        _, stats = execute_dispatch(tplan, store, samples, src, src, advantages=spec, rewards=rewards, turns=turns,
+                                    stats=known_stats(samples, spec) if known == "summed" else None)
         assert stats.reductions == len(calls)
         out.append(len(calls))
     advantages.reduce_small = real
@@ -216,18 +234,21 @@ def test_the_priced_count_of_statistics_reductions_is_what_the_executor_runs():
     """AdvantageSpec.reductions (the simulator's `stat_reductions`, TransferPlan.reductions) is
     the number of reductions the executor issues on 2 gloo ranks: none for a group estimator
     whose rewards every rank holds, one of the per-key sums, two with a per-turn baseline whose
-    turn count the ranks do not know (one where they do, as the runtime's metadata gives it)."""
+    turn count the ranks do not know (one where they do, as the runtime's metadata gives it), none
+    for REINFORCE++ whose episodes' key sums every rank holds (the metadata without a KL term)."""
     samples = make_samples(8)
     src = Layout(ParallelPlan(dp=2), round_robin_samples(samples, 2)[0])
     cases = [(e, pt, known) for e in ("grpo", "rloo", "reinforce++") for pt in (False, True)
-             for known in (False, True)]
+             for known in (None, "rewards")] + [("reinforce++", pt, "summed") for pt in (False, True)]
     got = run_local(_reductions_worker, 2, samples, src, cases, timeout_s=120)
-    want = [AdvantageSpec(estimator=e, per_turn=pt).reductions({} if known else None, 0 if known else None)
+    want = [AdvantageSpec(estimator=e, per_turn=pt).reductions({} if known else None, 0 if known else None,
+                                                               summed=known == "summed")
             for e, pt, known in cases]
     assert got == [want, want]
-    assert dict(zip(cases, want, strict=True))[("reinforce++", True, False)] == 2
-    assert dict(zip(cases, want, strict=True))[("reinforce++", True, True)] == 1
-    assert dict(zip(cases, want, strict=True))[("grpo", True, True)] == 0
+    assert dict(zip(cases, want, strict=True))[("reinforce++", True, None)] == 2
+    assert dict(zip(cases, want, strict=True))[("reinforce++", True, "rewards")] == 1
+    assert dict(zip(cases, want, strict=True))[("reinforce++", True, "summed")] == 0
+    assert dict(zip(cases, want, strict=True))[("grpo", True, "rewards")] == 0
 
 
 def _handoff_worker(samples, src, dst, late_s):
@@ -310,3 +331,37 @@ def test_a_known_turn_count_keys_the_per_turn_baseline_as_the_agreed_one_does():
             assert torch.equal(store[i]["advantages"], found[i]["advantages"])
     with pytest.raises(ValueError, match=f"turn index {turns - 1} at or above the known turn count {turns - 1}"):
         distributed_advantages({s.id: produce(s) for s in samples}, samples, src, spec, turns=turns - 1)
+
+
+@pytest.mark.parametrize("spec", [AdvantageSpec(estimator="reinforce++"),
+                                  AdvantageSpec(estimator="reinforce++", per_turn=True),
+                                  AdvantageSpec(estimator="reinforce++", per_turn=True, gamma=0.9)])
+def test_episode_key_sums_add_up_to_the_statistics_a_rank_sums(spec):
+    """Each sample's `episode_key_sums` are what `local_stats` of it alone holds, and
+    `summed_stats` over the batch is `local_stats` over it (per turn: the turns' keys, as the
+    reduction keys them; a generated token after the last rewarded turn counts in none); the
+    advantages from them are the reference formulas'. A group estimator has none."""
+    samples = make_samples(9)
+    items = {s.id: produce(s) for s in samples}
+    tail = items[4]  # generated tokens after its last rewarded turn (turn id -1, on the mask)
+    tail["loss_mask"][-2:], tail["turn_ids"][-2:], tail["token_rewards"][-2:] = True, -1, 0.0
+    sums = episode_key_sums(items, spec)
+    for s in samples:
+        alone = local_stats({s.id: items[s.id]}, [s], spec)
+        alone = {k: v for k, v in alone.items() if k >= 0 or not spec.per_turn}
+        assert {k for k, *_ in sums[s.id]} == set(alone)
+        for k, *tot in sums[s.id]:
+            torch.testing.assert_close(torch.tensor(tot, dtype=torch.float64), alone[k], rtol=1e-12, atol=1e-12)
+    whole = summed_stats(sums, samples)
+    ref = {k: v for k, v in local_stats(items, samples, spec).items() if k >= 0 or not spec.per_turn}
+    assert sorted(whole) == sorted(ref)
+    for k in ref:
+        torch.testing.assert_close(whole[k], ref[k], rtol=1e-12, atol=1e-12)
+    assert summed_stats(sums, list(reversed(samples))).keys() == whole.keys()
+    if spec.gamma == 1:
+        items = {s.id: produce(s) for s in samples}
+        fill_advantages(items, samples, summed_stats(episode_key_sums(items, spec), samples), spec)
+        for i, adv in expected_advantages(samples, spec).items():
+            torch.testing.assert_close(items[i]["advantages"], adv, atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="grpo needs only the rewards"):
+        episode_key_sums(items, AdvantageSpec(estimator="grpo"))

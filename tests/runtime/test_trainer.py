@@ -413,3 +413,44 @@ def test_fp32_optimizer_steps_the_model_itself_as_torch_adamw(tiny):
         ref_opt.step()
     for (n, a), b in zip(model.named_parameters(), ref.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6), n
+
+
+@pytest.mark.parametrize("algo,baseline,gamma,kl", [("reinforce++", "per-turn", 1.0, 0.0),
+                                                    ("reinforce++", "batch", 1.0, 0.0),
+                                                    ("reinforce++", "per-turn", 0.9, 0.0),
+                                                    ("reinforce++", "per-turn", 1.0, 0.1),
+                                                    ("grpo", "per-turn", 1.0, 0.0)])
+def test_rollout_key_sums_are_the_statistics_the_experience_store_gives(algo, baseline, gamma, kl):
+    """The key sums each rollout rank puts in the metadata (`rollout_key_sums`, from its
+    trajectories) add up to the statistics the dispatch would reduce from the experience store
+    (`local_stats` of `rollout_store`), and give the same advantages, also for an episode with no
+    rewarded turn, two rewards on one token and generated tokens after its last reward. None
+    where the KL penalty is not yet in the rewards, nor for a group estimator."""
+    from types import SimpleNamespace
+
+    from earl.runtime.advantages import local_stats, summed_stats
+    from earl.runtime.step import rollout_key_sums, rollout_store
+
+    trajs = fake_trajs(7, 3)
+    trajs[0].step_rewards = []
+    trajs[1].step_rewards.insert(1, (trajs[1].step_rewards[0][0], 0.5))
+    trajs[3]._append([5, 6, 7], True, [-1.0] * 3)
+    cfg = SimpleNamespace(trainer=SimpleNamespace(algo=algo, baseline=baseline, gamma=gamma, kl_coef=kl))
+    spec = AdvantageSpec.of(cfg.trainer)
+    sums = rollout_key_sums(cfg, trajs)
+    if kl or spec.grouped:
+        assert sums == {}
+        return
+    samples = [Sample(id=t.episode_id, tokens=len(t.token_ids), group=t.group_id) for t in trajs]
+    want = {k: v for k, v in local_stats(rollout_store(trajs), samples, spec).items() if k >= 0 or not spec.per_turn}
+    got = summed_stats(sums, samples)
+    assert sorted(got) == sorted(want)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-12, atol=1e-12)
+    src = Layout(ONE, (tuple(s.id for s in samples),))
+    reduced, known = rollout_store(trajs), rollout_store(trajs)
+    assert distributed_advantages(reduced, samples, src, spec) == 0  # one process: nothing between ranks
+    assert distributed_advantages(known, samples, src, spec, stats=got) == 0
+    for i in reduced:
+        torch.testing.assert_close(known[i]["advantages"], reduced[i]["advantages"], rtol=1e-6, atol=1e-7)
+    assert any(bool(known[i]["advantages"].abs().sum()) for i in known)
