@@ -40,6 +40,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="whole measurements; ratios are their median")
     ap.add_argument("--profile", default="cpu-measured", help="profile whose dispatch path predicts")
     args = ap.parse_args()
+    if args.rounds < 1 or args.repeats < 1:
+        ap.error(f"--rounds and --repeats must be >= 1, got {args.rounds} and {args.repeats}")
     profile = load_profile(args.profile)
     per_token = sum(TENSOR_BYTES_PER_TOKEN.values())
     print(f"payload per sample: context x {per_token} B/token (ids, mask, 3 x fp32 per token) "
@@ -51,8 +53,6 @@ def main() -> None:
             f"{'pred layout':>11} {'pred ratio':>10}")
     print(head)
     print("-" * len(head))
-    if args.rounds < 1 or args.repeats < 1:
-        raise SystemExit(f"--rounds and --repeats must be >= 1, got {args.rounds} and {args.repeats}")
     cases = [(args.per_rank, c) for c in args.contexts]
     rounds: dict[int, list[dict]] = {n: [] for n in args.procs}
     for r in range(args.rounds):

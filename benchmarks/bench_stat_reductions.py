@@ -87,8 +87,8 @@ def main() -> None:
     bad = {k: v for k, v in (("--per-rank", args.per_rank), ("--context", args.context), ("--turns", args.turns),
                              ("--repeats", args.repeats), ("--rounds", args.rounds)) if v < 1}
     if bad or any(n < 2 for n in args.procs):
-        raise SystemExit(f"--per-rank, --context, --turns, --repeats and --rounds must be >= 1 and --procs >= 2, "
-                         f"got {bad or args.procs}")
+        ap.error(f"--per-rank, --context, --turns, --repeats and --rounds must be >= 1 and --procs >= 2, "
+                 f"got {bad or args.procs}")
     print(f"{len(os.sched_getaffinity(0))} CPUs, load average {os.getloadavg()[0]:.2f} at start; "
           f"{args.per_rank} samples per process of up to {args.context} tokens, {args.turns} turns; "
           f"median of {args.repeats} dispatches per variant, slowest rank")

@@ -2,7 +2,9 @@
 runtime's own dispatch executor, through the one dispatch price.
 
 Each point runs both dispatchers (earl.runtime.move_samples.execute_dispatch) on local gloo
-processes, warm and cold (as the runtime's dispatch runs right after its log-prob passes);
+processes, warm and cold (as the runtime's dispatch runs right after its log-prob passes), as
+the runtime's training dispatch runs them: every rank holds the rewards, no statistics reduction
+(`runtime_plans`; until 2026-12-06 the points reduced once, which the fit priced at `reduce_s`);
 host costs come from timing the executor's own packing in one process; each process group
 first times its synchronising rounds (back-to-back barriers: `DispatchPath.round_s`, and at more
 processes than cores `sync_s`) and its statistics reductions (the runtime's own advantage
@@ -88,6 +90,9 @@ class DispatchPoint:
     # seconds per statistics reduction of its process group (`reduce_seconds`; nan: not measured)
     reduce_s: float = math.nan
     probe_s: float | None = None  # rank 0's median host-probe reading over its trials (earl/runtime/hostprobe.py)
+    # statistics reductions each of its dispatches issued: none since 2026-12-06 (`runtime_plans`),
+    # one in the points of calibrations before (their recorded points, studies/cpu_refit_dispatch.py)
+    reductions: int = 0
 
 
 def plans(nproc: int) -> tuple[ParallelPlan, ParallelPlan]:
@@ -111,13 +116,29 @@ def transfer_plans(nproc: int, per_rank: int, context: int) -> dict:
             "layout-aware": LayoutAwareDispatcher().plan(src, dst, samples)}
 
 
+def runtime_plans(nproc: int, per_rank: int, context: int) -> dict:
+    """`transfer_plans` as the runtime's training dispatch runs them: every rank holds the
+    statistics its advantages need (a group estimator's rewards, REINFORCE++'s key sums: the
+    metadata all-gather; earl.runtime.step.train), so no plan reduces any. What the gloo points
+    execute (`sample_reward` given to every rank) and the fit prices; a run with a KL penalty in
+    REINFORCE++'s rewards reduces once, priced with `reduce_seconds`' measured reduction."""
+    return {k: dataclasses.replace(tp, reduce_bytes=0) for k, tp in transfer_plans(nproc, per_rank, context).items()}
+
+
+def sample_reward(i: int) -> float:
+    """Sample `i`'s episode reward in the measured setting, the same on every rank (the
+    runtime's metadata gives every rank every reward): spread over [0, 1)."""
+    return (i * 37 % 101) / 101
+
+
 def _store(samples, src, rank):
 
     out = {}
     for i in src.assignment[coord_of(src.plan, rank).dp]:
         n = samples[i].tokens
         out[i] = {"input_ids": torch.randint(0, 1000, (n,)), "loss_mask": torch.ones(n, dtype=torch.bool),
-                  "old_logprobs": torch.randn(n), "ref_logprobs": torch.randn(n), "rewards": torch.rand(1)}
+                  "old_logprobs": torch.randn(n), "ref_logprobs": torch.randn(n),
+                  "rewards": torch.tensor([sample_reward(i)])}
     return out
 
 
@@ -141,14 +162,15 @@ def _timed_cases(cases, repeats, step_gc):
     for per_rank, ctx in cases:
         samples, src, dst = layouts(world, per_rank, ctx)
         store = _store(samples, src, rank)
-        tplans = transfer_plans(world, per_rank, ctx)
+        tplans = runtime_plans(world, per_rank, ctx)
+        rewards = {x.id: sample_reward(x.id) for x in samples}
         times: dict[str, list[float]] = {k: [] for k in KINDS}
         busiest = {}
         for rep in range(repeats + 1):
             out["probe"].append(probe.time())
             for k in KINDS:
                 step_gc.step_done(rep)
-                wall, stats = _timed_call(tplans[k], store, samples, src, dst, check=(rep == 0))
+                wall, stats = _timed_call(tplans[k], store, samples, src, dst, check=(rep == 0), rewards=rewards)
                 t = torch.tensor([wall, float(stats.bytes_sent + stats.bytes_recv)])
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)
                 busiest[k] = float(t[1])
@@ -159,7 +181,7 @@ def _timed_cases(cases, repeats, step_gc):
             for k in KINDS:
                 step_gc.step_done(rep)
                 evict.fill_(rep)  # cold caches (see EVICT_BYTES)
-                t = torch.tensor([_timed_call(tplans[k], store, samples, src, dst, check=False)[0]])
+                t = torch.tensor([_timed_call(tplans[k], store, samples, src, dst, check=False, rewards=rewards)[0]])
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)
                 cold[k].append(float(t[0]))
         # the median repeat: the runtime's dispatches are single shots, not the luckiest of several
@@ -168,8 +190,9 @@ def _timed_cases(cases, repeats, step_gc):
     return out
 
 
-def _timed_call(tplan, store, samples, src, dst, check: bool):
-    """(wall seconds, stats) of one `execute_dispatch` after a barrier: the executor's start
+def _timed_call(tplan, store, samples, src, dst, check: bool, rewards: dict[int, float] | None = None):
+    """(wall seconds, stats) of one `execute_dispatch` after a barrier (`rewards`: every
+    sample's, known to every rank: no statistics reduction, `runtime_plans`): the executor's start
     barrier included, as the runtime's dispatch span holds it and the price counts it among
     the executor's rounds (`sync_rounds`). Warm and cold repeats are both timed so; until
     2026-12-05 the warm ones read the executor's own seconds after that barrier, which the price
@@ -178,7 +201,7 @@ def _timed_call(tplan, store, samples, src, dst, check: bool):
     ms at 4 on the 2-vCPU EPYC; studies/cpu_dispatch_cold.py, docs/fidelity.md, twentieth session)."""
     dist.barrier()
     t0 = time.perf_counter()
-    _, stats = execute_dispatch(tplan, store, samples, src, dst, check=check)
+    _, stats = execute_dispatch(tplan, store, samples, src, dst, check=check, rewards=rewards)
     return time.perf_counter() - t0, stats
 
 
@@ -288,7 +311,7 @@ def predict(profile: HardwareProfile, nproc: int, per_rank: int, context: int) -
     src, _ = plans(nproc)
     return {k: price_transfer_plan(cm, tp, samples=nproc * per_rank, producers=src.dp, world=nproc,
                                    control=False).time_s
-            for k, tp in transfer_plans(nproc, per_rank, context).items()}
+            for k, tp in runtime_plans(nproc, per_rank, context).items()}
 
 
 def _with_path(profile: HardwareProfile, **fields) -> HardwareProfile:
@@ -409,8 +432,8 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
     host = {k: v for k, v in host.items() if k != "estimator_s"}  # the profile's own field, not the path's
     base = _with_path(profile, host_parallel=hp, controller_bw_bytes_s=float("inf"), controller_object_s=0.0,
                       full_duplex=False, **host, **measured_rounds)  # gloo on one host: loopback sockets, CPU both ways
-    plans_by = {(p.procs, p.per_rank, p.context): transfer_plans(p.procs, p.per_rank, p.context)
-                for p in points}
+    plans_by = {(p.procs, p.per_rank, p.context, p.reductions): (
+        transfer_plans if p.reductions else runtime_plans)(p.procs, p.per_rank, p.context) for p in points}
     cms = {n: local_cost_model(base, n) for n in {p.procs for p in points}}
 
     k = 1 if message_only else len(FITTED)
@@ -427,7 +450,7 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
         prof = _with_path(base, **fields(x))
         out = []
         for p in points:
-            tp = plans_by[(p.procs, p.per_rank, p.context)][p.kind]
+            tp = plans_by[(p.procs, p.per_rank, p.context, p.reductions)][p.kind]
             out.append(price_transfer_plan(cms[p.procs].with_profile(prof), tp, samples=p.procs * p.per_rank,
                                            producers=p.procs, world=p.procs, control=False).time_s)
         return out
@@ -440,7 +463,7 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
     res = least_squares(lambda x: np.log(np.array(predicted(x)) / y), x0, bounds=(lo, hi), x_scale="jac")
     pred = predicted(res.x)
     # cold caches: the extra time per synchronising round of the executor (through the origin)
-    rounds = [sync_rounds(plans_by[(p.procs, p.per_rank, p.context)][p.kind]) for p in points]
+    rounds = [sync_rounds(plans_by[(p.procs, p.per_rank, p.context, p.reductions)][p.kind]) for p in points]
     cold = [(r, p.cold_seconds - p.seconds) for r, p in zip(rounds, points, strict=True)
             if math.isfinite(p.cold_seconds)]
     cold_round_s = max(0.0, sum(r * d for r, d in cold) / sum(r * r for r, _ in cold)) if cold else \
@@ -452,6 +475,7 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
                "n": len(points), "host_parallel": hp, "cold_round_s": cold_round_s,
                "round_s": path.round_s, "sync_s": path.sync_s, "sync_s_loop": loop_sync,
                "reduce_s": path.reduce_s, "reduce_sync_s": path.reduce_sync_s,
+               "reductions": max(p.reductions for p in points),
                "points": [{"label": f"{p.kind} n={p.procs} {p.per_rank}x{p.context}", "measured_s": p.seconds,
                            "predicted_s": q, "cold_measured_s": p.cold_seconds,
                            "cold_predicted_s": q + r * cold_round_s}

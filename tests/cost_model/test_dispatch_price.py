@@ -224,6 +224,56 @@ def test_quick_fit_keeps_the_oversubscription_terms():
     assert (path.sync_s, path.oversubscribed_exp) == (prof.dispatch_path.sync_s, prof.dispatch_path.oversubscribed_exp)
 
 
+def _timed_worker():
+    """One calibration dispatch per dispatcher on this gloo rank, timed as `measure` times it."""
+    import torch.distributed as dist
+
+    samples, src, dst = dispatchfit.layouts(dist.get_world_size(), 2, 256)
+    store = dispatchfit._store(samples, src, dist.get_rank())
+    rewards = {s.id: dispatchfit.sample_reward(s.id) for s in samples}
+    out = {}
+    for kind, tplan in dispatchfit.runtime_plans(dist.get_world_size(), 2, 256).items():
+        _, stats = dispatchfit._timed_call(tplan, store, samples, src, dst, check=True, rewards=rewards)
+        out[kind] = (stats.reductions, stats.waited)
+    return out
+
+
+def test_the_gloo_points_dispatch_as_the_runtime_does_and_old_points_keep_their_reduction():
+    """The calibration's gloo points run the training dispatch as the runtime now does (every
+    rank holds the statistics: no reduction, still a barrier and a phase that sends), and the fit
+    prices them so (`runtime_plans`); points recorded before (one reduction each,
+    `DispatchPoint.reductions`) are priced with theirs, and the fit recovers the same path from
+    either."""
+    from earl.runtime.dist import run_local
+
+    got = run_local(_timed_worker, 2, timeout_s=120)
+    assert got[0] == got[1] == {"centralized": (0, True), "layout-aware": (0, True)}
+    prof = load_profile("cpu-measured")
+    truth = dataclasses.replace(prof.dispatch_path, message_s=150e-6, round_s=4e-4, sync_s=1e-3, host_parallel=2,
+                                full_duplex=False, reduce_s=3e-4, reduce_sync_s=6e-4)
+    true_prof = dataclasses.replace(prof, dispatch_path=truth)
+    fits = {}
+    for reductions in (0, 1):
+        points = []
+        for n in (2, 4):
+            cm = dispatchfit.local_cost_model(true_prof, n)
+            plans = (dispatchfit.transfer_plans if reductions else dispatchfit.runtime_plans)(n, 4, 2048)
+            assert bool(plans["layout-aware"].reduce_bytes) == bool(reductions)
+            for per, ctx in dispatchfit.CASES:
+                for kind, tp in (dispatchfit.transfer_plans if reductions else dispatchfit.runtime_plans)(
+                        n, per, ctx).items():
+                    t = price_transfer_plan(cm, tp, samples=n * per, producers=n, world=n, control=False).time_s
+                    points.append(dispatchfit.DispatchPoint(
+                        procs=n, per_rank=per, context=ctx, kind=kind, seconds=t, busiest_bytes=0.0,
+                        round_s=truth.round_cost_s(n), reduce_s=truth.reduce_cost_s(n), reductions=reductions))
+        host = {"object_s": truth.object_s, "copy_bw_bytes_s": truth.copy_bw_bytes_s, "sample_s": truth.sample_s}
+        path, quality = dispatchfit.fit_dispatch_path(prof, points, host, host_parallel=2)
+        assert quality["fit_max_err"] < 1e-3 and quality["reductions"] == reductions
+        fits[reductions] = path
+    assert fits[0].message_s == pytest.approx(150e-6, rel=0.02) == fits[1].message_s
+    assert fits[0].sync_s == pytest.approx(fits[1].sync_s, rel=0.02)
+
+
 @pytest.mark.slow
 def test_gloo_measurement_runs_both_dispatchers():
     pts = dispatchfit.measure(procs=(2,), cases=((2, 256),), repeats=1, trials=1)
@@ -362,7 +412,7 @@ def test_cold_start_is_rounds_times_a_fitted_constant():
     points = []
     for n in (2, 4):
         for per, ctx in dispatchfit.CASES:
-            plans = dispatchfit.transfer_plans(n, per, ctx)
+            plans = dispatchfit.runtime_plans(n, per, ctx)
             for kind, t in dispatchfit.predict(true_prof, n, per, ctx).items():
                 points.append(dispatchfit.DispatchPoint(procs=n, per_rank=per, context=ctx, kind=kind, seconds=t,
                                                         busiest_bytes=0.0,
