@@ -7,12 +7,14 @@ Per step, on every rank (the same points at which the simulator calls the same p
    share of the episodes, tp peers in lockstep; every episode samples from its own counter-based
    stream, so the tokens do not depend on the world size or the engine batch;
 3. metadata: ids, lengths, groups, rewards, outcomes and per-turn counts go to every rank (the
-   control plane, earl.runtime.control); token tensors never do;
+   control plane, earl.runtime.control), and without a KL penalty each episode's REINFORCE++
+   statistics (a few sums per turn); token tensors never do;
 4. hand-off to experience: the dispatcher's TransferPlan moves each episode's tokens from its
    rollout replica to the experience rank(s) that need them;
 5. experience: old log-probs (and reference log-probs with a KL term) of this rank's share, and
    their gap to the engine's sampling log-probs (earl.runtime.mismatch);
-6. dispatch to training: the dispatcher's TransferPlan, advantages from per-group scalars;
+6. dispatch to training: the dispatcher's TransferPlan, advantages from per-key scalars (summed
+   from the metadata, or reduced once where a KL penalty changed the rewards);
 7. training: the loss and the optimizer strategy on this rank's share (a memory-budget check
    first; over budget, re-plan to a sparing plan and retry on the same samples);
 8. metrics: rank 0 builds the row from metadata and reduced scalars and gathers the spans.
