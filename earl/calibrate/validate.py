@@ -304,6 +304,7 @@ def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: i
         return dataclasses.replace(plan, micro_batch=mb).describe()
 
     adv = advantage_spec(cfg)
+    reductions = runtime_reductions(cfg) if reductions is None else reductions
     sc = Scenario(name="validate", steps=steps, model=spec.name if spec.name in MODEL_CATALOG else "tiny",
                   hardware="cpu", nodes=1, gpus_per_node=nproc,
                   workload=WorkloadSpec(episodes_per_step=episodes, trace=str(trace),
@@ -318,9 +319,8 @@ def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: i
     sim = Simulation(sc, cfg.policy.selector, cfg.policy.dispatcher, cost_model=cm, engine=sim_engine(cfg.engine),
                      padded=True, token_budget=cfg.trainer.token_budget, fsdp=True, handoff=True,
                      head_on="generated", train_placement="balanced",
-                     stat_reductions=runtime_reductions(cfg) if reductions is None else reductions,
-                     estimator=adv.priced_key(summed=AdvantageSpec.summed_at_rollout(cfg.trainer)
-                                              if reductions is None else reductions == 0),
+                     stat_reductions=reductions,  # none: the statistics came summed with the metadata
+                     estimator=adv.priced_key(summed=reductions == 0),
                      prompt_group=cfg.group_size).run()  # the trainer's share: one process only (_shared_cost)
     # the hand-off's share of each step's experience stage where it waits for peers: a move over
     # gloo, priced by the dispatch path like the dispatch (and stretched like it,

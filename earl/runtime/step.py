@@ -369,11 +369,13 @@ def train(w: Worker, ctx: StepContext, step: int, store: Store, src: Layout, sam
     # the same on every rank); with a KL penalty a per-turn baseline needs none to agree on its keys
     rewards = {s.id: meta[s.id].reward for s in samples}
     turns = max((meta[s.id].reward_turns for s in samples), default=0)
-    known = summed_stats({s.id: meta[s.id].key_sums for s in samples}, samples) \
-        if samples and all(meta[s.id].key_sums is not None for s in samples) else None
+    summed = bool(samples) and all(meta[s.id].key_sums is not None for s in samples)
+    known = None
     for _attempt in range(4):
         plan, tg = w.plans.train, w.train_groups
         t0 = span_start()
+        if summed and known is None:  # adding up the episodes' sums is the dispatch's advantage work
+            known = summed_stats({s.id: meta[s.id].key_sums for s in samples}, samples)
         dst = Layout(plan, balance_samples(samples, plan.dp)[0])
         tplan = ctx.dispatcher.plan(src, dst, samples)
         delivered, dstats = execute_dispatch(tplan, {i: dict(v) for i, v in store.items()}, samples, src, dst,
