@@ -192,13 +192,15 @@ def _timed_cases(cases, repeats, step_gc):
 
 def _timed_call(tplan, store, samples, src, dst, check: bool, rewards: dict[int, float] | None = None):
     """(wall seconds, stats) of one `execute_dispatch` after a barrier (`rewards`: every
-    sample's, known to every rank: no statistics reduction, `runtime_plans`): the executor's start
-    barrier included, as the runtime's dispatch span holds it and the price counts it among
-    the executor's rounds (`sync_rounds`). Warm and cold repeats are both timed so; until
-    2026-12-05 the warm ones read the executor's own seconds after that barrier, which the price
-    counts as a round the points did not hold, and the cold ones the wall around the call, so
-    `cold_round_s` took the barrier's round for the caches' cost (0.4-1.0 ms at 2 ranks, 1.7-4.5
-    ms at 4 on the 2-vCPU EPYC; studies/cpu_dispatch_cold.py, docs/fidelity.md, twentieth session)."""
+    sample's, known to every rank: no statistics reduction, `runtime_plans`), as the runtime's
+    dispatch span holds it once its last rank has arrived: its phases are the rounds the price
+    counts (`sync_rounds`). Warm and cold repeats are both timed so. Until 2026-12-06 the executor
+    lined its ranks up with a barrier of its own first, a round the price counted; until
+    2026-12-05 the warm repeats read the executor's own seconds after that barrier, which the
+    price counted as a round the points did not hold, and the cold ones the wall around the call,
+    so `cold_round_s` took the barrier's round for the caches' cost (0.4-1.0 ms at 2 ranks,
+    1.7-4.5 ms at 4 on the 2-vCPU EPYC; studies/cpu_dispatch_cold.py, docs/fidelity.md, twentieth
+    session)."""
     dist.barrier()
     t0 = time.perf_counter()
     _, stats = execute_dispatch(tplan, store, samples, src, dst, check=check, rewards=rewards)

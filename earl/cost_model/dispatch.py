@@ -122,15 +122,14 @@ def _local(tplan, br: dict[str, float], samples: int, world: int, plan) -> Estim
 
 def sync_rounds(tplan) -> int:
     """Rounds of the executor (earl.runtime.move_samples.execute_dispatch) at which every rank
-    waits for its peers: the start barrier, each phase that sends a message between ranks, and
-    per reduction of the advantage statistics (`TransferPlan.reductions`, when the plan reduces
-    them) its gather to one rank and scatter back.
-    A phase of local copies only waits for no one, and a plan of such phases that reduces
-    nothing (`TransferPlan.waits_for_peers` false: the rollout -> experience hand-off onto the
-    layout aligned with the rollout's, `balance_aligned`, at any dp) skips the barrier too."""
+    waits for its peers: each phase that sends a message between ranks, and per reduction of
+    the advantage statistics (`TransferPlan.reductions`, when the plan reduces them) its gather
+    to one rank and scatter back. A phase of local copies waits for no one. The executor lines
+    its ranks up with no barrier first (until 2026-12-06 it did, one round more: an early rank
+    now waits in its first receives, which the moves' first round is)."""
     if not tplan.waits_for_peers:
         return 0
-    return 1 + tplan.talking_phases + (2 * tplan.reductions if tplan.reduce_bytes else 0)
+    return tplan.talking_phases + (2 * tplan.reductions if tplan.reduce_bytes else 0)
 
 
 def stat_reductions(tplan) -> int:

@@ -109,9 +109,10 @@ class DispatchPath:
     # bytes/s of a rank's point-to-point traffic inside a node as the executor drives it (its
     # sends plus receives; None: the profile's `intra` link). On a CPU host the gloo runs fit it
     wire_bw_bytes_s: float | None = None
-    # per synchronising round of the executor (its start barrier, each phase, the two rounds of
-    # the advantage statistics) when the dispatch starts on cold caches, as a training step's
-    # does right after its log-prob passes; fitted from the gloo runs on CPU, 0 on datasheets, s
+    # per synchronising round of the executor (each phase that sends, the two rounds of the
+    # advantage statistics: earl.cost_model.dispatch.sync_rounds) when the dispatch starts on
+    # cold caches, as a training step's does right after its log-prob passes; fitted from the
+    # gloo runs on CPU, 0 on datasheets, s
     cold_round_s: float = 0.0
     # the share of a core the fitted gloo runs' ranks got beyond their own oversubscription
     # (earl.calibrate.hostload: measured / an idle host's); 1: no other load (datasheets)

@@ -56,7 +56,8 @@ class DispatchStats:
     """What one rank did during one dispatch."""
 
     kind: str  # dispatcher name
-    seconds: float  # wall time on this rank, s (after a start barrier, to the last unpack)
+    # wall time on this rank, s: from entering the executor (or its start barrier's end) to the last unpack
+    seconds: float
     phase_s: tuple[float, ...]  # per phase
     advantage_s: float  # computing advantages (incl. the stats all-reduce for layout-aware)
     bytes_sent: int
@@ -141,7 +142,8 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
                      extra: tuple[str, ...] = (), rank: int | None = None,
                      check: bool = True, rewards: dict[int, float] | None = None,
                      turns: int | None = None,
-                     stats: dict[int, torch.Tensor] | None = None) -> tuple[Store, DispatchStats]:
+                     stats: dict[int, torch.Tensor] | None = None,
+                     start_barrier: bool = False) -> tuple[Store, DispatchStats]:
     """Run `tplan` from this rank's `store` (the samples it produced, with rewards). Returns
     the samples this rank needs for training under `dst` (per-token tensors + advantages) and
     timings. Collective over every rank of the world.
@@ -155,7 +157,10 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
     rewarded turns of any sample, known to every rank (the same all-gather): a per-turn
     baseline's keys then need no agreement round (`AdvantageSpec.reductions`). `stats`: the
     batch statistics themselves, known to every rank (`summed_stats` of the episodes' key sums
-    in that all-gather): no round at all."""
+    in that all-gather): no round at all. `start_barrier`: line the ranks up first, so that
+    `seconds` times the moves, not the arrival skew (the executor until 2026-12-06; a round every
+    dispatch pays, which the moves do not need: a rank that arrives early waits in its first
+    receives instead; benchmarks/bench_dispatch_barrier.py measures both)."""
     rank = (dist.get_rank() if dist.is_initialized() else 0) if rank is None else rank
     if tensors is not None:
         tplan = dataclasses.replace(tplan, phases=[
@@ -163,12 +168,10 @@ def execute_dispatch(tplan: TransferPlan, store: Store, samples: list[Sample], s
     tplan = carry_along(tplan, extra)
     device = comm_device()
     tokens = {s.id: s.tokens for s in samples}
-    # ranks start together (`seconds` times the moves, not the arrival skew), unless the plan
-    # waits for no one: local copies only, no statistics (the hand-off onto the aligned layout)
     if tensors is not None or stats is not None or advantages.stats_from(rewards):  # no advantages,
         tplan = dataclasses.replace(tplan, reduce_bytes=0)  # or no round for their statistics
     waited = dist.is_initialized() and dist.get_world_size() > 1 and tplan.waits_for_peers
-    if waited:
+    if waited and start_barrier:  # never where the plan waits for no one: local copies, no statistics
         dist.barrier()
     t_start = time.perf_counter()
     adv_s = 0.0

@@ -381,9 +381,10 @@ def train(w: Worker, ctx: StepContext, step: int, store: Store, src: Layout, sam
         delivered, dstats = execute_dispatch(tplan, {i: dict(v) for i, v in store.items()}, samples, src, dst,
                                              advantages=spec, extra=extra, rewards=rewards, turns=turns,
                                              stats=known)
-        # where the time went: the executor's own seconds (after its start barrier), of which
-        # advantages (their statistics' rounds included; the centralized controller's run inside
-        # its phases) and each phase; the rest of the span is planning and the barrier's wait
+        # where the time went: the executor's own seconds (an early rank's wait for its peers in
+        # its first receives included), of which advantages (their statistics' rounds included;
+        # the centralized controller's run inside its phases) and each phase; the rest of the
+        # span is planning
         w.span(tplan.kind, "dispatch", t0, step, bytes=dstats.bytes_sent,
                args={"transfers": len(tplan.transfers), "reductions": dstats.reductions, "waits": dstats.waited,
                      "moved_s": round(dstats.seconds, 6),

@@ -343,7 +343,7 @@ def test_handoff_is_priced_without_advantages():
         hand = price_transfer_plan(cm, tplan, samples=8, producers=2, world=2, advantages=False)
         assert "advantages" in full.breakdown and "advantages" not in hand.breakdown
         assert "advantage_stats" not in hand.breakdown
-        rounds = 1 + len(tplan.phases)
+        rounds = len(tplan.phases)  # each phase talks; no start barrier
         assert hand.breakdown["cold_start"] == pytest.approx(rounds * prof.dispatch_path.cold_round_s)
         moves = [k for k in hand.breakdown if k in ("alltoall", "gather", "scatter")]
         assert moves and all(hand.breakdown[k] == full.breakdown[k] for k in moves), kind
@@ -356,8 +356,7 @@ def test_a_phase_of_local_copies_is_no_round(dp):
     """The runtime's hand-off onto the layout aligned with the rollout's (`balance_aligned`, as
     earl.runtime.step.prepare_experience builds it) copies every episode where it was played:
     its one phase sends nothing between ranks and it reduces no statistics, so it waits for no
-    one and skips the start barrier too: no round; a dispatch whose phase sends is two, plus
-    the statistics' two."""
+    one: no round; a dispatch whose phase sends is one, plus the statistics' two."""
     from earl.policies.balance import balance_aligned, balance_samples
     from earl.policies.types import Layout, Sample
 
@@ -371,7 +370,7 @@ def test_a_phase_of_local_copies_is_no_round(dp):
     assert sync_rounds(dataclasses.replace(hand, reduce_bytes=0)) == 0  # the hand-off reduces none
     moved = make_dispatcher("layout-aware").plan(aligned, Layout(plan, balance_samples(samples, dp)[0]), samples)
     assert any(tr.src != tr.dst for tr in moved.transfers)
-    assert sync_rounds(moved) == 1 + len(moved.phases) + (2 if moved.reduce_bytes else 0)
+    assert sync_rounds(moved) == len(moved.phases) + (2 if moved.reduce_bytes else 0)
     prof = load_profile("cpu-measured")
     est = price_transfer_plan(dispatchfit.local_cost_model(prof, dp), hand, samples=16, producers=dp, world=dp,
                               advantages=False)
@@ -383,7 +382,7 @@ def test_a_phase_of_local_copies_is_no_round(dp):
 
 def test_cold_start_is_rounds_times_a_fitted_constant():
     """A dispatch inside a step (control=True) pays `cold_round_s` per synchronising round of
-    the executor (sync_rounds: start barrier, phases, the advantage statistics' two rounds);
+    the executor (sync_rounds: its phases, the advantage statistics' two rounds);
     a benchmark's back-to-back dispatch (control=False) does not; the fit recovers the constant
     from the cold runs' extra time."""
     prof = load_profile("cpu-measured")
@@ -391,8 +390,8 @@ def test_cold_start_is_rounds_times_a_fitted_constant():
     warm = dataclasses.replace(prof, dispatch_path=dataclasses.replace(prof.dispatch_path, cold_round_s=0.0))
     for kind, tplan in dispatchfit.transfer_plans(2, 4, 2048).items():
         rounds = sync_rounds(tplan)
-        assert rounds == 1 + len(tplan.phases) + (2 if tplan.reduce_bytes else 0)  # every phase talks
-        assert rounds == {"centralized": 3, "layout-aware": 4}[kind]
+        assert rounds == len(tplan.phases) + (2 if tplan.reduce_bytes else 0)  # every phase talks
+        assert rounds == {"centralized": 2, "layout-aware": 3}[kind]
         c, w = (price_transfer_plan(dispatchfit.local_cost_model(p, 2), tplan, samples=8, producers=2, world=2)
                 for p in (cold, warm))
         assert c.time_s - w.time_s == pytest.approx(rounds * 5e-4)

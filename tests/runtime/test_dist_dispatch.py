@@ -274,7 +274,7 @@ def _handoff_worker(samples, src, dst, late_s):
 @pytest.mark.dist
 def test_handoff_onto_the_aligned_layout_waits_for_no_one():
     """A hand-off onto the layout aligned with the rollout's (every episode stays where it was
-    played: local copies, no statistics) runs no collective, not even the start barrier:
+    played: local copies, no statistics) runs no collective:
     the punctual ranks finish their copies while the last one is still 2 s late, and every rank
     holds exactly its episodes; a hand-off that sends still waits for its peers."""
     from earl.policies.balance import balance_aligned

@@ -232,7 +232,7 @@ def test_allgather_study_times_each_group_and_refuses_bad_groups():
 
 def test_dispatch_cold_study_times_each_case_four_ways_and_refuses_bad_input():
     """studies/cpu_dispatch_cold.py: real gloo ranks, every case timed warm and cold, by the
-    executor's own clock and around the call (which holds the start barrier: never shorter)."""
+    executor's own clock and around the call (after a barrier of its own: never shorter)."""
     r = study("studies/cpu_dispatch_cold.py", "--worlds", "2", "--reps", "3")
     assert r.returncode == 0, r.stderr
     num = r"([-+]?[\d.]+)"
