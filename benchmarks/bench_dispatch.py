@@ -7,8 +7,9 @@ and 4 processes on other payloads: 8 processes and 32K contexts are out of its s
 Setting (earl.calibrate.dispatchfit, shared with the calibration): experience ran data-parallel
 on every process (tp1-dpN, round-robin placement); training uses tp2-dp(N/2) with token-balanced
 placement. Each process produced `--per-rank` samples. Both dispatchers run on the same
-processes, alternating, after a warm-up; the time of one dispatch is the slowest rank's, median
-of `--repeats` (earl.calibrate.dispatchfit.worker). On a small shared host the processes compete for cores, so times
+processes, alternating, after a warm-up; the time of one dispatch is from its last rank's start to
+its last rank's end (as `earl validate` reads a run's), median of `--repeats`
+(earl.calibrate.dispatchfit.worker). On a small shared host the processes compete for cores, so times
 are noisy: the load average is printed; read the busiest-rank bytes (exact) next to them.
 `--rounds R` repeats the whole measurement R times with fresh process groups, the process
 counts interleaved round by round (ranks spawned fresh, as the calibration's), and reports

@@ -10,7 +10,8 @@ first times its synchronising rounds (back-to-back barriers: `DispatchPath.round
 processes than cores `sync_s`) and its statistics reductions (the runtime's own advantage
 code after a barrier, less its local work: `reduce_s`, `reduce_sync_s`); the gloo runs then
 fit the per-message cost and the oversubscription stretch by least squared log error of
-`price_transfer_plan` on the plans that ran. benchmarks/bench_dispatch.py uses the same layouts
+`price_transfer_plan` on the plans that ran, each dispatch read from its last rank's start to
+its last rank's end, as `earl validate` reads the runtime's. benchmarks/bench_dispatch.py uses the same layouts
 and workers. Layouts, medians and the cold-cache figures: docs/calibration.md, "Design notes".
 
     OMP_NUM_THREADS=1 python -m earl.calibrate.dispatchfit     # measure at 2 and 4, fit, print
@@ -80,7 +81,9 @@ class DispatchPoint:
     per_rank: int  # samples each process produced
     context: int  # tokens of the longest sample
     kind: str  # dispatcher
-    seconds: float  # slowest rank's wall time, median of the repeats, s
+    # from the last rank's start to the last rank's end (the slowest rank's wall from a common
+    # start in calibrations before 2026-12-06's twenty-eighth session), median of the repeats, s
+    seconds: float
     busiest_bytes: float  # bytes the busiest rank sent + received
     cold_seconds: float = math.nan  # the same on cold caches (nan: not measured), s
     # the share of a core its ranks got beyond their own oversubscription (earl.calibrate.hostload)
@@ -144,8 +147,8 @@ def _store(samples, src, rank):
 
 def worker(cases, repeats):
     """Runs on every gloo rank: both dispatchers alternating, per case, warm then cold; rank 0's
-    answer is {(per_rank, context): {kind: (median slowest-rank seconds, busiest-rank bytes,
-    median slowest-rank seconds cold)}}. The garbage collector runs as in the runtime's steps:
+    answer is {(per_rank, context): {kind: (median seconds from the last rank's start to the last
+    rank's end, busiest-rank bytes, the same median cold)}}. The garbage collector runs as in the runtime's steps:
     by hand, between the timed dispatches (earl.runtime.gc_steps)."""
     with StepGC(every=1) as step_gc:
         return _timed_cases(cases, repeats, step_gc)
@@ -170,41 +173,55 @@ def _timed_cases(cases, repeats, step_gc):
             out["probe"].append(probe.time())
             for k in KINDS:
                 step_gc.step_done(rep)
-                wall, stats = _timed_call(tplans[k], store, samples, src, dst, check=(rep == 0), rewards=rewards)
-                t = torch.tensor([wall, float(stats.bytes_sent + stats.bytes_recv)])
-                dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                busiest[k] = float(t[1])
+                t0, t1, stats = _timed_span(tplans[k], store, samples, src, dst, check=(rep == 0), rewards=rewards)
+                wall, busiest[k] = _last_start_to_end(t0, t1, float(stats.bytes_sent + stats.bytes_recv))
                 if rep:  # the first round warms up connections and allocators
-                    times[k].append(float(t[0]))
+                    times[k].append(wall)
         cold: dict[str, list[float]] = {k: [] for k in KINDS}
         for rep in range(repeats):
             for k in KINDS:
                 step_gc.step_done(rep)
                 evict.fill_(rep)  # cold caches (see EVICT_BYTES)
-                t = torch.tensor([_timed_call(tplans[k], store, samples, src, dst, check=False, rewards=rewards)[0]])
-                dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                cold[k].append(float(t[0]))
+                t0, t1, _ = _timed_span(tplans[k], store, samples, src, dst, check=False, rewards=rewards)
+                cold[k].append(_last_start_to_end(t0, t1)[0])
         # the median repeat: the runtime's dispatches are single shots, not the luckiest of several
         out[(per_rank, ctx)] = {k: (statistics.median(v), busiest[k], statistics.median(cold[k]))
                                 for k, v in times.items()}
     return out
 
 
-def _timed_call(tplan, store, samples, src, dst, check: bool, rewards: dict[int, float] | None = None):
-    """(wall seconds, stats) of one `execute_dispatch` after a barrier (`rewards`: every
-    sample's, known to every rank: no statistics reduction, `runtime_plans`), as the runtime's
-    dispatch span holds it once its last rank has arrived: its phases are the rounds the price
-    counts (`sync_rounds`). Warm and cold repeats are both timed so. Until 2026-12-06 the executor
-    lined its ranks up with a barrier of its own first, a round the price counted; until
-    2026-12-05 the warm repeats read the executor's own seconds after that barrier, which the
-    price counted as a round the points did not hold, and the cold ones the wall around the call,
-    so `cold_round_s` took the barrier's round for the caches' cost (0.4-1.0 ms at 2 ranks,
-    1.7-4.5 ms at 4 on the 2-vCPU EPYC; studies/cpu_dispatch_cold.py, docs/fidelity.md, twentieth
-    session)."""
+def _timed_span(tplan, store, samples, src, dst, check: bool, rewards: dict[int, float] | None = None):
+    """(start, end, stats) of one `execute_dispatch` on this rank, after a barrier (`rewards`:
+    every sample's, known to every rank: no statistics reduction, `runtime_plans`), on the
+    host's monotonic clock (`time.perf_counter`, one for all its processes). The points read a
+    dispatch from the last rank's start to the last rank's end (`_last_start_to_end`), as `earl
+    validate` reads the runtime's (earl.calibrate.validate.measured_stages): its phases are the
+    rounds the price counts (`sync_rounds`). Warm and cold repeats are both timed so.
+    History: until 2026-12-06 (twenty-eighth session) the points read the slowest rank's wall
+    from its own barrier exit, and the executor lined its ranks up with a barrier of its own
+    first, a round the price counted; until 2026-12-05 the warm repeats read the executor's own
+    seconds after that barrier, which the price counted as a round the points did not hold, and
+    the cold ones the wall around the call, so `cold_round_s` took the barrier's round for the
+    caches' cost (0.4-1.0 ms at 2 ranks, 1.7-4.5 ms at 4 on the 2-vCPU EPYC;
+    studies/cpu_dispatch_cold.py, docs/fidelity.md, twentieth session)."""
     dist.barrier()
     t0 = time.perf_counter()
     _, stats = execute_dispatch(tplan, store, samples, src, dst, check=check, rewards=rewards)
-    return time.perf_counter() - t0, stats
+    return t0, time.perf_counter(), stats
+
+
+def _timed_call(tplan, store, samples, src, dst, check: bool, rewards: dict[int, float] | None = None):
+    """(this rank's wall seconds, stats) of `_timed_span`'s dispatch."""
+    t0, t1, stats = _timed_span(tplan, store, samples, src, dst, check, rewards)
+    return t1 - t0, stats
+
+
+def _last_start_to_end(t0: float, t1: float, extra: float = 0.0) -> tuple[float, float]:
+    """Collective: (seconds from the last rank's start to the last rank's end, the largest
+    `extra` of any rank); float64, as the clock's seconds since boot need."""
+    t = torch.tensor([t0, t1, extra], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t[1] - t[0]), float(t[2])
 
 
 def round_seconds(rounds: int = ROUNDS, repeats: int = 5) -> float:

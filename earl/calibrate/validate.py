@@ -57,9 +57,10 @@ STAGES = STEP_PHASES  # the runtime's span stages, the rows of every table
 # there (its stages last as long as their slowest group); the move itself starts when the last
 # rank arrives (each is read from then, `measured_stages`)
 COLLECTIVE_MOVES = ("dispatch", "reshard")
-# ... of which those the dispatch path prices (earl.cost_model.dispatch: the executor's slowest
-# rank from a common start, as `earl calibrate` times it, earl.calibrate.dispatchfit._timed_call)
-# are read so: from the last rank's arrival to the last rank's end (`measured_stages`). The
+# ... of which those the dispatch path prices (earl.cost_model.dispatch: the executor from its
+# last rank's start to its last rank's end, as `earl calibrate` times it since 2026-12-06,
+# earl.calibrate.dispatchfit._timed_span; the slowest rank from a common start before) are read
+# so: from the last rank's arrival to the last rank's end (`measured_stages`). The
 # shortest span is the last arrival's own end, which at 4 ranks on 2 cores came ~2 ms (median)
 # before the last end (2026-12-05 passes, docs/fidelity.md, twenty-third session)
 DISPATCH_MOVES = ("dispatch",)

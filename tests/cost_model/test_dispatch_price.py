@@ -224,6 +224,38 @@ def test_quick_fit_keeps_the_oversubscription_terms():
     assert (path.sync_s, path.oversubscribed_exp) == (prof.dispatch_path.sync_s, prof.dispatch_path.oversubscribed_exp)
 
 
+def _skewed_span_worker():
+    """Rank 1 starts 0.1 s after rank 0 and runs 0.05 s; rank 0 runs 0.2 s (both from a common
+    barrier): read as the calibration reads a dispatch."""
+    import time
+
+    import torch.distributed as dist
+
+    dist.barrier()
+    base = time.perf_counter()
+    late = dist.get_rank() == 1
+    if late:
+        time.sleep(0.1)
+    t0 = time.perf_counter()
+    time.sleep(0.05 if late else 0.2)
+    return dispatchfit._last_start_to_end(t0, time.perf_counter(), float(dist.get_rank() + 7)), \
+        time.perf_counter() - base
+
+
+def test_a_point_is_read_from_the_last_start_to_the_last_end():
+    """`earl calibrate` reads a dispatch as `earl validate` reads the runtime's: from the last
+    rank's start (here the late rank's, 0.1 s in) to the last rank's end (the early rank's, 0.2
+    s in), 0.1 s, not the slowest rank's 0.2 s; every rank gets the same reading and the largest
+    `extra`, in float64 (seconds since boot)."""
+    from earl.runtime.dist import run_local
+
+    got = run_local(_skewed_span_worker, 2, timeout_s=120)
+    (a, extra_a), _ = got[0]
+    (b, extra_b), _ = got[1]
+    assert a == b and extra_a == extra_b == 8.0
+    assert 0.08 < a < 0.14, a
+
+
 def _timed_worker():
     """One calibration dispatch per dispatcher on this gloo rank, timed as `measure` times it."""
     import torch.distributed as dist
@@ -240,7 +272,7 @@ def _timed_worker():
 
 def test_the_gloo_points_dispatch_as_the_runtime_does_and_old_points_keep_their_reduction():
     """The calibration's gloo points run the training dispatch as the runtime now does (every
-    rank holds the statistics: no reduction, still a barrier and a phase that sends), and the fit
+    rank holds the statistics: no reduction, still a phase that sends), and the fit
     prices them so (`runtime_plans`); points recorded before (one reduction each,
     `DispatchPoint.reductions`) are priced with theirs, and the fit recovers the same path from
     either."""
