@@ -64,7 +64,8 @@ def refit(prof: HardwareProfile, reduction: tuple[float, float] | None) -> Hardw
         points.append(DispatchPoint(procs=procs, per_rank=per_rank, context=context, kind=kind,
                                     seconds=p["measured_s"], busiest_bytes=0.0, cold_seconds=p["cold_measured_s"],
                                     share=path.host_share, round_s=loop, reduce_s=red,
-                                    reductions=q.get("reductions", 1)))  # recorded before 2026-12-06: one
+                                    reductions=q.get("reductions", 1),  # recorded before 2026-12-06: one
+                                    start_rounds=q.get("start_rounds", 1)))  # and the start barrier's round
     host = {"object_s": path.object_s, "copy_bw_bytes_s": path.copy_bw_bytes_s, "sample_s": path.sample_s}
     new, quality = fit_dispatch_path(prof, points, host, host_parallel=path.host_parallel)
     quality["probe_s"] = q.get("probe_s")

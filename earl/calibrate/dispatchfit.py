@@ -96,6 +96,10 @@ class DispatchPoint:
     # statistics reductions each of its dispatches issued: none since 2026-12-06 (`runtime_plans`),
     # one in the points of calibrations before (their recorded points, studies/cpu_refit_dispatch.py)
     reductions: int = 0
+    # rounds before the executor's first phase: its start barrier's, 1 in the points of
+    # calibrations before 2026-12-06's twenty-eighth session (the executor then lined its ranks
+    # up first; their recorded points, studies/cpu_refit_dispatch.py), none since
+    start_rounds: int = 0
 
 
 def plans(nproc: int) -> tuple[ParallelPlan, ParallelPlan]:
@@ -471,7 +475,8 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
         for p in points:
             tp = plans_by[(p.procs, p.per_rank, p.context, p.reductions)][p.kind]
             out.append(price_transfer_plan(cms[p.procs].with_profile(prof), tp, samples=p.procs * p.per_rank,
-                                           producers=p.procs, world=p.procs, control=False).time_s)
+                                           producers=p.procs, world=p.procs, control=False).time_s
+                       + p.start_rounds * prof.dispatch_path.round_cost_s(p.procs))
         return out
 
     y = np.array([p.seconds for p in points])
@@ -482,7 +487,8 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
     res = least_squares(lambda x: np.log(np.array(predicted(x)) / y), x0, bounds=(lo, hi), x_scale="jac")
     pred = predicted(res.x)
     # cold caches: the extra time per synchronising round of the executor (through the origin)
-    rounds = [sync_rounds(plans_by[(p.procs, p.per_rank, p.context, p.reductions)][p.kind]) for p in points]
+    rounds = [sync_rounds(plans_by[(p.procs, p.per_rank, p.context, p.reductions)][p.kind]) + p.start_rounds
+              for p in points]
     cold = [(r, p.cold_seconds - p.seconds) for r, p in zip(rounds, points, strict=True)
             if math.isfinite(p.cold_seconds)]
     cold_round_s = max(0.0, sum(r * d for r, d in cold) / sum(r * r for r, _ in cold)) if cold else \
@@ -495,6 +501,7 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
                "round_s": path.round_s, "sync_s": path.sync_s, "sync_s_loop": loop_sync,
                "reduce_s": path.reduce_s, "reduce_sync_s": path.reduce_sync_s,
                "reductions": max(p.reductions for p in points),
+               "start_rounds": max(p.start_rounds for p in points),
                "points": [{"label": f"{p.kind} n={p.procs} {p.per_rank}x{p.context}", "measured_s": p.seconds,
                            "predicted_s": q, "cold_measured_s": p.cold_seconds,
                            "cold_predicted_s": q + r * cold_round_s}

@@ -502,4 +502,8 @@ def test_rescore_prices_a_recorded_multi_process_run_of_a_checkpoint_kept_as_its
         assert {k: x for k, x in got.items() if k != "dispatch"} == {k: x for k, x in want.items() if k != "dispatch"}
         assert got["dispatch"] >= want["dispatch"]
     for got, want in zip(v.predicted, recorded["variants"][0]["predicted"], strict=True):
-        assert got == pytest.approx(want, rel=1e-9)
+        # the executor's start barrier is priced no more since the twenty-eighth session: one
+        # round (and its cold start) less than the run was priced with, the rest the same
+        assert {k: x for k, x in got.items() if k != "dispatch"} == \
+            pytest.approx({k: x for k, x in want.items() if k != "dispatch"}, rel=1e-9)
+        assert 0.5 * want["dispatch"] < got["dispatch"] < want["dispatch"]
