@@ -7,7 +7,8 @@ both dispatchers) at 2 and 4 gloo processes.
 Each call is timed as `earl validate` reads a dispatch in a run's trace (from the last rank's
 start to the last rank's end) and as `earl calibrate` does (the slowest rank's wall after a
 barrier). Before each call every rank works 0-2 ms (seeded per rank: arrival skew, as after a
-training step's compute), then enters the executor, whose start barrier lines the ranks up. The
+training step's compute), then enters the executor (in the "barrier" variant its start barrier
+lines the ranks up first). The
 two variants alternate call by call in the same process group; `--rounds` repeats it all
 with fresh groups. Printed per case: median and p25-p75 (ms), the spread (p75 - p25) / median,
 the share of calls over 1.5 x the median (a slow mode), and none / barrier of the medians.
@@ -49,8 +50,9 @@ def worker(cases, repeats, kinds=KINDS):
         samples, src, dst = layouts(world, per_rank, ctx)
         store = _store(samples, src, rank)
         rewards = {x.id: sample_reward(x.id) for x in samples}
+        tplans = runtime_plans(world, per_rank, ctx)
         for kind in kinds:
-            tplan = runtime_plans(world, per_rank, ctx)[kind]
+            tplan = tplans[kind]
             calls = {v: [] for v in VARIANTS}
             for rep in range(repeats + 2):  # the first two warm connections and allocators
                 for v in VARIANTS:
