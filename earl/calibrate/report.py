@@ -118,7 +118,8 @@ def quality_table(res: CalibrationResult) -> Table:
         d = prof.dispatch_path
         t.add_row("dispatch path (gloo runs)", f"{dq['n']} points",
                   f"{d.message_s * 1e6:.0f} us/message, round {d.round_s * 1e6:.0f} us (+{d.sync_s * 1e6:.0f} us "
-                  f"oversubscribed), reduction {d.reduce_s * 1e6:.0f} us (+{d.reduce_sync_s * 1e6:.0f} us), cold start "
+                  f"oversubscribed, +{d.wake_sync_s * 1e6:.0f} us waking), reduction {d.reduce_s * 1e6:.0f} us "
+                  f"(+{d.reduce_sync_s * 1e6:.0f} us), cold start "
                   f"{d.cold_round_s * 1e3:.2f} ms/round", "-", "-", "-",
                   f"{_pct(dq['fit_median_err'])} (fit)")
     if fq:

@@ -144,8 +144,9 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
     """Price `tplan` (an earl.policies TransferPlan: `kind`, `controller`, `phases` of transfers
     with src, dst, bytes, sample_ids, tensors; `metadata_bytes`, `reduce_bytes`) moving
     `samples` samples made by `producers` data-parallel groups among `world` ranks.
-    `control=False` leaves out the control plane (planning, metadata to the controller) and the
-    cold start of the executor's rounds (`DispatchPath.cold_round_s`): what a benchmark that
+    `control=False` leaves out the control plane (planning, metadata to the controller), the
+    cold start of the executor's rounds (`DispatchPath.cold_round_s`) and the wake-ups of ranks
+    that come to its rounds from other work (`DispatchPath.wake_sync_s`): what a benchmark that
     plans before it starts its clock and runs dispatches back to back measures.
     `advantages=False`: the executor moves the plan's tensors and computes no advantages (the
     runtime's rollout -> experience hand-off, `execute_dispatch(tensors=...)`): no advantage host
@@ -204,8 +205,10 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
     # measured a round (DispatchPath.round_cost_s) it is their price, and a statistics
     # reduction's two rounds are priced as the profile measured that reduction
     # (DispatchPath.reduce_cost_s, timed in the runtime's advantage code); both stand for the
-    # links' latency
-    round_s = path.round_cost_s(ppn) if world > 1 else 0.0
+    # links' latency. With its control plane (a runtime step's dispatch) the ranks come to the
+    # rounds from other work, asleep on their sockets (`DispatchPath.wake_sync_s` where they
+    # outnumber the cores); without it, the executor called back to back keeps them awake
+    round_s = path.round_cost_s(ppn, asleep=control) if world > 1 else 0.0
     rounds = sync_rounds(tplan)
     reductions = stat_reductions(tplan)
     if tplan.reduce_bytes and world > 1:

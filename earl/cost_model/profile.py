@@ -89,6 +89,14 @@ class DispatchPath:
     # barriers in a loop at 2 and 4 processes); 0 on datasheets, whose links' alpha prices NCCL's latency.
     round_s: float = 0.0  # per round when the node's processes fit its host_parallel cores, s
     sync_s: float = 0.0  # extra per round when a node runs more processes than host_parallel, s
+    # ... and where the ranks come to the round from other work, asleep on their sockets (the
+    # runtime's dispatch, whose ranks arrive from their log-prob passes and leave for their
+    # training step): the back-to-back barrier loop's figure beyond the cores, which `earl
+    # calibrate` measures (earl.calibrate.dispatchfit.round_seconds). The executor called back to
+    # back, as the calibration's points and the benchmarks call it, keeps its ranks awake and fits
+    # `sync_s` far below it (4 gloo ranks on 2 cores: 0.09-0.68 ms fitted against 1.6-2.0 ms in
+    # the loop; docs/fidelity.md, twenty-ninth session). 0: not measured (`sync_s` stands for it)
+    wake_sync_s: float = 0.0
     # A statistics reduction of the advantages (earl.runtime.advantages.reduce_small: a gather of
     # a few scalars to one rank and a scatter back) as the runtime issues it: timed in the
     # runtime's own advantage code right after a barrier, less its local work
@@ -121,7 +129,7 @@ class DispatchPath:
     def __post_init__(self):
         if not 0 < self.host_share <= 1:
             raise ValueError(f"DispatchPath.host_share must be in (0, 1], got {self.host_share!r}")
-        for k in ("message_s", "object_s", "sample_s", "controller_object_s", "round_s", "sync_s",
+        for k in ("message_s", "object_s", "sample_s", "controller_object_s", "round_s", "sync_s", "wake_sync_s",
                   "reduce_s", "reduce_sync_s", "oversubscribed_exp", "cold_round_s"):
             if getattr(self, k) < 0:
                 raise ValueError(f"DispatchPath.{k} must be >= 0 s, got {getattr(self, k)}")
@@ -134,10 +142,14 @@ class DispatchPath:
             raise ValueError(f"DispatchPath.wire_bw_bytes_s must be > 0 bytes/s (or null: the intra link), "
                              f"got {self.wire_bw_bytes_s}")
 
-    def round_cost_s(self, procs: int) -> float:
+    def round_cost_s(self, procs: int, asleep: bool = False) -> float:
         """Seconds of one synchronising round of ranks sharing a node that runs `procs`
-        processes: `round_s`, plus `sync_s` when they outnumber its host_parallel cores."""
-        return self.round_s + (self.sync_s if procs > self.host_parallel else 0.0)
+        processes: `round_s`, plus `sync_s` when they outnumber its host_parallel cores (with
+        `asleep`, ranks that come to it from other work: the larger of `sync_s` and
+        `wake_sync_s`)."""
+        if procs <= self.host_parallel:
+            return self.round_s
+        return self.round_s + (max(self.sync_s, self.wake_sync_s) if asleep else self.sync_s)
 
     def reduce_cost_s(self, procs: int) -> float:
         """Seconds of one statistics reduction among ranks sharing a node that runs `procs`
@@ -533,7 +545,7 @@ def slowed(profile: HardwareProfile, factor: float) -> HardwareProfile:
                              intra_latency_s=hw.intra_latency_s * factor)
     dp = dataclasses.replace(
         dp, **{k: getattr(dp, k) * factor for k in ("message_s", "object_s", "sample_s", "controller_object_s",
-                                                     "round_s", "sync_s", "reduce_s", "reduce_sync_s",
+                                                     "round_s", "sync_s", "wake_sync_s", "reduce_s", "reduce_sync_s",
                                                      "cold_round_s")},
         copy_bw_bytes_s=dp.copy_bw_bytes_s / factor, controller_bw_bytes_s=dp.controller_bw_bytes_s / factor,
         wire_bw_bytes_s=None if dp.wire_bw_bytes_s is None else dp.wire_bw_bytes_s / factor)

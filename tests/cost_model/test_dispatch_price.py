@@ -149,14 +149,43 @@ def test_fit_recovers_known_parameters_from_synthetic_points(loop_extra):
     assert (path.round_s, path.sync_s) == (pytest.approx(4e-4), pytest.approx(1e-3, rel=0.02))
     assert (quality["round_s"], quality["sync_s"]) == (path.round_s, path.sync_s)
     assert quality["sync_s_loop"] == pytest.approx(1e-3 + loop_extra)
+    # the loop's figure is kept for the runtime's rounds, whose ranks arrive asleep
+    assert path.wake_sync_s == pytest.approx(1e-3 + loop_extra) == quality["wake_sync_s"]
     # the reduction's terms are the loop's, as measured (2: reduce_s; 4: reduce_s + reduce_sync_s)
     assert (path.reduce_s, path.reduce_sync_s) == (pytest.approx(3e-4), pytest.approx(6e-4))
     assert (quality["reduce_s"], quality["reduce_sync_s"]) == (path.reduce_s, path.reduce_sync_s)
     # points without round or reduction measurements keep the profile's terms
     plain = [dataclasses.replace(p, round_s=float("nan"), reduce_s=float("nan")) for p in points]
     kept = dispatchfit.fit_dispatch_path(true_prof, plain, host, host_parallel=2)[0]
-    assert (kept.round_s, kept.sync_s, kept.reduce_s, kept.reduce_sync_s) == \
-        (truth.round_s, truth.sync_s, truth.reduce_s, truth.reduce_sync_s)
+    assert (kept.round_s, kept.sync_s, kept.reduce_s, kept.reduce_sync_s, kept.wake_sync_s) == \
+        (truth.round_s, truth.sync_s, truth.reduce_s, truth.reduce_sync_s, truth.wake_sync_s)
+
+
+def test_a_runtime_dispatchs_rounds_beyond_the_cores_cost_the_wake_up_loop():
+    """With its control plane (a runtime step's dispatch, whose ranks come to its rounds from
+    other work) a round of more processes than cores costs round_s + the larger of sync_s and
+    wake_sync_s (the barrier loop's figure); the executor alone (control=False, as the
+    calibration's points and the benchmarks run it back to back) pays sync_s; at or under the
+    cores, and on a profile that measured no wake-up (0), nothing changes."""
+    prof = load_profile("cpu-measured")
+    path = dataclasses.replace(prof.dispatch_path, round_s=5e-4, sync_s=2e-4, wake_sync_s=1.8e-3, host_parallel=2)
+    woken = dataclasses.replace(prof, dispatch_path=path)
+    plain = dataclasses.replace(prof, dispatch_path=dataclasses.replace(path, wake_sync_s=0.0))
+    assert (path.round_cost_s(4), path.round_cost_s(4, asleep=True)) == (7e-4, pytest.approx(2.3e-3))
+    assert path.round_cost_s(2, asleep=True) == path.round_cost_s(2) == 5e-4
+    assert dataclasses.replace(path, sync_s=3e-3).round_cost_s(4, asleep=True) == pytest.approx(3.5e-3)
+    for n in (2, 4):
+        tplan = dispatchfit.runtime_plans(n, 4, 2048)["layout-aware"]
+        rounds = sync_rounds(tplan)
+        assert rounds >= 1
+        price = {(p is woken, control): price_transfer_plan(dispatchfit.local_cost_model(p, n), tplan,
+                                                             samples=4 * n, producers=n, world=n, control=control)
+                 for p in (woken, plain) for control in (True, False)}
+        extra = rounds * (1.8e-3 - 2e-4) if n > 2 else 0.0
+        woken_rounds, plain_rounds = price[(True, True)].breakdown["rounds"], price[(False, True)].breakdown["rounds"]
+        assert woken_rounds == pytest.approx(plain_rounds + extra)
+        assert price[(True, True)].time_s == pytest.approx(price[(False, True)].time_s + extra)
+        assert price[(True, False)].time_s == price[(False, False)].time_s  # back to back: sync_s
 
 
 def test_every_synchronising_round_costs_the_measured_round():
@@ -170,7 +199,7 @@ def test_every_synchronising_round_costs_the_measured_round():
                                reduce_sync_s=0.0)
     with_rounds = dataclasses.replace(prof, dispatch_path=path)
     reduced = dataclasses.replace(prof, dispatch_path=dataclasses.replace(path, reduce_s=3e-4, reduce_sync_s=7e-4))
-    none = dataclasses.replace(prof, dispatch_path=dataclasses.replace(path, round_s=0.0, sync_s=0.0))
+    none = dataclasses.replace(prof, dispatch_path=dataclasses.replace(path, round_s=0.0, sync_s=0.0, wake_sync_s=0.0))
     assert (path.round_cost_s(2), path.round_cost_s(4)) == (5e-4, 2.5e-3)
     assert (path.reduce_cost_s(2), path.reduce_cost_s(4)) == (1e-3, 5e-3)  # not measured: two rounds
     assert (reduced.dispatch_path.reduce_cost_s(2), reduced.dispatch_path.reduce_cost_s(4)) == (3e-4, 1e-3)
@@ -409,7 +438,7 @@ def test_a_phase_of_local_copies_is_no_round(dp):
     assert "rounds" not in est.breakdown and "cold_start" not in est.breakdown
     full = price_transfer_plan(dispatchfit.local_cost_model(prof, dp), moved, samples=16, producers=dp, world=dp)
     assert full.breakdown["rounds"] == pytest.approx((sync_rounds(moved) - 2 * stat_reductions(moved))
-                                                     * prof.dispatch_path.round_cost_s(dp))
+                                                     * prof.dispatch_path.round_cost_s(dp, asleep=True))
 
 
 def test_cold_start_is_rounds_times_a_fitted_constant():
