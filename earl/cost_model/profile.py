@@ -94,8 +94,9 @@ class DispatchPath:
     # training step): the back-to-back barrier loop's figure beyond the cores, which `earl
     # calibrate` measures (earl.calibrate.dispatchfit.round_seconds). The executor called back to
     # back, as the calibration's points and the benchmarks call it, keeps its ranks awake and fits
-    # `sync_s` far below it (4 gloo ranks on 2 cores: 0.09-0.68 ms fitted against 1.6-2.0 ms in
-    # the loop; docs/fidelity.md, twenty-ninth session). 0: not measured (`sync_s` stands for it)
+    # `sync_s` below it (4 gloo ranks on 2 cores, thirteen calibrations of 2026-12-06: 0.08-0.68 ms
+    # fitted in nine, 0.8-1.6 ms in four, against 1.6-2.0 ms in the loop; docs/fidelity.md,
+    # twenty-ninth session). 0: not measured (`sync_s` stands for it)
     wake_sync_s: float = 0.0
     # A statistics reduction of the advantages (earl.runtime.advantages.reduce_small: a gather of
     # a few scalars to one rank and a scatter back) as the runtime issues it: timed in the
