@@ -55,10 +55,11 @@ def step_layouts(world: int, seed: int = 0):
     return samples, src, Layout(dst_plan, balance_samples(samples, dst_plan.dp)[0])
 
 
-def step_plan(world: int):
+def step_plan(samples, src, dst):
+    """The layout-aware plan between `step_layouts`' layouts, reducing no statistics (as the
+    runtime's training dispatch runs it: every rank holds them from the metadata)."""
     from earl.policies import make_dispatcher
 
-    samples, src, dst = step_layouts(world)
     return dataclasses.replace(make_dispatcher("layout-aware").plan(src, dst, samples), reduce_bytes=0)
 
 
@@ -75,7 +76,7 @@ def worker(repeats: int, after_s: float, skew_s: float = 1e-3):
     samples, src, dst = step_layouts(world)
     store = _store(samples, src, rank)
     rewards = {x.id: sample_reward(x.id) for x in samples}
-    tplan = step_plan(world)
+    tplan = step_plan(samples, src, dst)
     small = torch.zeros(64)
     parts = [torch.zeros(64) for _ in range(world)]
     calls = {v: [] for v in NEIGHBOURS}
@@ -114,14 +115,17 @@ def main() -> None:
     if args.rounds < 1 or args.repeats < 4 or min(args.procs) < 2 or args.after_ms < 0 or args.skew_ms < 0:
         ap.error(f"--rounds >= 1, --repeats >= 4, --procs >= 2, --after-ms and --skew-ms >= 0; got "
                  f"{args.rounds}, {args.repeats}, {args.procs}, {args.after_ms}, {args.skew_ms}")
-    prof = load_profile(args.hardware)
+    try:
+        prof = load_profile(args.hardware)
+    except (ValueError, OSError) as e:
+        ap.error(f"--hardware {args.hardware}: {e}")
     print(f"{len(os.sched_getaffinity(0))} CPUs, load average {os.getloadavg()[0]:.2f} at start; {EPISODES} "
           f"episodes, {args.repeats} calls per neighbour x {args.rounds} rounds, {args.after_ms:g} ms after, "
           f"skew up to {args.skew_ms:g} ms")
     print(f"{'procs':>5} {'round':>5} | " + " | ".join(f"{v:>7}: median p25-p75 (ms)" for v in NEIGHBOURS)
           + " | compute / sleep, gather / sleep | priced (ms)")
     for n in args.procs:
-        tplan = step_plan(n)
+        tplan = step_plan(*step_layouts(n))
         priced = price_transfer_plan(local_cost_model(prof, n), tplan, samples=EPISODES, producers=n, world=n,
                                      control=False).time_s
         for r in range(args.rounds):

@@ -503,7 +503,6 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
     quality = {"fit_median_err": round(float(np.median(errs)), 4), "fit_max_err": round(float(max(errs)), 4),
                "n": len(points), "host_parallel": hp, "cold_round_s": cold_round_s,
                "round_s": path.round_s, "sync_s": path.sync_s, "sync_s_loop": loop_sync,
-               "wake_sync_s": path.wake_sync_s,
                "reduce_s": path.reduce_s, "reduce_sync_s": path.reduce_sync_s,
                "reductions": max(p.reductions for p in points),
                "start_rounds": max(p.start_rounds for p in points),

@@ -38,3 +38,5 @@ def test_bad_arguments_exit_2_naming_them():
     r = study("--procs", "1")
     assert r.returncode == 2
     assert "--procs >= 2" in r.stderr and "[1]" in r.stderr
+    r = study("--hardware", "no-such-profile")
+    assert r.returncode == 2 and "no-such-profile" in r.stderr and "Traceback" not in r.stderr
