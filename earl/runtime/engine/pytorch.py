@@ -87,6 +87,25 @@ def _as_slice(slots: list[int]) -> slice | None:
         return slice(slots[0], slots[-1] + 1)
     return None
 
+
+# decode rows whose slots are not a consecutive run in order attend over the slots' whole range
+# (a view of the cache; the slots in it that are not decoding attend one position, their outputs
+# dropped) while it holds at most this many times as many slots as rows, else over a gathered
+# copy of their slots. On qwen2-27m's cache (2 KV heads x 64, fp32; 2-vCPU Xeon, 2026-12-06) the
+# copy doubled a layer's attention (16 rows x 192 positions: 0.66 ms gathered, 0.33 ms as a
+# view), and most decode steps of a calculator rollout had rows out of order or a few waiting on
+# their environment (benchmarks/bench_decode_slots.py)
+COVER_ROWS = 2.0
+
+
+def _cover(slots: list[int], cover: float = COVER_ROWS) -> slice | None:
+    """The range of cache slots holding every one of `slots` when they are not a consecutive run
+    in order (`_as_slice`) and the range holds at most `cover` x len(slots) slots, else None."""
+    if not slots or _as_slice(slots) is not None:
+        return None
+    lo, hi = min(slots), max(slots) + 1
+    return slice(lo, hi) if hi - lo <= cover * len(slots) else None
+
 class _Row:
     """One episode's host-side state."""
 
@@ -279,7 +298,8 @@ class TorchEpisodeBatch:
         slot_B = self._upload(slots)
         kv_len = min(self.capacity, _round_up(max(self.rows[r].length for r in decode) + steps, KV_ROUND))
         tok_KB, lp_KB = eng.decode_block(self.k, self.v, ids_pos[0], slot_B, ids_pos[1], self.seeds_t[slot_B],
-                                         self._groups(decode, width), steps, kv_len, _as_slice(slots))
+                                         self._groups(decode, width), steps, kv_len, _as_slice(slots),
+                                         _cover(slots))
         toks, lps = self._read(tok_KB[:, :len(decode)].T, lp_KB[:, :len(decode)].T)
         finished, used = self._accept(decode, toks, lps)
         for r, n in zip(decode, used, strict=True):
@@ -388,7 +408,7 @@ class TorchEpisodeBatch:
         kv_len = min(self.capacity, _round_up(max(pos[:n_dec], default=0) + 1, KV_ROUND))
         t = lambda x: torch.tensor(x, dtype=torch.long, device=dev)  # noqa: E731
         logits = eng.forward(self.k, self.v, t(ids), t(slots), t(pos), n_dec, kv_len, segs, t(last),
-                             _as_slice(decode))
+                             _as_slice(decode), _cover(decode))
         if copies:
             src = t([[a, p] for a, _, n in copies for p in range(n)]).T
             dst = t([[b, p] for _, b, n in copies for p in range(n)]).T
@@ -462,22 +482,31 @@ class TorchEngine:
     def forward(self, k_cache: list[torch.Tensor], v_cache: list[torch.Tensor], ids_N: torch.Tensor,
                 slot_N: torch.Tensor, pos_N: torch.Tensor, n_dec: int, kv_len: int,
                 segs: list[tuple[int, int, int, int]], out_N: torch.Tensor,
-                dec_slots: slice | None = None) -> torch.Tensor:
+                dec_slots: slice | None = None, dec_cover: slice | None = None) -> torch.Tensor:
         """Run the packed tokens `ids_N` (token i of slot `slot_N[i]` at position `pos_N[i]`),
         writing their KV into the slots; return logits [len(out_N), V] at the positions `out_N`.
         Tokens 0..n_dec-1 are one per decode row (attention over `kv_len` positions of their
         slot); `segs` are (start, end, slot, length after) prefill segments. `dec_slots`: the
         decode rows' slots when they are consecutive (the usual case), read as a view of the
-        cache instead of gathered (a [rows, kv_len] copy per layer and step)."""
+        cache instead of gathered (a [rows, kv_len] copy per layer and step); else `dec_cover`:
+        a range of slots holding theirs (`_cover`), read as a view with each row's query at its
+        slot and only the decode rows' outputs kept; neither: gathered."""
         m = self.model.model
         D = self.head_dim
         h = m.embed_tokens(ids_N)[None]  # [1, N, hidden]
         cos, sin = m.rotary_emb(h, pos_N[None])
         cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [N, 1, D]
+        covered = None  # with `dec_cover`: each decode row's place in the range
         if n_dec:
             ar = torch.arange(kv_len, device=ids_N.device)
-            mask_dec = (ar[None, :] <= pos_N[:n_dec, None])[:, None, None, :]  # [B, 1, 1, kv]
-            slot_dec = slot_N[:n_dec]
+            slot_dec, pos_dec = slot_N[:n_dec], pos_N[:n_dec]
+            if dec_slots is None and dec_cover is not None:
+                # the range's slots that are not decoding attend position 0 only (no empty row)
+                covered = slot_dec - dec_cover.start
+                pos_dec = torch.zeros(dec_cover.stop - dec_cover.start, dtype=pos_N.dtype,
+                                      device=ids_N.device).index_put_((covered,), pos_dec)
+                dec_slots = dec_cover
+            mask_dec = (ar[None, :] <= pos_dec[:, None])[:, None, None, :]  # [B, 1, 1, kv]
         for li, layer in enumerate(self.layers):
             attn = layer.self_attn
             x = layer.input_layernorm(h)
@@ -494,9 +523,12 @@ class TorchEngine:
                 sd = slot_dec if dec_slots is None else dec_slots
                 kd = kc[sd, :kv_len].transpose(1, 2)  # [B, Hkv, kv, D]
                 vd = vc[sd, :kv_len].transpose(1, 2)
-                o = F.scaled_dot_product_attention(q[:n_dec, :, None, :], kd, vd, attn_mask=mask_dec,
-                                                   scale=attn.scaling, enable_gqa=True)
-                outs.append(o[:, :, 0, :])
+                qd = q[:n_dec, :, None, :]
+                if covered is not None:
+                    qd = qd.new_zeros((len(pos_dec), *qd.shape[1:])).index_put_((covered,), qd)
+                o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask_dec, scale=attn.scaling,
+                                                   enable_gqa=True)
+                outs.append(o[:, :, 0, :] if covered is None else o[covered, :, 0, :])
             for start, end, slot, length in segs:
                 ks = kc[slot, :length].transpose(0, 1)[None]  # [1, Hkv, L, D]
                 vs = vc[slot, :length].transpose(0, 1)[None]
@@ -518,25 +550,27 @@ class TorchEngine:
         return self._samplers[key]
 
     def decode_step(self, k_cache, v_cache, ids_B, slot_B, pos_B, seed_B, groups, kv_len: int = 0,
-                    dec_slots: slice | None = None):
+                    dec_slots: slice | None = None, dec_cover: slice | None = None):
         """One decode step on the device: forward, sampling at each row's next position, and the
         sampled token as the next step's input. Returns (next ids, next positions, tokens, log-probs).
         Attention reads `kv_len` positions of each slot (0: the whole cache, the compiled step's
         static shape; eager steps pass the rows' longest length rounded up)."""
         B = ids_B.shape[0]
         logits = self.forward(k_cache, v_cache, ids_B, slot_B, pos_B, B, kv_len or k_cache[0].shape[1], [],
-                              torch.arange(B, device=ids_B.device), dec_slots)
+                              torch.arange(B, device=ids_B.device), dec_slots, dec_cover)
         nxt = pos_B + 1
         tok_B, lp_B = sample_groups(logits, groups, seed_B, nxt, self.tokenizer.vocab_size)
         return tok_B, nxt, tok_B, lp_B
 
     def decode_block(self, k_cache, v_cache, ids_B, slot_B, pos_B, seed_B, groups,
-                     steps: int, kv_len: int = 0, dec_slots: slice | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     steps: int, kv_len: int = 0, dec_slots: slice | None = None,
+                     dec_cover: slice | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """`steps` decode steps back to back with no host sync; ([steps, B] tokens, [steps, B] log-probs).
-        `kv_len` (positions attended, enough for the block's last step) and `dec_slots` (see
-        `forward`) apply to eager steps; a compiled step runs at the cache's static shape."""
+        `kv_len` (positions attended, enough for the block's last step), `dec_slots` and
+        `dec_cover` (see `forward`) apply to eager steps; a compiled step runs at the cache's
+        static shape."""
         step = self.decode_step
-        extra = () if self.compile else (kv_len, dec_slots)
+        extra = () if self.compile else (kv_len, dec_slots, dec_cover)
         if self.compile:
             if self._compiled is None:
                 self._compiled = _compile(self.decode_step, self.device)
