@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM
 from earl.calibrate.timing import resolve_device
 from earl.cost_model.model import CostModel
 from earl.cost_model.profile import HardwareProfile, environment_stamp
+from earl.runtime.engine.pytorch import KV_ROUND
 from earl.runtime.hf_model import TORCH_DTYPES, Policy, hf_config_from_spec, save_hf
 from earl.runtime.tokenizer import CharTokenizer
 from earl.specs import MODEL_CATALOG, NETWORK_CATALOG, ClusterSpec, ModelSpec
@@ -29,6 +30,14 @@ from earl.specs import MODEL_CATALOG, NETWORK_CATALOG, ClusterSpec, ModelSpec
 # whose turn ends leaves, steps its environment and rejoins while others decode); the static
 # engine plays each turn in lockstep
 SIM_ENGINE = {"pytorch": "continuous", "pytorch-static": "turn-sync", "vllm": "continuous"}
+
+
+def sim_kv_round(runtime_engine: str) -> int:
+    """Positions the simulator rounds a decode step's attended length up to for runtime engine
+    `runtime_engine` (Simulation's `kv_round`): the built-in engine's slot cache attends every
+    decode row over the longest one's length rounded up to KV_ROUND; the others none."""
+    sim_engine(runtime_engine)  # refuses an unknown engine
+    return KV_ROUND if runtime_engine == "pytorch" else 0
 
 
 def sim_engine(runtime_engine: str) -> str:

@@ -28,7 +28,7 @@ import torch
 from scipy.optimize import nnls
 from transformers import AutoModelForCausalLM
 
-from earl.calibrate.host import random_checkpoint, sim_engine
+from earl.calibrate.host import random_checkpoint, sim_engine, sim_kv_round
 from earl.calibrate.timing import host_clock, synchronize
 from earl.cost_model import CostModel
 from earl.cost_model.compute import param_tensors
@@ -320,7 +320,7 @@ def _sim_rollout(cm, trajs, engine_batch: int, engine: str = "pytorch") -> float
            for t in trajs]
     env = simpy.Environment()
     model = TurnSyncReplica if sim_engine(engine) == "turn-sync" else Replica
-    rep = model(env, cost_model=bare, tp=1, episodes=eps, max_num_seqs=engine_batch)
+    rep = model(env, cost_model=bare, tp=1, episodes=eps, max_num_seqs=engine_batch, kv_round=sim_kv_round(engine))
     env.run()
     return max(env.now, rep.stats.t_end)
 

@@ -29,7 +29,7 @@ import torch
 from rich.table import Table
 from scipy.stats import kendalltau
 
-from earl.calibrate.host import current_stamp, local_cluster, random_checkpoint, sim_engine
+from earl.calibrate.host import current_stamp, local_cluster, random_checkpoint, sim_engine, sim_kv_round
 from earl.calibrate.hostload import CpuShare, overlap_factor, share_of, shared_makespan
 from earl.config_machinery import parse_sets
 from earl.cost_model import CostModel
@@ -322,7 +322,8 @@ def _simulate(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, steps: i
                      head_on="generated", train_placement="balanced",
                      stat_reductions=reductions,  # none: the statistics came summed with the metadata
                      estimator=adv.priced_key(summed=reductions == 0),
-                     prompt_group=cfg.group_size).run()  # the trainer's share: one process only (_shared_cost)
+                     prompt_group=cfg.group_size,  # the trainer's share: one process only (_shared_cost)
+                     kv_round=sim_kv_round(cfg.engine)).run()
     # the hand-off's share of each step's experience stage where it waits for peers: a move over
     # gloo, priced by the dispatch path like the dispatch (and stretched like it,
     # `dispatch_stretch`); one that waits for no one is host work like the log-prob span's

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from earl.calibrate.host import local_cluster, sim_engine
+from earl.calibrate.host import local_cluster, sim_engine, sim_kv_round
 from earl.calibrate.validate import (
     DTYPE_NAMES,
     _run_runtime,
@@ -135,7 +135,7 @@ def simulate_async(cfg, spec: ModelSpec, trace: Path, prof: HardwareProfile, ste
                       rollout_cost_model=priced(stretch[0]) if stretch[0] != stretch[1] else None,
                       # each learner rank computes the step's advantages over every episode
                       # itself (earl.runtime.async_rl.experience): no reduction between ranks
-                      stat_reductions=0, estimator=adv.key).run()
+                      stat_reductions=0, estimator=adv.key, kv_round=sim_kv_round(cfg.engine)).run()
 
 
 def pool_busy(sim: Simulation, scored: int) -> tuple[float, float]:

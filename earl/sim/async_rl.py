@@ -201,7 +201,7 @@ def run_async(sim):
     engines = [StreamReplica(env, cost_model=rcm, tp=ro.tp, clock=clock,
                              max_num_seqs=sc.max_num_seqs, fine=sim.fine, log=sim.log,
                              name=f"replica{i}", partial=sc.partial_rollout, on_done=on_done,
-                             keep_kv=per_step)
+                             keep_kv=per_step, kv_round=sim.kv_round)
                for i in chosen]
     info: dict[int, tuple] = {}  # episode id -> (context, turns, generated, truncated)
     fed_at: dict[int, set] = {}  # feed version -> ids fed then, not yet trained on

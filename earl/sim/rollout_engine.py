@@ -204,10 +204,14 @@ class Replica:
 
     def __init__(self, env: simpy.Environment, *, cost_model, tp: int, episodes: list[Episode],
                  clock: DecodeClock | None = None, max_num_seqs: int = 256, fine: bool = False,
-                 log: list | None = None, name: str = "replica0", prompt_group: int = 0):
+                 log: list | None = None, name: str = "replica0", prompt_group: int = 0, kv_round: int = 0):
         # `prompt_group` > 1: episodes id // prompt_group open on one prompt (a GRPO group), and
         # members admitted together prefill it once, the others copying its KV (the runtime
-        # engine's `_forward_mixed`; vLLM's prefix cache does the same); 0: each prefills its own
+        # engine's `_forward_mixed`; vLLM's prefix cache does the same); 0: each prefills its own.
+        # `kv_round` > 0: every decode row attends the longest running row's length rounded up to
+        # this many positions (the runtime engine's slot cache, earl.runtime.engine.pytorch.
+        # KV_ROUND); 0: each its own context (a paged cache: vLLM)
+        self.kv_round = kv_round
         self.env = env
         self.prompt_group = prompt_group
         self.cm = cost_model
@@ -298,6 +302,15 @@ class Replica:
                 batch.append((s, new, s.ctx if s.resident else 0))
             s.resident = True
         return batch
+
+    def _attended(self) -> float:
+        """Positions the running rows' next decode step attends in all: their total context, or
+        with `kv_round` every row the longest one's length rounded up, the rounding taken at its
+        mean (a decode segment grows it one position per step)."""
+        if not self.kv_round or not self.running:
+            return self.context
+        longest = max(s.ctx0 + self.iters - s.start for s in self.running.values())
+        return len(self.running) * (longest + 1 + (self.kv_round - 1) / 2)
 
     def _start_decoding(self, s: Seq) -> None:
         s.ctx += s.pending
@@ -392,7 +405,7 @@ class Replica:
             pre = 0.0  # prefill seconds to run before the next decode segment
             if batch:
                 # the admitted turns prefill inside the next iteration's forward (a mixed step)
-                pre = clock.admission_s(batch, len(self.running), self.context)
+                pre = clock.admission_s(batch, len(self.running), self._attended())
                 tokens = sum(n for _, n, _ in batch)
                 if self.log is not None:
                     self._note("prefill", None, seqs=[s.ep.id for s, _, _ in batch], tokens=tokens,
@@ -417,7 +430,8 @@ class Replica:
                                                (self.cap - self.used) // n)
                 # one arriving during the mixed step joins after it (the segment's first iteration)
                 limit = max(0.0, self.arrivals[0][0] - env.now - pre) if self.arrivals else None
-                k, dt = clock.run(n, self.context, kmax, limit)
+                attended = self._attended()
+                k, dt = clock.run(n, attended, kmax, limit)
                 if self.log is not None:
                     self._note("decode", None, at=env.now + pre, seqs=n, iterations=k,
                                context=self.context, time_s=dt)
@@ -428,7 +442,7 @@ class Replica:
                 yield self._wait(pre + dt)
                 if env.now < t_seg + pre + dt:
                     elapsed = env.now - t_seg - pre
-                    k, dt = (0, 0.0) if elapsed <= 0 else clock.run(n, self.context, kmax, elapsed)
+                    k, dt = (0, 0.0) if elapsed <= 0 else clock.run(n, attended, kmax, elapsed)
                     yield env.timeout(t_seg + pre + dt - env.now)
                 st.events += 1
                 st.busy_s += dt

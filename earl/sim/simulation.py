@@ -67,7 +67,7 @@ class Simulation:
                  padded: bool = False, token_budget: int = 0, fsdp: bool = False, handoff: bool = False,
                  head_on: str = "all", train_placement: str = "aligned", async_feed: str = "stream",
                  rollout_cost_model: CostModel | None = None, stat_reductions: int = 1, prompt_group: int = 0,
-                 estimator: str | None = None):
+                 estimator: str | None = None, kv_round: int = 0):
         # `engine` "turn-sync", `padded` and `token_budget` model the single-process PyTorch
         # runtime for `earl validate`: its engine plays turns in lockstep (sim.rollout_engine.
         # TurnSyncReplica); its log-prob / train micro-batches are right-padded to their longest
@@ -90,7 +90,12 @@ class Simulation:
         # rollout engine prefills it once per group among the members it admits together
         # (`Replica`; not the turn-sync engine), and the log-prob and training forwards run it
         # once per group (`_shared_cost`; the runtime's trainer does so where its parameters are
-        # plain tensors: a one-device plan here, no FSDP2 / DTensor)
+        # plain tensors: a one-device plan here, no FSDP2 / DTensor); `kv_round` > 0: the
+        # rollout engine's decode rows each attend the longest one's length rounded up to it
+        # (the runtime engine's slot cache: sim.rollout_engine.Replica; 0: their own contexts)
+        if not isinstance(kv_round, int) or kv_round < 0:
+            raise ValueError(f"kv_round must be an int >= 0 (0: each row its own context), got {kv_round!r}")
+        self.kv_round = kv_round
         if not isinstance(stat_reductions, int) or stat_reductions < 0:
             raise ValueError(f"stat_reductions must be an int >= 0 (0: statistics from the rewards), "
                              f"got {stat_reductions!r}")
@@ -467,7 +472,8 @@ class Simulation:
             choice = ReplicaChoice(simulated=every, representatives=every, replicas=ro.dp)
         reps = {i: self.replica_cls(env, cost_model=cm, tp=ro.tp, episodes=deal(drawn, ro.dp, i).episodes(),
                                     clock=clock, max_num_seqs=sc.max_num_seqs, fine=self.fine,
-                                    log=self.log, name=f"replica{i}", prompt_group=self.prompt_group)
+                                    log=self.log, name=f"replica{i}", prompt_group=self.prompt_group,
+                                    kv_round=self.kv_round)
                 for i in choice.simulated}
         yield env.all_of([r.process for r in reps.values()])
         t_end = max(r.stats.t_end for r in reps.values())

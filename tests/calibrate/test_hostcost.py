@@ -17,6 +17,7 @@ from earl.calibrate.validate import VariantResult, stage_table
 from earl.cost_model import CostModel
 from earl.cost_model.compute import param_tensors
 from earl.cost_model.profile import HOST_COST_FIELDS, EfficiencyCurve, HardwareProfile, load_profile
+from earl.runtime.engine.pytorch import KV_ROUND
 from earl.runtime.rollout import Trajectory, Turn
 from earl.sim.rollout_engine import Replica, TurnSyncReplica
 from earl.sim.workload import Episode
@@ -100,13 +101,14 @@ def test_turn_sync_engine_by_hand():
 def test_rollout_set_up_is_charged_by_the_default_engines_model_too():
     """The continuous-batching model (the runtime's default `pytorch` engine) pays the rollout's
     fixed and per-episode host work once, before its first forward, as the lockstep one does;
-    hostcost fits those terms on the model of the engine it plays with."""
+    hostcost fits those terms on the model of the engine it plays with (its slot cache's
+    rounded attention width included: KV_ROUND)."""
     eps = [Episode(id=0, turns=((10, 3, 0.001),)), Episode(id=1, turns=((8, 2, 0.0),))]
     times = {}
     for fixed, per in ((0.0, 0.0), (1e-3, 5e-5)):
         cm = _cm(rollout_fixed_s=fixed, rollout_episode_s=per)
         env = simpy.Environment()
-        r = Replica(env, cost_model=cm, tp=1, episodes=list(eps), max_num_seqs=4)
+        r = Replica(env, cost_model=cm, tp=1, episodes=list(eps), max_num_seqs=4, kv_round=KV_ROUND)
         env.run()
         times[fixed] = r.stats.t_end
         assert _sim_rollout(cm, _trajs(eps), 4, "pytorch") == pytest.approx(times[0.0])  # terms zeroed

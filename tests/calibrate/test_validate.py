@@ -503,7 +503,11 @@ def test_rescore_prices_a_recorded_multi_process_run_of_a_checkpoint_kept_as_its
         assert got["dispatch"] >= want["dispatch"]
     for got, want in zip(v.predicted, recorded["variants"][0]["predicted"], strict=True):
         # the executor's start barrier is priced no more since the twenty-eighth session: one
-        # round (and its cold start) less than the run was priced with, the rest the same
-        assert {k: x for k, x in got.items() if k != "dispatch"} == \
-            pytest.approx({k: x for k, x in want.items() if k != "dispatch"}, rel=1e-9)
+        # round (and its cold start) less than the run was priced with; since the thirtieth the
+        # rollout's decode steps attend the longest row's length rounded up (the engine's slot
+        # cache, Simulation's `kv_round`): a few % more; the rest the same
+        moved = ("dispatch", "rollout")
+        assert {k: x for k, x in got.items() if k not in moved} == \
+            pytest.approx({k: x for k, x in want.items() if k not in moved}, rel=1e-9)
         assert 0.5 * want["dispatch"] < got["dispatch"] < want["dispatch"]
+        assert want["rollout"] < got["rollout"] < 1.05 * want["rollout"]

@@ -260,3 +260,28 @@ def test_group_members_admitted_together_prefill_their_prompt_once():
     assert shared.stats.generated_tokens == whole.stats.generated_tokens
     assert shared.stats.peak_kv_tokens == whole.stats.peak_kv_tokens
     assert shared.stats.t_end < whole.stats.t_end
+
+
+@pytest.mark.parametrize("fine", [False, True])
+def test_kv_round_prices_every_row_at_the_longest_rounded_up(fine):
+    """`kv_round` (the runtime engine's slot cache): a decode step of n rows attends n x the
+    longest row's length rounded up, taken at the rounding's mean: 2 rows of 150 and 40 tokens
+    decode as 2 x (151 + 31.5) positions per step, not 190; the mixed step that admits them is
+    priced at the running rows' width the same way (none running here: unchanged)."""
+    cm = one_gpu("qwen2.5-7b")
+    eps = [Episode(id=0, turns=((150, 4, 0.0),)), Episode(id=1, turns=((40, 4, 0.0),))]
+    env = simpy.Environment()
+    log: list = []
+    r = Replica(env, cost_model=cm, tp=1, episodes=eps, fine=fine, log=log, kv_round=64)
+    env.run()
+    p0 = mixed_extra(cm, [(150, 0), (40, 0)], 0, 0)
+    # what admitting them adds to the first iteration, then 4 iterations at the padded width
+    width = 2 * (150 + 1 + 63 / 2)
+    assert r.stats.t_end == pytest.approx(p0 + decode_sum(cm, 2, width, 4), rel=1e-9)
+    plain, _ = run_replica(cm, eps, fine=fine)
+    assert plain.stats.t_end == pytest.approx(p0 + decode_sum(cm, 2, 190, 4), rel=1e-9)
+    assert r.stats.t_end > plain.stats.t_end
+    with pytest.raises(ValueError, match="kv_round"):
+        from earl.sim.scenario import load_scenario
+        from earl.sim.simulation import Simulation
+        Simulation(load_scenario(None, {"scenario.steps": "1"}), "static", "centralized", kv_round=-1)
