@@ -438,6 +438,20 @@ def round_terms(points: list[DispatchPoint], host_parallel: int, path) -> dict[s
     return out
 
 
+def fit_cold(points: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """(seconds per synchronising round, seconds per byte of the busiest rank), both >= 0, that
+    best explain the executor's extra time on cold caches at `points` ((rounds, busiest bytes,
+    cold - warm seconds) each). A robust fit (soft-L1 beyond 0.2 ms): a single repeat that met a
+    spinning gloo loop (+2 ms, seventeenth session) is not a cold cache's cost."""
+    x = np.array([(r, b) for r, b, _ in points], dtype=float)
+    y = np.array([d for *_, d in points], dtype=float)
+    scale = np.array([1e-3, 1e-3 / max(float(x[:, 1].max()), 1.0)])  # ms a round; ms over the largest
+    res = least_squares(lambda v: (x @ (v * scale) - y) / 1e-3, [0.1, 0.1], bounds=([0.0, 0.0], [np.inf, np.inf]),
+                        loss="soft_l1", f_scale=0.2)
+    a, b = (float(v) for v in res.x * scale)
+    return a, b
+
+
 def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], host: dict[str, float],
                       host_parallel: int | None = None, message_only: bool = False) -> tuple[DispatchPath, dict]:
     """The DispatchPath that best predicts `points` through `price_transfer_plan` on `profile`'s
@@ -487,29 +501,34 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
     hi = np.log([1e-2, 2.0, 1e13, 100 * link_bw][:k] + ([loop_sync] if sync else []))
     res = least_squares(lambda x: np.log(np.array(predicted(x)) / y), x0, bounds=(lo, hi), x_scale="jac")
     pred = predicted(res.x)
-    # cold caches: the extra time per synchronising round of the executor (through the origin)
+    # cold caches: the extra time per synchronising round of the executor and per byte its
+    # busiest rank moves (`fit_cold`)
     rounds = [sync_rounds(plans_by[(p.procs, p.per_rank, p.context, p.reductions)][p.kind]) + p.start_rounds
               for p in points]
-    cold = [(r, p.cold_seconds - p.seconds) for r, p in zip(rounds, points, strict=True)
+    moved = [price_transfer_plan(cms[p.procs].with_profile(base), plans_by[(p.procs, p.per_rank, p.context,
+                                                                            p.reductions)][p.kind],
+                                 samples=p.procs * p.per_rank, producers=p.procs, world=p.procs,
+                                 control=False).extras["busiest_rank_bytes"] for p in points]
+    cold = [(r, b, p.cold_seconds - p.seconds) for r, b, p in zip(rounds, moved, points, strict=True)
             if math.isfinite(p.cold_seconds)]
-    cold_round_s = max(0.0, sum(r * d for r, d in cold) / sum(r * r for r, _ in cold)) if cold else \
-        profile.dispatch_path.cold_round_s
+    cold_round_s, cold_byte_s = fit_cold(cold) if cold else (profile.dispatch_path.cold_round_s,
+                                                             profile.dispatch_path.cold_byte_s)
     # the runtime's rounds, whose ranks arrive from other work, cost what the barrier loop measured
     # beyond the cores (DispatchPath.wake_sync_s); the executor's back-to-back points fit sync_s
-    path = dataclasses.replace(base.dispatch_path, **fields(res.x), cold_round_s=cold_round_s,
+    path = dataclasses.replace(base.dispatch_path, **fields(res.x), cold_round_s=cold_round_s, cold_byte_s=cold_byte_s,
                                wake_sync_s=loop_sync if sync else profile.dispatch_path.wake_sync_s,
                                host_share=round(statistics.median(p.share for p in points), 4))
     errs = [abs(a / b - 1) for a, b in zip(pred, y, strict=True)]
     quality = {"fit_median_err": round(float(np.median(errs)), 4), "fit_max_err": round(float(max(errs)), 4),
-               "n": len(points), "host_parallel": hp, "cold_round_s": cold_round_s,
+               "n": len(points), "host_parallel": hp, "cold_round_s": cold_round_s, "cold_byte_s": cold_byte_s,
                "round_s": path.round_s, "sync_s": path.sync_s, "sync_s_loop": loop_sync,
                "reduce_s": path.reduce_s, "reduce_sync_s": path.reduce_sync_s,
                "reductions": max(p.reductions for p in points),
                "start_rounds": max(p.start_rounds for p in points),
                "points": [{"label": f"{p.kind} n={p.procs} {p.per_rank}x{p.context}", "measured_s": p.seconds,
                            "predicted_s": q, "cold_measured_s": p.cold_seconds,
-                           "cold_predicted_s": q + r * cold_round_s}
-                          for p, q, r in zip(points, pred, rounds, strict=True)]}
+                           "cold_predicted_s": q + r * cold_round_s + b * cold_byte_s}
+                          for p, q, r, b in zip(points, pred, rounds, moved, strict=True)]}
     return path, quality
 
 

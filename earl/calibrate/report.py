@@ -120,7 +120,7 @@ def quality_table(res: CalibrationResult) -> Table:
                   f"{d.message_s * 1e6:.0f} us/message, round {d.round_s * 1e6:.0f} us (+{d.sync_s * 1e6:.0f} us "
                   f"oversubscribed, +{d.wake_sync_s * 1e6:.0f} us waking), reduction {d.reduce_s * 1e6:.0f} us "
                   f"(+{d.reduce_sync_s * 1e6:.0f} us), cold start "
-                  f"{d.cold_round_s * 1e3:.2f} ms/round", "-", "-", "-",
+                  f"{d.cold_round_s * 1e3:.2f} ms/round + {d.cold_byte_s * 1e12:.0f} ms/GB", "-", "-", "-",
                   f"{_pct(dq['fit_median_err'])} (fit)")
     if fq:
         t.add_row("FSDP2 host costs (gloo)", f"{len(fq['points'])} points",

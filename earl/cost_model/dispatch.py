@@ -145,7 +145,8 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
     with src, dst, bytes, sample_ids, tensors; `metadata_bytes`, `reduce_bytes`) moving
     `samples` samples made by `producers` data-parallel groups among `world` ranks.
     `control=False` leaves out the control plane (planning, metadata to the controller), the
-    cold start of the executor's rounds (`DispatchPath.cold_round_s`) and the wake-ups of ranks
+    cold start of the executor (`DispatchPath.cold_round_s` a round, `cold_byte_s` a byte of the
+    busiest rank) and the wake-ups of ranks
     that come to its rounds from other work (`DispatchPath.wake_sync_s`): what a benchmark that
     plans before it starts its clock and runs dispatches back to back measures.
     `advantages=False`: the executor moves the plan's tensors and computes no advantages (the
@@ -220,11 +221,12 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
     if round_s and rounds > 2 * reductions:
         br["rounds"] = (rounds - 2 * reductions) * round_s
     if control:
-        if cold and world > 1 and path.cold_round_s and rounds:  # the executor's rounds, started on cold caches,
-            # once per kind: a second statistics reduction runs on what the first warmed (at 2
-            # gloo ranks here the runtime's two took ~0.4 ms more cold than warm, not 2 x 2 rounds)
+        if cold and world > 1 and (path.cold_round_s or path.cold_byte_s) and rounds:
+            # the executor's rounds, started on cold caches, once per kind: a second statistics
+            # reduction runs on what the first warmed (at 2 gloo ranks here the runtime's two took
+            # ~0.4 ms more cold than warm, not 2 x 2 rounds); and the busiest rank's buffers refill
             br["cold_start"] = sync_rounds(dataclasses.replace(tplan, reductions=min(tplan.reductions, 1))) \
-                * path.cold_round_s
+                * path.cold_round_s + busiest * path.cold_byte_s
         if tplan.metadata_bytes and world > 1:
             far = world - 1 if tplan.controller == 0 else 0
             br["metadata"] = cm.transfer_time_s(tplan.metadata_bytes, far, tplan.controller)

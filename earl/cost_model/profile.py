@@ -123,6 +123,11 @@ class DispatchPath:
     # cold caches, as a training step's does right after its log-prob passes; fitted from the
     # gloo runs on CPU, 0 on datasheets, s
     cold_round_s: float = 0.0
+    # the same per byte the busiest rank sends and receives: the caches its buffers refill (the
+    # calibration's cold-minus-warm times grow with the bytes, +0.05-0.2 ms at 0.5-8K tokens and
+    # +0.2-1.2 ms at 65-131K at 2 gloo ranks on the 2-vCPU Xeon, not with the rounds alone;
+    # docs/fidelity.md, thirtieth session); 0: rounds alone (profiles from before), s/byte
+    cold_byte_s: float = 0.0
     # the share of a core the fitted gloo runs' ranks got beyond their own oversubscription
     # (earl.calibrate.hostload: measured / an idle host's); 1: no other load (datasheets)
     host_share: float = 1.0
@@ -131,7 +136,7 @@ class DispatchPath:
         if not 0 < self.host_share <= 1:
             raise ValueError(f"DispatchPath.host_share must be in (0, 1], got {self.host_share!r}")
         for k in ("message_s", "object_s", "sample_s", "controller_object_s", "round_s", "sync_s", "wake_sync_s",
-                  "reduce_s", "reduce_sync_s", "oversubscribed_exp", "cold_round_s"):
+                  "reduce_s", "reduce_sync_s", "oversubscribed_exp", "cold_round_s", "cold_byte_s"):
             if getattr(self, k) < 0:
                 raise ValueError(f"DispatchPath.{k} must be >= 0 s, got {getattr(self, k)}")
         for k in ("copy_bw_bytes_s", "controller_bw_bytes_s"):
@@ -547,7 +552,7 @@ def slowed(profile: HardwareProfile, factor: float) -> HardwareProfile:
     dp = dataclasses.replace(
         dp, **{k: getattr(dp, k) * factor for k in ("message_s", "object_s", "sample_s", "controller_object_s",
                                                      "round_s", "sync_s", "wake_sync_s", "reduce_s", "reduce_sync_s",
-                                                     "cold_round_s")},
+                                                     "cold_round_s", "cold_byte_s")},
         copy_bw_bytes_s=dp.copy_bw_bytes_s / factor, controller_bw_bytes_s=dp.controller_bw_bytes_s / factor,
         wire_bw_bytes_s=None if dp.wire_bw_bytes_s is None else dp.wire_bw_bytes_s / factor)
     return dataclasses.replace(

@@ -485,6 +485,44 @@ def test_cold_start_is_rounds_times_a_fitted_constant():
     assert dispatchfit.fit_dispatch_path(cold, plain, host, host_parallel=2)[0].cold_round_s == 5e-4
 
 
+def test_cold_start_also_pays_per_byte_and_the_fit_separates_rounds_from_bytes():
+    """`cold_byte_s`: a cold dispatch pays rounds x cold_round_s + the busiest rank's bytes x
+    cold_byte_s; `fit_cold` recovers both from (rounds, bytes, cold - warm) points, and a single
+    repeat that met a spinning loop (+2 ms) does not pull them; the calibration's fit stores both."""
+    prof = load_profile("cpu-measured")
+    path = dataclasses.replace(prof.dispatch_path, cold_round_s=1e-4, cold_byte_s=2e-11)
+    cold = dataclasses.replace(prof, dispatch_path=path)
+    tplan = dispatchfit.transfer_plans(2, 4, 2048)["layout-aware"]
+    est = price_transfer_plan(dispatchfit.local_cost_model(cold, 2), tplan, samples=8, producers=2, world=2)
+    busiest = est.extras["busiest_rank_bytes"]
+    assert busiest > 0
+    assert est.breakdown["cold_start"] == pytest.approx(sync_rounds(tplan) * 1e-4 + busiest * 2e-11)
+    with pytest.raises(ValueError, match="cold_byte_s"):
+        dataclasses.replace(path, cold_byte_s=-1.0)
+    pts = [(r, b, r * 1e-4 + b * 2e-11) for r in (1, 2, 3) for b in (2e4, 1e6, 8e6, 1.6e7)]
+    pts.append((1, 1e6, 1e-4 + 1e6 * 2e-11 + 2e-3))  # one outlier
+    a, b = dispatchfit.fit_cold(pts)
+    assert a == pytest.approx(1e-4, rel=0.1) and b == pytest.approx(2e-11, rel=0.1)  # the outlier: a few %
+    assert dispatchfit.fit_cold([(1, 1e6, -1e-4), (2, 2e6, -2e-4)]) == pytest.approx((0.0, 0.0), abs=1e-12)  # >= 0
+    # the calibration's fit: cold runs at warm + rounds x 0.3 ms + bytes x 50 ps
+    truth = dataclasses.replace(prof.dispatch_path, host_parallel=2, full_duplex=False)
+    true_prof = dataclasses.replace(prof, dispatch_path=truth)
+    points = []
+    for n in (2, 4):
+        for per, ctx in dispatchfit.CASES:
+            plans = dispatchfit.runtime_plans(n, per, ctx)
+            for kind, t in dispatchfit.predict(true_prof, n, per, ctx).items():
+                moved = price_transfer_plan(dispatchfit.local_cost_model(true_prof, n), plans[kind], samples=n * per,
+                                            producers=n, world=n, control=False).extras["busiest_rank_bytes"]
+                extra = sync_rounds(plans[kind]) * 3e-4 + moved * 5e-11
+                points.append(dispatchfit.DispatchPoint(procs=n, per_rank=per, context=ctx, kind=kind, seconds=t,
+                                                        busiest_bytes=0.0, cold_seconds=t + extra))
+    host = {"object_s": truth.object_s, "copy_bw_bytes_s": truth.copy_bw_bytes_s, "sample_s": truth.sample_s}
+    fitted, quality = dispatchfit.fit_dispatch_path(prof, points, host, host_parallel=2)
+    assert fitted.cold_round_s == pytest.approx(3e-4, rel=0.05) and fitted.cold_byte_s == pytest.approx(5e-11, rel=0.05)
+    assert quality["cold_byte_s"] == fitted.cold_byte_s
+
+
 def test_what_if_producers_hold_what_rollout_deals():
     """The what-if's producer layout is the one dealing rule (earl.parallel.deal) the runtime
     plays and the simulator simulates: sample i on rollout replica i mod dp, not in blocks."""
