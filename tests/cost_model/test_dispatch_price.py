@@ -441,6 +441,25 @@ def test_a_phase_of_local_copies_is_no_round(dp):
                                                      * prof.dispatch_path.round_cost_s(dp, asleep=True))
 
 
+def _cold_points(prof, per_round: float, per_byte: float):
+    """Gloo points of `prof`'s dispatch path (2 and 4 processes, the calibration's cases) whose
+    cold runs took warm + rounds x `per_round` + the busiest rank's bytes x `per_byte`, and the
+    host terms to fit them with."""
+    truth = dataclasses.replace(prof.dispatch_path, host_parallel=2, full_duplex=False)
+    true_prof = dataclasses.replace(prof, dispatch_path=truth)
+    points = []
+    for n in (2, 4):
+        for per, ctx in dispatchfit.CASES:
+            plans = dispatchfit.runtime_plans(n, per, ctx)
+            for kind, t in dispatchfit.predict(true_prof, n, per, ctx).items():
+                moved = price_transfer_plan(dispatchfit.local_cost_model(true_prof, n), plans[kind], samples=n * per,
+                                            producers=n, world=n, control=False).extras["busiest_rank_bytes"]
+                extra = sync_rounds(plans[kind]) * per_round + moved * per_byte
+                points.append(dispatchfit.DispatchPoint(procs=n, per_rank=per, context=ctx, kind=kind, seconds=t,
+                                                        busiest_bytes=0.0, cold_seconds=t + extra))
+    return points, {"object_s": truth.object_s, "copy_bw_bytes_s": truth.copy_bw_bytes_s, "sample_s": truth.sample_s}
+
+
 def test_cold_start_is_rounds_times_a_fitted_constant():
     """A dispatch inside a step (control=True) pays `cold_round_s` per synchronising round of
     the executor (sync_rounds: its phases, the advantage statistics' two rounds);
@@ -467,17 +486,7 @@ def test_cold_start_is_rounds_times_a_fitted_constant():
     one = price_transfer_plan(dispatchfit.local_cost_model(cold, 1), tplan, samples=8, producers=1, world=1)
     assert "cold_start" not in one.breakdown  # one process: no executor runs
     # the fit: cold runs measured at warm + rounds x 0.7 ms
-    truth = dataclasses.replace(prof.dispatch_path, host_parallel=2, full_duplex=False)
-    true_prof = dataclasses.replace(prof, dispatch_path=truth)
-    points = []
-    for n in (2, 4):
-        for per, ctx in dispatchfit.CASES:
-            plans = dispatchfit.runtime_plans(n, per, ctx)
-            for kind, t in dispatchfit.predict(true_prof, n, per, ctx).items():
-                points.append(dispatchfit.DispatchPoint(procs=n, per_rank=per, context=ctx, kind=kind, seconds=t,
-                                                        busiest_bytes=0.0,
-                                                        cold_seconds=t + sync_rounds(plans[kind]) * 7e-4))
-    host = {"object_s": truth.object_s, "copy_bw_bytes_s": truth.copy_bw_bytes_s, "sample_s": truth.sample_s}
+    points, host = _cold_points(prof, 7e-4, 0.0)
     path, quality = dispatchfit.fit_dispatch_path(prof, points, host, host_parallel=2)
     assert path.cold_round_s == pytest.approx(7e-4, rel=0.02) and quality["cold_round_s"] == path.cold_round_s
     # points measured without cold runs keep the profile's constant
@@ -505,19 +514,7 @@ def test_cold_start_also_pays_per_byte_and_the_fit_separates_rounds_from_bytes()
     assert a == pytest.approx(1e-4, rel=0.1) and b == pytest.approx(2e-11, rel=0.1)  # the outlier: a few %
     assert dispatchfit.fit_cold([(1, 1e6, -1e-4), (2, 2e6, -2e-4)]) == pytest.approx((0.0, 0.0), abs=1e-12)  # >= 0
     # the calibration's fit: cold runs at warm + rounds x 0.3 ms + bytes x 50 ps
-    truth = dataclasses.replace(prof.dispatch_path, host_parallel=2, full_duplex=False)
-    true_prof = dataclasses.replace(prof, dispatch_path=truth)
-    points = []
-    for n in (2, 4):
-        for per, ctx in dispatchfit.CASES:
-            plans = dispatchfit.runtime_plans(n, per, ctx)
-            for kind, t in dispatchfit.predict(true_prof, n, per, ctx).items():
-                moved = price_transfer_plan(dispatchfit.local_cost_model(true_prof, n), plans[kind], samples=n * per,
-                                            producers=n, world=n, control=False).extras["busiest_rank_bytes"]
-                extra = sync_rounds(plans[kind]) * 3e-4 + moved * 5e-11
-                points.append(dispatchfit.DispatchPoint(procs=n, per_rank=per, context=ctx, kind=kind, seconds=t,
-                                                        busiest_bytes=0.0, cold_seconds=t + extra))
-    host = {"object_s": truth.object_s, "copy_bw_bytes_s": truth.copy_bw_bytes_s, "sample_s": truth.sample_s}
+    points, host = _cold_points(prof, 3e-4, 5e-11)
     fitted, quality = dispatchfit.fit_dispatch_path(prof, points, host, host_parallel=2)
     assert fitted.cold_round_s == pytest.approx(3e-4, rel=0.05) and fitted.cold_byte_s == pytest.approx(5e-11, rel=0.05)
     assert quality["cold_byte_s"] == fitted.cold_byte_s
