@@ -16,6 +16,7 @@ path, and the ratio.
 from __future__ import annotations
 
 import argparse
+import inspect
 import statistics
 import tempfile
 import time
@@ -56,14 +57,17 @@ def main() -> None:
         pol = load_policy(path)
         engine = make_engine("pytorch", pol.model, pol.tokenizer, reuse_kv=True, decode_steps=0)
         counts = {"view": 0, "range": 0, "gather": 0}
+        cover_rows = engine_mod.COVER_ROWS
         forward = engine_mod.TorchEngine.forward
+        signature = inspect.signature(forward)
 
-        def counted(self, *a, **kw):  # which path each decode forward takes
-            dec_slots, dec_cover = (list(a[9:]) + [None, None])[:2] if len(a) > 9 else (None, None)
-            dec_slots, dec_cover = kw.get("dec_slots", dec_slots), kw.get("dec_cover", dec_cover)
-            if a[5]:  # n_dec
-                counts["view" if dec_slots is not None else "range" if dec_cover is not None else "gather"] += 1
-            return forward(self, *a, **kw)
+        def counted(*a, **kw):  # which path each decode forward takes
+            arg = signature.bind(*a, **kw).arguments
+            if arg["n_dec"]:
+                way = "view" if arg.get("dec_slots") is not None else "range" if arg.get("dec_cover") is not None \
+                    else "gather"
+                counts[way] += 1
+            return forward(*a, **kw)
 
         engine_mod.TorchEngine.forward = counted
         episodes = args.groups * args.group_size
@@ -72,13 +76,13 @@ def main() -> None:
         paths: dict[str, dict] = {}
         trajs: dict[str, list] = {}
         for _ in range(args.rounds):  # alternate, so load on the host hits both
-            for key, cover in (("range", engine_mod.COVER_ROWS), ("gather", 0.0)):
-                engine_mod._cover.__defaults__ = (cover,)
+            for key, cover in (("range", cover_rows), ("gather", 0.0)):
+                engine_mod.COVER_ROWS = cover
                 before = dict(counts)
                 s, trajs[key] = play(engine, cfg, episodes, args.group_size)
                 secs[key].append(s)
                 paths[key] = {k: counts[k] - before[k] for k in counts}
-        engine_mod._cover.__defaults__ = (engine_mod.COVER_ROWS,)
+        engine_mod.COVER_ROWS = cover_rows
         engine_mod.TorchEngine.forward = forward
     same = all(a.token_ids == b.token_ids and a.logprobs == b.logprobs
                for a, b in zip(trajs["range"], trajs["gather"], strict=True))
@@ -86,7 +90,7 @@ def main() -> None:
     print(f"model {args.model}, calculator, {episodes} episodes ({gen} generated tokens), {args.rounds} rounds "
           f"alternating, OMP threads 1; decode forwards per rollout by path (view: rows already consecutive)")
     print(f"{'setting':<28} {'median s':>9} {'min s':>7} {'view':>5} {'range':>6} {'gather':>7}")
-    for key, what in (("range", f"range as a view (x{engine_mod.COVER_ROWS:g})"), ("gather", "gathered copy")):
+    for key, what in (("range", f"range as a view (x{cover_rows:g})"), ("gather", "gathered copy")):
         p = paths[key]
         print(f"{what:<28} {statistics.median(secs[key]):9.2f} {min(secs[key]):7.2f} {p['view']:5d} {p['range']:6d} "
               f"{p['gather']:7d}")

@@ -503,12 +503,11 @@ def fit_dispatch_path(profile: HardwareProfile, points: list[DispatchPoint], hos
     pred = predicted(res.x)
     # cold caches: the extra time per synchronising round of the executor and per byte its
     # busiest rank moves (`fit_cold`)
-    rounds = [sync_rounds(plans_by[(p.procs, p.per_rank, p.context, p.reductions)][p.kind]) + p.start_rounds
-              for p in points]
-    moved = [price_transfer_plan(cms[p.procs].with_profile(base), plans_by[(p.procs, p.per_rank, p.context,
-                                                                            p.reductions)][p.kind],
-                                 samples=p.procs * p.per_rank, producers=p.procs, world=p.procs,
-                                 control=False).extras["busiest_rank_bytes"] for p in points]
+    plans = [plans_by[(p.procs, p.per_rank, p.context, p.reductions)][p.kind] for p in points]
+    rounds = [sync_rounds(tp) + p.start_rounds for tp, p in zip(plans, points, strict=True)]
+    moved = [price_transfer_plan(cms[p.procs].with_profile(base), tp, samples=p.procs * p.per_rank, producers=p.procs,
+                                 world=p.procs, control=False).extras["busiest_rank_bytes"]
+             for tp, p in zip(plans, points, strict=True)]
     cold = [(r, b, p.cold_seconds - p.seconds) for r, b, p in zip(rounds, moved, points, strict=True)
             if math.isfinite(p.cold_seconds)]
     cold_round_s, cold_byte_s = fit_cold(cold) if cold else (profile.dispatch_path.cold_round_s,

@@ -33,7 +33,7 @@ from earl.cost_model import CostModel
 from earl.cost_model.compute import OPS_PER_LAYER, causal_pairs, forward_pass
 from earl.cost_model.profile import EfficiencyCurve, HardwareProfile, load_profile
 from earl.runtime.engine import SamplingParams, TorchEngine
-from earl.runtime.engine.pytorch import KV_ROUND
+from earl.runtime.engine.pytorch import KV_ROUND, _round_up
 from earl.runtime.hf_model import cache_kwarg, hf_config_from_spec
 from earl.runtime.tokenizer import CharTokenizer
 from earl.specs import MODEL_CATALOG, ClusterSpec, ModelSpec
@@ -250,7 +250,7 @@ def measure_engine(*, device: torch.device, dtype: torch.dtype, prof: HardwarePr
         long, short = timed[2 * k], timed[2 * k + 1]
         # the positions its decode iterations attended, on average: every row the longest one's
         # length rounded up to KV_ROUND (the engine's slot cache; the simulator's `kv_round`)
-        ctx = b * statistics.mean(-(-(prompt + j + 1) // KV_ROUND) * KV_ROUND for j in range(ENGINE_NEW - 1))
+        ctx = b * statistics.mean(_round_up(prompt + j + 1, KV_ROUND) for j in range(ENGINE_NEW - 1))
         iters.append((b, ctx, max(0.0, long.median_s - short.median_s) / (ENGINE_NEW - 1),
                       cm.decode_step_time_s(1, b, ctx)))
         turns.append((b, prompt, short.median_s))

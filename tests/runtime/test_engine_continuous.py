@@ -433,10 +433,10 @@ def test_the_engine_registry_is_one_dict_and_base_imports_no_backend(tiny):
 @pytest.mark.parametrize("slots", [[3, 0, 2], [1, 0], [4, 2, 5, 3]])
 def test_decode_rows_out_of_order_read_their_range_as_the_gather_does(tiny, slots):
     """Decode rows not in consecutive slot order (a gap, or out of order) attend over their
-    slots' range as a view of the cache (`_cover`): the logits are those of the gathered copy bit
+    slots' range as a view of the cache (`_slot_views`): the logits are those of the gathered copy bit
     for bit, in a pure decode forward and next to a prefill segment, and the range is refused
     where it would hold more than COVER_ROWS x the rows."""
-    from earl.runtime.engine.pytorch import COVER_ROWS, _as_slice, _cover
+    from earl.runtime.engine.pytorch import COVER_ROWS, _slot_views
 
     eng = TorchEngine(tiny.model, tiny.tokenizer)
     gen = torch.Generator().manual_seed(len(slots))
@@ -444,8 +444,8 @@ def test_decode_rows_out_of_order_read_their_range_as_the_gather_does(tiny, slot
     k = [torch.randn(shape, generator=gen) for _ in range(eng.num_layers)]
     v = [torch.randn(shape, generator=gen) for _ in range(eng.num_layers)]
     n = len(slots)
-    cover = _cover(slots)
-    assert _as_slice(slots) is None and cover == slice(min(slots), max(slots) + 1)
+    run, cover = _slot_views(slots)
+    assert run is None and cover == slice(min(slots), max(slots) + 1)
     for seg in (0, 5):  # pure decode, then with a 5-token prefill segment of slot 7 after the rows
         ids = torch.randint(3, 60, (n + seg,), generator=gen)
         slot = torch.tensor(slots + [7] * seg)
@@ -457,5 +457,5 @@ def test_decode_rows_out_of_order_read_their_range_as_the_gather_does(tiny, slot
             ranged = eng.forward([x.clone() for x in k], [x.clone() for x in v], ids, slot, pos, n, 64, segs, out,
                                  None, cover)
         assert torch.equal(gathered, ranged)
-    assert _cover([0, 7]) is None and COVER_ROWS * 2 < 8  # a range of 8 slots for 2 rows: gathered
-    assert _cover([0, 1, 2]) is None  # consecutive in order: `_as_slice`'s plain view
+    assert _slot_views([0, 7]) == (None, None) and COVER_ROWS * 2 < 8  # 8 slots for 2 rows: gathered
+    assert _slot_views([0, 1, 2]) == (slice(0, 3), None)  # consecutive in order: the plain view

@@ -98,13 +98,17 @@ def _as_slice(slots: list[int]) -> slice | None:
 COVER_ROWS = 2.0
 
 
-def _cover(slots: list[int], cover: float = COVER_ROWS) -> slice | None:
-    """The range of cache slots holding every one of `slots` when they are not a consecutive run
-    in order (`_as_slice`) and the range holds at most `cover` x len(slots) slots, else None."""
-    if not slots or _as_slice(slots) is not None:
-        return None
+def _slot_views(slots: list[int]) -> tuple[slice | None, slice | None]:
+    """How decode rows at cache `slots` read the cache (`forward`'s `dec_slots`, `dec_cover`):
+    (their run, None) when they are a consecutive run in order (`_as_slice`); else (None, the
+    range holding them all) while that range holds at most COVER_ROWS x len(slots) slots; else
+    (None, None): a gathered copy."""
+    run = _as_slice(slots)
+    if run is not None or not slots:
+        return run, None
     lo, hi = min(slots), max(slots) + 1
-    return slice(lo, hi) if hi - lo <= cover * len(slots) else None
+    return None, (slice(lo, hi) if hi - lo <= COVER_ROWS * len(slots) else None)
+
 
 class _Row:
     """One episode's host-side state."""
@@ -298,8 +302,7 @@ class TorchEpisodeBatch:
         slot_B = self._upload(slots)
         kv_len = min(self.capacity, _round_up(max(self.rows[r].length for r in decode) + steps, KV_ROUND))
         tok_KB, lp_KB = eng.decode_block(self.k, self.v, ids_pos[0], slot_B, ids_pos[1], self.seeds_t[slot_B],
-                                         self._groups(decode, width), steps, kv_len, _as_slice(slots),
-                                         _cover(slots))
+                                         self._groups(decode, width), steps, kv_len, *_slot_views(slots))
         toks, lps = self._read(tok_KB[:, :len(decode)].T, lp_KB[:, :len(decode)].T)
         finished, used = self._accept(decode, toks, lps)
         for r, n in zip(decode, used, strict=True):
@@ -408,7 +411,7 @@ class TorchEpisodeBatch:
         kv_len = min(self.capacity, _round_up(max(pos[:n_dec], default=0) + 1, KV_ROUND))
         t = lambda x: torch.tensor(x, dtype=torch.long, device=dev)  # noqa: E731
         logits = eng.forward(self.k, self.v, t(ids), t(slots), t(pos), n_dec, kv_len, segs, t(last),
-                             _as_slice(decode), _cover(decode))
+                             *_slot_views(decode))
         if copies:
             src = t([[a, p] for a, _, n in copies for p in range(n)]).T
             dst = t([[b, p] for _, b, n in copies for p in range(n)]).T
@@ -489,7 +492,7 @@ class TorchEngine:
         slot); `segs` are (start, end, slot, length after) prefill segments. `dec_slots`: the
         decode rows' slots when they are consecutive (the usual case), read as a view of the
         cache instead of gathered (a [rows, kv_len] copy per layer and step); else `dec_cover`:
-        a range of slots holding theirs (`_cover`), read as a view with each row's query at its
+        a range of slots holding theirs (`_slot_views`), read as a view with each row's query at its
         slot and only the decode rows' outputs kept; neither: gathered."""
         m = self.model.model
         D = self.head_dim
