@@ -32,6 +32,7 @@ from earl.runtime.hf_model import load_policy
 from earl.runtime.resolve import resolve_config
 from earl.runtime.rollout import rollout
 from earl.runtime.worker import sampling_params
+from earl.specs import MODEL_CATALOG
 
 
 def play(engine, cfg, episodes: int, group: int) -> tuple[float, list]:
@@ -50,6 +51,12 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
+    if min(args.groups, args.group_size, args.rounds) < 1:
+        ap.error(f"--groups, --group-size and --rounds must be >= 1, got {args.groups}, {args.group_size}, "
+                 f"{args.rounds}")
+    if not Path(args.model).is_dir() and args.model not in MODEL_CATALOG:
+        ap.error(f"--model {args.model}: not a checkpoint folder nor a catalog model; valid names: "
+                 f"{', '.join(sorted(MODEL_CATALOG))}")
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         path = args.model if Path(args.model).is_dir() else str(random_checkpoint(args.model, Path(tmp) / "m", "fp32"))
