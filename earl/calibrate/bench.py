@@ -86,7 +86,7 @@ class BenchPlan:
 
 CPU_PLAN = BenchPlan(
     models=("tiny", "tiny-wide", "qwen2.5-0.5b", "qwen2.5-1.5b"),
-    tokens=(1, 2, 3, 4, 16, 64, 256),  # 2 and 3: fitted apart (earl.calibrate.fit.ROW_FACTOR_ROWS)
+    tokens=(1, 2, 3, 4, 16, 64, 256),  # 1-3: fitted apart (earl.calibrate.fit.ROW_FACTOR_ROWS)
     tps=(1, 2),
     max_gemm_flops=1.5e9,
     prefill=((1, 16), (1, 64), (1, 256), (2, 512), (1, 1024)),

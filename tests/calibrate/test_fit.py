@@ -157,3 +157,36 @@ def test_calibration_fits_row_factors_only_when_the_other_rows_can_carry_the_smo
     assert factors["2"] == pytest.approx(2.5, rel=0.03) and factors["3"] == pytest.approx(1.6, rel=0.03)
     short = [m for m in full if m.rows in (2, 3)] + [m for m in full if m.rows == 1][:3]
     assert _fit_kind(short, "matmul", 0.0, memory_s=lambda b: 0.0)[2] == {}
+
+
+def test_calibration_prices_packed_gemms_apart_from_the_one_to_three_row_kernels():
+    """The 2-core Xeon VM's MKL (thirty-first session): 1-3 rows stream the weights at the
+    copy bandwidth, 4 rows and more first pack them at about half of it and then run at the
+    GEMM rate. The smooth law is fitted on >= 4 rows only: its row penalty is the packing
+    (rows_half = 2 rate / pack bandwidth) and its rate the GEMM rate; 1-3 rows get factors and
+    are priced at the memory floor they run at."""
+    from earl.calibrate import runner
+    from earl.calibrate.bench import Measurement
+    from earl.cost_model.compute import gemm_work
+
+    stream, pack, rate = 17e9, 9e9, 2e11
+
+    def measured(m, k, n):
+        w = 4.0 * k * n
+        return 3e-6 + (w / stream if m < 4 else w / pack + 2.0 * m * k * n / rate)
+
+    pts = [Measurement(kind="matmul", label=f"T={m}", flops=2.0 * m * k * n, bytes=4.0 * (m * k + k * n + m * n),
+                       reps=5, iqr_frac=0.0, time_s=measured(m, k, n), rows=m)
+           for k, n in ((512, 768), (896, 1152), (896, 9728), (1536, 17920), (1536, 2048))
+           for m in (1, 2, 3, 4, 16, 64, 256)]
+
+    def floor(b):
+        return b / stream
+
+    fit, half, factors = runner._fit_kind(pts, "matmul", 0.0, memory_s=floor)
+    assert set(factors) == {"1", "2", "3"}
+    assert fit.rate == pytest.approx(rate, rel=0.05) and half == pytest.approx(2 * rate / pack, rel=0.05)
+    prof = type("P", (), {"gemm_rows_half": half, "gemm_row_factors": factors})()
+    for p in pts:
+        priced = max(fit.fixed_s + gemm_work(p.flops, p.rows, prof) / fit.rate, floor(p.bytes))
+        assert priced == pytest.approx(p.time_s, rel=0.05), p.rows
