@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import statistics
 import tempfile
 import time
@@ -55,6 +56,11 @@ CASES = {
     "cuda": {"model": "qwen2.5-0.5b", "steps": ((8, 256), (32, 512), (16, 1024), (64, 256)),
              "depths": (6, 12, 24)},
 }
+# bytes streamed (read and written) before the experience stage's cold run: more than a core's L2
+# and a VM's share of the last-level cache, as a rollout of a model larger than the caches streams
+# its weights every decode step (the stage ran 2.4-2.6x its warm time after 64-128 MB of copies or
+# GEMM weights on the 2-core Xeon VM, thirty-first session)
+COLD_FLUSH_BYTES = 64 << 20
 REPS = 6  # timed repetitions of each case (after one warm-up); rollouts alternate engine batching
 GROUP = 4  # episodes per synthetic GRPO group
 ROLLOUT_ENV = "tic-tac-toe"  # the environment of the replayed rollouts (the runtime's default)
@@ -82,6 +88,8 @@ class HostCostFit:
     rollout_fixed_s: float = 0.0
     rollout_batch_s: float = 0.0
     rollout_episode_s: float = 0.0
+    host_cold_factor: float = 1.0  # the experience stage after COLD_FLUSH_BYTES over its time after the rollout
+    host_cache_bytes: float = 0.0  # the per-core (L2) cache the OS reports, 0: unknown
     points: dict = field(default_factory=dict)  # part -> [{"label", "measured_s", "explained_s"}]
 
     def profile_fields(self) -> dict:
@@ -89,6 +97,27 @@ class HostCostFit:
 
     def quality(self) -> dict:
         return {**self.profile_fields(), "points": self.points}
+
+
+def core_cache_bytes() -> int:
+    """The per-core (L2) cache in bytes as the OS reports it; 0 where it does not."""
+    try:
+        n = os.sysconf("SC_LEVEL2_CACHE_SIZE")
+        if n > 0:
+            return int(n)
+    except (ValueError, OSError, AttributeError):
+        pass
+    try:  # Linux without the glibc name: sysfs, e.g. "4096K"
+        text = Path("/sys/devices/system/cpu/cpu0/cache/index2/size").read_text().strip()
+        return int(text[:-1]) * {"K": 1 << 10, "M": 1 << 20}[text[-1]] if text[-1] in "KM" else int(text)
+    except (OSError, ValueError):
+        return 0
+
+
+def flush_caches(buf: torch.Tensor) -> None:
+    """Read and write every byte of `buf` (a CPU tensor of COLD_FLUSH_BYTES): what caches held
+    before is evicted, as a large model's decode step evicts it."""
+    buf.add_(1.0)
 
 
 def synthetic_trajectories(n: int, length: int, vocab: int, gen: torch.Generator):
@@ -214,6 +243,8 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
         # one per round (the first round warms up): each case's median then comes from the same
         # stretch of the host's time, not from a spell of its own (earl.calibrate.timing.
         # time_host_interleaved; the fits below split the cases' times into fixed parts and slopes)
+        flush = torch.zeros(COLD_FLUSH_BYTES // 4)
+        cold_ratios = []
         todo = []
         for n, length in cases["steps"]:
             trajs = synthetic_trajectories(n, length, vocab, gen)
@@ -245,6 +276,15 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
             spans = {sp.name: sp.duration_s for sp in wk.spans}
             disp_share = spans["layout-aware"] / max(spans["layout-aware"] + spans["train_step"], 1e-12)
             wk.spans = []
+            # the experience stage once more, right after streaming COLD_FLUSH_BYTES: what it costs
+            # after the rollout of a model larger than the caches (host_cold_factor)
+            flush_caches(flush)
+            (store, layout, _), t_cold = _timed(lambda w=wk, tr=trajs, sa=samples, me=meta: prepare_experience(
+                w, ctx, 1, tr, sa, me), device)
+            train(wk, ctx, 1, store, layout, samples, meta)  # untimed: the next rollout meets what a step leaves
+            wk.spans = []
+            parts.setdefault("experience_warm", []).append(t_exp)
+            parts.setdefault("experience_cold", []).append(t_cold)
             key = "rollout" if chunk == n else "rollout_chunked"
             parts.setdefault(key + "_pred", []).append(_sim_rollout(cm, played, chunk, run_cfg.engine))
             for k, v in ((key, t_ro), ("experience", t_batch), ("logprob", t_lp),
@@ -269,6 +309,9 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
             hand_rows.append([1.0, n, tokens])
             hand_y.append(med["handoff"])
             note("handoff", f"n={n} tokens={tokens}", med["handoff"])
+            # recorded as measured (cold) and explained (warm): their ratio is the point
+            note("experience_cold", f"n={n} tokens={tokens}", med["experience_cold"], med["experience_warm"])
+            cold_ratios.append(med["experience_cold"] / max(med["experience_warm"], 1e-12))
             exp_rows.append([1.0, n, tokens])  # batch building has a fixed part: 0.4 ms at n=2 here
             exp_y.append(med["experience"])
             note("experience", f"n={n} tokens={tokens}", med["experience"])
@@ -305,7 +348,9 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
                        train_pass_s=tr_fixed,
                        dispatch_fixed_s=disp_fixed, dispatch_seq_s=disp_seq, handoff_fixed_s=hand_fixed,
                        handoff_seq_s=hand_seq, handoff_token_s=hand_token, rollout_fixed_s=ro_fixed,
-                       rollout_batch_s=ro_batch, rollout_episode_s=ro_episode, points=points)
+                       rollout_batch_s=ro_batch, rollout_episode_s=ro_episode,
+                       host_cold_factor=round(max(0.5, statistics.median(cold_ratios)), 4) if cold_ratios else 1.0,
+                       host_cache_bytes=float(core_cache_bytes()), points=points)
 
 
 def _sim_rollout(cm, trajs, engine_batch: int, engine: str = "pytorch") -> float:
@@ -340,4 +385,5 @@ if __name__ == "__main__":
             print(f"{part:10s} {p['label']:24s} measured {p['measured_s'] * 1e3:8.3f} ms  "
                   f"cost model {p['explained_s'] * 1e3:8.3f} ms")
     for k, v in fit.profile_fields().items():
-        print(f"{k:20s} {v * 1e6:10.2f} us")
+        print(f"{k:20s} " + {"host_cold_factor": f"x{v:.3f}", "host_cache_bytes": f"{v / 2**20:.1f} MiB"}.get(
+            k, f"{v * 1e6:10.2f} us"))

@@ -140,7 +140,7 @@ def stat_reductions(tplan) -> int:
 
 def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, world: int,
                         plan=None, control: bool = True, advantages: bool = True, cold: bool = True,
-                        estimator: str | None = None) -> Estimate:
+                        estimator: str | None = None, host_factor: float = 1.0) -> Estimate:
     """Price `tplan` (an earl.policies TransferPlan: `kind`, `controller`, `phases` of transfers
     with src, dst, bytes, sample_ids, tensors; `metadata_bytes`, `reduce_bytes`) moving
     `samples` samples made by `producers` data-parallel groups among `world` ranks.
@@ -155,7 +155,10 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
     `cold=False`: the executor starts on warm caches (no `cold_round_s`): a training dispatch
     with no log-prob pass since the hand-off, which ran the same executor just before it.
     `estimator`: the advantage estimator the executor runs (AdvantageSpec.key), priced per
-    sample and token by `HardwareProfile.advantage_s` (None: `sample_s`)."""
+    sample and token by `HardwareProfile.advantage_s` (None: `sample_s`).
+    `host_factor`: the multiplier on a hand-off's calibrated host work where it waits for no one
+    (`CostModel.host_cold_factor` of the rollout's plan: right after a rollout whose weights the
+    caches cannot hold)."""
     if not advantages:
         tplan = dataclasses.replace(tplan, reduce_bytes=0)
     if samples < 1 or producers < 1 or world < 1:
@@ -166,8 +169,9 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
             prof.handoff_fixed_s + prof.handoff_seq_s + prof.handoff_token_s > 0:
         # a hand-off that waits for no one: every rank builds, plans and copies its own
         # episodes' rows, the calibrated host work of the busiest (earl.calibrate.hostcost)
-        local = max(prof.handoff_seq_s * n + prof.handoff_token_s * tok for n, tok in delivered(tplan).values())
-        return _local(tplan, {"local": local, **({"planning": prof.handoff_fixed_s} if control else {})},
+        local = host_factor * max(prof.handoff_seq_s * n + prof.handoff_token_s * tok
+                                  for n, tok in delivered(tplan).values())
+        return _local(tplan, {"local": local, **({"planning": host_factor * prof.handoff_fixed_s} if control else {})},
                       samples, world, plan)
     if world == 1:
         # one process: the runtime plans and copies rows locally (earl.runtime.step), no

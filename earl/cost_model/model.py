@@ -113,6 +113,16 @@ class CostModel:
         return CostModel(self.model, self.cluster, profile, flash_attention=self.flash_attention,
                          precision=self.precision)
 
+    def host_cold_factor(self, plan: ParallelPlan) -> float:
+        """The multiplier on host work that follows a rollout under `plan` (the hand-off, the
+        experience batch): the profile's `host_cold_factor` where a rank's share of the weights,
+        streamed by every decode step, exceeds its `host_cache_bytes`, else 1."""
+        prof = self.profile
+        if prof.host_cold_factor == 1.0 or prof.host_cache_bytes <= 0:
+            return 1.0
+        weights = self.model.num_params * self.model.dtype_bytes / max(1, plan.tp * plan.pp)
+        return prof.host_cold_factor if weights > prof.host_cache_bytes else 1.0
+
     # ---- links ------------------------------------------------------------------------------
     def link_of(self, src: int, dst: int) -> str:
         if src == dst:
@@ -608,7 +618,7 @@ class CostModel:
         else:  # each dp group collates its share of the sequences (calibrated; 0 on datasheets)
             prof = self.profile
             once = (prof.experience_fixed_s + prof.experience_seq_s * -(-len(ctx) // plan.dp)
-                    + prof.experience_token_s * sum(ctx) / plan.dp * imbalance)
+                    + prof.experience_token_s * sum(ctx) / plan.dp * imbalance) * self.host_cold_factor(plan)
         t = passes * (stream * imbalance + fill + p2p) + once
         mem = self.memory(stage, plan, len(ctx), ctx[-1])
         return Estimate(stage=stage, time_s=t, feasible=mem.fits, reason="" if mem.fits else "longest sequence",

@@ -242,6 +242,15 @@ class HardwareProfile:
     handoff_fixed_s: float = 0.0
     handoff_seq_s: float = 0.0
     handoff_token_s: float = 0.0
+    # host work right after a rollout whose weights the caches cannot hold (each decode step
+    # streamed them, evicting the episodes' Python objects and tensors): the hand-off's and the
+    # experience batch's host terms above are measured after a small model's rollout and cost
+    # `host_cold_factor` x as much once a rank's rollout weights exceed `host_cache_bytes` (the
+    # per-core cache, L2, `earl calibrate` reads from the OS). The factor is measured by `earl
+    # calibrate` on the same stage code run again after streaming COLD_FLUSH_BYTES
+    # (earl.calibrate.hostcost). 1 / 0: never cold (datasheets, profiles before it)
+    host_cold_factor: float = 1.0
+    host_cache_bytes: float = 0.0
     # ---- host costs of the multi-process runtime's FSDP2 path, measured by `earl calibrate`
     # (phase "fsdp", earl/calibrate/fsdpfit.py) on gloo ranks running the runtime's own
     # training step and weight sync; priced only where a `zero` plan with dp > 1 runs as FSDP2
@@ -327,6 +336,12 @@ class HardwareProfile:
             raise ValueError(f"HardwareProfile.host_share must be in (0, 1], got {self.host_share!r}")
         if not 0 < self.reshard_busy <= 1:
             raise ValueError(f"HardwareProfile.reshard_busy must be in (0, 1], got {self.reshard_busy!r}")
+        if not 0.5 <= self.host_cold_factor < math.inf:
+            raise ValueError(f"HardwareProfile.host_cold_factor must be a finite number >= 0.5, "
+                             f"got {self.host_cold_factor!r}")
+        if not 0 <= self.host_cache_bytes < math.inf:
+            raise ValueError(f"HardwareProfile.host_cache_bytes must be a finite number >= 0 (0: unknown), "
+                             f"got {self.host_cache_bytes!r}")
         if not 1 <= self.corun_slowdown < math.inf:
             raise ValueError(f"HardwareProfile.corun_slowdown must be a finite number >= 1, "
                              f"got {self.corun_slowdown!r}")
@@ -460,6 +475,8 @@ class HardwareProfile:
                 estimator_s={str(k): _pair(f"estimator_s.{k}", v, source) for k, v in mapping("estimator_s").items()},
                 host_share=scalar("host_share", default=1.0),
                 corun_slowdown=scalar("corun_slowdown", default=1.0),
+                host_cold_factor=scalar("host_cold_factor", default=1.0),
+                host_cache_bytes=scalar("host_cache_bytes", default=0.0),
                 reshard_busy=scalar("reshard_busy", default=1.0),
                 host_probe_s=scalar("host_probe_s", default=0.0),
                 host_probe_ranks_s={str(k): convert(f"host_probe_ranks_s.{k}", v, float, where=source)

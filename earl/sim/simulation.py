@@ -567,7 +567,8 @@ class Simulation:
         self._exp_assign = tuple(tuple(g) for g in dst_assign)
         tplan = self.dispatcher.plan(Layout(ro, src_assign), Layout(ex, self._exp_assign), samples)
         est = price_transfer_plan(self.cm, tplan, samples=len(samples), producers=ro.dp,
-                                  world=max(ro.world_size, ex.world_size), plan=ex, advantages=False)
+                                  world=max(ro.world_size, ex.world_size), plan=ex, advantages=False,
+                                  host_factor=self.cm.host_cold_factor(ro))
         self.events += 1
         self._handoff_waited = est.extras["waits"]
         yield self.env.timeout(est.time_s)

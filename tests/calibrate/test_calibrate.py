@@ -7,6 +7,7 @@ GPU-check script's CPU path.
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -67,6 +68,13 @@ def test_tiny_calibration_writes_a_loadable_stamped_profile(calibration, tmp_pat
     assert loaded.handoff_fixed_s + loaded.handoff_seq_s + loaded.handoff_token_s > 0
     assert {"optimizer", "experience", "logprob", "train", "dispatch", "rollout", "handoff"} <= set(
         loaded.fit_quality["host_costs"]["points"])
+    # the experience stage run again after the cache flush, once per case: the factor is the
+    # median of the cases' cold / warm times (their ratios recorded as measured / explained)
+    cold = loaded.fit_quality["host_costs"]["points"]["experience_cold"]
+    assert len(cold) == len(loaded.fit_quality["host_costs"]["points"]["handoff"])
+    ratios = sorted(p["measured_s"] / p["explained_s"] for p in cold)
+    assert loaded.host_cold_factor == pytest.approx(max(0.5, statistics.median(ratios)), abs=1e-3)
+    assert loaded.host_cache_bytes >= 0
     assert loaded.elementwise is None or 0 < loaded.elementwise.peak_frac <= 1.5
     # the co-run slowdown: a quick calibration's five pairs, kept with the profile
     corun = loaded.fit_quality["corun"]

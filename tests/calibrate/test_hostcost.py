@@ -192,3 +192,49 @@ def test_token_budget_packing_is_the_runtimes():
     expected = sum(cm.logprob(dataclasses.replace(plan, micro_batch=len(g)), len(g), g[-1], masked=True).time_s
                    for g in groups)
     assert est.breakdown["stream"] == pytest.approx(expected)
+
+
+def test_host_work_after_a_rollout_past_the_cache_costs_the_cold_factor():
+    """`host_cold_factor` multiplies the hand-off's and the experience batch's host terms where a
+    rank's share of the weights (streamed by every decode step) exceeds `host_cache_bytes`, and
+    nowhere else: not for a model that fits, not with the factor unset or the cache unknown."""
+    from earl.cost_model.dispatch import price_transfer_plan
+    from earl.parallel import deal
+    from earl.policies import make_dispatcher
+    from earl.policies.balance import balance_aligned
+    from earl.policies.types import Layout, Sample
+
+    terms = dict(experience_fixed_s=2e-4, experience_seq_s=5e-5, experience_token_s=1e-7,
+                 handoff_fixed_s=4e-4, handoff_seq_s=2e-5, handoff_token_s=5e-8)
+    prof = dataclasses.replace(load_profile("cpu"), **terms, host_cold_factor=1.5, host_cache_bytes=2 * 2**20)
+    spec = {n: dataclasses.replace(MODEL_CATALOG[n], dtype="fp32") for n in ("tiny", "qwen2-27m")}
+    assert spec["tiny"].num_params * 4 < 2 * 2**20 < spec["qwen2-27m"].num_params * 4 / 8
+    one, tp8 = ParallelPlan(), ParallelPlan(tp=8)
+
+    def cm(name, p):
+        return CostModel(spec[name], ClusterSpec.for_gpus(p.hardware, 8), p)
+
+    assert cm("qwen2-27m", prof).host_cold_factor(one) == 1.5 == cm("qwen2-27m", prof).host_cold_factor(tp8)
+    assert cm("tiny", prof).host_cold_factor(one) == 1.0
+    for off in (dict(host_cold_factor=1.0), dict(host_cache_bytes=0.0)):
+        assert cm("qwen2-27m", dataclasses.replace(prof, **off)).host_cold_factor(one) == 1.0
+    big = dataclasses.replace(spec["qwen2-27m"], num_layers=80)  # its tp-8 share past the cache too, 1 GB
+    assert CostModel(big, ClusterSpec.for_gpus(prof.hardware, 8), prof).host_cold_factor(tp8) == 1.5
+    lengths = [64] * 8
+    warm = cm("qwen2-27m", dataclasses.replace(prof, host_cold_factor=1.0))
+    host = lambda c: c.mixed_batch("logprob", one, lengths, passes=0).breakdown["host"]  # noqa: E731
+    assert host(cm("qwen2-27m", prof)) == pytest.approx(1.5 * host(warm)) and host(warm) > 0
+    # the hand-off onto the aligned layout (local copies only): its host work scales, the same plan
+    samples = [Sample(id=i, tokens=100 + i, group=i // 4) for i in range(16)]
+    plan2 = ParallelPlan(dp=2)
+    src = Layout(plan2, tuple(tuple(g) for g in deal(16, 2)))
+    dst = Layout(plan2, tuple(tuple(g) for g in balance_aligned(samples, 2, src.assignment)[0]))
+    tplan = make_dispatcher("layout-aware").plan(src, dst, samples)
+    assert not dataclasses.replace(tplan, reduce_bytes=0).waits_for_peers  # the hand-off reduces nothing
+    price = lambda f: price_transfer_plan(warm, tplan, samples=16, producers=2, world=2,  # noqa: E731
+                                          advantages=False, host_factor=f).time_s
+    assert price(1.5) == pytest.approx(1.5 * price(1.0)) and price(1.0) > 0
+    with pytest.raises(ValueError, match="host_cold_factor"):
+        dataclasses.replace(prof, host_cold_factor=0.1)
+    assert HardwareProfile.from_dict(prof.to_dict()) == prof
+
