@@ -243,7 +243,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
         # one per round (the first round warms up): each case's median then comes from the same
         # stretch of the host's time, not from a spell of its own (earl.calibrate.timing.
         # time_host_interleaved; the fits below split the cases' times into fixed parts and slopes)
-        flush = torch.zeros(COLD_FLUSH_BYTES // 4)
+        flush = torch.zeros(COLD_FLUSH_BYTES // 4 if device.type == "cpu" else 0)
         cold_ratios = []
         todo = []
         for n, length in cases["steps"]:
@@ -277,14 +277,16 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
             disp_share = spans["layout-aware"] / max(spans["layout-aware"] + spans["train_step"], 1e-12)
             wk.spans = []
             # the experience stage once more, right after streaming COLD_FLUSH_BYTES: what it costs
-            # after the rollout of a model larger than the caches (host_cold_factor)
-            flush_caches(flush)
-            (store, layout, _), t_cold = _timed(lambda w=wk, tr=trajs, sa=samples, me=meta: prepare_experience(
-                w, ctx, 1, tr, sa, me), device)
-            train(wk, ctx, 1, store, layout, samples, meta)  # untimed: the next rollout meets what a step leaves
-            wk.spans = []
-            parts.setdefault("experience_warm", []).append(t_exp)
-            parts.setdefault("experience_cold", []).append(t_cold)
+            # after the rollout of a model larger than the caches (host_cold_factor; CPU only: a
+            # GPU's decode steps stream its weights through the GPU's caches, not the host's)
+            if device.type == "cpu":
+                flush_caches(flush)
+                (store, layout, _), t_cold = _timed(lambda w=wk, tr=trajs, sa=samples, me=meta: prepare_experience(
+                    w, ctx, 1, tr, sa, me), device)
+                train(wk, ctx, 1, store, layout, samples, meta)  # untimed: the next rollout meets what a step leaves
+                wk.spans = []
+                parts.setdefault("experience_warm", []).append(t_exp)
+                parts.setdefault("experience_cold", []).append(t_cold)
             key = "rollout" if chunk == n else "rollout_chunked"
             parts.setdefault(key + "_pred", []).append(_sim_rollout(cm, played, chunk, run_cfg.engine))
             for k, v in ((key, t_ro), ("experience", t_batch), ("logprob", t_lp),
@@ -310,8 +312,9 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
             hand_y.append(med["handoff"])
             note("handoff", f"n={n} tokens={tokens}", med["handoff"])
             # recorded as measured (cold) and explained (warm): their ratio is the point
-            note("experience_cold", f"n={n} tokens={tokens}", med["experience_cold"], med["experience_warm"])
-            cold_ratios.append(med["experience_cold"] / max(med["experience_warm"], 1e-12))
+            if "experience_cold" in med:
+                note("experience_cold", f"n={n} tokens={tokens}", med["experience_cold"], med["experience_warm"])
+                cold_ratios.append(med["experience_cold"] / max(med["experience_warm"], 1e-12))
             exp_rows.append([1.0, n, tokens])  # batch building has a fixed part: 0.4 ms at n=2 here
             exp_y.append(med["experience"])
             note("experience", f"n={n} tokens={tokens}", med["experience"])
@@ -350,7 +353,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
                        handoff_seq_s=hand_seq, handoff_token_s=hand_token, rollout_fixed_s=ro_fixed,
                        rollout_batch_s=ro_batch, rollout_episode_s=ro_episode,
                        host_cold_factor=round(max(0.5, statistics.median(cold_ratios)), 4) if cold_ratios else 1.0,
-                       host_cache_bytes=float(core_cache_bytes()), points=points)
+                       host_cache_bytes=float(core_cache_bytes()) if cold_ratios else 0.0, points=points)
 
 
 def _sim_rollout(cm, trajs, engine_batch: int, engine: str = "pytorch") -> float:
