@@ -248,7 +248,8 @@ class HardwareProfile:
     # `host_cold_factor` x as much once a rank's rollout weights exceed `host_cache_bytes` (the
     # per-core cache, L2, `earl calibrate` reads from the OS). The factor is measured by `earl
     # calibrate` on the same stage code run again after streaming COLD_FLUSH_BYTES
-    # (earl.calibrate.hostcost). 1 / 0: never cold (datasheets, profiles before it)
+    # (earl.calibrate.hostcost; CPU hosts only: a GPU's decode steps stream its weights through the
+    # GPU's caches). 1 / 0: never cold (datasheets, GPU calibrations, profiles before it)
     host_cold_factor: float = 1.0
     host_cache_bytes: float = 0.0
     # ---- host costs of the multi-process runtime's FSDP2 path, measured by `earl calibrate`
