@@ -29,18 +29,13 @@ VARIANTS = ("barrier", "none")
 KINDS = ("layout-aware", "centralized")
 
 
-def _busy(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
 def worker(cases, repeats, kinds=KINDS):
     """Runs on every gloo rank: {(per_rank, context, dispatcher): {variant: [(start, end) per
     call]}} of every rank (rank 0 returns them all)."""
     import torch.distributed as dist
 
     from earl.calibrate.dispatchfit import _store, layouts, runtime_plans, sample_reward
+    from earl.calibrate.timing import busy_wait
     from earl.runtime.move_samples import execute_dispatch
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -57,7 +52,7 @@ def worker(cases, repeats, kinds=KINDS):
             for rep in range(repeats + 2):  # the first two warm connections and allocators
                 for v in VARIANTS:
                     dist.barrier()
-                    _busy(rng.random() * 2e-3)
+                    busy_wait(rng.random() * 2e-3)
                     t0 = time.perf_counter()
                     execute_dispatch(tplan, store, samples, src, dst, rewards=rewards, start_barrier=v == "barrier",
                                      check=rep == 0)

@@ -34,12 +34,6 @@ NEIGHBOURS = ("sleep", "compute", "gather")
 EPISODES = 16  # one step of `--set groups=4 --set group_size=4`, validate's multi-process runs
 
 
-def _busy(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
 def step_layouts(world: int, seed: int = 0):
     """(samples, src, dst) of one training dispatch as `earl run` plans it: episodes dealt to
     the rollout ranks (earl.parallel.deal), then balanced over the training ranks."""
@@ -69,6 +63,7 @@ def worker(repeats: int, after_s: float, skew_s: float = 1e-3):
     import torch.distributed as dist
 
     from earl.calibrate.dispatchfit import _store, sample_reward
+    from earl.calibrate.timing import busy_wait
     from earl.runtime.move_samples import execute_dispatch
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -83,14 +78,14 @@ def worker(repeats: int, after_s: float, skew_s: float = 1e-3):
     for rep in range(repeats + 2):  # the first two warm connections and allocators
         for v in NEIGHBOURS:
             dist.barrier()
-            _busy(rng.random() * skew_s)
+            busy_wait(rng.random() * skew_s)
             t0 = time.perf_counter()
             execute_dispatch(tplan, store, samples, src, dst, rewards=rewards, check=rep == 0)
             t1 = time.perf_counter()
             if v == "gather":
                 dist.all_gather(parts, small)
             if v != "sleep":
-                _busy(after_s)
+                busy_wait(after_s)
             if rep >= 2:
                 calls[v].append((t0, t1))
     every = [None] * world

@@ -117,6 +117,14 @@ def time_host_interleaved(fns: Sequence[Callable[[], object]], *, device: torch.
     return [Timing.of(s) for s in samples]
 
 
+def busy_wait(seconds: float) -> None:
+    """Keep this thread on its core for `seconds` (wall): a rank computing, as benchmarks and
+    studies stage it beside a collective."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
