@@ -243,7 +243,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
         # one per round (the first round warms up): each case's median then comes from the same
         # stretch of the host's time, not from a spell of its own (earl.calibrate.timing.
         # time_host_interleaved; the fits below split the cases' times into fixed parts and slopes)
-        flush = torch.zeros(COLD_FLUSH_BYTES // 4 if device.type == "cpu" else 0)
+        flush = torch.zeros(COLD_FLUSH_BYTES // 4) if device.type == "cpu" else None
         cold_ratios = []
         todo = []
         for n, length in cases["steps"]:
@@ -279,7 +279,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
             # the experience stage once more, right after streaming COLD_FLUSH_BYTES: what it costs
             # after the rollout of a model larger than the caches (host_cold_factor; CPU only: a
             # GPU's decode steps stream its weights through the GPU's caches, not the host's)
-            if device.type == "cpu":
+            if flush is not None:
                 flush_caches(flush)
                 (store, layout, _), t_cold = _timed(lambda w=wk, tr=trajs, sa=samples, me=meta: prepare_experience(
                     w, ctx, 1, tr, sa, me), device)

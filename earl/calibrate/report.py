@@ -106,9 +106,9 @@ def quality_table(res: CalibrationResult) -> Table:
                   f"optimizer {h.optimizer_step_s * 1e3:.2f} ms + {h.optimizer_tensor_s * 1e6:.1f} us/tensor, "
                   f"experience {h.experience_fixed_s * 1e3:.2f} ms + {h.experience_seq_s * 1e6:.0f} us/seq, "
                   f"dispatch {h.dispatch_fixed_s * 1e3:.2f} ms, "
-                  f"rollout {h.rollout_fixed_s * 1e3:.2f} ms + {h.rollout_episode_s * 1e6:.0f} us/episode, "
-                  f"hand-off and batch after a rollout past the {h.host_cache_bytes / 2**20:.0f} MiB cache "
-                  f"x{h.host_cold_factor:.2f}",
+                  f"rollout {h.rollout_fixed_s * 1e3:.2f} ms + {h.rollout_episode_s * 1e6:.0f} us/episode"
+                  + (f", hand-off and batch after a rollout past the {h.host_cache_bytes / 2**20:.0f} MiB cache "
+                     f"x{h.host_cold_factor:.2f}" if h.host_cache_bytes else ""),
                   "-", "-", "-", "-")
     cq = prof.fit_quality.get("corun")
     if cq and cq.get("ratios"):
