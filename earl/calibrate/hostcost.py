@@ -38,22 +38,27 @@ from earl.policies import make_dispatcher
 from earl.policies.types import Sample
 from earl.runtime.dist import process_group
 from earl.runtime.hf_model import hf_config_from_spec
+from earl.runtime.move_samples import HANDOFF_TENSORS
 from earl.runtime.rollout import Trajectory, Turn
 from earl.runtime.run_config import EnvConfig, ModelConfig, PolicyConfig, RunConfig, TrainerConfig
-from earl.runtime.step import SampleMeta, StepContext, play, prepare_experience, train
+from earl.runtime.step import SampleMeta, StepContext, hand_off, play, prepare_experience, train
 from earl.runtime.worker import ONE, Worker
 from earl.sim.rollout_engine import Replica, TurnSyncReplica
 from earl.sim.workload import Episode
 from earl.specs import MODEL_CATALOG, ClusterSpec, ModelSpec, ParallelPlan, StagePlan
 
-# (seqs, mean length) of the synthetic batches; model for the passes; optimizer depths. The last
-# two CPU cases are a rank's share of a 16-episode step on 2 and 4 ranks (long episodes): the
-# per-rank sizes of the multi-process runtime, which the fit interpolated to before (its hand-off
-# price at 8 episodes moved 1.3-2.0 ms over four fits back to back, 1.4-1.7 with them)
+# (seqs, mean length, ranks) of the synthetic batches; model for the passes; optimizer depths.
+# `ranks` > 1: the seqs are rank 0's share of a step of seqs x ranks episodes, and the hand-off is
+# timed as that rank runs it (`hand_off` planning and checking the whole step, copying its own):
+# the last two CPU cases are a rank's share of a 16-episode step on 4 and 2 ranks (long episodes),
+# the per-rank sizes of the multi-process runtime, which the fit interpolated to before (its
+# hand-off price at 8 episodes moved 1.3-2.0 ms over four fits back to back, 1.4-1.7 with them;
+# until the thirty-second session they were timed as whole one-process steps, and the 4-rank
+# runtime's hand-off ran x1.2-1.3 its price)
 CASES = {
-    "cpu": {"model": "tiny", "steps": ((2, 24), (16, 48), (16, 160), (48, 64), (4, 200), (8, 200)),
+    "cpu": {"model": "tiny", "steps": ((2, 24, 1), (16, 48, 1), (16, 160, 1), (48, 64, 1), (4, 200, 4), (8, 200, 2)),
             "depths": (1, 2, 6)},
-    "cuda": {"model": "qwen2.5-0.5b", "steps": ((8, 256), (32, 512), (16, 1024), (64, 256)),
+    "cuda": {"model": "qwen2.5-0.5b", "steps": ((8, 256, 1), (32, 512, 1), (16, 1024, 1), (64, 256, 1)),
              "depths": (6, 12, 24)},
 }
 # bytes streamed (read and written) before the experience stage's cold run: more than a core's L2
@@ -85,6 +90,7 @@ class HostCostFit:
     handoff_fixed_s: float = 0.0
     handoff_seq_s: float = 0.0
     handoff_token_s: float = 0.0
+    handoff_sample_s: float = 0.0
     rollout_fixed_s: float = 0.0
     rollout_batch_s: float = 0.0
     rollout_episode_s: float = 0.0
@@ -239,6 +245,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
         hand_rows, hand_y = [], []
         lp_rows: list[list[float]] = []
         skip_old = not worker.trainer.needs_old_logprobs
+        legal = ("legal_bits",) if worker.trainer.uses_legal_bits else ()  # as prepare_experience sends
         # every case's inputs first, then rounds that run each case once, the order rotated by
         # one per round (the first round warms up): each case's median then comes from the same
         # stretch of the host's time, not from a spell of its own (earl.calibrate.timing.
@@ -246,18 +253,29 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
         flush = torch.zeros(COLD_FLUSH_BYTES // 4) if device.type == "cpu" else None
         cold_ratios = []
         todo = []
-        for n, length in cases["steps"]:
+        for n, length, ranks in cases["steps"]:
             trajs = synthetic_trajectories(n, length, vocab, gen)
-            todo.append({"n": n, "trajs": trajs, "meta": {t.episode_id: SampleMeta.of(t) for t in trajs},
-                         "samples": [Sample(id=t.episode_id, tokens=len(t.token_ids), group=t.group_id)
-                                     for t in trajs],
-                         "width": max(len(t.token_ids) for t in trajs), "parts": {}})
+            case = {"n": n, "trajs": trajs, "meta": {t.episode_id: SampleMeta.of(t) for t in trajs},
+                    "samples": [Sample(id=t.episode_id, tokens=len(t.token_ids), group=t.group_id) for t in trajs],
+                    "width": max(len(t.token_ids) for t in trajs), "parts": {}, "ranks": ranks}
+            if ranks > 1:  # the step rank 0 hands its share of off: its episodes, every rank's samples
+                step = synthetic_trajectories(n * ranks, length, vocab, gen)
+                plan = ParallelPlan(dp=ranks)
+                case["share"] = ([t for t in step if t.episode_id % ranks == 0],
+                                 [Sample(id=t.episode_id, tokens=len(t.token_ids), group=t.group_id) for t in step],
+                                 plan)
+            todo.append(case)
 
         def one_round(wk: Worker, c: dict, rep: int) -> None:
             n, trajs, samples, meta, parts = c["n"], c["trajs"], c["samples"], c["meta"], c["parts"]
             chunk = n if rep % 2 == 0 else max(1, n // 4)  # all episodes in one engine batch, or in 4
             wk.cfg = dataclasses.replace(run_cfg, groups=n, group_size=1, engine_batch=chunk)
             (played, _), t_ro = _timed(lambda w=wk, r=rep: play(w, r + 1), device)
+            t_share = None
+            if "share" in c:  # right after the rollout, as rank 0 of the step runs it
+                mine, every, plan = c["share"]
+                _, t_share = _timed(lambda m=mine, e=every, p=plan: hand_off(
+                    ctx.dispatcher, m, e, p, p, len(e), tensors=HANDOFF_TENSORS + legal, rank=0), device)
             # the stage = the hand-off and the log-prob span, split by their spans' shares: the
             # hand-off on one process waits for no one, the `handoff_*` terms (the price of
             # any hand-off that copies locally only: earl.cost_model.dispatch); with one
@@ -269,7 +287,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
                 w, ctx, 1, tr, sa, me), device)
             spans = {sp.name: sp.duration_s for sp in wk.spans}
             t_span = t_exp * spans["logprob"] / max(spans["logprob"] + spans["handoff"], 1e-12)
-            parts.setdefault("handoff", []).append(t_exp - t_span)
+            parts.setdefault("handoff", []).append(t_exp - t_span if t_share is None else t_share)
             t_batch, t_lp = (t_span, 0.0) if skip_old else (0.0, t_span)
             _, t_train_all = _timed(lambda w=wk, st=store, lay=layout, sa=samples, me=meta: train(
                 w, ctx, 1, st, lay, sa, me), device)
@@ -308,9 +326,12 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
                 ro_y.append(med[key] - med[key + "_pred"])
                 note("rollout", f"{ROLLOUT_ENV} n={n} engine batches={batches}", med[key], med[key + "_pred"])
             tokens = sum(len(x.token_ids) for x in trajs)
-            hand_rows.append([1.0, n, tokens])
+            own = c["share"][0] if "share" in c else trajs
+            own_tokens = sum(len(x.token_ids) for x in own)
+            hand_rows.append([1.0, len(own), own_tokens, len(own) * c["ranks"]])
             hand_y.append(med["handoff"])
-            note("handoff", f"n={n} tokens={tokens}", med["handoff"])
+            note("handoff", f"n={len(own)} tokens={own_tokens}" + (f" of {len(own) * c['ranks']}" if c["ranks"] > 1
+                                                                     else ""), med["handoff"])
             # recorded as measured (cold) and explained (warm): their ratio is the point
             if "experience_cold" in med:
                 note("experience_cold", f"n={n} tokens={tokens}", med["experience_cold"], med["experience_warm"])
@@ -344,13 +365,14 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
     lp_fixed, lp_token = _nnls(lp_rows, lp_res) if lp_rows else (prof.logprob_pass_s, prof.logprob_token_s)
     tr_fixed, tr_token = _nnls(pass_rows, tr_res)
     disp_fixed, disp_seq = _nnls(disp_rows, disp_y)
-    hand_fixed, hand_seq, hand_token = _nnls(hand_rows, hand_y)
+    hand_fixed, hand_seq, hand_token, hand_sample = _nnls(hand_rows, hand_y)
     return HostCostFit(experience_fixed_s=exp_fixed, experience_seq_s=seq_s, experience_token_s=token_s,
                        logprob_pass_s=lp_fixed, logprob_token_s=lp_token, train_token_s=tr_token,
                        optimizer_step_s=opt_step_s, optimizer_tensor_s=opt_tensor_s,
                        train_pass_s=tr_fixed,
                        dispatch_fixed_s=disp_fixed, dispatch_seq_s=disp_seq, handoff_fixed_s=hand_fixed,
-                       handoff_seq_s=hand_seq, handoff_token_s=hand_token, rollout_fixed_s=ro_fixed,
+                       handoff_seq_s=hand_seq, handoff_token_s=hand_token, handoff_sample_s=hand_sample,
+                       rollout_fixed_s=ro_fixed,
                        rollout_batch_s=ro_batch, rollout_episode_s=ro_episode,
                        host_cold_factor=round(max(0.5, statistics.median(cold_ratios)), 4) if cold_ratios else 1.0,
                        host_cache_bytes=float(core_cache_bytes()) if cold_ratios else 0.0, points=points)

@@ -166,11 +166,13 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
                          f"{samples}, {producers}, {world}")
     prof = cm.profile
     if not advantages and (world == 1 or not tplan.waits_for_peers) and \
-            prof.handoff_fixed_s + prof.handoff_seq_s + prof.handoff_token_s > 0:
-        # a hand-off that waits for no one: every rank builds, plans and copies its own
-        # episodes' rows, the calibrated host work of the busiest (earl.calibrate.hostcost)
-        local = host_factor * max(prof.handoff_seq_s * n + prof.handoff_token_s * tok
-                                  for n, tok in delivered(tplan).values())
+            prof.handoff_fixed_s + prof.handoff_seq_s + prof.handoff_token_s + prof.handoff_sample_s > 0:
+        # a hand-off that waits for no one: every rank builds and copies its own episodes'
+        # rows and plans and checks the whole step's, the calibrated host work of the busiest
+        # (earl.calibrate.hostcost)
+        local = host_factor * (max(prof.handoff_seq_s * n + prof.handoff_token_s * tok
+                                   for n, tok in delivered(tplan).values())
+                               + prof.handoff_sample_s * samples)
         return _local(tplan, {"local": local, **({"planning": host_factor * prof.handoff_fixed_s} if control else {})},
                       samples, world, plan)
     if world == 1:

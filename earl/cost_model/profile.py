@@ -238,10 +238,13 @@ class HardwareProfile:
     # the rollout -> experience hand-off's host work where it waits for no one (one process, or
     # onto the layout aligned with the rollout's: TransferPlan.waits_for_peers false): building
     # the episodes' rows, planning, local copies, the delivery check; fixed, per episode and per
-    # token the rank holds after it (0: priced as the dispatch it is, profiles before the fit)
+    # token the rank holds after it (0: priced as the dispatch it is, profiles before the fit);
+    # and per episode of the whole step, which every rank plans, indexes and checks
+    # (`handoff_sample_s`: at N ranks each holds 1 / N of them; 0 in profiles before the fit)
     handoff_fixed_s: float = 0.0
     handoff_seq_s: float = 0.0
     handoff_token_s: float = 0.0
+    handoff_sample_s: float = 0.0
     # host work right after a rollout whose weights the caches cannot hold (each decode step
     # streamed them, evicting the episodes' Python objects and tensors): the hand-off's and the
     # experience batch's host terms above are measured after a small model's rollout and cost
@@ -523,7 +526,7 @@ HOST_COST_FIELDS = ("step_seq_overhead_s", "step_kv_token_s", "turn_overhead_s",
                     "logprob_pass_s", "logprob_token_s", "train_pass_s", "train_token_s", "optimizer_step_s",
                     "optimizer_tensor_s", "experience_fixed_s", "experience_seq_s", "experience_token_s",
                     "dispatch_fixed_s",
-                    "dispatch_seq_s", "handoff_fixed_s", "handoff_seq_s", "handoff_token_s",
+                    "dispatch_seq_s", "handoff_fixed_s", "handoff_seq_s", "handoff_token_s", "handoff_sample_s",
                     "rollout_fixed_s", "rollout_batch_s", "rollout_episode_s",
                     "fsdp_unit_s", "fsdp_tensor_s", "reshard_tensor_s", "reshard_byte_s")
 

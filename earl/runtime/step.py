@@ -47,7 +47,7 @@ from earl.runtime.envs import OUTCOMES, env_options, make_env
 from earl.runtime.envs.dataset import LAST_REWARD_ERROR
 from earl.runtime.losses import uniform_groups
 from earl.runtime.mismatch import SUM_KEYS, mismatch_metrics, mismatch_sums
-from earl.runtime.move_samples import HANDOFF_TENSORS, carry_along, execute_dispatch
+from earl.runtime.move_samples import HANDOFF_TENSORS, DispatchStats, carry_along, execute_dispatch
 from earl.runtime.resolve import parse_schedule, selector_cost_model
 from earl.runtime.rollout import Trajectory, rollout
 from earl.runtime.run_config import RunConfig
@@ -306,22 +306,36 @@ def trainable_samples(cfg, ordered: list[SampleMeta]) -> tuple[list[Sample], set
     return samples, filtered, len(ordered) - len(kept)
 
 
+def hand_off(dispatcher: Dispatcher, trajs: list[Trajectory], samples: list[Sample], roll_plan: ParallelPlan,
+             exp_plan: ParallelPlan, episodes: int, *, tensors: tuple[str, ...] = HANDOFF_TENSORS,
+             rank: int | None = None) -> tuple[Store, DispatchStats, Layout]:
+    """The rollout -> experience hand-off of this rank (`rank`, None: the process group's):
+    its `trajs` (the episodes it played, `deal`t over the rollout replicas from `episodes` in
+    the step) to the experience layout of `samples` (the step's kept episodes), planned over
+    all of them by `dispatcher`. Returns the delivered store, the executor's stats and the
+    experience layout. Every rank plans and checks the whole step's episodes and copies or
+    sends only its own: `earl calibrate` times it at a rank's share in one process
+    (earl.calibrate.hostcost), the way each rank of a multi-process step runs it."""
+    kept = {s.id for s in samples}  # the episodes play dealt, less any filtered group
+    roll_assign = tuple(tuple(i for i in b if i in kept) for b in deal(episodes, roll_plan.dp))
+    src = Layout(roll_plan, roll_assign)
+    dst = Layout(exp_plan, balance_aligned(samples, exp_plan.dp, roll_assign)[0])
+    store = rollout_store(trajs)  # tp peers of a replica hold the same episodes: any may send
+    tplan = dispatcher.plan(src, dst, samples)
+    got, hstats = execute_dispatch(tplan, store, samples, src, dst, tensors=tensors, rank=rank)
+    return got, hstats, dst
+
+
 def prepare_experience(w: Worker, ctx: StepContext, step: int, trajs: list[Trajectory], samples: list[Sample],
                meta: dict[int, SampleMeta]) -> tuple[Store, Layout, dict]:
     """Hand the episodes to the experience layout (a TransferPlan), then old / reference
     log-probs of this rank's share and their gap to the engine's. Returns the experience store,
     its layout and stats (the gap as this rank's `mismatch_sums`, counted on tp rank 0 only)."""
     cfg = w.cfg
-    roll_plan, exp_plan = w.plans.rollout, w.plans.experience
-    kept = {s.id for s in samples}  # the episodes play dealt, less any filtered group
-    roll_assign = tuple(tuple(i for i in b if i in kept) for b in deal(cfg.groups * cfg.group_size, roll_plan.dp))
-    src = Layout(roll_plan, roll_assign)
-    dst = Layout(exp_plan, balance_aligned(samples, exp_plan.dp, roll_assign)[0])
-    t0 = span_start()
-    store = rollout_store(trajs)  # tp peers of a replica hold the same episodes: any may send
-    tplan = ctx.dispatcher.plan(src, dst, samples)
     legal = ("legal_bits",) if w.trainer.uses_legal_bits else ()  # trainer.legal_coef's input
-    got, hstats = execute_dispatch(tplan, store, samples, src, dst, tensors=HANDOFF_TENSORS + legal)
+    t0 = span_start()
+    got, hstats, dst = hand_off(ctx.dispatcher, trajs, samples, w.plans.rollout, w.plans.experience,
+                                cfg.groups * cfg.group_size, tensors=HANDOFF_TENSORS + legal)
     # `waits`: whether the hand-off waited for peers; onto the aligned layout it copies locally
     # and is the rank's own work (earl.calibrate.validate)
     w.span("handoff", "experience", t0, step, bytes=hstats.bytes_sent, args={"waits": hstats.waited})

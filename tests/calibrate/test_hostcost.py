@@ -238,3 +238,25 @@ def test_host_work_after_a_rollout_past_the_cache_costs_the_cold_factor():
         dataclasses.replace(prof, host_cold_factor=0.1)
     assert HardwareProfile.from_dict(prof.to_dict()) == prof
 
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_a_ranks_share_of_the_handoff_runs_in_one_process_as_that_rank_runs_it(ranks):
+    """`earl calibrate` times the hand-off at a rank's share in one process (hostcost's cases
+    with ranks > 1): `hand_off` as rank 0 of a `ranks`-way step plans the whole step's episodes
+    and copies exactly its own, the rows the whole step's one-process hand-off holds for them;
+    the profile's `handoff_sample_s` prices the whole-step part (test_dispatch_price)."""
+    from earl.policies import make_dispatcher
+    from earl.policies.types import Sample
+    from earl.runtime.step import hand_off
+
+    step = synthetic_trajectories(4 * ranks, 40, 64, torch.Generator().manual_seed(0))
+    samples = [Sample(id=t.episode_id, tokens=len(t.token_ids), group=t.group_id) for t in step]
+    mine = [t for t in step if t.episode_id % ranks == 0]
+    plan, disp = ParallelPlan(dp=ranks), make_dispatcher("layout-aware")
+    got, stats, dst = hand_off(disp, mine, samples, plan, plan, len(samples), rank=0)
+    assert sorted(got) == sorted(dst.assignment[0]) == [t.episode_id for t in mine]
+    assert stats.bytes_sent == 0 and not stats.waited
+    whole, _, _ = hand_off(disp, step, samples, ParallelPlan(), ParallelPlan(), len(samples), rank=0)
+    for i, rows in got.items():
+        assert rows.keys() == whole[i].keys() and all(torch.equal(rows[k], whole[i][k]) for k in rows)

@@ -355,8 +355,9 @@ def test_one_process_dispatch_is_its_calibrated_host_cost():
 @pytest.mark.parametrize("dp", [1, 2, 4])
 def test_a_handoff_that_waits_for_no_one_is_its_calibrated_host_work(dp):
     """The hand-off onto the aligned layout (or any on one process) runs no executor round:
-    each rank builds, plans and copies its own episodes' rows, priced handoff_fixed_s + per
-    episode + per token of the busiest rank (earl.calibrate.hostcost fits them on one process);
+    each rank builds and copies its own episodes' rows and plans and checks the whole step's,
+    priced handoff_fixed_s + per episode + per token of the busiest rank + per episode of the
+    step (earl.calibrate.hostcost fits them in one process, at rank shares too);
     a hand-off that moves episodes keeps the dispatch price, and a profile fitted before the
     terms existed (all 0) prices every hand-off as the dispatch it is."""
     from earl.cost_model.dispatch import delivered
@@ -364,7 +365,7 @@ def test_a_handoff_that_waits_for_no_one_is_its_calibrated_host_work(dp):
     from earl.policies.types import Layout, Sample
 
     prof = dataclasses.replace(load_profile("cpu-measured"), handoff_fixed_s=1e-3, handoff_seq_s=2e-4,
-                               handoff_token_s=1e-6)
+                               handoff_token_s=1e-6, handoff_sample_s=3e-5)
     samples = [Sample(id=i, tokens=100 + 37 * i, group=i // 4) for i in range(16)]
     plan = ParallelPlan(dp=dp)
     src = tuple(tuple(i for i in range(16) if i % dp == d) for d in range(dp))
@@ -375,10 +376,11 @@ def test_a_handoff_that_waits_for_no_one_is_its_calibrated_host_work(dp):
     assert delivered(hand) == held
     cm = dispatchfit.local_cost_model(prof, dp)
     est = price_transfer_plan(cm, hand, samples=16, producers=dp, world=dp, advantages=False)
-    assert est.time_s == pytest.approx(1e-3 + max(2e-4 * n + 1e-6 * t for n, t in held.values()))
+    assert est.time_s == pytest.approx(1e-3 + max(2e-4 * n + 1e-6 * t for n, t in held.values()) + 16 * 3e-5)
     assert est.extras["moved_bytes"] == 0 and "rounds" not in est.breakdown and not est.extras["waits"]
     # without the terms: the dispatch price (one process: dispatch_fixed_s + dispatch_seq_s)
-    old = dataclasses.replace(prof, handoff_fixed_s=0.0, handoff_seq_s=0.0, handoff_token_s=0.0)
+    old = dataclasses.replace(prof, handoff_fixed_s=0.0, handoff_seq_s=0.0, handoff_token_s=0.0,
+                              handoff_sample_s=0.0)
     before = price_transfer_plan(dispatchfit.local_cost_model(old, dp), hand, samples=16, producers=dp, world=dp,
                                  advantages=False)
     assert before.time_s != pytest.approx(est.time_s)
