@@ -96,6 +96,7 @@ class HostCostFit:
     rollout_episode_s: float = 0.0
     host_cold_factor: float = 1.0  # the experience stage after COLD_FLUSH_BYTES over its time after the rollout
     host_cache_bytes: float = 0.0  # the per-core (L2) cache the OS reports, 0: unknown
+    host_spread: float = 0.0  # the hand-off and batch's robust spread over repetitions (`spread`)
     points: dict = field(default_factory=dict)  # part -> [{"label", "measured_s", "explained_s"}]
 
     def profile_fields(self) -> dict:
@@ -118,6 +119,15 @@ def core_cache_bytes() -> int:
         return int(text[:-1]) * {"K": 1 << 10, "M": 1 << 20}[text[-1]] if text[-1] in "KM" else int(text)
     except (OSError, ValueError):
         return 0
+
+
+def spread(times: list[float]) -> float:
+    """A robust coefficient of variation of `times`: 1.4826 x their median absolute deviation
+    over their median (a normal sample's standard deviation over its mean); 0 for fewer than 3."""
+    if len(times) < 3:
+        return 0.0
+    m = statistics.median(times)
+    return 1.4826 * statistics.median(abs(t - m) for t in times) / m if m > 0 else 0.0
 
 
 def flush_caches(buf: torch.Tensor) -> None:
@@ -251,7 +261,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
         # stretch of the host's time, not from a spell of its own (earl.calibrate.timing.
         # time_host_interleaved; the fits below split the cases' times into fixed parts and slopes)
         flush = torch.zeros(COLD_FLUSH_BYTES // 4) if device.type == "cpu" else None
-        cold_ratios = []
+        cold_ratios, spreads = [], []
         todo = []
         for n, length, ranks in cases["steps"]:
             trajs = synthetic_trajectories(n, length, vocab, gen)
@@ -320,6 +330,8 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
             n, trajs, width, parts = c["n"], c["trajs"], c["width"], c["parts"]
             warm = ("rollout_chunked", "rollout_chunked_pred")  # first met after the warm-up round
             med = {k: statistics.median(v if k in warm else v[1:]) for k, v in parts.items()}
+            # the experience stage's host work (the hand-off, the batch) rep by rep: its spread
+            spreads.append(spread([a + b for a, b in zip(parts["handoff"][1:], parts["experience"][1:], strict=True)]))
             for key, batches in (("rollout", 1), ("rollout_chunked", -(-n // max(1, n // 4)))):
                 # engine batches are opened only by the lockstep engine's model (rollout_batch_s)
                 ro_rows.append([1.0, batches if sim_engine(run_cfg.engine) == "turn-sync" else 0.0, n])
@@ -375,7 +387,8 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
                        rollout_fixed_s=ro_fixed,
                        rollout_batch_s=ro_batch, rollout_episode_s=ro_episode,
                        host_cold_factor=round(max(0.5, statistics.median(cold_ratios)), 4) if cold_ratios else 1.0,
-                       host_cache_bytes=float(core_cache_bytes()) if cold_ratios else 0.0, points=points)
+                       host_cache_bytes=float(core_cache_bytes()) if cold_ratios else 0.0,
+                       host_spread=round(min(0.5, statistics.median(spreads)), 4) if spreads else 0.0, points=points)
 
 
 def _sim_rollout(cm, trajs, engine_batch: int, engine: str = "pytorch") -> float:
@@ -410,5 +423,6 @@ if __name__ == "__main__":
             print(f"{part:10s} {p['label']:24s} measured {p['measured_s'] * 1e3:8.3f} ms  "
                   f"cost model {p['explained_s'] * 1e3:8.3f} ms")
     for k, v in fit.profile_fields().items():
-        print(f"{k:20s} " + {"host_cold_factor": f"x{v:.3f}", "host_cache_bytes": f"{v / 2**20:.1f} MiB"}.get(
+        print(f"{k:20s} " + {"host_cold_factor": f"x{v:.3f}", "host_cache_bytes": f"{v / 2**20:.1f} MiB",
+                             "host_spread": f"{v:.3f}"}.get(
             k, f"{v * 1e6:10.2f} us"))

@@ -108,7 +108,8 @@ def quality_table(res: CalibrationResult) -> Table:
                   f"dispatch {h.dispatch_fixed_s * 1e3:.2f} ms, "
                   f"rollout {h.rollout_fixed_s * 1e3:.2f} ms + {h.rollout_episode_s * 1e6:.0f} us/episode"
                   + (f", hand-off and batch after a rollout past the {h.host_cache_bytes / 2**20:.0f} MiB cache "
-                     f"x{h.host_cold_factor:.2f}" if h.host_cache_bytes else ""),
+                     f"x{h.host_cold_factor:.2f}" if h.host_cache_bytes else "")
+                  + (f", its spread over repetitions {h.host_spread:.3f}" if h.host_spread else ""),
                   "-", "-", "-", "-")
     cq = prof.fit_quality.get("corun")
     if cq and cq.get("ratios"):

@@ -169,10 +169,10 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
             prof.handoff_fixed_s + prof.handoff_seq_s + prof.handoff_token_s + prof.handoff_sample_s > 0:
         # a hand-off that waits for no one: every rank builds and copies its own episodes'
         # rows and plans and checks the whole step's, the calibrated host work of the busiest
-        # (earl.calibrate.hostcost)
+        # (earl.calibrate.hostcost), the slowest of the ranks' spread (`CostModel.slowest_of`)
         local = host_factor * (max(prof.handoff_seq_s * n + prof.handoff_token_s * tok
                                    for n, tok in delivered(tplan).values())
-                               + prof.handoff_sample_s * samples)
+                               + prof.handoff_sample_s * samples) * cm.slowest_of(world)
         return _local(tplan, {"local": local, **({"planning": host_factor * prof.handoff_fixed_s} if control else {})},
                       samples, world, plan)
     if world == 1:

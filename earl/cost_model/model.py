@@ -123,6 +123,13 @@ class CostModel:
         weights = self.model.num_params * self.model.dtype_bytes / max(1, plan.tp * plan.pp)
         return prof.host_cold_factor if weights > prof.host_cache_bytes else 1.0
 
+    def slowest_of(self, ranks: int) -> float:
+        """The multiplier on host work each of `ranks` ranks does for itself where the stage
+        ends with the slowest (the hand-off, the experience batch): 1 + the profile's
+        `host_spread` x the expected largest of `ranks` standard normal draws (0 at one rank)."""
+        spread = self.profile.host_spread
+        return 1.0 + spread * expected_max_normal(ranks) if spread and ranks > 1 else 1.0
+
     # ---- links ------------------------------------------------------------------------------
     def link_of(self, src: int, dst: int) -> str:
         if src == dst:
@@ -618,7 +625,8 @@ class CostModel:
         else:  # each dp group collates its share of the sequences (calibrated; 0 on datasheets)
             prof = self.profile
             once = (prof.experience_fixed_s + prof.experience_seq_s * -(-len(ctx) // plan.dp)
-                    + prof.experience_token_s * sum(ctx) / plan.dp * imbalance) * self.host_cold_factor(plan)
+                    + prof.experience_token_s * sum(ctx) / plan.dp * imbalance) * self.host_cold_factor(plan) \
+                * self.slowest_of(plan.world_size)
         t = passes * (stream * imbalance + fill + p2p) + once
         mem = self.memory(stage, plan, len(ctx), ctx[-1])
         return Estimate(stage=stage, time_s=t, feasible=mem.fits, reason="" if mem.fits else "longest sequence",
@@ -752,3 +760,18 @@ def _overlap_units(a, b) -> int:
     def one(x, y):
         return max(0, min(x[1], y[1]) - max(x[0], y[0]))
     return one(a[0], b[0]) * one(a[1], b[1])
+
+
+@lru_cache(maxsize=256)
+def expected_max_normal(n: int) -> float:
+    """E[max of `n` independent standard normal draws] (0 for n <= 1; 0.5642 at 2, 1.0294 at 4,
+    1.4236 at 8): the integral of x n phi(x) Phi(x)^(n-1) by the midpoint rule over [-8, 8]."""
+    if n <= 1:
+        return 0.0
+    steps, lo, hi = 4000, -8.0, 8.0
+    h = (hi - lo) / steps
+    total = 0.0
+    for i in range(steps):
+        x = lo + (i + 0.5) * h
+        total += x * math.exp(-0.5 * x * x) * (0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))) ** (n - 1)
+    return n * total * h / math.sqrt(2.0 * math.pi)

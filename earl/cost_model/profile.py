@@ -255,6 +255,12 @@ class HardwareProfile:
     # GPU's caches). 1 / 0: never cold (datasheets, GPU calibrations, profiles before it)
     host_cold_factor: float = 1.0
     host_cache_bytes: float = 0.0
+    # the spread of that host work from one run to the next (a robust coefficient of variation:
+    # 1.4826 x the median absolute deviation over the median, the median over `earl calibrate`'s
+    # cases of the hand-off and batch's repetitions): where N ranks each do their own and the
+    # stage ends with the slowest, it costs 1 + host_spread x E[the largest of N standard normal
+    # draws] x as much (`CostModel.slowest_of`); 0: no term (datasheets, profiles before it)
+    host_spread: float = 0.0
     # ---- host costs of the multi-process runtime's FSDP2 path, measured by `earl calibrate`
     # (phase "fsdp", earl/calibrate/fsdpfit.py) on gloo ranks running the runtime's own
     # training step and weight sync; priced only where a `zero` plan with dp > 1 runs as FSDP2
@@ -340,6 +346,8 @@ class HardwareProfile:
             raise ValueError(f"HardwareProfile.host_share must be in (0, 1], got {self.host_share!r}")
         if not 0 < self.reshard_busy <= 1:
             raise ValueError(f"HardwareProfile.reshard_busy must be in (0, 1], got {self.reshard_busy!r}")
+        if not 0.0 <= self.host_spread < 1.0:
+            raise ValueError(f"HardwareProfile.host_spread must be a number in [0, 1), got {self.host_spread!r}")
         if not 0.5 <= self.host_cold_factor < math.inf:
             raise ValueError(f"HardwareProfile.host_cold_factor must be a finite number >= 0.5, "
                              f"got {self.host_cold_factor!r}")
@@ -481,6 +489,7 @@ class HardwareProfile:
                 corun_slowdown=scalar("corun_slowdown", default=1.0),
                 host_cold_factor=scalar("host_cold_factor", default=1.0),
                 host_cache_bytes=scalar("host_cache_bytes", default=0.0),
+                host_spread=scalar("host_spread", default=0.0),
                 reshard_busy=scalar("reshard_busy", default=1.0),
                 host_probe_s=scalar("host_probe_s", default=0.0),
                 host_probe_ranks_s={str(k): convert(f"host_probe_ranks_s.{k}", v, float, where=source)

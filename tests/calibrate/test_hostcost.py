@@ -260,3 +260,52 @@ def test_a_ranks_share_of_the_handoff_runs_in_one_process_as_that_rank_runs_it(r
     whole, _, _ = hand_off(disp, step, samples, ParallelPlan(), ParallelPlan(), len(samples), rank=0)
     for i, rows in got.items():
         assert rows.keys() == whole[i].keys() and all(torch.equal(rows[k], whole[i][k]) for k in rows)
+
+
+def test_host_work_of_n_ranks_is_priced_as_their_slowest():
+    """Where each of N ranks does its own host work and the stage ends with the slowest (the
+    hand-off onto the aligned layout, the experience batch), `host_spread` prices the expected
+    largest of N draws: x (1 + spread x E[max of N standard normals]); one rank, or no spread:
+    x1. The calibration's `spread` is the robust coefficient of variation of its repetitions."""
+    import random
+
+    from earl.calibrate.hostcost import spread
+    from earl.cost_model.dispatch import price_transfer_plan
+    from earl.cost_model.model import expected_max_normal
+    from earl.parallel import deal
+    from earl.policies import make_dispatcher
+    from earl.policies.balance import balance_aligned
+    from earl.policies.types import Layout, Sample
+
+    # E[max of n] by sampling agrees with the integral (1.0294 at 4 in the tables)
+    rng = random.Random(0)
+    for n in (2, 4, 8):
+        draws = [max(rng.gauss(0, 1) for _ in range(n)) for _ in range(20000)]
+        assert expected_max_normal(n) == pytest.approx(sum(draws) / len(draws), abs=0.03)
+    assert expected_max_normal(1) == 0.0 and expected_max_normal(4) == pytest.approx(1.0294, abs=1e-3)
+    times = [1e-3 * (1 + 0.06 * rng.gauss(0, 1)) for _ in range(4001)]
+    assert spread(times) == pytest.approx(0.06, rel=0.1) and spread([1.0, 2.0]) == 0.0
+
+    terms = dict(experience_fixed_s=2e-4, experience_seq_s=5e-5, experience_token_s=1e-7,
+                 handoff_fixed_s=4e-4, handoff_seq_s=2e-5, handoff_token_s=5e-8, handoff_sample_s=1e-5)
+    flat = dataclasses.replace(load_profile("cpu"), **terms)
+    spread_prof = dataclasses.replace(flat, host_spread=0.08)
+    spec = dataclasses.replace(MODEL_CATALOG["tiny"], dtype="fp32")
+    samples = [Sample(id=i, tokens=100 + i, group=i // 4) for i in range(16)]
+    for ranks in (1, 2, 4):
+        cms = [CostModel(spec, ClusterSpec.for_gpus(p.hardware, ranks), p) for p in (flat, spread_prof)]
+        k = 1 + 0.08 * expected_max_normal(ranks)
+        assert cms[1].slowest_of(ranks) == pytest.approx(k) and cms[0].slowest_of(ranks) == 1.0
+        plan = ParallelPlan(dp=ranks)
+        host = [c.mixed_batch("logprob", plan, [64] * 16, passes=0).breakdown["host"] for c in cms]
+        assert host[1] == pytest.approx(k * host[0]) and host[0] > 0
+        src = Layout(plan, tuple(tuple(g) for g in deal(16, ranks)))
+        dst = Layout(plan, tuple(tuple(g) for g in balance_aligned(samples, ranks, src.assignment)[0]))
+        tplan = make_dispatcher("layout-aware").plan(src, dst, samples)
+        est = [price_transfer_plan(c, tplan, samples=16, producers=ranks, world=ranks, advantages=False)
+               for c in cms]
+        assert est[1].breakdown["local"] == pytest.approx(k * est[0].breakdown["local"])
+        assert est[1].breakdown["planning"] == est[0].breakdown["planning"]
+    with pytest.raises(ValueError, match="host_spread"):
+        dataclasses.replace(flat, host_spread=1.5)
+    assert HardwareProfile.from_dict(spread_prof.to_dict()) == spread_prof
