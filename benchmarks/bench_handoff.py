@@ -29,8 +29,7 @@ from earl.parallel import deal
 from earl.policies import make_dispatcher
 from earl.policies.balance import balance_aligned
 from earl.policies.types import Layout, Sample
-from earl.runtime.move_samples import HANDOFF_TENSORS, execute_dispatch
-from earl.runtime.step import rollout_store
+from earl.runtime.step import hand_off
 from earl.specs import ParallelPlan
 
 SIDES = ("no wait", "barrier")
@@ -59,9 +58,7 @@ def _worker(episodes: int, length: int, repeats: int) -> dict:
     def handoff(barrier: bool):
         if barrier:
             dist.barrier()
-        store = rollout_store(mine)
-        tplan = dispatcher.plan(src, dst, samples)
-        return execute_dispatch(tplan, store, samples, src, dst, tensors=HANDOFF_TENSORS)[0]
+        return hand_off(dispatcher, mine, samples, src.plan, dst.plan, episodes)[0]  # the runtime's
 
     got = {side: sorted(handoff(side == "barrier")) for side in SIDES}
     times: dict[str, list[float]] = {side: [] for side in SIDES}
