@@ -268,7 +268,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
             case = {"n": n, "trajs": trajs, "meta": {t.episode_id: SampleMeta.of(t) for t in trajs},
                     "samples": [Sample(id=t.episode_id, tokens=len(t.token_ids), group=t.group_id) for t in trajs],
                     "width": max(len(t.token_ids) for t in trajs), "parts": {}, "ranks": ranks}
-            if ranks > 1:  # the step rank 0 hands its share of off: its episodes, every rank's samples
+            if ranks > 1:  # rank 0's share of a step of n x ranks episodes: its episodes, every rank's samples
                 step = synthetic_trajectories(n * ranks, length, vocab, gen)
                 plan = ParallelPlan(dp=ranks)
                 case["share"] = ([t for t in step if t.episode_id % ranks == 0],
