@@ -275,6 +275,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
                                  [Sample(id=t.episode_id, tokens=len(t.token_ids), group=t.group_id) for t in step],
                                  plan)
             todo.append(case)
+        shares = any(c["ranks"] > 1 for c in todo)
 
         def one_round(wk: Worker, c: dict, rep: int) -> None:
             n, trajs, samples, meta, parts = c["n"], c["trajs"], c["samples"], c["meta"], c["parts"]
@@ -340,7 +341,9 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
             tokens = sum(len(x.token_ids) for x in trajs)
             own = c["share"][0] if "share" in c else trajs
             own_tokens = sum(len(x.token_ids) for x in own)
-            hand_rows.append([1.0, len(own), own_tokens, len(own) * c["ranks"]])
+            # the step's episodes are a term of their own only where some case is a rank's share
+            # (else they are the rank's episodes, and the split between the two is arbitrary)
+            hand_rows.append([1.0, len(own), own_tokens] + ([len(own) * c["ranks"]] if shares else []))
             hand_y.append(med["handoff"])
             note("handoff", f"n={len(own)} tokens={own_tokens}" + (f" of {len(own) * c['ranks']}" if c["ranks"] > 1
                                                                      else ""), med["handoff"])
@@ -377,7 +380,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
     lp_fixed, lp_token = _nnls(lp_rows, lp_res) if lp_rows else (prof.logprob_pass_s, prof.logprob_token_s)
     tr_fixed, tr_token = _nnls(pass_rows, tr_res)
     disp_fixed, disp_seq = _nnls(disp_rows, disp_y)
-    hand_fixed, hand_seq, hand_token, hand_sample = _nnls(hand_rows, hand_y)
+    hand_fixed, hand_seq, hand_token, hand_sample = (_nnls(hand_rows, hand_y) + [0.0])[:4]
     return HostCostFit(experience_fixed_s=exp_fixed, experience_seq_s=seq_s, experience_token_s=token_s,
                        logprob_pass_s=lp_fixed, logprob_token_s=lp_token, train_token_s=tr_token,
                        optimizer_step_s=opt_step_s, optimizer_tensor_s=opt_tensor_s,
