@@ -1,6 +1,6 @@
 """Fit the host costs of the multi-process runtime's FSDP2 path (calibration phase "fsdp"):
-`HardwareProfile.fsdp_unit_s`, `fsdp_tensor_s`, `reshard_tensor_s`, `reshard_byte_s` and the
-weight sync's busy share `reshard_busy`.
+`HardwareProfile.fsdp_unit_s`, `fsdp_tensor_s`, `reshard_tensor_s`, `reshard_byte_s`, the
+weight sync's busy share `reshard_busy` and its wake-up term `reshard_wake_s`.
 
 On a CPU host most of an FSDP2 step's time is not the bytes the cost model prices but FSDP2's
 per-unit hooks, DTensor host work, collectives waiting in lockstep, and the weight sync's
@@ -26,7 +26,7 @@ from scipy.optimize import nnls
 from transformers import AutoModelForCausalLM
 
 from earl.calibrate.host import local_cost_model
-from earl.calibrate.hostload import CpuShare, overlap_factor
+from earl.calibrate.hostload import CpuShare, overlap_factor, sync_stretch
 from earl.cost_model.compute import param_tensors
 from earl.cost_model.model import fsdp_sync_counts, pack_micro_batches
 from earl.cost_model.profile import HardwareProfile, load_profile
@@ -65,6 +65,19 @@ FITTED = tuple(f for names in FIELDS.values() for f in names)
 # qwen2-27m --nproc N` stays held out.
 WIDE = {"hidden_size": 256, "head_dim": 64, "ffn_hidden": 704, "vocab_size": 4096}
 PROCS = (2, 4)  # ranks measured (the process counts `earl validate` checks)
+# The runtime's ranks reach the weight sync one after another (their training steps end apart:
+# the tiny model's 4 ranks 8-14 ms first to last, the second-last ~4 ms before the last, in the
+# traces of 2026-12-06), and its early ranks sleep in the first all-gather until the last one
+# sends. The phase times the sync so too, rank r arriving r x STAGGER_S after rank 0 (a busy
+# loop before it, as a training step is), and reads it as `earl validate` does: from the last
+# arrival to the first rank's end. What that window holds beyond the sync's price (with the
+# stretch validate gives it, `sync_stretch`) where the ranks outnumber the cores is
+# `reshard_wake_s` (4 gloo ranks on 2 cores, a throwaway run of 30 repeats: the gather took
+# ~0.9 ms after the last rank's packing vs ~0.4 at 2 ranks; docs/fidelity.md, thirty-third session)
+STAGGER_S = 0.004
+# the staggered syncs' repeats: their windows spread widely (4 ranks on 2 cores, 2026-12-06:
+# 2.1-7.8 ms in one run of 40 for a median of 3.3-3.8), so more of them than SYNC_REPEATS
+WAKE_REPEATS = 40
 REPEATS = 6  # timed repeats per case after one warm-up
 # the weight sync's repeats (a few tens of ms each): its lockstep rounds move most from call to
 # call, and their median is what `reshard_tensor_s` is fitted to
@@ -79,7 +92,7 @@ QUICK_BUDGET_S = 4.0
 class FsdpPoint:
     """One measured training step or weight sync."""
 
-    kind: str  # "train" | "sync"
+    kind: str  # "train" | "sync" | "wake" (a sync whose ranks arrive STAGGER_S apart)
     procs: int  # gloo ranks
     layers: int  # model depth (the tiny model's shapes otherwise)
     wide: bool = False  # the WIDE shapes (a weight sync only)
@@ -96,6 +109,8 @@ class FsdpPoint:
     probe_s: float | None = None  # its ranks' median host-probe reading (earl/runtime/hostprobe.py)
     # a sync's CPU seconds over wall seconds, its ranks' median over the repeats (None: not measured)
     busy: float | None = None
+    # a "wake" point's ranks: how long before the last one each arrived, median over repeats, s
+    leads: tuple[float, ...] = ()
 
     def residual_s(self) -> float:
         """Per-device seconds the priced terms leave unexplained."""
@@ -158,7 +173,7 @@ def worker(cases, repeats: int, sync_repeats: int) -> dict:
     plan, roll_plan = ParallelPlan(dp=world, sharded_optimizer=True), ParallelPlan(dp=world)
     groups = build_plan_groups(plan)
     base = TrainerConfig(algo="grpo", lr=1e-5)
-    out: dict = {"train": {}, "sync": {}, "probe": []}
+    out: dict = {"train": {}, "sync": {}, "wake": {}, "probe": []}
     probe = HostProbe()  # the host's speed through the timed repeats (HardwareProfile.host_probe_fsdp_s)
     with StepGC(every=1) as step_gc:
         for layers in depths(cases):
@@ -180,10 +195,14 @@ def worker(cases, repeats: int, sync_repeats: int) -> dict:
                 out["train"][case] = times
             out["sync"][(layers, False)] = _sync_times(optim, shapes, roll, plan, roll_plan, sync_repeats,
                                                        step_gc, probe, out["probe"])
+            out["wake"][(layers, False)] = _staggered_syncs(optim, shapes, roll, plan, roll_plan,
+                                                            wake_repeats(sync_repeats), step_gc)
         spec = spec_of(min(depths(cases)), wide=True)
         _, shapes, roll, optim = _fsdp_model(spec, plan, groups, base)
         out["sync"][(spec.num_layers, True)] = _sync_times(optim, shapes, roll, plan, roll_plan, sync_repeats,
                                                            step_gc, probe, out["probe"])
+        out["wake"][(spec.num_layers, True)] = _staggered_syncs(optim, shapes, roll, plan, roll_plan,
+                                                                wake_repeats(sync_repeats), step_gc)
     return out
 
 
@@ -216,6 +235,49 @@ def _sync_times(optim, shapes, roll, plan, roll_plan, repeats: int, step_gc, pro
         execute_reshard(rplan, shapes, optim.weights(), dst)
         times.append((time.perf_counter() - t0, time.process_time() - c0))
     return times
+
+
+def _staggered_syncs(optim, shapes, roll, plan, roll_plan, repeats: int, step_gc) -> list[tuple[float, float]]:
+    """The runtime's weight sync reached as the runtime's ranks reach it: after a barrier, rank r
+    computes (a busy loop) for r x STAGGER_S, then syncs; `repeats` + 1 times (the first a
+    warm-up). (start, end) perf_counter seconds each (a monotonic clock all local ranks share)."""
+    rplan = plan_reshard(shapes, plan, roll_plan, dist.get_world_size())
+    dst = {n: p.data for n, p in roll.named_parameters()}
+    out = []
+    for i in range(repeats + 1):
+        step_gc.step_done(i)
+        dist.barrier()
+        arrive = time.perf_counter() + dist.get_rank() * STAGGER_S
+        while time.perf_counter() < arrive:
+            pass
+        t0 = time.perf_counter()
+        execute_reshard(rplan, shapes, optim.weights(), dst)
+        out.append((t0, time.perf_counter()))
+    return out
+
+
+def wake_repeats(sync_repeats: int) -> int:
+    """The staggered syncs' repeats: WAKE_REPEATS at the full set's SYNC_REPEATS, as few as the
+    barrier-started syncs' for a quick set."""
+    return WAKE_REPEATS if sync_repeats >= SYNC_REPEATS else sync_repeats
+
+
+def staggered_window(runs: list[list[tuple[float, float]]]) -> tuple[float, tuple[float, ...]]:
+    """(the window from the last rank's start to the first rank's end, as `earl validate` reads a
+    step's sync (validate.measured_stages): the median of the faster half of the repeats, the
+    warm-up skipped; each rank's median lead on the last arrival, ascending) of per-rank (start,
+    end) series. The faster half: where ranks outnumber the cores the windows fall in two modes,
+    the first rank to finish keeping its core or waiting out a time slice (+2-3 ms; 4 gloo ranks
+    on 2 cores, 2026-12-06: 40-60% of repeats, from run to run, against ~35% of the runtime's
+    steps), and a median of all sits between them, moving by 1 ms from run to run; the fast
+    mode's median is stable (2.2-2.4 ms in three runs of 40) and is what the term prices."""
+    windows, leads = [], []
+    for i in range(1, len(runs[0])):
+        starts, ends = [r[i][0] for r in runs], [r[i][1] for r in runs]
+        windows.append(min(ends) - max(starts))
+        leads.append(sorted(max(starts) - t for t in starts))
+    fast = sorted(windows)[:max(1, len(windows) // 2)]
+    return statistics.median(fast), tuple(statistics.median(col) for col in zip(*leads, strict=True))
 
 
 def label(case) -> str:
@@ -252,6 +314,13 @@ def measure(procs=PROCS, cases=TRAIN_CASES, repeats: int = REPEATS, sync_repeats
                                     share=load.share(), probe_s=probe_s, counts=sync_counts(spec_of(layers, wide)),
                                     measured_s=per_repeat([[t for t, _ in run] for run in runs], min),
                                     busy=statistics.median(c / t for run in runs for t, c in run[1:])))
+        for key in res[0].get("wake", {}):
+            layers, wide = key
+            window, leads = staggered_window([r["wake"][key] for r in res])
+            points.append(FsdpPoint(kind="wake", procs=n, layers=layers, wide=wide,
+                                    label=f"weight sync {layers} layers{' wide' if wide else ''} staggered",
+                                    share=load.share(), probe_s=probe_s, counts=sync_counts(spec_of(layers, wide)),
+                                    measured_s=window, leads=leads))
     return points
 
 
@@ -271,7 +340,7 @@ def price(profile: HardwareProfile, point: FsdpPoint, host_parallel: int, cases=
     prof = dataclasses.replace(profile, **dict.fromkeys(FITTED, 0.0))
     cm = local_cost_model(prof, point.procs, spec_of(point.layers, point.wide))
     plan = ParallelPlan(dp=point.procs, sharded_optimizer=True)
-    if point.kind == "sync":
+    if point.kind in ("sync", "wake"):
         priced = cm.reshard(plan, ParallelPlan(dp=point.procs), fsdp=True).time_s
     else:
         _, seqs, longest, budget = next(c for c in cases if label(c) == point.label)
@@ -281,6 +350,12 @@ def price(profile: HardwareProfile, point: FsdpPoint, host_parallel: int, cases=
         priced = cm.mixed_batch("train", plan, ls, padded=True, token_budget=budget, groups=groups, fsdp=True,
                                 head_frac=head).time_s
     share = point.share if point.share is not None else min(1.0, host_parallel / point.procs)
+    if point.kind == "wake":
+        # as `earl validate` stretches a runtime step's sync: over the ranks still computing it
+        # when the last arrives (its leads), the sync priced with `profile`'s fitted terms
+        work = priced + sum(getattr(profile, f) * c for f, c in point.counts.items())
+        return dataclasses.replace(point, priced_s=priced,
+                                   stretch=sync_stretch(profile, point.procs, "cpu", share, list(point.leads), work))
     # the sync's ranks wait on one another: beyond the cores they fill each other's waits
     over = overlap_factor(profile.reshard_busy, point.procs, host_parallel) if point.kind == "sync" else 1.0
     return dataclasses.replace(point, priced_s=priced, stretch=max(profile.host_share / share * over, 1e-3))
@@ -306,12 +381,17 @@ def fit_fsdp_costs(profile: HardwareProfile, points: list[FsdpPoint],
     # the sync's busy share where its ranks have a core each (`hostload.overlap_factor`)
     busy = [p.busy for p in points if p.kind == "sync" and p.procs <= hp and p.busy is not None]
     fields: dict[str, float] = {"reshard_busy": round(min(1.0, statistics.median(busy)), 4)} if busy else {}
-    priced = [price(dataclasses.replace(profile, **fields), p, hp) for p in points]
+    priced = [price(dataclasses.replace(profile, **fields), p, hp) for p in points if p.kind != "wake"]
     for kind, names in FIELDS.items():
         fields.update(fit_constants([p for p in priced if p.kind == kind], names))
+    # the staggered syncs, priced with the terms just fitted: what their window holds beyond that
+    # where the ranks outnumber the cores is the first round's wake-ups (`reshard_wake_s`)
+    staggered = [price(dataclasses.replace(profile, **fields), p, hp) for p in points if p.kind == "wake"]
+    wake = [p.measured_s - p.predicted_s(fields) for p in staggered if p.procs > hp]
+    fields["reshard_wake_s"] = max(0.0, statistics.median(wake)) if wake else 0.0
     rows, errs = [], []
-    for p in priced:
-        predicted = p.predicted_s(fields)
+    for p in priced + staggered:
+        predicted = p.predicted_s(fields) + (fields["reshard_wake_s"] if p.kind == "wake" and p.procs > hp else 0.0)
         errs.append(abs(predicted - p.measured_s) / p.measured_s)
         rows.append({"kind": p.kind, "procs": p.procs, "label": p.label, "counts": p.counts, "share": p.share,
                      "stretch": p.stretch,

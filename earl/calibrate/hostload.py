@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from earl.cost_model.profile import HardwareProfile
 from earl.runtime.hostprobe import HostProbe
 
 MIN_SHARE = 1e-3  # below it a measurement is taken as broken, not as a host that slow
@@ -194,3 +195,43 @@ if __name__ == "__main__":
         print(f"busy loop: share of a core {s.share():.3f} over {s.wall_s:.2f} s ({cores()} cores)")
     c = corun_slowdown()
     print(f"co-run slowdown x{c['corun_slowdown']:.2f} on {c['procs']} processes (pairs: {c['ratios']})")
+
+
+def active_ranks(leads: list[float], work_s: float, nproc: int) -> int:
+    """How many ranks still compute a weight sync of `work_s` seconds (a rank's own work with a
+    core to itself) when its last rank arrives, the ranks having reached it `leads` seconds
+    before the last one: those that arrived less than `work_s` before it. A rank that arrived
+    earlier has done what it could without the last rank's slices and sleeps in its receives, so
+    the window the sync is read over (`measured_stages`) runs only the others: the tiny model's
+    4 ranks reached it 8-14 ms apart (median per run, 2026-12-05 passes) for ~3 ms of work, the
+    27M-parameter model's 10-14 ms apart for ~90 ms. `nproc` where the leads are unknown."""
+    if not leads:
+        return nproc
+    return max(1, sum(lead < work_s for lead in leads))
+
+
+def host_stretch(prof: HardwareProfile, nproc: int, device: str, share: float | None = None) -> float:
+    """How much longer a stage takes on this host than the profile's constants say: the
+    profile's `host_share` over `share`, the share of a core each of the `nproc` CPU ranks got
+    (earl.calibrate.hostload; None: an otherwise idle host, where it is nproc / host_parallel
+    when above 1). 1 on a GPU."""
+    if device != "cpu":
+        return 1.0
+    if share is None:
+        share = min(1.0, prof.dispatch_path.host_parallel / nproc)
+    return prof.host_share / share
+
+
+def sync_stretch(prof: HardwareProfile, nproc: int, device: str, share: float, leads: list[float],
+                 sync_s: float) -> float:
+    """The weight sync's stretch on this host: `host_stretch` and the overlap of its ranks'
+    waits (`overlap_factor`: beyond the cores they fill each other's waits), both over the ranks
+    still computing it when its last rank arrives (`active_ranks`, the sync priced `sync_s` on a
+    dedicated core), not all `nproc`; `share` (a rank's share of a core in the step) keeps the
+    other tenants' load apart from the job's own oversubscription. 1 on a GPU."""
+    if device != "cpu":
+        return 1.0
+    cores = prof.dispatch_path.host_parallel
+    active = active_ranks(leads, sync_s * prof.host_share, nproc)
+    own = min(1.0, share * min(1.0, cores / active) / min(1.0, cores / nproc))  # `share` at `active` ranks
+    return host_stretch(prof, active, device, own) * overlap_factor(prof.reshard_busy, active, cores)

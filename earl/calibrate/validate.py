@@ -30,7 +30,13 @@ from rich.table import Table
 from scipy.stats import kendalltau
 
 from earl.calibrate.host import current_stamp, local_cluster, random_checkpoint, sim_engine, sim_kv_round
-from earl.calibrate.hostload import CpuShare, overlap_factor, share_of, shared_makespan
+from earl.calibrate.hostload import (
+    CpuShare,
+    host_stretch,
+    share_of,
+    shared_makespan,
+    sync_stretch,
+)
 from earl.config_machinery import parse_sets
 from earl.cost_model import CostModel
 from earl.cost_model.profile import HardwareProfile, check_stamp, datasheet_profile, load_profile
@@ -412,19 +418,6 @@ def sync_leads(spans, steps: list[int]) -> list[list[float]]:
     return out
 
 
-def active_ranks(leads: list[float], work_s: float, nproc: int) -> int:
-    """How many ranks still compute a weight sync of `work_s` seconds (a rank's own work with a
-    core to itself) when its last rank arrives, the ranks having reached it `leads` seconds
-    before the last one: those that arrived less than `work_s` before it. A rank that arrived
-    earlier has done what it could without the last rank's slices and sleeps in its receives, so
-    the window the sync is read over (`measured_stages`) runs only the others: the tiny model's
-    4 ranks reached it 8-14 ms apart (median per run, 2026-12-05 passes) for ~3 ms of work, the
-    27M-parameter model's 10-14 ms apart for ~90 ms. `nproc` where the leads are unknown."""
-    if not leads:
-        return nproc
-    return max(1, sum(lead < work_s for lead in leads))
-
-
 def in_share(sp, names: tuple[str, ...] = COMPUTE_SPANS, own: tuple[str, ...] = ()) -> bool:
     """Whether span `sp` is work a share counts (`compute_shares`): one of `names`, or one of
     `own` that waited for no peer (the experience stage's: `in_share(sp, EXPERIENCE_SPANS,
@@ -504,31 +497,16 @@ def hostload_share(row: dict, threads: int, fallback: float) -> float:
     return share_of(row["step_cpu_s"], row["step_s"], max(1, threads))
 
 
-def host_stretch(prof: HardwareProfile, nproc: int, device: str, share: float | None = None) -> float:
-    """How much longer a stage takes on this host than the profile's constants say: the
-    profile's `host_share` over `share`, the share of a core each of the `nproc` CPU ranks got
-    (earl.calibrate.hostload; None: an otherwise idle host, where it is nproc / host_parallel
-    when above 1). 1 on a GPU."""
-    if device != "cpu":
-        return 1.0
-    if share is None:
-        share = min(1.0, prof.dispatch_path.host_parallel / nproc)
-    return prof.host_share / share
-
-
-def sync_stretch(prof: HardwareProfile, nproc: int, device: str, share: float, leads: list[float],
-                 sync_s: float) -> float:
-    """The weight sync's stretch on this host: `host_stretch` and the overlap of its ranks'
-    waits (`overlap_factor`: beyond the cores they fill each other's waits), both over the ranks
-    still computing it when its last rank arrives (`active_ranks`, the sync priced `sync_s` on a
-    dedicated core), not all `nproc`; `share` (a rank's share of a core in the step) keeps the
-    other tenants' load apart from the job's own oversubscription. 1 on a GPU."""
-    if device != "cpu":
-        return 1.0
-    cores = prof.dispatch_path.host_parallel
-    active = active_ranks(leads, sync_s * prof.host_share, nproc)
-    own = min(1.0, share * min(1.0, cores / active) / min(1.0, cores / nproc))  # `share` at `active` ranks
-    return host_stretch(prof, active, device, own) * overlap_factor(prof.reshard_busy, active, cores)
+def reshard_on_host(sim_row: dict, prof: HardwareProfile, nproc: int, device: str, share: float,
+                    leads: list[float]) -> float:
+    """A simulated step's re-shard stage on this host: its re-shards and weight sync stretched
+    by `sync_stretch` (`share`: a rank's share of a core in the step; `leads`: the ranks'
+    arrivals at the sync), but for the sync's wake-ups of ranks asleep in it (the row's
+    `sync_wake_s`, CostModel.sync_wake_s): a wait on the host's scheduler, not work a rank does,
+    added as priced."""
+    sync_s, wake = float(sim_row["sync_s"]), float(sim_row.get("sync_wake_s", 0.0))
+    work = float(sim_row["reshard_s"]) + sync_s - wake
+    return work * sync_stretch(prof, nproc, device, share, leads, sync_s - wake) + wake
 
 
 def corun_stretch(prof: HardwareProfile, nproc: int, device: str) -> float:
@@ -608,8 +586,7 @@ def score_variant(cfg, name: str, overrides: dict, run_dir: Path, rows: list[dic
             ke = host_stretch(p, nproc, device, se) * corun_stretch(p, nproc, device)
             row = {s: float(sr[f"{s}_s"]) * (kd if s == "dispatch" else k) for s in STAGES}
             row["rollout"] = rollout_on_host(sr, p, nproc, device, kc)
-            sync_s = float(sr["sync_s"])
-            row["reshard"] = (float(sr["reshard_s"]) + sync_s) * sync_stretch(p, nproc, device, sh, lead, sync_s)
+            row["reshard"] = reshard_on_host(sr, p, nproc, device, sh, lead)
             row["experience"] = (float(sr["experience_s"]) - float(sr["handoff_s"])) * ke + float(sr["handoff_s"]) * kd
             out.append(row)
             ks.append(k)

@@ -639,12 +639,13 @@ class CostModel:
 
     # ---- data movement ------------------------------------------------------------------------
     def reshard(self, src: ParallelPlan, dst: ParallelPlan, include_optimizer: bool = False,
-                fsdp: bool = False) -> Estimate:
+                fsdp: bool = False, asleep: bool = False) -> Estimate:
         """Move weights (and optionally fp32 master + Adam states) from `src`'s layout to `dst`'s
         on the same GPUs. Each rank keeps the overlap of its old and new slice; the slowest rank
         receiving the rest sets the time. `fsdp`: a `zero` plan with dp > 1 shards its weights
         over dp too (FSDP2, as the PyTorch runtime trains it; the cost model's own `zero` keeps
-        them whole), so weights leaving it are gathered first."""
+        them whole), so weights leaving it are gathered first. `asleep`: the ranks come to it
+        from other work, not from a common start (a runtime step's sync; `sync_wake_s`)."""
         world = src.world_size
         if dst.world_size != world:
             raise ValueError(f"reshard needs equal GPU counts, got {src.short()} ({world}) and "
@@ -691,10 +692,19 @@ class CostModel:
             # concatenation, the cast and the copy into the destination (calibrated on the weight
             # sync itself: earl.calibrate.fsdpfit)
             host = tensors * self.profile.reshard_tensor_s + whole * self.profile.reshard_byte_s
+        wake = self.sync_wake_s(src) if asleep and gather else 0.0
         moved = worst * world
-        return Estimate(stage="reshard", time_s=t + gather + host, feasible=True, gpus=world, plan=dst,
-                        breakdown={"transfer": t, "dp_gather": gather, "host": host},
+        return Estimate(stage="reshard", time_s=t + gather + host + wake, feasible=True, gpus=world, plan=dst,
+                        breakdown={"transfer": t, "dp_gather": gather, "host": host, "wake": wake},
                         extras={"bytes_per_gpu": worst, "bytes_total": moved, "link_bw_bytes_s": link.bw_bytes_s})
+
+    def sync_wake_s(self, src: ParallelPlan) -> float:
+        """What an FSDP2 weight sync out of `src` adds when its ranks come to it from other work:
+        `HardwareProfile.reshard_wake_s` once (its first all-gather round, whose early ranks
+        sleep until the last one sends) where the node's ranks outnumber its host_parallel
+        cores, else 0. A wait, not a rank's own work: `earl validate` leaves it unstretched."""
+        ppn = min(src.world_size, self.cluster.gpus_per_node)
+        return self.profile.reshard_wake_s if ppn > self.profile.dispatch_path.host_parallel else 0.0
 
 
 def fsdp_sync_counts(model: ModelSpec, tp: int = 1, pp: int = 1) -> tuple[int, float]:

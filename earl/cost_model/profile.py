@@ -274,6 +274,12 @@ class HardwareProfile:
     # into the bucket, slicing it out, the concatenation, cast and copy into the destination), s
     reshard_byte_s: float = 0.0  # ... and per byte of the fp32 shards a rank gathers (the same work's
     # per-byte part: copies, the cast, the gather's bytes beyond the link's price), s/byte
+    # ... and once per sync whose ranks outnumber the host_parallel cores and come to it from
+    # other work: the first gather round's wake-ups of the ranks asleep in it (the runtime's sync
+    # follows its ranks' training steps, which end apart; its early ranks sleep in the first
+    # all-gather until the last sends). Measured by the fsdp phase on ranks reaching the sync one
+    # after another, as the runtime's do (earl.calibrate.fsdpfit.STAGGER_S); 0: not measured, s
+    reshard_wake_s: float = 0.0
     # the share of its wall a rank of that weight sync computes with a core of its own (CPU over
     # wall at 2 ranks on 2 cores; the rest waits for peers); where ranks outnumber the cores they
     # fill each other's waits (earl.calibrate.hostload.overlap_factor). 1: no overlap (datasheets)
@@ -537,7 +543,7 @@ HOST_COST_FIELDS = ("step_seq_overhead_s", "step_kv_token_s", "turn_overhead_s",
                     "dispatch_fixed_s",
                     "dispatch_seq_s", "handoff_fixed_s", "handoff_seq_s", "handoff_token_s", "handoff_sample_s",
                     "rollout_fixed_s", "rollout_batch_s", "rollout_episode_s",
-                    "fsdp_unit_s", "fsdp_tensor_s", "reshard_tensor_s", "reshard_byte_s")
+                    "fsdp_unit_s", "fsdp_tensor_s", "reshard_tensor_s", "reshard_byte_s", "reshard_wake_s")
 
 
 # Datasheet GPU profiles' GEMM and copy curves, fitted (least squares on log time, soft-L1;

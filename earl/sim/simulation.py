@@ -118,6 +118,7 @@ class Simulation:
         self.token_budget = token_budget
         self.fsdp = fsdp
         self.handoff = handoff
+        self.wake_s = 0.0  # the part of the last re-shard that waits on ranks asleep in it (`reshard`)
         self.stat_reductions = stat_reductions
         self.estimator = estimator
         if not isinstance(prompt_group, int) or prompt_group < 0:
@@ -212,9 +213,12 @@ class Simulation:
     def reshard(self, name: str, stage: str, src: ParallelPlan, dst: ParallelPlan, step: int,
                  include_optimizer: bool = False):
         """SimPy process: charge a weight (and optimizer) re-shard; returns its seconds."""
+        self.wake_s = 0.0  # the part of the last re-shard that waits on ranks asleep in it
         if src == dst:
             return 0.0
-        est = self.cm.reshard(src, dst, include_optimizer=include_optimizer, fsdp=self.fsdp)
+        # the runtime's ranks come to it from other work (CostModel.sync_wake_s)
+        est = self.cm.reshard(src, dst, include_optimizer=include_optimizer, fsdp=self.fsdp, asleep=True)
+        self.wake_s = est.breakdown.get("wake", 0.0)
         t0 = self.env.now
         yield self.env.timeout(est.time_s)
         self.events += 1
@@ -360,6 +364,8 @@ class Simulation:
         # 1. rollout plan, weight sync from the training layout
         ro = self.select(Stage.ROLLOUT, stats_before, step)
         row["sync_s"] = yield from self.reshard("weight sync", "sync", self.train_layout, ro, step)
+        # its part that waits on ranks asleep (CostModel.sync_wake_s): not stretched by host load
+        row["sync_wake_s"] = self.wake_s
 
         # 2. rollout
         t0 = env.now

@@ -97,7 +97,11 @@ def test_tiny_calibration_writes_a_loadable_stamped_profile(calibration, tmp_pat
     assert loaded.link_for("allreduce") == res.link.ops["all_reduce"].link
     # the FSDP2 host costs fitted from the runtime's training step and weight sync on gloo ranks
     q = loaded.fit_quality["fsdp"]
-    assert {p["kind"] for p in q["points"]} == {"train", "sync"}
+    assert {p["kind"] for p in q["points"]} == {"train", "sync", "wake"}
+    # the staggered syncs' wake-up term: only where some ran more ranks than cores
+    assert loaded.reshard_wake_s >= 0
+    assert loaded.reshard_wake_s == 0.0 or any(p["procs"] > q["host_parallel"] for p in q["points"]
+                                               if p["kind"] == "wake")
     assert loaded.fsdp_unit_s >= 0 and loaded.fsdp_tensor_s >= 0 and loaded.reshard_tensor_s >= 0
     # positive where the points leave time unexplained; both 0 only where they do not: then
     # 0 is the least-squares optimum (no count-weighted residual left above 0). On a loaded host

@@ -181,6 +181,59 @@ def test_fit_weighs_points_by_their_relative_error():
     assert 0.5 < -errs[2] / errs[4] < 2, errs
 
 
+def test_the_weight_sync_pays_its_wake_ups_once_where_ranks_outnumber_cores_and_come_from_work():
+    """`asleep` (a runtime step's sync, whose early ranks sleep in its first all-gather): one
+    `reshard_wake_s` where the node's ranks outnumber its cores; none at a core each, none from
+    a common start (the calibration's barrier-started syncs), none without an FSDP2 gather."""
+    prof = dataclasses.replace(PROF, reshard_wake_s=6e-4)
+    src, dst = ParallelPlan(dp=4, sharded_optimizer=True), ParallelPlan(dp=4)
+    woken = _cm(prof, 4).reshard(src, dst, fsdp=True, asleep=True)
+    plain = _cm(prof, 4).reshard(src, dst, fsdp=True)
+    assert woken.time_s - plain.time_s == pytest.approx(6e-4) == woken.breakdown["wake"]
+    assert plain.breakdown["wake"] == 0.0
+    two = ParallelPlan(dp=2, sharded_optimizer=True)
+    assert _cm(prof, 2).reshard(two, ParallelPlan(dp=2), fsdp=True, asleep=True).breakdown["wake"] == 0.0
+    assert _cm(prof, 4).reshard(src, dst, asleep=True).breakdown["wake"] == 0.0  # the cost model's own zero
+    assert _cm(PROF, 4).reshard(src, dst, fsdp=True, asleep=True).breakdown["wake"] == 0.0  # not measured
+
+
+def test_staggered_window_reads_from_the_last_arrival_to_the_first_end_over_the_faster_half():
+    """Per repeat (the first a warm-up): the last start to the first end; the median of the
+    faster half of them (the fast mode of two); each rank's median lead on the last arrival."""
+    def rank(start, ends):  # (start, end) per repeat; starts 4 ms apart, the warm-up's odd
+        return [(0.0, 9.0)] + [(start + 1.0 * i, start + 1.0 * i + e) for i, e in enumerate(ends, 1)]
+    runs = [rank(0.000, [0.015, 0.015, 0.015, 0.015]), rank(0.004, [0.013, 0.013, 0.013, 0.013]),
+            rank(0.008, [0.0045, 0.0050, 0.0090, 0.0095])]
+    window, leads = fsdpfit.staggered_window(runs)
+    # windows (the last start at +8 ms, the first end rank 2's or rank 0's at +15 ms): 4.5, 5.0,
+    # 7.0, 7.0 ms; the faster half: 4.5, 5.0 -> 4.75 ms
+    assert window == pytest.approx(0.00475)
+    assert leads == pytest.approx((0.0, 0.004, 0.008))
+
+
+def test_fit_reads_the_wake_term_from_staggered_syncs_beyond_the_cores():
+    """Staggered syncs measured at their validate price plus 0.7 ms at 4 ranks on 2 cores (and
+    at their price at 2): the fit's `reshard_wake_s` is 0.7 ms, the other constants as before;
+    no staggered point beyond the cores (a quick set): 0."""
+    truth = {"fsdp_unit_s": 3.5e-3, "fsdp_tensor_s": 1.6e-3, "reshard_tensor_s": 4e-4, "reshard_byte_s": 1.2e-9}
+    points = _synthetic_points(truth, host_parallel=2)
+    known = dataclasses.replace(PROF, **truth)
+    for n in fsdpfit.PROCS:
+        for layers, wide in ((2, False), (4, False), (2, True)):
+            p = fsdpfit.FsdpPoint(kind="wake", procs=n, layers=layers, wide=wide, label="staggered",
+                                  measured_s=0.0, leads=tuple(0.004 * i for i in range(n)),
+                                  counts=fsdpfit.sync_counts(fsdpfit.spec_of(layers, wide)))
+            priced = fsdpfit.price(known, p, host_parallel=2)
+            points.append(dataclasses.replace(p, measured_s=priced.predicted_s(truth) + (7e-4 if n > 2 else 0.0)))
+    fields, quality = fsdpfit.fit_fsdp_costs(PROF, points, host_parallel=2)
+    assert fields["reshard_wake_s"] == pytest.approx(7e-4)
+    for k, v in truth.items():
+        assert fields[k] == pytest.approx(v, rel=1e-6), k
+    assert quality["fit_max_err"] < 1e-6  # the wake points' rows carry the term where it applies
+    quick, _ = fsdpfit.fit_fsdp_costs(PROF, [p for p in points if p.procs == 2], host_parallel=2)
+    assert quick["reshard_wake_s"] == 0.0
+
+
 def test_overlap_factor_charges_waits_only_where_ranks_outnumber_cores():
     assert overlap_factor(0.7, 2, 2) == overlap_factor(0.2, 1, 2) == 1.0  # a core each: no sharing
     assert overlap_factor(0.7, 4, 2) == pytest.approx(0.7)  # 4 on 2: x2 x 0.7 = x1.4 the dedicated wall

@@ -35,6 +35,7 @@ from earl.calibrate.validate import (
     plan_mismatches,
     recorded_reductions,
     rescore_validation,
+    reshard_on_host,
     run_plans,
     run_validation,
     runtime_reductions,
@@ -312,6 +313,22 @@ def test_sync_stretch_counts_the_ranks_still_computing_when_the_last_arrives():
     # other tenants' load stays: rank 0 got 0.4 of a core where 0.5 was its due
     assert sync_stretch(prof, 4, "cpu", 0.4, leads, 0.002) == pytest.approx(1 / 0.8)
     assert sync_stretch(prof, 4, "cuda", 0.5, leads, 0.002) == 1.0
+
+
+def test_the_syncs_wake_up_wait_is_added_as_priced_and_the_rest_stretched():
+    """A step's re-shard stage on a host where 4 ranks share 2 cores: the re-shards and the
+    sync's work stretched over the ranks still computing it, its wake-up term (a wait on the
+    scheduler, CostModel.sync_wake_s) added as priced; a row from before the term: as before."""
+    prof = dataclasses.replace(load_profile("cpu-measured"), host_share=1.0, reshard_busy=0.75)
+    prof = dataclasses.replace(prof, dispatch_path=dataclasses.replace(prof.dispatch_path, host_parallel=2))
+    row = {"reshard_s": 0.001, "sync_s": 0.0095, "sync_wake_s": 0.0015}
+    leads = [0.010, 0.006, 0.003, 0.0]  # the sync's work (8 ms) outlasts three ranks' leads
+    k = sync_stretch(prof, 4, "cpu", 0.5, leads, 0.008)
+    assert k == pytest.approx(1.5 * 0.75)
+    assert reshard_on_host(row, prof, 4, "cpu", 0.5, leads) == pytest.approx(0.009 * k + 0.0015)
+    before = {"reshard_s": 0.001, "sync_s": 0.008}
+    assert reshard_on_host(before, prof, 4, "cpu", 0.5, leads) == pytest.approx(0.009 * k)
+    assert reshard_on_host(row, prof, 4, "cuda", 0.5, leads) == pytest.approx(0.0105)
 
 
 def test_token_budget_packing_per_data_parallel_group():
