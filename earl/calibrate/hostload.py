@@ -185,17 +185,6 @@ def corun_slowdown(procs: int | None = None, iters: int = 800, repeats: int = 25
             "probe_alone_s": [round(a, 9) for a in probe_alone], "probe_corun_s": [round(c, 9) for c in probe_corun]}
 
 
-if __name__ == "__main__":
-
-    for _ in range(3):
-        with CpuShare() as s:
-            t0 = time.perf_counter()
-            while time.perf_counter() - t0 < 1.0:
-                pass
-        print(f"busy loop: share of a core {s.share():.3f} over {s.wall_s:.2f} s ({cores()} cores)")
-    c = corun_slowdown()
-    print(f"co-run slowdown x{c['corun_slowdown']:.2f} on {c['procs']} processes (pairs: {c['ratios']})")
-
 
 def active_ranks(leads: list[float], work_s: float, nproc: int) -> int:
     """How many ranks still compute a weight sync of `work_s` seconds (a rank's own work with a
@@ -235,3 +224,15 @@ def sync_stretch(prof: HardwareProfile, nproc: int, device: str, share: float, l
     active = active_ranks(leads, sync_s * prof.host_share, nproc)
     own = min(1.0, share * min(1.0, cores / active) / min(1.0, cores / nproc))  # `share` at `active` ranks
     return host_stretch(prof, active, device, own) * overlap_factor(prof.reshard_busy, active, cores)
+
+
+if __name__ == "__main__":
+
+    for _ in range(3):
+        with CpuShare() as s:
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < 1.0:
+                pass
+        print(f"busy loop: share of a core {s.share():.3f} over {s.wall_s:.2f} s ({cores()} cores)")
+    c = corun_slowdown()
+    print(f"co-run slowdown x{c['corun_slowdown']:.2f} on {c['procs']} processes (pairs: {c['ratios']})")
