@@ -47,9 +47,11 @@ def _op_time(flops: float, nbytes: float, prof: HardwareProfile, curve, norm: fl
     hw = prof.hardware
     t_c = flops / (hw.peak_flops * curve(flops)) if flops > 0 else 0.0
     t_m = nbytes / (hw.hbm_bw_bytes_s * prof.memory(nbytes)) if nbytes > 0 else 0.0
-    if norm is None:
-        return max(t_c, t_m)
-    return (t_c ** norm + t_m ** norm) ** (1.0 / norm)
+    big = max(t_c, t_m)
+    if norm is None or big <= 0:
+        return big
+    # scaled by the larger: the same value, and no overflow for absurd (finite) profile inputs
+    return big * ((t_c / big) ** norm + (t_m / big) ** norm) ** (1.0 / norm)
 
 
 def gemm_work(flops: float, rows: float, prof: HardwareProfile) -> float:

@@ -28,17 +28,23 @@ PROFILES_DIR = Path(__file__).parent / "profiles"
 SUMMED = "/summed"
 
 
+# the least achieved fraction of a datasheet peak a profile may hold: below a millionth it is no
+# measurement, and the times it prices overflow (a denormal 2e-309 did, found by
+# tests/test_bad_input.py's random profile values)
+MIN_PEAK_FRAC = 1e-6
+
+
 @dataclass(frozen=True, kw_only=True)
 class EfficiencyCurve:
     """Achieved fraction of peak as a function of problem size:
     eff(x) = peak_frac * x / (x + half_size). x is FLOPs (compute) or bytes (memory)."""
 
-    peak_frac: float  # asymptotic achieved fraction of the datasheet peak, (0, 1.5]
+    peak_frac: float  # asymptotic achieved fraction of the datasheet peak, [1e-6, 1.5]
     half_size: float  # problem size (FLOPs or bytes) reaching half of peak_frac
 
     def __post_init__(self):
-        if not (0 < self.peak_frac <= 1.5):
-            raise ValueError(f"EfficiencyCurve.peak_frac must be in (0, 1.5], got {self.peak_frac}")
+        if not (MIN_PEAK_FRAC <= self.peak_frac <= 1.5):
+            raise ValueError(f"EfficiencyCurve.peak_frac must be in [{MIN_PEAK_FRAC:g}, 1.5], got {self.peak_frac}")
         if not self.half_size >= 0:  # nan fails too
             raise ValueError(f"EfficiencyCurve.half_size must be >= 0, got {self.half_size}")
 
