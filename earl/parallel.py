@@ -249,7 +249,10 @@ def _group(ranks: tuple[int, ...]):
         return None
     key = (id(dist.group.WORLD), *ranks)  # a new default group (after destroy/init) gets new groups
     if key not in _GROUP_CACHE:
+        from earl.runtime.gloo_loops import batch_gloo_loops  # a leaf module (os only)
+
         _GROUP_CACHE[key] = dist.new_group(list(ranks))
+        batch_gloo_loops()  # a gloo group starts its own event-loop thread
     return _GROUP_CACHE[key]
 
 
@@ -300,6 +303,9 @@ def build_mesh(plan: ParallelPlan, *, device_type: str = "cpu", dims: tuple[str,
         if dims != MESH_DIMS:
             ranks = ranks.T.contiguous()
         _MESH_CACHE[key] = DeviceMesh(device_type, ranks, mesh_dim_names=dims)
+        from earl.runtime.gloo_loops import batch_gloo_loops  # a leaf module (os only)
+
+        batch_gloo_loops()  # the mesh's sub-groups, if it made any
     return _MESH_CACHE[key]
 
 

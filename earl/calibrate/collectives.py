@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from earl.calibrate.fit import fit_affine
+from earl.runtime.gloo_loops import batch_gloo_loops
 
 OPS = ("p2p", "all_reduce", "all_gather", "all_to_all")
 CPU_SIZES = tuple(2 ** e for e in range(10, 25))  # 1 KiB .. 16 MiB
@@ -64,6 +65,7 @@ def _worker(rank: int, world: int, backend: str, store_path: str, sizes: list[in
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank,
                             world_size=world)
+    batch_gloo_loops()  # as the runtime's ranks run them (earl.runtime.gloo_loops)
 
     def sync():
         if cuda:

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from earl.parallel import build_plan_groups
+from earl.runtime.gloo_loops import batch_gloo_loops
 from earl.specs import ParallelPlan
 
 
@@ -63,6 +64,7 @@ def init_distributed(backend: str | None = None, timeout_s: float = 120.0) -> Di
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
+    batch_gloo_loops()  # see earl.runtime.gloo_loops (the runtime's groups: earl.parallel)
     return DistEnv(rank=rank, world=world, local_rank=local_rank, backend=backend, device=device)
 
 
