@@ -154,14 +154,15 @@ class DispatchPath:
             raise ValueError(f"DispatchPath.wire_bw_bytes_s must be > 0 bytes/s (or null: the intra link), "
                              f"got {self.wire_bw_bytes_s}")
 
-    def round_cost_s(self, procs: int, asleep: bool = False) -> float:
+    def round_cost_s(self, procs: int, asleep: bool = False, wake_s: float = 0.0) -> float:
         """Seconds of one synchronising round of ranks sharing a node that runs `procs`
         processes: `round_s`, plus `sync_s` when they outnumber its host_parallel cores (with
-        `asleep`, ranks that come to it from other work: the larger of `sync_s` and
-        `wake_sync_s`)."""
+        `asleep`, ranks that come to it from other work: the largest of `sync_s`,
+        `wake_sync_s` and `wake_s`, another measurement of the same wake-ups: the caller's
+        `HardwareProfile.reshard_wake_s`, timed on ranks that arrive apart)."""
         if procs <= self.host_parallel:
             return self.round_s
-        return self.round_s + (max(self.sync_s, self.wake_sync_s) if asleep else self.sync_s)
+        return self.round_s + (max(self.sync_s, self.wake_sync_s, wake_s) if asleep else self.sync_s)
 
     def reduce_cost_s(self, procs: int) -> float:
         """Seconds of one statistics reduction among ranks sharing a node that runs `procs`
@@ -284,7 +285,9 @@ class HardwareProfile:
     # other work: the first gather round's wake-ups of the ranks asleep in it (the runtime's sync
     # follows its ranks' training steps, which end apart; its early ranks sleep in the first
     # all-gather until the last sends). Measured by the fsdp phase on ranks reaching the sync one
-    # after another, as the runtime's do (earl.calibrate.fsdpfit.STAGGER_S); 0: not measured, s
+    # after another, as the runtime's do (earl.calibrate.fsdpfit.STAGGER_S); a runtime dispatch's
+    # rounds beyond the cores pay it too where it is larger than `DispatchPath.wake_sync_s`
+    # (`DispatchPath.round_cost_s`); 0: not measured, s
     reshard_wake_s: float = 0.0
     # the share of its wall a rank of that weight sync computes with a core of its own (CPU over
     # wall at 2 ranks on 2 cores; the rest waits for peers); where ranks outnumber the cores they

@@ -188,6 +188,31 @@ def test_a_runtime_dispatchs_rounds_beyond_the_cores_cost_the_wake_up_loop():
         assert price[(True, False)].time_s == price[(False, False)].time_s  # back to back: sync_s
 
 
+def test_a_runtime_dispatchs_asleep_rounds_take_the_weight_syncs_wake_term_where_larger():
+    """The staggered weight sync's wake-up term (HardwareProfile.reshard_wake_s, ranks asleep in a
+    gloo receive until a late peer sends) prices a runtime dispatch's rounds beyond the cores where
+    it exceeds the barrier loop's wake_sync_s (as under SCHED_BATCH loop threads); where it is
+    smaller, at or under the cores, and for the executor alone (control=False), nothing changes."""
+    prof = load_profile("cpu-measured")
+    path = dataclasses.replace(prof.dispatch_path, round_s=5e-4, sync_s=2e-4, wake_sync_s=3e-4, host_parallel=2)
+    assert path.round_cost_s(4, asleep=True, wake_s=1.1e-3) == pytest.approx(5e-4 + 1.1e-3)
+    assert path.round_cost_s(4, asleep=True, wake_s=1e-4) == pytest.approx(5e-4 + 3e-4)
+    assert path.round_cost_s(4, wake_s=1.1e-3) == pytest.approx(7e-4)  # awake: sync_s
+    assert path.round_cost_s(2, asleep=True, wake_s=1.1e-3) == 5e-4
+    base = dataclasses.replace(prof, dispatch_path=path, reshard_wake_s=0.0)
+    for n in (2, 4):
+        tplan = dispatchfit.runtime_plans(n, 4, 2048)["layout-aware"]
+        rounds = sync_rounds(tplan)
+        for wake in (1.1e-3, 1e-4):
+            woken = dataclasses.replace(base, reshard_wake_s=wake)
+            price = {(p is woken, control): price_transfer_plan(dispatchfit.local_cost_model(p, n), tplan,
+                                                                 samples=4 * n, producers=n, world=n, control=control)
+                     for p in (woken, base) for control in (True, False)}
+            extra = rounds * max(0.0, wake - 3e-4) if n > 2 else 0.0
+            assert price[(True, True)].time_s == pytest.approx(price[(False, True)].time_s + extra)
+            assert price[(True, False)].time_s == price[(False, False)].time_s
+
+
 def test_every_synchronising_round_costs_the_measured_round():
     """A dispatch over N processes pays each of its sync_rounds at DispatchPath.round_cost_s(N):
     round_s while the node's processes fit its cores, + sync_s beyond; a statistics reduction's
