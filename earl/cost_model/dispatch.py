@@ -158,7 +158,8 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
     sample and token by `HardwareProfile.advantage_s` (None: `sample_s`).
     `host_factor`: the multiplier on a hand-off's calibrated host work where it waits for no one
     (`CostModel.host_cold_factor` of the rollout's plan: right after a rollout whose weights the
-    caches cannot hold)."""
+    caches cannot hold), and on a CPU host on the executor's own work (its phases and the
+    advantages) where it waits; its rounds and wake-ups are waits and keep their price."""
     if not advantages:
         tplan = dataclasses.replace(tplan, reduce_bytes=0)
     if samples < 1 or producers < 1 or world < 1:
@@ -205,9 +206,14 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
         per = math.ceil(samples / producers) * per_sample
         adv_s = max(per, per * ppn / path.host_parallel)
         names = ("alltoall",) if len(phase_s) == 1 else tuple(f"phase{i}" for i in range(len(phase_s)))
+    # on a host whose sends and receives are the ranks' own CPU work (not full duplex: a CPU
+    # host), the executor's work after a rollout the caches could not hold runs as cold as the
+    # hand-off's (`host_factor`; the held-out model's 2-rank dispatch ran x1.2-1.5 its hot price,
+    # docs/fidelity.md, thirty-fourth session)
+    cold_host = 1.0 if path.full_duplex else host_factor
     if advantages:
-        br["advantages"] = adv_s
-    br.update(zip(names, phase_s, strict=True))
+        br["advantages"] = adv_s * cold_host
+    br.update(zip(names, [t * cold_host for t in phase_s], strict=True))
     # every rank waits for its peers at each of the executor's rounds: where the profile
     # measured a round (DispatchPath.round_cost_s) it is their price, and a statistics
     # reduction's two rounds are priced as the profile measured that reduction

@@ -624,7 +624,8 @@ class Simulation:
         est = price_transfer_plan(self.cm, tplan, samples=len(samples), producers=ex.dp,
                                   world=max(ex.world_size, tr.world_size), plan=tr,
                                   cold=self.sc.logprob_passes > 0 or not self._handoff_waited,
-                                  estimator=self.estimator)
+                                  estimator=self.estimator,
+                                  host_factor=self.cm.host_cold_factor(ex))  # after the rollout, cold
         self.events += 1
         yield self.env.timeout(est.time_s)
         self.span(f"dispatch ({tplan.kind})", "dispatch", tplan.controller, t0, self.env.now, step,

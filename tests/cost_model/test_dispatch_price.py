@@ -717,3 +717,27 @@ def test_estimator_keys_and_their_fit():
     old = dataclasses.replace(prof, estimator_s={k: v for k, v in prof.estimator_s.items() if k not in summed})
     assert old.advantage_s("reinforce++/per-turn/summed", 200) == old.advantage_s("reinforce++/per-turn", 200)
     assert old.advantage_s("grpo", 200) == prof.advantage_s("grpo", 200)
+
+
+def test_a_waiting_dispatchs_own_work_runs_cold_on_a_cpu_host_after_a_rollout_past_the_cache():
+    """`host_factor` (CostModel.host_cold_factor after a rollout whose weights the caches cannot
+    hold) multiplies a waiting dispatch's own work on a CPU host (its phases and the advantages)
+    and nothing else: its rounds, wake-ups, cold start, metadata and planning keep their price;
+    a full-duplex (GPU) path's phases are link time and keep theirs."""
+    prof = load_profile("cpu-measured")
+    assert not prof.dispatch_path.full_duplex
+    for n in (2, 4):
+        tplan = dispatchfit.runtime_plans(n, 4, 2048)["layout-aware"]
+        assert tplan.waits_for_peers
+        cm = dispatchfit.local_cost_model(prof, n)
+        hot, cold = (price_transfer_plan(cm, tplan, samples=4 * n, producers=n, world=n, host_factor=f)
+                     for f in (1.0, 1.5))
+        own = [k for k in hot.breakdown if k == "advantages" or k == "alltoall" or k.startswith("phase")]
+        assert own and all(hot.breakdown[k] > 0 for k in own)
+        for k, v in hot.breakdown.items():
+            assert cold.breakdown[k] == pytest.approx(v * (1.5 if k in own else 1.0)), k
+        duplex = dispatchfit.local_cost_model(
+            dataclasses.replace(prof, dispatch_path=dataclasses.replace(prof.dispatch_path, full_duplex=True)), n)
+        a, b = (price_transfer_plan(duplex, tplan, samples=4 * n, producers=n, world=n, host_factor=f)
+                for f in (1.0, 1.5))
+        assert a.time_s == pytest.approx(b.time_s)
