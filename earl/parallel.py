@@ -249,10 +249,10 @@ def _group(ranks: tuple[int, ...]):
         return None
     key = (id(dist.group.WORLD), *ranks)  # a new default group (after destroy/init) gets new groups
     if key not in _GROUP_CACHE:
-        from earl.runtime.gloo_loops import batch_gloo_loops  # a leaf module (os only)
+        from earl.runtime.gloo_loops import batched_threads  # a leaf module (os only)
 
-        _GROUP_CACHE[key] = dist.new_group(list(ranks))
-        batch_gloo_loops()  # a gloo group starts its own event-loop thread
+        with batched_threads():  # a gloo group starts its own event-loop thread
+            _GROUP_CACHE[key] = dist.new_group(list(ranks))
     return _GROUP_CACHE[key]
 
 
@@ -302,10 +302,10 @@ def build_mesh(plan: ParallelPlan, *, device_type: str = "cpu", dims: tuple[str,
         ranks = torch.arange(world).reshape(plan.dp, plan.tp)  # == rank_of(plan, dp=d, tp=t)
         if dims != MESH_DIMS:
             ranks = ranks.T.contiguous()
-        _MESH_CACHE[key] = DeviceMesh(device_type, ranks, mesh_dim_names=dims)
-        from earl.runtime.gloo_loops import batch_gloo_loops  # a leaf module (os only)
+        from earl.runtime.gloo_loops import batched_threads  # a leaf module (os only)
 
-        batch_gloo_loops()  # the mesh's sub-groups, if it made any
+        with batched_threads():  # the mesh's sub-groups, if it makes any
+            _MESH_CACHE[key] = DeviceMesh(device_type, ranks, mesh_dim_names=dims)
     return _MESH_CACHE[key]
 
 

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from earl.calibrate.fit import fit_affine
-from earl.runtime.gloo_loops import batch_gloo_loops
+from earl.runtime.gloo_loops import batched_threads
 
 OPS = ("p2p", "all_reduce", "all_gather", "all_to_all")
 CPU_SIZES = tuple(2 ** e for e in range(10, 25))  # 1 KiB .. 16 MiB
@@ -63,9 +63,9 @@ def _worker(rank: int, world: int, backend: str, store_path: str, sizes: list[in
     if cuda:
         torch.cuda.set_device(rank)
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank,
-                            world_size=world)
-    batch_gloo_loops()  # as the runtime's ranks run them (earl.runtime.gloo_loops)
+    with batched_threads():  # as the runtime's ranks run them (earl.runtime.gloo_loops)
+        dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank,
+                                world_size=world)
 
     def sync():
         if cuda:

@@ -224,8 +224,9 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
     # in a gloo receive until a late peer sends, and the sync's is timed on ranks arriving apart
     # as the runtime's do (`HardwareProfile.reshard_wake_s`). Under the runtime's SCHED_BATCH loop
     # threads (earl.runtime.gloo_loops) the back-to-back barrier loop no longer spins and reads
-    # 0.25-0.34 ms at 4 ranks on 2 cores, the staggered sync 0.8-1.2 ms (docs/fidelity.md,
-    # thirty-fourth session). Without it, the executor called back to back keeps them awake
+    # 0.18-0.34 ms at 4 ranks on 2 cores, the staggered sync 0-1.2 ms (median 0.83 over eight
+    # calibrations; docs/fidelity.md, thirty-fourth session). Without it, the executor called back
+    # to back keeps them awake
     round_s = path.round_cost_s(ppn, asleep=control, wake_s=prof.reshard_wake_s) if world > 1 else 0.0
     rounds = sync_rounds(tplan)
     reductions = stat_reductions(tplan)

@@ -83,7 +83,7 @@ from earl.runtime.control import fault_hook, vote_stop
 from earl.runtime.dist import aligned_origin, comm_device
 from earl.runtime.engine import as_stepper, make_engine, set_between_steps
 from earl.runtime.gc_steps import StepGC
-from earl.runtime.gloo_loops import batch_gloo_loops
+from earl.runtime.gloo_loops import batched_threads
 from earl.runtime.hf_model import load_policy
 from earl.runtime.metrics import RunRecorder
 from earl.runtime.mismatch import SUM_KEYS, mismatch_metrics
@@ -552,8 +552,8 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
     train_groups = build_plan_groups(ParallelPlan(dp=len(pools.train_ranks)))  # collective, every rank
     # a communicator each for the weight push, the episode channel and rank 0's words, created in
     # this order on every rank: a rollout rank uses them from three threads at once
-    groups = {name: dist.new_group(list(range(world))) for name in ("push", "episodes", "words")}
-    batch_gloo_loops()  # their event-loop threads (earl.runtime.gloo_loops)
+    with batched_threads():  # their event-loop threads (earl.runtime.gloo_loops)
+        groups = {name: dist.new_group(list(range(world))) for name in ("push", "episodes", "words")}
     origin = aligned_origin()  # one timeline for every rank's spans
     last, first, state = min(cfg.steps, stop_at or cfg.steps), 1, None
     if resume is not None:

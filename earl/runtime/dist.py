@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from earl.parallel import build_plan_groups
-from earl.runtime.gloo_loops import batch_gloo_loops
+from earl.runtime.gloo_loops import batched_threads
 from earl.specs import ParallelPlan
 
 
@@ -62,9 +62,9 @@ def init_distributed(backend: str | None = None, timeout_s: float = 120.0) -> Di
         torch.cuda.set_device(local_rank)
         device = f"cuda:{local_rank}"
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout_s))
-    batch_gloo_loops()  # see earl.runtime.gloo_loops (the runtime's groups: earl.parallel)
+        with batched_threads():  # gloo's event loop under SCHED_BATCH (earl.runtime.gloo_loops)
+            dist.init_process_group(backend=backend, rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=timeout_s))
     return DistEnv(rank=rank, world=world, local_rank=local_rank, backend=backend, device=device)
 
 

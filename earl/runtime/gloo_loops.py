@@ -14,7 +14,11 @@ unlike a lower priority, which starves the loop behind other ranks' compute and 
 training) and only turns off wakeup preemption for it. Any user may set it; nothing changes
 where the policy is unavailable (not Linux) or where no gloo group exists (NCCL only).
 
-`EARL_GLOO_LOOPS=default` leaves the threads as they are (A/B benchmarks:
+How: a thread inherits its creator's policy, so the group is made inside `batched_threads()`
+(the calling thread under SCHED_BATCH for the call, restored after): the group's loop thread
+and its two worker threads start under it. Setting the threads by name after the call raced with
+the loop naming itself (a loop not yet scheduled on a loaded host kept its default name and
+policy). `EARL_GLOO_LOOPS=default` leaves the threads as they are (A/B benchmarks:
 benchmarks/bench_gloo_loops.py).
 
     OMP_NUM_THREADS=1 python benchmarks/bench_gloo_loops.py
@@ -22,6 +26,7 @@ benchmarks/bench_gloo_loops.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 LOOP_THREAD = "gloo_tcp_loop"
@@ -54,18 +59,22 @@ def loop_threads() -> list[int]:
     return sorted(out)
 
 
-def batch_gloo_loops() -> int:
-    """Put every gloo event-loop thread of this process under SCHED_BATCH (call after creating
-    process groups: each gloo group starts its own loop). Idempotent; returns how many threads
-    it changed (0 under `EARL_GLOO_LOOPS=default`, or where the policy does not exist)."""
+@contextlib.contextmanager
+def batched_threads():
+    """Threads started inside the block (a gloo group's event loop and workers: make groups in
+    it) start under SCHED_BATCH, inherited from the calling thread, whose own policy is restored
+    on exit. Nothing changes under `EARL_GLOO_LOOPS=default`, where the policy does not exist,
+    or where the OS refuses it."""
     if loop_policy() == "default" or not hasattr(os, "sched_setscheduler"):
-        return 0
-    changed = 0
-    for tid in loop_threads():
-        try:
-            if os.sched_getscheduler(tid) != os.SCHED_BATCH:
-                os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
-                changed += 1
-        except OSError:  # ended meanwhile, or a sandbox that forbids it: leave it as it is
-            continue
-    return changed
+        yield
+        return
+    try:
+        old, param = os.sched_getscheduler(0), os.sched_getparam(0)  # 0: the calling thread
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.sched_setscheduler(0, old, param)

@@ -9,11 +9,12 @@ benchmarks/bench_gloo_loops.py, not here.
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
 from earl.runtime.dist import run_local
-from earl.runtime.gloo_loops import ENV, batch_gloo_loops, loop_policy, loop_threads
+from earl.runtime.gloo_loops import ENV, batched_threads, loop_policy, loop_threads
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="needs Linux scheduling policies")
 
@@ -34,7 +35,7 @@ def test_every_gloo_loop_runs_under_sched_batch_including_later_groups(monkeypat
     for first, later in run_local(_policies_after_groups, 2, timeout_s=120):
         assert first and set(first) == {os.SCHED_BATCH}
         assert len(later) > len(first)  # the plan's groups started loops of their own
-        assert set(later) == {os.SCHED_BATCH}
+        assert set(later) == {os.SCHED_BATCH}, (first, later)
 
 
 @pytest.mark.dist
@@ -49,13 +50,23 @@ def test_a_bad_policy_is_named_with_the_valid_ones(monkeypatch):
     monkeypatch.setenv(ENV, "fifo")
     with pytest.raises(ValueError, match=r"EARL_GLOO_LOOPS='fifo' unknown; valid: batch, default"):
         loop_policy()
-    with pytest.raises(ValueError, match="fifo"):
-        batch_gloo_loops()
+    with pytest.raises(ValueError, match="fifo"), batched_threads():
+        pass
 
 
-def test_no_loop_threads_means_nothing_changes(monkeypatch):
+def _started_inside() -> tuple[int, int]:
+    """(policy of a thread started inside batched_threads, the caller's policy after it)."""
+    seen = []
+    with batched_threads():
+        t = threading.Thread(target=lambda: seen.append(os.sched_getscheduler(0)))
+        t.start()
+        t.join()
+    return seen[0], os.sched_getscheduler(0)
+
+
+def test_threads_started_inside_inherit_sched_batch_and_the_caller_gets_its_policy_back(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
-    import earl.runtime.gloo_loops as gl
-
-    monkeypatch.setattr(gl, "loop_threads", lambda: [])
-    assert batch_gloo_loops() == 0
+    before = os.sched_getscheduler(0)
+    assert _started_inside() == (os.SCHED_BATCH, before)
+    monkeypatch.setenv(ENV, "default")
+    assert _started_inside() == (before, before)
