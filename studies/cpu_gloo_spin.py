@@ -10,7 +10,10 @@ CONFIG_HZ=250).
     OMP_NUM_THREADS=1 python studies/cpu_gloo_spin.py --nproc 4 --calls 150 --policies default,batch
 
 Policies (for the `gloo_tcp_loop` threads only): default (the kernel's), batch (SCHED_BATCH: no
-wakeup preemption, the runtime's), idle (SCHED_IDLE), nice (nice 19).
+wakeup preemption, the runtime's), idle (SCHED_IDLE), nice (nice 19). The ranks start as the
+runtime's do (`EARL_GLOO_LOOPS` unset: the group's worker threads under SCHED_BATCH too; point-
+to-point sends and receives do not use them). 2026-12-06 23:37 UTC, idle Xeon, `--calls 60
+--rounds 1`: over 2 ms default 23 of 60, batch 3, idle 10, nice 32.
 """
 
 from __future__ import annotations
