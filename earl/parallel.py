@@ -251,7 +251,7 @@ def _group(ranks: tuple[int, ...]):
     if key not in _GROUP_CACHE:
         from earl.runtime.gloo_loops import batched_threads  # a leaf module (os only)
 
-        with batched_threads():  # a gloo group starts its own event-loop thread
+        with batched_threads(dist.get_backend()):  # a gloo group starts its own event-loop thread
             _GROUP_CACHE[key] = dist.new_group(list(ranks))
     return _GROUP_CACHE[key]
 
@@ -304,7 +304,7 @@ def build_mesh(plan: ParallelPlan, *, device_type: str = "cpu", dims: tuple[str,
             ranks = ranks.T.contiguous()
         from earl.runtime.gloo_loops import batched_threads  # a leaf module (os only)
 
-        with batched_threads():  # the mesh's sub-groups, if it makes any
+        with batched_threads(dist.get_backend() if dist.is_initialized() else "gloo"):  # its sub-groups
             _MESH_CACHE[key] = DeviceMesh(device_type, ranks, mesh_dim_names=dims)
     return _MESH_CACHE[key]
 

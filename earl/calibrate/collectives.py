@@ -63,7 +63,7 @@ def _worker(rank: int, world: int, backend: str, store_path: str, sizes: list[in
     if cuda:
         torch.cuda.set_device(rank)
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    with batched_threads():  # as the runtime's ranks run them (earl.runtime.gloo_loops)
+    with batched_threads(backend):  # as the runtime's ranks run them (earl.runtime.gloo_loops)
         dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank,
                                 world_size=world)
 

@@ -552,7 +552,7 @@ def run_async(cfg: RunConfig, out: Path, rank: int, world: int, *, hardware: str
     train_groups = build_plan_groups(ParallelPlan(dp=len(pools.train_ranks)))  # collective, every rank
     # a communicator each for the weight push, the episode channel and rank 0's words, created in
     # this order on every rank: a rollout rank uses them from three threads at once
-    with batched_threads():  # their event-loop threads (earl.runtime.gloo_loops)
+    with batched_threads(dist.get_backend()):  # their event-loop threads (earl.runtime.gloo_loops)
         groups = {name: dist.new_group(list(range(world))) for name in ("push", "episodes", "words")}
     origin = aligned_origin()  # one timeline for every rank's spans
     last, first, state = min(cfg.steps, stop_at or cfg.steps), 1, None

@@ -62,7 +62,7 @@ def init_distributed(backend: str | None = None, timeout_s: float = 120.0) -> Di
         torch.cuda.set_device(local_rank)
         device = f"cuda:{local_rank}"
     if not dist.is_initialized():
-        with batched_threads():  # gloo's event loop under SCHED_BATCH (earl.runtime.gloo_loops)
+        with batched_threads(backend):  # gloo's event loop under SCHED_BATCH (earl.runtime.gloo_loops)
             dist.init_process_group(backend=backend, rank=rank, world_size=world,
                                     timeout=datetime.timedelta(seconds=timeout_s))
     return DistEnv(rank=rank, world=world, local_rank=local_rank, backend=backend, device=device)

@@ -60,12 +60,13 @@ def loop_threads() -> list[int]:
 
 
 @contextlib.contextmanager
-def batched_threads():
+def batched_threads(backend: str = "gloo"):
     """Threads started inside the block (a gloo group's event loop and workers: make groups in
     it) start under SCHED_BATCH, inherited from the calling thread, whose own policy is restored
-    on exit. Nothing changes under `EARL_GLOO_LOOPS=default`, where the policy does not exist,
-    or where the OS refuses it."""
-    if loop_policy() == "default" or not hasattr(os, "sched_setscheduler"):
+    on exit. Nothing changes for another `backend` (NCCL's threads are left as they are:
+    unmeasured there), under `EARL_GLOO_LOOPS=default`, where the policy does not exist, or where
+    the OS refuses it."""
+    if backend != "gloo" or loop_policy() == "default" or not hasattr(os, "sched_setscheduler"):
         yield
         return
     try:

@@ -54,10 +54,10 @@ def test_a_bad_policy_is_named_with_the_valid_ones(monkeypatch):
         pass
 
 
-def _started_inside() -> tuple[int, int]:
+def _started_inside(backend: str = "gloo") -> tuple[int, int]:
     """(policy of a thread started inside batched_threads, the caller's policy after it)."""
     seen = []
-    with batched_threads():
+    with batched_threads(backend):
         t = threading.Thread(target=lambda: seen.append(os.sched_getscheduler(0)))
         t.start()
         t.join()
@@ -68,5 +68,6 @@ def test_threads_started_inside_inherit_sched_batch_and_the_caller_gets_its_poli
     monkeypatch.delenv(ENV, raising=False)
     before = os.sched_getscheduler(0)
     assert _started_inside() == (os.SCHED_BATCH, before)
+    assert _started_inside("nccl") == (before, before)  # another backend's threads are left alone
     monkeypatch.setenv(ENV, "default")
     assert _started_inside() == (before, before)
