@@ -548,7 +548,8 @@ class Simulation:
             tplan = self._priced(make_dispatcher(self.dispatcher_name).plan(s_layout, d_layout, samples))
             est = price_transfer_plan(self.cm, tplan, samples=n, producers=src.dp,
                                       world=max(src.world_size, dst.world_size), plan=dst,
-                                      cold=self.sc.logprob_passes > 0, estimator=self.estimator)
+                                      cold=self.sc.logprob_passes > 0, estimator=self.estimator,
+                                      host_factor=self.cm.host_cold_factor(src))  # as `_dispatch`
             self._what_if[(key, context)] = est.time_s, float(est.extras.get("moved_bytes", 0))
         return self._what_if[(key, context)]
 
