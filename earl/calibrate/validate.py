@@ -91,6 +91,14 @@ COMPUTE_SPANS = ("rollout", "logprob")
 # the stage one after another (4 ranks on 2 cores, 2026-12-04: their spans' CPU over wall 0.8-1.0
 # in most steps, starts up to ~10 ms apart), so "all ranks compute at once" overstated its stretch
 EXPERIENCE_SPANS = ("logprob",)
+# stages whose ranks' own work is read as the step's critical path, not as the slowest rank's
+# sum: the last rank to reach the stage, its own spans, plus the time any earlier rank's ran on
+# past them. A rank done with its rollout early starts its hand-off and log-probs while its
+# peers still roll out; 4 ranks on 2 cores, those spans waited 1-3.5 ms for a core in ~15% of
+# the early ranks' steps (run-queue waits read from the kernel, span arg `wait_s`; none for the
+# last arrival, whose peers wait in the dispatch), inside the step's wait for the last rollout,
+# which the simulator, whose stages follow one another, charges to the rollout
+CRITICAL_STAGES = ("experience",)
 NPROCS = (1, 2, 4)  # process counts validated: the profile's dispatch path is fitted at 2 and 4
 DTYPE_NAMES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 
@@ -375,6 +383,7 @@ def measured_stages(spans, steps: list[int]) -> list[dict]:
     (SYNC_MOVES) likewise, to its first rank's end. A training dispatch that waited for no peer
     (local copies, nothing to reduce: `waits` false) is each rank's own work, the largest."""
     per: dict[tuple[int, str, bool, int], float] = {}
+    window: dict[tuple[int, str, bool, int], tuple[float, float]] = {}  # CRITICAL_STAGES: (first start, last end)
     moves: dict[tuple[int, str, int], list] = {}  # (step, stage, n-th) -> the ranks' spans
     seen: dict[tuple[int, str, int], int] = {}
     for sp in sorted((sp for sp in spans if sp.stage in STAGES), key=lambda sp: sp.t_start):
@@ -387,13 +396,25 @@ def measured_stages(spans, steps: list[int]) -> list[dict]:
             continue
         key = (sp.step, sp.stage, sp.stage in COLLECTIVE_MOVES and waits, sp.rank)
         per[key] = per.get(key, 0.0) + sp.duration_s
+        if sp.stage in CRITICAL_STAGES:
+            first, last = window.get(key, (sp.t_start, sp.t_end))
+            window[key] = (min(first, sp.t_start), max(last, sp.t_end))
     out = []
     for step in steps:
         row = dict.fromkeys(STAGES, 0.0)
         for s in STAGES:
             for move in (False, True):
-                got = [v for (k, st, m, _), v in per.items() if k == step and st == s and m == move]
-                row[s] += (min if move else max)(got) if got else 0.0
+                got = {r: v for (k, st, m, r), v in per.items() if k == step and st == s and m == move}
+                if not got:
+                    continue
+                if s in CRITICAL_STAGES and not move:
+                    # the last rank to reach the stage: its own work, and the time any earlier
+                    # rank's ran on past its end
+                    win = {r: window[(step, s, move, r)] for r in got}
+                    last = max(got, key=lambda r: win[r][0])
+                    row[s] += got[last] + max(0.0, max(e for _, e in win.values()) - win[last][1])
+                else:
+                    row[s] += (min if move else max)(got.values())
         for (k, s, _), group in moves.items():
             if k == step:
                 end = (min if s in SYNC_MOVES else max)(sp.t_end for sp in group)
@@ -426,16 +447,26 @@ def in_share(sp, names: tuple[str, ...] = COMPUTE_SPANS, own: tuple[str, ...] = 
 
 
 def compute_shares(spans, steps: list[int], nproc: int, cores: int, names: tuple[str, ...] = COMPUTE_SPANS,
-                   cap: float | None = None, own: tuple[str, ...] = ()) -> list[float | None]:
+                   cap: float | None = None, own: tuple[str, ...] = (), last: bool = False) -> list[float | None]:
     """Per step: the share of a core the ranks got in their spans `names` (and those in `own`
     that waited for no peer; CPU seconds over wall seconds, all ranks' spans pooled), at most
     `cap`, by default min(1, cores / nproc): the share while all ranks compute, before those done
     early leave their cores to the rest (`rollout_on_host` prices that); None for a step whose
-    spans carry no `cpu_s` (a trace from before the runtime recorded it)."""
+    spans carry no `cpu_s` (a trace from before the runtime recorded it). `last`: the spans of
+    the rank that started them last only (a CRITICAL_STAGES stage's, as `measured_stages` reads it)."""
     cpu: dict[int, float] = {}
     wall: dict[int, float] = {}
-    for sp in spans:
-        if in_share(sp, names, own) and "cpu_s" in sp.args:
+    counted = [sp for sp in spans if in_share(sp, names, own)]
+    if last:
+        first: dict[tuple[int, int], float] = {}
+        for sp in counted:
+            first[(sp.step, sp.rank)] = min(first.get((sp.step, sp.rank), sp.t_start), sp.t_start)
+        latest: dict[int, tuple[float, int]] = {}
+        for (k, r), t in first.items():
+            latest[k] = max(latest.get(k, (t, r)), (t, r))
+        counted = [sp for sp in counted if latest[sp.step][1] == sp.rank]
+    for sp in counted:
+        if "cpu_s" in sp.args:
             cpu[sp.step] = cpu.get(sp.step, 0.0) + float(sp.args["cpu_s"])
             wall[sp.step] = wall.get(sp.step, 0.0) + sp.duration_s
     cap = min(1.0, cores / nproc) if cap is None else cap
@@ -564,7 +595,8 @@ def score_variant(cfg, name: str, overrides: dict, run_dir: Path, rows: list[dic
     computing = [c if c is not None else s for c, s in zip(per_step, shares, strict=True)] if per_step else shares
     # ... and in the experience stage's own work (EXPERIENCE_SPANS): its log-prob passes' stretch
     per_exp = compute_shares(spans, [r["step"] for r in rows[warmup_steps:]], nproc,
-                             prof.dispatch_path.host_parallel, names=EXPERIENCE_SPANS, cap=1.0, own=COLLECTIVE_SPANS) \
+                             prof.dispatch_path.host_parallel, names=EXPERIENCE_SPANS, cap=1.0, own=COLLECTIVE_SPANS,
+                             last=True) \
         if device == "cpu" else []
     exp_computing = [c if c is not None else s for c, s in zip(per_exp, computing, strict=True)] if per_exp \
         else computing

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
+import threading
 import time
 
 import torch
@@ -48,9 +50,33 @@ from earl.trace import Span
 ONE = ParallelPlan()
 
 
-def span_start() -> tuple[float, float, float]:
-    """A span's start for `Worker.span`: (wall clock, this process's CPU seconds, this thread's)."""
-    return time.perf_counter(), time.process_time(), time.thread_time()
+_SCHED = threading.local()  # per thread: an open /proc/thread-self/schedstat, or False where absent
+
+
+def thread_wait_s() -> float:
+    """Seconds this thread has spent runnable but not running (waiting for a core), from the
+    kernel's per-thread schedstat (its second field); 0.0 where the kernel does not keep it. A
+    span's share of this over its wall time is the preemption a peer rank, another tenant or
+    the hypervisor imposed on it, which its CPU seconds alone do not tell from a blocking wait."""
+    fd = getattr(_SCHED, "fd", None)
+    if fd is None:
+        try:
+            fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            fd = False
+        _SCHED.fd = fd
+    if fd is False:
+        return 0.0
+    try:
+        return int(os.pread(fd, 96, 0).split()[1]) * 1e-9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def span_start() -> tuple[float, float, float, float]:
+    """A span's start for `Worker.span`: (wall clock, this process's CPU seconds, this thread's,
+    this thread's run-queue wait)."""
+    return time.perf_counter(), time.process_time(), time.thread_time(), thread_wait_s()
 
 
 class MemoryBudgetExceeded(RuntimeError):
@@ -320,10 +346,11 @@ class Worker:
         that ran it (`args["thread_cpu_s"]`). Over the span's wall time, `cpu_s` is the share of
         a core the process got (earl.calibrate.validate reads it); the thread's leaves out gloo's
         own threads, whose event loop can spin for milliseconds while a message waits
-        (studies/cpu_gloo_loop.py reads both; docs/fidelity.md, seventeenth session)."""
-        wall0, cpu0, thread0 = t0
+        (studies/cpu_gloo_loop.py reads both; docs/fidelity.md, seventeenth session). `wait_s`:
+        the seconds the thread waited for a core meanwhile (`thread_wait_s`; 0 off Linux)."""
+        wall0, cpu0, thread0, wait0 = t0
         kw["args"] = {**kw.get("args", {}), "cpu_s": time.process_time() - cpu0,
-                      "thread_cpu_s": time.thread_time() - thread0}
+                      "thread_cpu_s": time.thread_time() - thread0, "wait_s": thread_wait_s() - wait0}
         self.spans.append(Span(name=name, stage=stage, rank=self.rank, t_start=wall0 - self.origin,
                                t_end=time.perf_counter() - self.origin, step=step, **kw))
 

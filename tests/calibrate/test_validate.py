@@ -264,10 +264,29 @@ def test_measured_stage_slowest_rank_or_last_to_arrive_for_moves():
     assert got[1]["dispatch"] == 0.25 and got[1]["train"] == 0.0
     assert got[1]["experience"] == 0.75 + 1.0
     # a hand-off that waited for no one (onto the aligned layout: `waits` false) is the rank's
-    # own work, like its log-prob span: the slowest rank's sum
+    # own work, like its log-prob span: the last rank to start the stage (rank 1, at 0.5), its sum
     for sp in spans[-4:-2]:
         sp.args["waits"] = False
-    assert measured_stages(spans, [1, 2])[1]["experience"] == 1.25 + 0.5
+    assert measured_stages(spans, [1, 2])[1]["experience"] == 0.5 + 1.0
+
+
+def test_measured_experience_is_the_last_arrivals_own_work_and_any_earlier_ranks_overrun():
+    """The experience stage's own work is read as the step's critical path: an early rank's
+    spans, stretched while its peers still rolled out, end before the last arrival's and cost the
+    step nothing (the simulator charges that wait to the rollout); one that ends after it adds
+    the difference."""
+    def exp(rank, t0, t1, t2, t3, step=5):
+        return [Span(name="handoff", stage="experience", rank=rank, t_start=t0, t_end=t1, step=step,
+                     args={"waits": False}),
+                Span(name="logprob", stage="experience", rank=rank, t_start=t2, t_end=t3, step=step)]
+    early = exp(0, 0.0, 1.0, 1.0, 4.0)  # 4 s: waited for a core behind the peers' rollouts
+    spans = early + exp(1, 5.0, 5.75, 6.0, 6.25)  # the last to arrive: 1 s of its own
+    assert measured_stages(spans, [5])[0]["experience"] == 1.0
+    # the early rank runs on 0.5 s past the last arrival's end: the step waited for it
+    late = exp(0, 0.0, 1.0, 5.5, 6.75) + exp(1, 5.0, 5.75, 6.0, 6.25)
+    assert measured_stages(late, [5])[0]["experience"] == 1.0 + 0.5
+    # one rank: its own sum, gaps between its spans left out
+    assert measured_stages(exp(0, 0.0, 1.0, 2.0, 2.5), [5])[0]["experience"] == 1.5
 
 
 def test_measured_dispatch_from_the_last_arrival_to_the_last_end_each_move_apart():
@@ -452,6 +471,21 @@ def test_experience_share_is_its_own_spans_uncapped_with_the_local_hand_off():
     assert compute_shares([sp("logprob", 0, 1.0, 1.2)], [1], 4, 2, names=EXPERIENCE_SPANS, cap=1.0) == [1.0]
 
 
+def test_experience_share_of_the_last_rank_to_start_it():
+    """`last=True`: only the spans of the rank that started the stage last (the critical path
+    `measured_stages` reads): an early rank's log-prob pass that waited for a core behind its
+    peers' rollouts does not stretch the last rank's price."""
+    def sp(name, rank, t0, t1, cpu, step=1):
+        return Span(name=name, stage="experience", rank=rank, t_start=t0, t_end=t1, step=step,
+                    args={"cpu_s": cpu, "waits": False})
+    spans = [sp("handoff", 0, 0.0, 1.0, 1.0), sp("logprob", 0, 1.0, 4.0, 0.5),  # early, preempted
+             sp("handoff", 1, 5.0, 5.5, 0.5), sp("logprob", 1, 5.5, 6.5, 0.75),  # last to start
+             sp("logprob", 0, 0.0, 1.0, 0.25, step=2)]
+    kw = dict(names=EXPERIENCE_SPANS, cap=1.0, own=COLLECTIVE_SPANS)
+    assert compute_shares(spans, [1, 2], 4, 2, last=True, **kw) == [pytest.approx(1.25 / 1.5), 0.25]
+    assert compute_shares(spans, [1], 4, 2, **kw) == [pytest.approx(2.75 / 5.5)]  # pooled
+
+
 def test_simulated_log_prob_passes_are_the_runtimes():
     """One optimizer step and no KL: the runtime's experience stage runs no log-prob forward
     (Trainer.needs_old_logprobs), so the simulator prices none; the old policy's pass with
@@ -515,16 +549,23 @@ def test_rescore_prices_a_recorded_multi_process_run_of_a_checkpoint_kept_as_its
     [v] = again.variants
     for got, want in zip(v.measured, recorded["variants"][0]["measured"], strict=True):
         # the dispatch is read from its last rank's arrival to its last rank's end since the
-        # twenty-third session, at least the shortest span read before
-        assert {k: x for k, x in got.items() if k != "dispatch"} == {k: x for k, x in want.items() if k != "dispatch"}
+        # twenty-third session, at least the shortest span read before; the experience stage's
+        # own work as the critical path's since the thirty-fifth (the last rank to start it, not
+        # the slowest rank's sum): here never more
+        moved = ("dispatch", "experience")
+        assert {k: x for k, x in got.items() if k not in moved} == {k: x for k, x in want.items() if k not in moved}
         assert got["dispatch"] >= want["dispatch"]
+        assert 0 < got["experience"] <= want["experience"]
     for got, want in zip(v.predicted, recorded["variants"][0]["predicted"], strict=True):
         # the executor's start barrier is priced no more since the twenty-eighth session: one
         # round (and its cold start) less than the run was priced with; since the thirtieth the
         # rollout's decode steps attend the longest row's length rounded up (the engine's slot
-        # cache, Simulation's `kv_round`): a few % more; the rest the same
-        moved = ("dispatch", "rollout")
+        # cache, Simulation's `kv_round`): a few % more; since the thirty-fifth the experience
+        # stage is stretched by the share its last rank got (`compute_shares(last=True)`), not
+        # every rank's pooled; the rest the same
+        moved = ("dispatch", "rollout", "experience")
         assert {k: x for k, x in got.items() if k not in moved} == \
             pytest.approx({k: x for k, x in want.items() if k not in moved}, rel=1e-9)
+        assert 0.5 * want["experience"] < got["experience"] < 1.5 * want["experience"]
         assert 0.5 * want["dispatch"] < got["dispatch"] < want["dispatch"]
         assert want["rollout"] < got["rollout"] < 1.05 * want["rollout"]

@@ -62,6 +62,10 @@ def test_run_writes_all_outputs(four_steps):
     # process's holds
     assert all(0 <= e["args"]["thread_cpu_s"] <= e["args"]["cpu_s"] + 1e-3 for e in timed)
     assert sum(e["args"]["thread_cpu_s"] for e in rollout) > 0.5 * sum(e["args"]["cpu_s"] for e in rollout)
+    # ... and the seconds its thread waited for a core (the kernel's schedstat; 0 without it):
+    # CPU and run-queue wait together fit in the wall time
+    assert all(e["args"]["wait_s"] >= 0 for e in timed)
+    assert all(e["args"]["thread_cpu_s"] + e["args"]["wait_s"] <= e["dur"] / 1e6 + 2e-3 for e in timed)
     assert find_checkpoint(out).name == "step-000004"
     assert len(list((out / "checkpoints").glob("step-*"))) == 2  # keep_checkpoints
 
