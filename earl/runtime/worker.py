@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import os
 import threading
 import time
@@ -36,6 +37,7 @@ from earl.policies.reshard import ReshardPlan, plan_reshard
 from earl.runtime.dist import comm_device, print0
 from earl.runtime.engine import LOCAL_ENGINES, SamplingParams, engine_plan_error, make_engine
 from earl.runtime.envs import env_options, make_env
+from earl.runtime.gloo_loops import loop_threads
 from earl.runtime.hf_model import empty_like_policy, load_policy
 from earl.runtime.hostprobe import HostProbe
 from earl.runtime.move_weights import allocate_local, execute_reshard
@@ -73,10 +75,44 @@ def thread_wait_s() -> float:
         return 0.0
 
 
-def span_start() -> tuple[float, float, float, float]:
+_LOOPS: dict[int, tuple[int, float] | None] = {}  # gloo loop thread id -> (its open schedstat, wait when first seen)
+_LOOP_SCAN = [-math.inf]  # when this process's threads were last listed
+
+
+def _schedstat_wait(fd: int) -> float:
+    return int(os.pread(fd, 96, 0).split()[1]) * 1e-9
+
+
+def loops_wait_s() -> float:
+    """Seconds this process's gloo event-loop threads (earl.runtime.gloo_loops) have waited for
+    a core since this function first saw them, summed; 0.0 without them or without schedstat. A
+    message is delivered only when its receiver's loop thread runs: on a host whose ranks
+    outnumber the cores, a dispatch's last rounds wait so behind the peers that left it first for
+    their next stage's work."""
+    now = time.monotonic()
+    if now - _LOOP_SCAN[0] > 10.0:  # new groups bring new loops; a scan costs ~20 us
+        _LOOP_SCAN[0] = now
+        for tid in loop_threads():
+            if tid not in _LOOPS:
+                try:
+                    fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+                    _LOOPS[tid] = (fd, _schedstat_wait(fd))
+                except (OSError, IndexError, ValueError):
+                    _LOOPS[tid] = None
+    total = 0.0
+    for tid, seen in _LOOPS.items():
+        if seen is not None:
+            try:
+                total += _schedstat_wait(seen[0]) - seen[1]
+            except (OSError, IndexError, ValueError):  # the thread ended: its waits leave the sum
+                _LOOPS[tid] = None
+    return total
+
+
+def span_start() -> tuple[float, float, float, float, float]:
     """A span's start for `Worker.span`: (wall clock, this process's CPU seconds, this thread's,
-    this thread's run-queue wait)."""
-    return time.perf_counter(), time.process_time(), time.thread_time(), thread_wait_s()
+    this thread's run-queue wait, its gloo loop threads')."""
+    return time.perf_counter(), time.process_time(), time.thread_time(), thread_wait_s(), loops_wait_s()
 
 
 class MemoryBudgetExceeded(RuntimeError):
@@ -347,10 +383,12 @@ class Worker:
         a core the process got (earl.calibrate.validate reads it); the thread's leaves out gloo's
         own threads, whose event loop can spin for milliseconds while a message waits
         (studies/cpu_gloo_loop.py reads both; docs/fidelity.md, seventeenth session). `wait_s`:
-        the seconds the thread waited for a core meanwhile (`thread_wait_s`; 0 off Linux)."""
-        wall0, cpu0, thread0, wait0 = t0
+        the seconds the thread waited for a core meanwhile (`thread_wait_s`; 0 off Linux);
+        `loop_wait_s`: those its process's gloo loop threads waited (`loops_wait_s`)."""
+        wall0, cpu0, thread0, wait0, loops0 = t0
         kw["args"] = {**kw.get("args", {}), "cpu_s": time.process_time() - cpu0,
-                      "thread_cpu_s": time.thread_time() - thread0, "wait_s": thread_wait_s() - wait0}
+                      "thread_cpu_s": time.thread_time() - thread0, "wait_s": thread_wait_s() - wait0,
+                      "loop_wait_s": max(0.0, loops_wait_s() - loops0)}
         self.spans.append(Span(name=name, stage=stage, rank=self.rank, t_start=wall0 - self.origin,
                                t_end=time.perf_counter() - self.origin, step=step, **kw))
 

@@ -71,3 +71,54 @@ def test_threads_started_inside_inherit_sched_batch_and_the_caller_gets_its_poli
     assert _started_inside("nccl") == (before, before)  # another backend's threads are left alone
     monkeypatch.setenv(ENV, "default")
     assert _started_inside() == (before, before)
+
+
+def _loop_waits_under_a_busy_core() -> tuple[float, float]:
+    """(this rank's gloo loops' run-queue wait over 40 all-reduces with every thread of the
+    process and a busy peer process on one core, the same without the peer)."""
+    import signal
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from earl.runtime.worker import loops_wait_s
+
+    cpu = min(os.sched_getaffinity(0))
+    for tid in [threading.get_native_id(), *loop_threads()]:
+        os.sched_setaffinity(tid, {cpu})
+
+    def reduces() -> float:
+        dist.barrier()
+        w0 = loops_wait_s()
+        for _ in range(40):
+            dist.all_reduce(torch.ones(256))
+            time.sleep(0.001)  # the loop thread wakes while the peer holds the core
+        return loops_wait_s() - w0
+
+    alone = reduces()
+    pid = os.fork()  # a busy peer on the same core (a rank is daemonic: no multiprocessing child)
+    if pid == 0:
+        end = time.perf_counter() + 20.0
+        while time.perf_counter() < end:
+            pass
+        os._exit(0)
+    try:
+        time.sleep(0.3)
+        shared = reduces()
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    return shared, alone
+
+
+@pytest.mark.dist
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="needs Linux's per-thread schedstat")
+def test_a_span_reads_its_gloo_loops_waits_for_a_core(monkeypatch):
+    """`earl.runtime.worker.loops_wait_s` (a span's `loop_wait_s`): the loops, under SCHED_BATCH,
+    wait for a core a busy process holds before they deliver a message; alone they hardly wait."""
+    monkeypatch.delenv(ENV, raising=False)
+    got = run_local(_loop_waits_under_a_busy_core, 2, timeout_s=120)
+    assert all(shared >= 0 and alone >= 0 for shared, alone in got)
+    assert sum(s for s, _ in got) > 0.01  # tens of ms over 40 rounds
+    assert sum(s for s, _ in got) > 3 * sum(a for _, a in got)
