@@ -52,7 +52,7 @@ from earl.trace import Span
 ONE = ParallelPlan()
 
 
-_SCHED = threading.local()  # per thread: an open /proc/thread-self/schedstat, or False where absent
+_SCHED = threading.local()  # per thread: an open /proc/thread-self/schedstat (False where absent), its pid
 
 
 def thread_wait_s() -> float:
@@ -61,12 +61,12 @@ def thread_wait_s() -> float:
     span's share of this over its wall time is the preemption a peer rank, another tenant or
     the hypervisor imposed on it, which its CPU seconds alone do not tell from a blocking wait."""
     fd = getattr(_SCHED, "fd", None)
-    if fd is None:
+    if fd is None or _SCHED.pid != os.getpid():  # first call on this thread, or a forked child's
         try:
             fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
         except OSError:
             fd = False
-        _SCHED.fd = fd
+        _SCHED.fd, _SCHED.pid = fd, os.getpid()
     if fd is False:
         return 0.0
     try:
@@ -76,7 +76,7 @@ def thread_wait_s() -> float:
 
 
 _LOOPS: dict[int, tuple[int, float] | None] = {}  # gloo loop thread id -> (its open schedstat, wait when first seen)
-_LOOP_SCAN = [-math.inf]  # when this process's threads were last listed
+_LOOP_SCAN = [-math.inf, os.getpid()]  # when this process's threads were last listed, and by which process
 
 
 def _schedstat_wait(fd: int) -> float:
@@ -90,6 +90,9 @@ def loops_wait_s() -> float:
     outnumber the cores, a dispatch's last rounds wait so behind the peers that left it first for
     their next stage's work."""
     now = time.monotonic()
+    if _LOOP_SCAN[1] != os.getpid():  # a forked child: its parent's loops are not its own
+        _LOOPS.clear()
+        _LOOP_SCAN[:] = [-math.inf, os.getpid()]
     if now - _LOOP_SCAN[0] > 10.0:  # new groups bring new loops; a scan costs ~20 us
         _LOOP_SCAN[0] = now
         for tid in loop_threads():

@@ -55,5 +55,15 @@ def test_a_thread_sharing_its_core_with_a_busy_process_waits_for_it():
         assert waited > 0.25 * wall
         _, _, alone = _cpu_time_of_busy_loop(0.2)
         assert alone < waited / 2  # (other work on the host may take a little of the core)
+        # a forked child reads its own thread, not the parent's it was forked from
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.write(w, repr(thread_wait_s()).encode())
+            os._exit(0)
+        os.waitpid(pid, 0)
+        os.close(w)
+        assert float(os.read(r, 64)) < waited / 2 < thread_wait_s()
+        os.close(r)
     finally:
         os.sched_setaffinity(0, before)
