@@ -6,7 +6,7 @@ several config variants in the measured order (Kendall tau).
 It is how the simulator earns trust: one run, one replay, a per-stage error. The runtime is the
 single-process one or, with `--nproc 2|4`, the multi-process one under torchrun; the simulator
 prices the same job on N devices of one node, from the runtime's own plans. How stage times are
-measured and scored (slowest rank, CPU share, the N / host_parallel stretch):
+measured and scored (slowest rank, last arrival, CPU share, the N / host_parallel stretch):
 docs/calibration.md, "Design notes".
 
     earl validate --steps 4 --hardware earl/cost_model/profiles/cpu-measured.json --out /tmp/val
@@ -381,7 +381,9 @@ def measured_stages(spans, steps: list[int]) -> list[dict]:
     waited) are read as `earl calibrate` times them: each one (a rank's n-th such span in the
     step) from its last rank's start to its last rank's end, summed over them; the weight sync
     (SYNC_MOVES) likewise, to its first rank's end. A training dispatch that waited for no peer
-    (local copies, nothing to reduce: `waits` false) is each rank's own work, the largest."""
+    (local copies, nothing to reduce: `waits` false) is each rank's own work, the largest. The
+    own work of CRITICAL_STAGES (the experience stage's log-prob passes and local hand-offs) is
+    the last rank to start it: its sum, plus the time any earlier rank's spans ran past its end."""
     per: dict[tuple[int, str, bool, int], float] = {}
     window: dict[tuple[int, str, bool, int], tuple[float, float]] = {}  # CRITICAL_STAGES: (first start, last end)
     moves: dict[tuple[int, str, int], list] = {}  # (step, stage, n-th) -> the ranks' spans
