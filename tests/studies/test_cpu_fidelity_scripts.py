@@ -177,6 +177,26 @@ def test_experience_modes_reads_every_run_and_separates_the_two_modes():
     assert bad.returncode == 2 and "no nproc*/validation.json" in bad.stderr
 
 
+def test_experience_modes_counts_what_the_ranks_own_work_lost_by_arrival():
+    """Runs whose spans carry run-queue waits (the thirty-fifth session's passes): the ranks
+    that reach the experience stage before the last lose over 1 ms of it, waiting for a core,
+    far more often than the last one, which validate reads the stage from."""
+    passes = [str(p) for p in sorted((ROOT / "docs" / "cpu" / "xeon-2026-12-07").glob("cf14[2-5]"))]
+    assert len(passes) == 4
+    r = study("studies/cpu_experience_modes.py", *passes)
+    assert r.returncode == 0, r.stderr
+    got = re.search(r"nproc 4, own work that lost over 1 ms to other than its CPU: ranks before the last "
+                    r"(\d+) of (\d+) \((\d+) mostly waiting for a core\), the last rank (\d+) of (\d+)", r.stdout)
+    assert got, r.stdout
+    early, n_early, queued, last, n_last = map(int, got.groups())
+    assert (n_early, n_last) == (192, 64)  # 3 ranks before the last x 8 scored steps x 8 runs
+    assert (early, queued, last) == (28, 28, 3)
+    assert early / n_early > 2 * last / n_last
+    # traces from before the spans carried `wait_s` print no such line
+    old = study("studies/cpu_experience_modes.py", str(sorted(RESCORED.glob("cf*"))[0]))
+    assert old.returncode == 0 and "own work that lost" not in old.stdout
+
+
 def test_gloo_loop_study_times_each_op_and_reads_a_runs_threads(tmp_path):
     from earl.trace import Span, write_chrome_trace
 
