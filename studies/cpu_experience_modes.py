@@ -14,11 +14,13 @@ Runs whose spans carry run-queue waits (`wait_s`, since 2026-12-07) get one more
 process count: how many ranks' own work lost over 1 ms to other than its thread's CPU, the ranks
 that reached the stage before the last apart from the last, and in how many of those the thread
 was mostly waiting for a core (the rest it slept). Four ranks on two cores, cf142-cf145: 28 of
-192 before the last (all waiting for a core), 3 of 64 the last; validate reads the stage from the
+192 before the last (all waiting for a core), 3 of 64 the last (held-out model: 12 of 48, 11
+waiting, and 0 of 16); validate reads the stage from the
 last rank since then (docs/fidelity.md, thirty-fifth session).
 
     python studies/cpu_experience_modes.py /tmp/cf35 /tmp/cf36            # one line per run
     python studies/cpu_experience_modes.py docs/cpu/xeon-2026-12-07/cf14[2-5]
+    python studies/cpu_experience_modes.py --runs heldout-nproc docs/cpu/xeon-2026-12-07/cf14[2-5]
 """
 
 from __future__ import annotations
@@ -94,13 +96,15 @@ def run_modes(run: Path) -> dict | None:
     return {"nproc": v["nproc"], "steps": rows, "err": err, "arrivals": ranks}
 
 
-def report(folders: list[Path]) -> str:
+def report(folders: list[Path], prefix: str = "nproc") -> str:
+    """The per-run lines and the summaries over the runs in `folders` whose folder names start
+    with `prefix` (cpu_fidelity.sh: "nproc", the tiny model's; "heldout-nproc", the held-out's)."""
     lines, by_mode = [], {0: [], 1: []}
     lost: dict[tuple[int, bool], list[tuple[float, float]]] = {}  # (nproc, last to arrive) -> (lost, waited)
     for folder in folders:
-        runs = sorted(p.parent for p in folder.glob("nproc*/validation.json"))
+        runs = sorted(p.parent for p in folder.glob(f"{prefix}*/validation.json"))
         if not runs:
-            raise ValueError(f"{folder}: no nproc*/validation.json; give the OUT folder of studies/cpu_fidelity.sh")
+            raise ValueError(f"{folder}: no {prefix}*/validation.json; give the OUT folder of studies/cpu_fidelity.sh")
         for run in runs:
             got = run_modes(run)
             if got is None or not got["steps"]:
@@ -139,7 +143,10 @@ def report(folders: list[Path]) -> str:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folders", nargs="+", type=Path, help="OUT folders of studies/cpu_fidelity.sh")
+    ap.add_argument("--runs", default="nproc", choices=("nproc", "heldout-nproc"),
+                    help="which runs: the tiny model's (nproc*) or the held-out model's (heldout-nproc*)")
     try:
-        print(report(ap.parse_args().folders))
+        args = ap.parse_args()
+        print(report(args.folders, args.runs))
     except ValueError as e:
         ap.error(str(e))  # exit code 2

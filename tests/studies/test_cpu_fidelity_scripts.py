@@ -192,6 +192,10 @@ def test_experience_modes_counts_what_the_ranks_own_work_lost_by_arrival():
     assert (n_early, n_last) == (192, 64)  # 3 ranks before the last x 8 scored steps x 8 runs
     assert (early, queued, last) == (28, 28, 3)
     assert early / n_early > 2 * last / n_last
+    held = study("studies/cpu_experience_modes.py", "--runs", "heldout-nproc", *passes)
+    assert held.returncode == 0, held.stderr
+    assert "nproc 4, own work that lost over 1 ms to other than its CPU: ranks before the last 12 of 48 " \
+           "(11 mostly waiting for a core), the last rank 0 of 16" in held.stdout
     # traces from before the spans carried `wait_s` print no such line
     old = study("studies/cpu_experience_modes.py", str(sorted(RESCORED.glob("cf*"))[0]))
     assert old.returncode == 0 and "own work that lost" not in old.stdout
