@@ -95,8 +95,8 @@ EXPERIENCE_SPANS = ("logprob",)
 # sum: the last rank to reach the stage, its own spans, plus the time any earlier rank's ran on
 # past them. A rank done with its rollout early starts its hand-off and log-probs while its
 # peers still roll out; 4 ranks on 2 cores, those spans waited 1-3.5 ms for a core in ~15% of
-# the early ranks' steps (run-queue waits read from the kernel, span arg `wait_s`; none for the
-# last arrival, whose peers wait in the dispatch), inside the step's wait for the last rollout,
+# the early ranks' steps (run-queue waits read from the kernel, span arg `wait_s`; 2.5% for the
+# last arrival, whose peers mostly sleep in the dispatch), inside the step's wait for the last rollout,
 # which the simulator, whose stages follow one another, charges to the rollout
 CRITICAL_STAGES = ("experience",)
 NPROCS = (1, 2, 4)  # process counts validated: the profile's dispatch path is fitted at 2 and 4
