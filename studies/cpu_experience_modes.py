@@ -83,15 +83,17 @@ def run_modes(run: Path) -> dict | None:
         raise ValueError(f"{run}: no trace.json in {base}")
     steps = [json.loads(line)["step"] for line in (base / "metrics.jsonl").read_text().splitlines() if line.strip()]
     scored = steps[-len(v["variants"][0]["measured"]):]
-    spans = read_chrome_trace(base / "trace.json")
+    by_step: dict[int, list] = {}  # each step's spans, read once
+    for sp in read_chrome_trace(base / "trace.json"):
+        by_step.setdefault(sp.step, []).append(sp)
     rows, ranks = [], []
     for st in scored:
-        own = own_work(spans, st)
+        own = own_work(by_step.get(st, []), st)
         if not own:
             continue
         slow = sum(c < PREEMPTED * w for w, c in own.values())
         rows.append((slow, max(w for w, _ in own.values()) / statistics.median(c for _, c in own.values())))
-        ranks += arrivals(spans, st) or []
+        ranks += arrivals(by_step.get(st, []), st) or []
     err = next(s["median_err"] for s in v["stages"] if s["stage"] == "experience")
     return {"nproc": v["nproc"], "steps": rows, "err": err, "arrivals": ranks}
 

@@ -55,6 +55,11 @@ ONE = ParallelPlan()
 _SCHED = threading.local()  # per thread: an open /proc/thread-self/schedstat (False where absent), its pid
 
 
+def _schedstat_wait(fd: int) -> float:
+    """The run-queue wait, s, in an open schedstat file (its second field, ns)."""
+    return int(os.pread(fd, 96, 0).split()[1]) * 1e-9
+
+
 def thread_wait_s() -> float:
     """Seconds this thread has spent runnable but not running (waiting for a core), from the
     kernel's per-thread schedstat (its second field); 0.0 where the kernel does not keep it. A
@@ -70,17 +75,13 @@ def thread_wait_s() -> float:
     if fd is False:
         return 0.0
     try:
-        return int(os.pread(fd, 96, 0).split()[1]) * 1e-9
+        return _schedstat_wait(fd)
     except (OSError, IndexError, ValueError):
         return 0.0
 
 
 _LOOPS: dict[int, tuple[int, float] | None] = {}  # gloo loop thread id -> (its open schedstat, wait when first seen)
 _LOOP_SCAN = [-math.inf, os.getpid()]  # when this process's threads were last listed, and by which process
-
-
-def _schedstat_wait(fd: int) -> float:
-    return int(os.pread(fd, 96, 0).split()[1]) * 1e-9
 
 
 def loops_wait_s() -> float:
