@@ -59,13 +59,17 @@ def parse_args(doc: str | None, argv: list[str] | None = None) -> argparse.Names
     return ap.parse_args(argv)
 
 
-def gloo_study_args(doc: str | None, argv: list[str] | None, worlds: str, reps: int) -> tuple[list[int], int]:
-    """(process counts, timed repeats) of a study that times gloo ranks: `--worlds` (comma-
-    separated integers >= 2, default `worlds`) and `--reps` (>= 3, default `reps`); bad values
+def gloo_study_args(doc: str | None, argv: list[str] | None, worlds: str, reps: int,
+                    ops: tuple[str, ...] = ()) -> tuple[list[int], int, str | None]:
+    """(process counts, timed repeats, op) of a study that times gloo ranks: `--worlds` (comma-
+    separated integers >= 2, default `worlds`), `--reps` (>= 3, default `reps`) and, where the
+    study times several `ops`, `--op` (default the first; None where it times one); bad values
     exit 2 with one line naming them."""
     ap = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
     ap.add_argument("--worlds", default=worlds, help=f"process counts, comma-separated (default {worlds})")
     ap.add_argument("--reps", type=int, default=reps, help=f"timed repeats (default {reps})")
+    if ops:
+        ap.add_argument("--op", choices=ops, default=ops[0], help=f"what to time (default {ops[0]})")
     args = ap.parse_args(argv)
     bad = f"--worlds must be integers >= 2, comma-separated, got {args.worlds!r}"
     try:
@@ -76,7 +80,7 @@ def gloo_study_args(doc: str | None, argv: list[str] | None, worlds: str, reps: 
         ap.error(bad)
     if args.reps < 3:
         ap.error(f"--reps must be >= 3, got {args.reps}")
-    return got, args.reps
+    return got, args.reps, getattr(args, "op", None)
 
 
 def main(run, doc: str | None, argv: list[str] | None = None) -> None:

@@ -70,7 +70,7 @@ def measure(world: int, cases=CASES, reps: int = 15, timeout_s: float = 300.0) -
 
 
 def main(argv=None) -> None:
-    worlds, reps = gloo_study_args(__doc__, argv, "2,4", 15)
+    worlds, reps, _ = gloo_study_args(__doc__, argv, "2,4", 15)
     print(f"layout-aware dispatch on gloo, {os.cpu_count()} CPUs, ms (slowest rank, median of {reps}); "
           "executor: its own seconds after the start barrier; wall: around the call")
     for w in worlds:

@@ -4,7 +4,8 @@ point-to-point over a range of message sizes, fitted to alpha-beta per operation
 It starts `world` fresh processes (spawn) joined by torch.distributed: gloo on CPU, NCCL on
 CUDA with one GPU per rank. Rank 0 times every operation after a barrier (CUDA: device events)
 and keeps the median; point-to-point is a ping-pong between ranks 0 and 1, halved. Sizes are
-the bytes of one rank's message (all-gather: its contribution; all-to-all: its whole buffer).
+the bytes of one rank's message (all-gather: its contribution; reduce-scatter: the whole tensor
+it reduces, FSDP2's gradients of a unit; all-to-all: its whole buffer).
 
     OMP_NUM_THREADS=1 python -m earl.calibrate.collectives      # 2 gloo ranks, a few seconds
 """
@@ -27,7 +28,7 @@ import torch.distributed as dist
 from earl.calibrate.fit import fit_affine
 from earl.runtime.gloo_loops import batched_threads
 
-OPS = ("p2p", "all_reduce", "all_gather", "all_to_all")
+OPS = ("p2p", "all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 CPU_SIZES = tuple(2 ** e for e in range(10, 25))  # 1 KiB .. 16 MiB
 CUDA_SIZES = tuple(2 ** e for e in range(10, 31))  # 1 KiB .. 1 GiB
 
@@ -93,14 +94,19 @@ def _worker(rank: int, world: int, backend: str, store_path: str, sizes: list[in
     for op in OPS:
         for nbytes in sizes:
             numel = max(1, nbytes // 4)
+            if op == "reduce_scatter":  # the whole tensor, cut into equal shards
+                numel = max(world, numel - numel % world)
             send = (torch.rand(numel, generator=gen) + 0.5).to(device)
-            recv = torch.empty(numel * (world if op == "all_gather" else 1), device=device)
+            recv = torch.empty(numel * world if op == "all_gather" else
+                               numel // world if op == "reduce_scatter" else numel, device=device)
 
             def run(op=op, send=send, recv=recv):
                 if op == "all_reduce":
                     dist.all_reduce(send)
                 elif op == "all_gather":
                     getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(recv, send)
+                elif op == "reduce_scatter":
+                    dist.reduce_scatter_tensor(recv, send)
                 elif op == "all_to_all":
                     dist.all_to_all_single(recv, send)
                 elif rank == 0:

@@ -23,7 +23,8 @@ from earl.cost_model import comm
 from earl.cost_model.profile import LinkParams
 
 # our op names -> earl.cost_model.comm collective names
-COMM_NAMES = {"p2p": "p2p", "all_reduce": "allreduce", "all_gather": "allgather", "all_to_all": "alltoall"}
+COMM_NAMES = {"p2p": "p2p", "all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
+              "all_to_all": "alltoall"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,7 +55,7 @@ class LinkFit:
     def collective_links(self) -> dict[str, LinkParams]:
         """For HardwareProfile.collective_links, keyed by earl.cost_model.comm names."""
         links = {COMM_NAMES[op]: ol.link for op, ol in self.ops.items()}
-        if "allgather" in links:  # same formula and data path
+        if "allgather" in links:  # same formula; a benchmark from before 2026-12-07 timed no reduce-scatter
             links.setdefault("reducescatter", links["allgather"])
         return links
 
@@ -70,7 +71,8 @@ class LinkFit:
 
 def predict_s(op: str, nbytes: float, world: int, link: LinkParams) -> float:
     """The cost model's time for one measured op; `nbytes` is one rank's message
-    (all-gather's formula takes the gathered result, `world` times larger)."""
+    (all-gather's formula takes the gathered result, `world` times larger; reduce-scatter's the
+    whole tensor reduced, which its message is)."""
     name = COMM_NAMES[op]
     size = nbytes * world if op == "all_gather" else nbytes
     return comm.collective_s(name, size, world, link)
@@ -112,5 +114,5 @@ if __name__ == "__main__":
 
     lf = fit_link(run_collectives(budget_s=4.0))
     for op, ol in lf.ops.items():
-        print(f"{op:11s} alpha {ol.link.alpha_s * 1e6:7.1f} us  bw {ol.link.bw_bytes_s / 1e9:6.2f} GB/s  "
+        print(f"{op:14s} alpha {ol.link.alpha_s * 1e6:7.1f} us  bw {ol.link.bw_bytes_s / 1e9:6.2f} GB/s  "
               f"held-out error {ol.heldout_median_err:.1%} (max {ol.heldout_max_err:.1%})")

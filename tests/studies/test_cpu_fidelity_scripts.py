@@ -240,18 +240,21 @@ def test_scorecard_of_the_held_out_models_runs_is_apart_from_the_tiny_models():
     assert bad.returncode == 2 and "nproc8" in bad.stderr
 
 
-def test_allgather_study_times_each_group_and_refuses_bad_groups():
-    """studies/cpu_allgather_ranks.py: real gloo ranks, each gathered size timed (fastest <=
-    slowest rank, CPU per rank > 0); the ratio column is each world's CPU over the first's."""
-    r = study("studies/cpu_allgather_ranks.py", "--worlds", "2", "--reps", "3")
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
+def test_allgather_study_times_each_group_and_refuses_bad_groups(op):
+    """studies/cpu_allgather_ranks.py: real gloo ranks, each gathered (reduced) size timed
+    (fastest <= slowest rank, CPU per rank > 0); the ratio column is each world's CPU over the
+    first's."""
+    r = study("studies/cpu_allgather_ranks.py", "--worlds", "2", "--reps", "3", "--op", op)
     assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"gloo {op}_{'into_tensor' if op == 'all_gather' else 'tensor'}, ")
     row = r"^ranks 2 +([\d.]+) MiB +fastest +([\d.]+) ms +slowest +([\d.]+) ms +CPU/rank +([\d.]+) ms +x1\.00$"
     rows = re.findall(row, r.stdout, re.M)
     assert [float(row[0]) for row in rows] == [0.25, 1.0, 4.0, 16.0, 64.0]
     assert all(0 < float(f) <= float(s) and float(c) > 0 for _, f, s, c in rows)
-    for bad in (["--worlds", "1,2"], ["--worlds", "two"], ["--reps", "1"]):
+    for bad in (["--worlds", "1,2"], ["--worlds", "two"], ["--reps", "1"], ["--op", "broadcast"]):
         got = study("studies/cpu_allgather_ranks.py", *bad)
-        assert got.returncode == 2 and ("--worlds" in got.stderr or "--reps" in got.stderr), got.stderr
+        assert got.returncode == 2 and any(f"--{a}" in got.stderr for a in ("worlds", "reps", "op")), got.stderr
 
 
 def test_dispatch_cold_study_times_each_case_four_ways_and_refuses_bad_input():
