@@ -93,11 +93,16 @@ COMPUTE_SPANS = ("rollout", "logprob")
 EXPERIENCE_SPANS = ("logprob",)
 # stages whose ranks' own work is read as the step's critical path, not as the slowest rank's
 # sum: the last rank to reach the stage, its own spans, plus the time any earlier rank's ran on
-# past them. A rank done with its rollout early starts its hand-off and log-probs while its
-# peers still roll out; 4 ranks on 2 cores, those spans waited 1-3.5 ms for a core in ~15% of
-# the early ranks' steps (run-queue waits read from the kernel, span arg `wait_s`; 2.5% for the
-# last arrival, whose peers mostly sleep in the dispatch), inside the step's wait for the last rollout,
-# which the simulator, whose stages follow one another, charges to the rollout
+# past them. Every rank starts the stage after the last rollout ended and the metadata
+# all-gather that follows it released the rank (earl.runtime.step.run_step); 4 ranks on 2 cores,
+# that gather releases them one after another (the first ~3 ms, the last ~7 ms after the last
+# rollout's end, medians of cf142-cf145; the last rank waking while the early ones' hand-offs hold
+# the cores). The early ranks' spans waited 1-3.5 ms for a core in ~15% of their steps (run-queue
+# waits read from the kernel, span arg `wait_s`; 2.5% for the last arrival, whose peers mostly
+# sleep in the dispatch); a wait that ends before the last rank's own work does not delay the
+# step past it, and one that runs past it is counted. (Until 2026-12-07's thirty-sixth session
+# this comment said the early ranks start while peers still roll out: none did, 322 of 322 4-rank
+# steps of cf132-cf145)
 CRITICAL_STAGES = ("experience",)
 NPROCS = (1, 2, 4)  # process counts validated: the profile's dispatch path is fitted at 2 and 4
 DTYPE_NAMES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}

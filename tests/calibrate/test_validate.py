@@ -272,14 +272,14 @@ def test_measured_stage_slowest_rank_or_last_to_arrive_for_moves():
 
 def test_measured_experience_is_the_last_arrivals_own_work_and_any_earlier_ranks_overrun():
     """The experience stage's own work is read as the step's critical path: an early rank's
-    spans, stretched while its peers still rolled out, end before the last arrival's and cost the
-    step nothing (the simulator charges that wait to the rollout); one that ends after it adds
-    the difference."""
+    spans, stretched while the last rank still woke from the metadata all-gather, end before the
+    last arrival's and do not delay the step past its own work; one that ends after it adds the
+    difference."""
     def exp(rank, t0, t1, t2, t3, step=5):
         return [Span(name="handoff", stage="experience", rank=rank, t_start=t0, t_end=t1, step=step,
                      args={"waits": False}),
                 Span(name="logprob", stage="experience", rank=rank, t_start=t2, t_end=t3, step=step)]
-    early = exp(0, 0.0, 1.0, 1.0, 4.0)  # 4 s: waited for a core behind the peers' rollouts
+    early = exp(0, 0.0, 1.0, 1.0, 4.0)  # 4 s: waited for a core held by the peers
     spans = early + exp(1, 5.0, 5.75, 6.0, 6.25)  # the last to arrive: 1 s of its own
     assert measured_stages(spans, [5])[0]["experience"] == 1.0
     # the early rank runs on 0.5 s past the last arrival's end: the step waited for it
