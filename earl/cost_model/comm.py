@@ -74,13 +74,14 @@ def allgather_s(nbytes: float, p: int, link: LinkParams, bytes_p: int | None = N
 # about a whole gathered tensor's work each, whatever the group: all-gathers of 16 / 64 MiB on
 # the 2-vCPU EPYC (2026-12-04, studies/cpu_allgather_ranks.py, two runs) took 6.6-7.5 / 50-52
 # ms of CPU a rank at 2 ranks and +5-18% at 4 (a ring's (p - 1) / p share says +50%; the
-# 0.25-4 MiB sizes scatter x0.55-1.48 run to run); on the 2-vCPU Xeon (2026-12-07) x0.90-1.02 at
-# 4-64 MiB. Its link is fitted between 2 ranks (earl.calibrate.collectives), so the bytes stay at
-# the 2-rank share there; where the ranks outnumber the cores, the oversubscription stretch prices
-# the rest (earl.calibrate.hostload). A reduce-scatter is not so: each rank adds what it receives,
-# and its CPU a rank grew as the ring's share does, x1.36 / x1.45 / x1.14 at 4 / 16 / 64 MiB from 2
-# to 4 ranks (the Xeon, 2026-12-07, `studies/cpu_allgather_ranks.py --op reduce_scatter`; a ring
-# says x1.5): its bytes keep the group's share (REDUCING)
+# 0.25-4 MiB sizes scatter x0.55-1.48 run to run); on the 2-vCPU Xeon (2026-12-07, three runs)
+# x0.90-1.44 at 4-16 MiB and x1.02-1.07 at 64 MiB. Its link is fitted between 2 ranks
+# (earl.calibrate.collectives), so the bytes stay at the 2-rank share there; where the ranks
+# outnumber the cores, the oversubscription stretch prices the rest (earl.calibrate.hostload). A
+# reduce-scatter is not so: each rank adds what it receives, and its CPU a rank grew in every run,
+# x1.26-1.45 at 4-16 MiB and x1.14-1.18 at 64 MiB from 2 to 4 ranks (the Xeon, 2026-12-07, three
+# runs, `studies/cpu_allgather_ranks.py --op reduce_scatter`; a ring says x1.5): its bytes keep
+# the group's share (REDUCING; docs/fidelity.md, thirty-sixth session)
 HOST_COPY_BYTES_P = 2
 REDUCING = ("reducescatter",)
 
