@@ -75,8 +75,8 @@ def test_collective_bytes_on_a_cpu_host_stay_at_the_fitted_two_rank_share():
     """gloo over loopback: a rank's work in an all-gather is about the whole tensor whatever the
     group (measured +10-18% from 2 to 4 ranks, not a ring's +50%), so its link, fitted between 2
     ranks, prices the bytes at 2; device links keep (p - 1) / p. A reduce-scatter, whose ranks
-    add what they receive, keeps the ring's share on a CPU host too (measured x1.36-1.45 at 4-16
-    MiB from 2 to 4 ranks, 2026-12-07)."""
+    add what they receive, keeps the ring's share on a CPU host too (measured x1.26-1.45 at 4-16
+    MiB from 2 to 4 ranks over three runs, 2026-12-07)."""
     link = comm.LinkParams(alpha_s=1e-4, bw_bytes_s=1e9)
     duplex_prof = dataclasses.replace(PROF, dispatch_path=dataclasses.replace(PROF.dispatch_path, full_duplex=True))
     one_host = _cm(PROF, 8).cluster  # one node of 8 ranks
