@@ -66,6 +66,9 @@ def test_run_writes_all_outputs(four_steps):
     # CPU and run-queue wait together fit in the wall time
     assert all(e["args"]["wait_s"] >= 0 for e in timed)
     assert all(e["args"]["thread_cpu_s"] + e["args"]["wait_s"] <= e["dur"] / 1e6 + 2e-3 for e in timed)
+    # ... and the process's system time (part of its CPU) and minor page faults meanwhile
+    assert all(0 <= e["args"]["sys_s"] <= e["args"]["cpu_s"] + 1e-3 for e in timed)
+    assert all(isinstance(e["args"]["minflt"], int) and e["args"]["minflt"] >= 0 for e in timed)
     assert find_checkpoint(out).name == "step-000004"
     assert len(list((out / "checkpoints").glob("step-*"))) == 2  # keep_checkpoints
 
