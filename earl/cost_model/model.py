@@ -501,10 +501,10 @@ class CostModel:
             stride = plan.tp * plan.cp * plan.pp
             ag = comm.group_link(self.cluster, self.profile, plan.dp, stride, collective="allgather")
             rs = comm.group_link(self.cluster, self.profile, plan.dp, stride, collective="reducescatter")
-            fsdp_c = (2 * units - 1) * comm.allgather_s(
-                unit_bytes, plan.dp, ag, comm.bytes_group(self.cluster, self.profile, plan.dp, stride)) + \
-                units * comm.reducescatter_s(p_local / units * 4, plan.dp, rs, comm.bytes_group(
-                    self.cluster, self.profile, plan.dp, stride, "reducescatter"))  # fp32 gradients
+            ag_share = comm.bytes_group(self.cluster, self.profile, plan.dp, stride)
+            rs_share = comm.bytes_group(self.cluster, self.profile, plan.dp, stride, "reducescatter")
+            fsdp_c = (2 * units - 1) * comm.allgather_s(unit_bytes, plan.dp, ag, ag_share) + \
+                units * comm.reducescatter_s(p_local / units * 4, plan.dp, rs, rs_share)  # fp32 gradients
             fsdp_host = units * self.profile.fsdp_unit_s  # hooks, DTensor work, lockstep (calibrated)
             t_mb += fsdp_c + fsdp_host
         # 1F1B: (pp - 1) micro-batch slots of fill and drain; interleaved over v model chunks per
