@@ -1,6 +1,7 @@
 """Fit the host costs of the multi-process runtime's FSDP2 path (calibration phase "fsdp"):
 `HardwareProfile.fsdp_unit_s`, `fsdp_tensor_s`, `reshard_tensor_s`, `reshard_byte_s`, the
-weight sync's busy share `reshard_busy` and its wake-up term `reshard_wake_s`.
+weight sync's busy share `reshard_busy`, its wake-up term `reshard_wake_s`, and a training
+step's start before its first collective (`train_lead_s`, `train_lead_tensor_s`).
 
 On a CPU host most of an FSDP2 step's time is not the bytes the cost model prices but FSDP2's
 per-unit hooks, DTensor host work, collectives waiting in lockstep, and the weight sync's
@@ -26,7 +27,7 @@ from scipy.optimize import nnls
 from transformers import AutoModelForCausalLM
 
 from earl.calibrate.host import local_cost_model
-from earl.calibrate.hostload import CpuShare, overlap_factor, sync_stretch
+from earl.calibrate.hostload import CpuShare, cores, overlap_factor, sync_stretch
 from earl.cost_model.compute import param_tensors
 from earl.cost_model.model import fsdp_sync_counts, pack_micro_batches
 from earl.cost_model.profile import HardwareProfile, load_profile
@@ -55,7 +56,8 @@ TRAIN_CASES: tuple[tuple[int, int, int, int], ...] = ((2, 16, 96, 16384), (2, 16
 # a small budget: the tiny model at 1 and 4 micro-batches per rank, 2 ranks, 2 repeats
 QUICK_CASES = (TRAIN_CASES[0], TRAIN_CASES[2])
 # the profile fields each kind of point fits
-FIELDS = {"train": ("fsdp_unit_s", "fsdp_tensor_s"), "sync": ("reshard_tensor_s", "reshard_byte_s")}
+FIELDS = {"train": ("fsdp_unit_s", "fsdp_tensor_s"), "sync": ("reshard_tensor_s", "reshard_byte_s"),
+          "lead": ("train_lead_s", "train_lead_tensor_s")}
 FITTED = tuple(f for names in FIELDS.values() for f in names)
 # the weight sync is also timed on a wider model (sync only): the same 26 tensors at ~32x the
 # tiny model's bytes, so the per-tensor and per-byte terms separate. On the tiny model alone the
@@ -65,6 +67,13 @@ FITTED = tuple(f for names in FIELDS.values() for f in names)
 # qwen2-27m --nproc N` stays held out.
 WIDE = {"hidden_size": 256, "head_dim": 64, "ffn_hidden": 704, "vocab_size": 4096}
 PROCS = (2, 4)  # ranks measured (the process counts `earl validate` checks)
+# a training step's start to its first collective (`timed_step`) is also timed on the tiny
+# model this deep (98 parameter tensors, as many as the held-out qwen2-27m's; the cases' 26 and
+# 50 alone put the per-tensor term's slope on a 0.1 ms difference), LEAD_REPEATS times, where
+# the ranks have a core each. 2 ranks, 2026-12-07: 0.36-0.42 ms at 26 tensors, 0.74-1.07 at 98
+# (tiny widths) and 0.90-1.13 (qwen2-27m), medians of 20
+LEAD_CASE = (8, 16, 96, 16384)
+LEAD_REPEATS = 12
 # The runtime's ranks reach the weight sync one after another (their training steps end apart:
 # the tiny model's 4 ranks 8-14 ms first to last, the second-last ~4 ms before the last, in the
 # traces of 2026-12-06), and its early ranks sleep in the first all-gather until the last one
@@ -92,12 +101,16 @@ QUICK_BUDGET_S = 4.0
 class FsdpPoint:
     """One measured training step or weight sync."""
 
-    kind: str  # "train" | "sync" | "wake" (a sync whose ranks arrive STAGGER_S apart)
+    # "train" | "sync" | "wake" (a sync whose ranks arrive STAGGER_S apart) | "lead" (a training
+    # step's start to its first collective, `timed_step`)
+    kind: str
     procs: int  # gloo ranks
     layers: int  # model depth (the tiny model's shapes otherwise)
     wide: bool = False  # the WIDE shapes (a weight sync only)
     label: str  # e.g. "16x96 budget 192"
-    measured_s: float  # wall time, median over repeats: the slowest rank's (train), the fastest's (sync), s
+    # wall time, median over repeats: the slowest rank's (train), the fastest's (sync), the
+    # ranks' median (lead), s
+    measured_s: float
     # profile field -> its counted quantity: FSDP units x micro-batches of the busiest rank and
     # parameter tensors (train), parameter tensors gathered and their fp32 bytes (sync)
     counts: dict[str, int]
@@ -173,7 +186,7 @@ def worker(cases, repeats: int, sync_repeats: int) -> dict:
     plan, roll_plan = ParallelPlan(dp=world, sharded_optimizer=True), ParallelPlan(dp=world)
     groups = build_plan_groups(plan)
     base = TrainerConfig(algo="grpo", lr=1e-5)
-    out: dict = {"train": {}, "sync": {}, "wake": {}, "probe": []}
+    out: dict = {"train": {}, "lead": {}, "sync": {}, "wake": {}, "probe": []}
     probe = HostProbe()  # the host's speed through the timed repeats (HardwareProfile.host_probe_fsdp_s)
     with StepGC(every=1) as step_gc:
         for layers in depths(cases):
@@ -184,19 +197,22 @@ def worker(cases, repeats: int, sync_repeats: int) -> dict:
                 trainer = Trainer(model, dataclasses.replace(base, token_budget=budget), temperature=1.0,
                                   lockstep=groups.dp_group)
                 local = _batch(seqs, longest, spec.vocab_size).select(rank_share(seqs, world, rank))
-                times = []
+                times, leads = [], []
                 for i in range(repeats + 1):
                     step_gc.step_done(i)
                     out["probe"].append(probe.time())
                     dist.barrier()
-                    t0 = time.perf_counter()
-                    train_step(trainer, optim, local)
-                    times.append(time.perf_counter() - t0)
+                    wall, lead = timed_step(trainer, optim, local)
+                    times.append(wall)
+                    leads.append(lead)
                 out["train"][case] = times
+                out["lead"][case] = leads
             out["sync"][(layers, False)] = _sync_times(optim, shapes, roll, plan, roll_plan, sync_repeats,
                                                        step_gc, probe, out["probe"])
             out["wake"][(layers, False)] = _staggered_syncs(optim, shapes, roll, plan, roll_plan,
                                                             wake_repeats(sync_repeats), step_gc)
+        if world <= cores() and LEAD_CASE[0] not in depths(cases):
+            out["lead"][LEAD_CASE] = _lead_times(LEAD_CASE, plan, groups, base, LEAD_REPEATS, step_gc)
         spec = spec_of(min(depths(cases)), wide=True)
         _, shapes, roll, optim = _fsdp_model(spec, plan, groups, base)
         out["sync"][(spec.num_layers, True)] = _sync_times(optim, shapes, roll, plan, roll_plan, sync_repeats,
@@ -204,6 +220,49 @@ def worker(cases, repeats: int, sync_repeats: int) -> dict:
         out["wake"][(spec.num_layers, True)] = _staggered_syncs(optim, shapes, roll, plan, roll_plan,
                                                                 wake_repeats(sync_repeats), step_gc)
     return out
+
+
+def _lead_times(case, plan, groups, base, repeats: int, step_gc) -> list[float]:
+    """`timed_step`'s seconds to the first collective, `repeats` + 1 times (the first a
+    warm-up), on the tiny model `case[0]` layers deep (one more model built on every rank)."""
+    layers, seqs, longest, budget = case
+    spec = spec_of(layers)
+    model, _, _, optim = _fsdp_model(spec, plan, groups, base)
+    trainer = Trainer(model, dataclasses.replace(base, token_budget=budget), temperature=1.0,
+                      lockstep=groups.dp_group)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    local = _batch(seqs, longest, spec.vocab_size).select(rank_share(seqs, world, rank))
+    leads = []
+    for i in range(repeats + 1):
+        step_gc.step_done(i)
+        dist.barrier()
+        leads.append(timed_step(trainer, optim, local)[1])
+    return leads
+
+
+def timed_step(trainer, optim, local) -> tuple[float, float]:
+    """(wall seconds, seconds to its first collective) of one run of the runtime's training step
+    (earl.runtime.trainer.train_step) on this rank. The first collective is the dp all-reduce
+    of the token counts (`optim.dp_sum`), wrapped on this instance for the call to note when it
+    is entered; what comes before it (learning rate, mini-batch order, `zero_grad`) is what the
+    ranks that leave a runtime dispatch first do on the cores the last one still needs
+    (`HardwareProfile.train_lead_s`, `CostModel.train_lead_s`)."""
+    entered: list[float] = []
+    inner = optim.dp_sum
+
+    def dp_sum(values):
+        if not entered:
+            entered.append(time.perf_counter())
+        return inner(values)
+
+    optim.dp_sum = dp_sum
+    try:
+        t0 = time.perf_counter()
+        train_step(trainer, optim, local)
+        t1 = time.perf_counter()
+    finally:
+        del optim.dp_sum  # the class's method again
+    return t1 - t0, (entered[0] if entered else t1) - t0
 
 
 def _fsdp_model(spec, plan, groups, base):
@@ -306,6 +365,12 @@ def measure(procs=PROCS, cases=TRAIN_CASES, repeats: int = REPEATS, sync_repeats
                                     measured_s=per_repeat([r["train"][case] for r in res], max),
                                     counts={"fsdp_unit_s": units * mbs,
                                             "fsdp_tensor_s": param_tensors(spec_of(layers))}))
+        # every rank's own start (no rank waits for another before it): the ranks' median
+        for case in res[0]["lead"]:
+            points.append(FsdpPoint(kind="lead", procs=n, layers=case[0], label=f"{label(case)} start",
+                                    share=load.share(), probe_s=probe_s,
+                                    measured_s=statistics.median(x for r in res for x in r["lead"][case][1:]),
+                                    counts={"train_lead_s": 1, "train_lead_tensor_s": param_tensors(spec_of(case[0]))}))
         for key in res[0]["sync"]:
             layers, wide = key
             runs = [r["sync"][key] for r in res]  # per rank: (wall, CPU) per repeat
@@ -340,6 +405,8 @@ def price(profile: HardwareProfile, point: FsdpPoint, host_parallel: int, cases=
     prof = dataclasses.replace(profile, **dict.fromkeys(FITTED, 0.0))
     cm = local_cost_model(prof, point.procs, spec_of(point.layers, point.wide))
     plan = ParallelPlan(dp=point.procs, sharded_optimizer=True)
+    if point.kind == "lead":  # host work of one rank's own: nothing priced without the fitted terms
+        return dataclasses.replace(point, priced_s=0.0, stretch=1.0)
     if point.kind in ("sync", "wake"):
         priced = cm.reshard(plan, ParallelPlan(dp=point.procs), fsdp=True).time_s
     else:
@@ -381,7 +448,10 @@ def fit_fsdp_costs(profile: HardwareProfile, points: list[FsdpPoint],
     # the sync's busy share where its ranks have a core each (`hostload.overlap_factor`)
     busy = [p.busy for p in points if p.kind == "sync" and p.procs <= hp and p.busy is not None]
     fields: dict[str, float] = {"reshard_busy": round(min(1.0, statistics.median(busy)), 4)} if busy else {}
-    priced = [price(dataclasses.replace(profile, **fields), p, hp) for p in points if p.kind != "wake"]
+    # a step's start is timed where every rank has a core of its own (beyond the cores its
+    # ranks start at once after a barrier and share them, which the runtime's leavers do not)
+    priced = [price(dataclasses.replace(profile, **fields), p, hp) for p in points
+              if p.kind != "wake" and (p.kind != "lead" or p.procs <= hp)]
     for kind, names in FIELDS.items():
         fields.update(fit_constants([p for p in priced if p.kind == kind], names))
     # the staggered syncs, priced with the terms just fitted: what their window holds beyond that

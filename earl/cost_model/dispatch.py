@@ -140,7 +140,7 @@ def stat_reductions(tplan) -> int:
 
 def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, world: int,
                         plan=None, control: bool = True, advantages: bool = True, cold: bool = True,
-                        estimator: str | None = None, host_factor: float = 1.0) -> Estimate:
+                        estimator: str | None = None, host_factor: float = 1.0, lead_s: float = 0.0) -> Estimate:
     """Price `tplan` (an earl.policies TransferPlan: `kind`, `controller`, `phases` of transfers
     with src, dst, bytes, sample_ids, tensors; `metadata_bytes`, `reduce_bytes`) moving
     `samples` samples made by `producers` data-parallel groups among `world` ranks.
@@ -159,7 +159,11 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
     `host_factor`: the multiplier on a hand-off's calibrated host work where it waits for no one
     (`CostModel.host_cold_factor` of the rollout's plan: right after a rollout whose weights the
     caches cannot hold), and on a CPU host on the executor's own work (its phases and the
-    advantages) where it waits; its rounds and wake-ups are waits and keep their price."""
+    advantages) where it waits; its rounds and wake-ups are waits and keep their price.
+    `lead_s`: host seconds each rank does after it leaves the dispatch before its next
+    collective (a runtime training dispatch: the FSDP2 step's start, `CostModel.train_lead_s`);
+    with the control plane, where the node's ranks outnumber its cores, the ranks that leave
+    first do it on the cores the last one still needs (`leavers` in the breakdown)."""
     if not advantages:
         tplan = dataclasses.replace(tplan, reduce_bytes=0)
     if samples < 1 or producers < 1 or world < 1:
@@ -248,9 +252,21 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
         if tplan.metadata_bytes and world > 1:
             far = world - 1 if tplan.controller == 0 else 0
             br["metadata"] = cm.transfer_time_s(tplan.metadata_bytes, far, tplan.controller)
-        # every rank plans the same dispatch at once (earl.runtime.step.train): one process's
-        # host work (calibrated alone), shared over the node's cores when its ranks outnumber them
-        br["planning"] = cm.profile.dispatch_fixed_s * max(1.0, ppn / path.host_parallel)
+        # every rank plans the same dispatch (earl.runtime.step.train) as it reaches it: one
+        # process's host work (calibrated alone). The window runs from the last rank's start, and
+        # the ranks reach a runtime dispatch apart: the ones before it have planned and sleep in
+        # their first receives (300 4-rank dispatches of the fifteen Xeon passes of 2026-12-07:
+        # in 299 at most one other rank started within 0.6 ms before the last, so no more ranks
+        # plan at once than 2 cores hold; until the thirty-eighth session this was shared over
+        # the cores as if all planned at once: x ppn / host_parallel)
+        br["planning"] = cm.profile.dispatch_fixed_s
+        if lead_s and world > 1 and ppn > path.host_parallel:
+            # the first ranks out start their next stage on the cores the last one still needs:
+            # while they do `lead_s` each, ppn ranks share host_parallel cores, so the last one
+            # runs at host_parallel / ppn of a core and loses lead_s x (ppn / host_parallel - 1)
+            # (4 gloo ranks on 2 cores, a dispatch followed by 0-1 ms of busy work before an
+            # all-reduce: its window grew ~1 ms per ms of it up to ~1 ms, thirty-eighth session)
+            br["leavers"] = lead_s * (ppn / path.host_parallel - 1.0)
     ctrl_bytes = at_ctrl if central is not None else float(tplan.metadata_bytes)
     return Estimate(stage="dispatch", time_s=sum(br.values()), feasible=True, gpus=world, plan=plan,
                     breakdown=br,

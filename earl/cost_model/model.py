@@ -130,6 +130,19 @@ class CostModel:
         spread = self.profile.host_spread
         return 1.0 + spread * expected_max_normal(ranks) if spread and ranks > 1 else 1.0
 
+    def train_lead_s(self, plan: ParallelPlan, fsdp: bool = False) -> float:
+        """Host seconds a rank spends in an FSDP2 training step under `plan` before the step's
+        first collective (earl.runtime.trainer.train_step: the learning rate, the mini-batch
+        order, `zero_grad` over the rank's parameter tensors, then the dp all-reduce of the
+        token counts): the profile's `train_lead_s` + `train_lead_tensor_s` per tensor. 0 where
+        the plan does not run as FSDP2 (`fsdp` and a `zero` plan with dp > 1, as `train`
+        prices it) or the profile never measured it. What the ranks that leave a runtime
+        dispatch first do on the cores the last one still needs (earl.cost_model.dispatch)."""
+        prof = self.profile
+        if not (fsdp and plan.sharded_optimizer and plan.dp > 1):
+            return 0.0
+        return prof.train_lead_s + prof.train_lead_tensor_s * math.ceil(param_tensors(self.model) / plan.pp)
+
     # ---- links ------------------------------------------------------------------------------
     def link_of(self, src: int, dst: int) -> str:
         if src == dst:

@@ -289,6 +289,16 @@ class HardwareProfile:
     # rounds beyond the cores pay it too where it is larger than `DispatchPath.wake_sync_s`
     # (`DispatchPath.round_cost_s`); 0: not measured, s
     reshard_wake_s: float = 0.0
+    # ... and per FSDP2 training step, what a rank does from the step's start to its first
+    # collective (the dp all-reduce of the token counts, earl.runtime.trainer.train_step): the
+    # learning rate, the mini-batch order and the model's `zero_grad`, a fixed part (`train_lead_s`)
+    # and one per parameter tensor of the model (`train_lead_tensor_s`: FSDP2's DTensor
+    # parameters, ~6 us each on the 2-vCPU Xeon). The ranks that leave a runtime dispatch first do it on
+    # the cores the last one still needs (`CostModel.train_lead_s`, priced by
+    # earl.cost_model.dispatch where the ranks outnumber the cores). Timed by the fsdp phase on
+    # the runtime's own step; 0: not measured, s
+    train_lead_s: float = 0.0
+    train_lead_tensor_s: float = 0.0
     # the share of its wall a rank of that weight sync computes with a core of its own (CPU over
     # wall at 2 ranks on 2 cores; the rest waits for peers); where ranks outnumber the cores they
     # fill each other's waits (earl.calibrate.hostload.overlap_factor). 1: no overlap (datasheets)
@@ -552,7 +562,8 @@ HOST_COST_FIELDS = ("step_seq_overhead_s", "step_kv_token_s", "turn_overhead_s",
                     "dispatch_fixed_s",
                     "dispatch_seq_s", "handoff_fixed_s", "handoff_seq_s", "handoff_token_s", "handoff_sample_s",
                     "rollout_fixed_s", "rollout_batch_s", "rollout_episode_s",
-                    "fsdp_unit_s", "fsdp_tensor_s", "reshard_tensor_s", "reshard_byte_s", "reshard_wake_s")
+                    "fsdp_unit_s", "fsdp_tensor_s", "reshard_tensor_s", "reshard_byte_s", "reshard_wake_s",
+                    "train_lead_s", "train_lead_tensor_s")
 
 
 # Datasheet GPU profiles' GEMM and copy curves, fitted (least squares on log time, soft-L1;

@@ -97,7 +97,11 @@ def test_tiny_calibration_writes_a_loadable_stamped_profile(calibration, tmp_pat
     assert loaded.link_for("allreduce") == res.link.ops["all_reduce"].link
     # the FSDP2 host costs fitted from the runtime's training step and weight sync on gloo ranks
     q = loaded.fit_quality["fsdp"]
-    assert {p["kind"] for p in q["points"]} == {"train", "sync", "wake"}
+    assert {p["kind"] for p in q["points"]} == {"train", "sync", "wake", "lead"}
+    # a training step's start before its first collective: some time, at two tensor counts
+    assert len({p["counts"]["train_lead_tensor_s"] for p in q["points"] if p["kind"] == "lead"}) >= 2
+    assert loaded.train_lead_s + loaded.train_lead_tensor_s > 0 and min(loaded.train_lead_s,
+                                                                         loaded.train_lead_tensor_s) >= 0
     # the staggered syncs' wake-up term: only where some ran more ranks than cores
     assert loaded.reshard_wake_s >= 0
     assert loaded.reshard_wake_s == 0.0 or any(p["procs"] > q["host_parallel"] for p in q["points"]

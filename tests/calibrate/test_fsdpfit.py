@@ -278,3 +278,71 @@ def test_sync_busy_is_measured_where_ranks_fit_and_stretches_only_the_oversubscr
     d = busy.to_dict()
     del d["reshard_busy"]
     assert HardwareProfile.from_dict(d).reshard_busy == 1.0
+
+
+def test_a_training_steps_start_is_a_fixed_part_and_one_per_parameter_tensor():
+    """`CostModel.train_lead_s`: train_lead_s + train_lead_tensor_s per parameter tensor of a
+    pipeline stage, for an FSDP2 plan only (a `zero` plan with dp > 1 run with fsdp)."""
+    prof = dataclasses.replace(PROF, train_lead_s=3e-4, train_lead_tensor_s=6e-6)
+    spec = MODEL_CATALOG["qwen2-27m"]
+    cm = fsdpfit.local_cost_model(prof, 4, spec)
+    zero = ParallelPlan(dp=4, sharded_optimizer=True)
+    assert param_tensors(spec) == 98
+    assert cm.train_lead_s(zero, fsdp=True) == pytest.approx(3e-4 + 98 * 6e-6)
+    assert cm.train_lead_s(ParallelPlan(dp=2, pp=2, sharded_optimizer=True), fsdp=True) == \
+        pytest.approx(3e-4 + 49 * 6e-6)
+    for plan, fsdp in ((zero, False), (ParallelPlan(dp=4), True), (ParallelPlan(tp=4, sharded_optimizer=True), True)):
+        assert cm.train_lead_s(plan, fsdp=fsdp) == 0.0
+    assert fsdpfit.local_cost_model(PROF, 4, spec).train_lead_s(zero, fsdp=True) == PROF.train_lead_s == 0.0
+
+
+def test_the_start_is_fitted_where_ranks_have_a_core_each():
+    """Lead points (a step's start to its first collective, one rank's own work) fit the fixed
+    and per-tensor terms from the points whose ranks fit the cores; those beyond them (ranks
+    started together at a barrier share the cores) are left out of the fit and its rows."""
+    truth = (2.5e-4, 7e-6)
+    points = []
+    for n in fsdpfit.PROCS:
+        for layers in (2, 4, fsdpfit.LEAD_CASE[0]):
+            tensors = param_tensors(fsdpfit.spec_of(layers))
+            points.append(fsdpfit.FsdpPoint(kind="lead", procs=n, layers=layers, label=f"{layers}L start",
+                                            measured_s=(truth[0] + truth[1] * tensors) * (n / 2 if n > 2 else 1),
+                                            counts={"train_lead_s": 1, "train_lead_tensor_s": tensors}))
+    fields, quality = fsdpfit.fit_fsdp_costs(PROF, points, host_parallel=2)
+    assert (fields["train_lead_s"], fields["train_lead_tensor_s"]) == pytest.approx(truth, rel=1e-6)
+    rows = [r for r in quality["points"] if r["kind"] == "lead"]
+    assert {r["procs"] for r in rows} == {2} and len(rows) == 3
+    assert all(r["predicted_s"] == pytest.approx(r["measured_s"]) for r in rows)
+    assert param_tensors(fsdpfit.spec_of(fsdpfit.LEAD_CASE[0])) == param_tensors(MODEL_CATALOG["qwen2-27m"])
+
+
+def test_timed_step_notes_the_first_collective_of_the_runtimes_own_step():
+    """Two real gloo ranks run the runtime's FSDP2 training step: the start is a positive part
+    of the step, the step trains (the weights move), and the optimizer's own `dp_sum` is back."""
+    from earl.runtime.dist import run_local
+
+    got = run_local(_two_rank_step, 2, timeout_s=300, start_method="spawn")
+    for lead, wall, moved, restored in got:
+        assert 0 < lead < wall and moved and restored
+
+
+def _two_rank_step():
+    import torch
+    import torch.distributed as dist
+
+    from earl.parallel import build_plan_groups
+    from earl.runtime.run_config import TrainerConfig
+    from earl.runtime.trainer import Trainer
+
+    torch.set_num_threads(1)
+    plan = ParallelPlan(dp=2, sharded_optimizer=True)
+    groups = build_plan_groups(plan)
+    base = TrainerConfig(algo="grpo", lr=1e-3)
+    spec = fsdpfit.spec_of(2)
+    model, _, _, optim = fsdpfit._fsdp_model(spec, plan, groups, base)
+    trainer = Trainer(model, base, temperature=1.0, lockstep=groups.dp_group)
+    local = fsdpfit._batch(8, 32, spec.vocab_size).select(fsdpfit.rank_share(8, 2, dist.get_rank()))
+    before = {n: p.to_local().clone() for n, p in model.named_parameters()}
+    wall, lead = fsdpfit.timed_step(trainer, optim, local)
+    moved = any(not torch.equal(before[n], p.to_local()) for n, p in model.named_parameters())
+    return lead, wall, moved, "dp_sum" not in vars(optim)

@@ -654,14 +654,25 @@ def test_each_statistics_reduction_is_a_gather_and_a_scatter_cold_once(reduce_s)
                                                                                                        reduce_bytes=0))
 
 
-def test_every_rank_plans_so_planning_shares_the_cores():
-    """The control plane's planning (dispatch_fixed_s, one process's host work) runs on every
-    rank at once: priced as is while the ranks fit the node's cores, x ranks / cores beyond."""
+def test_the_last_rank_plans_alone_and_pays_for_the_leavers_start_beyond_the_cores():
+    """The control plane's planning (dispatch_fixed_s) is one process's host work at any rank
+    count: the window starts at the last rank, and the ranks before it planned as they arrived.
+    `lead_s` (what each rank does after the dispatch before its next collective) costs the last
+    rank lead_s x (ranks / cores - 1) where the ranks outnumber the cores, nothing where they
+    fit, and nothing without the control plane (a benchmark's back-to-back dispatches)."""
     prof = dataclasses.replace(load_profile("cpu-measured"), dispatch_fixed_s=1e-3)
     prof = dataclasses.replace(prof, dispatch_path=dataclasses.replace(prof.dispatch_path, host_parallel=2))
-    got = {n: price_transfer_plan(dispatchfit.local_cost_model(prof, n), dispatchfit.transfer_plans(n, 4, 2048)[
-        "layout-aware"], samples=4 * n, producers=n, world=n).breakdown["planning"] for n in (2, 4, 8)}
-    assert got == pytest.approx({2: 1e-3, 4: 2e-3, 8: 4e-3})
+
+    def est(n, **kw):
+        return price_transfer_plan(dispatchfit.local_cost_model(prof, n), dispatchfit.transfer_plans(n, 4, 2048)[
+            "layout-aware"], samples=4 * n, producers=n, world=n, **kw)
+
+    assert {n: est(n).breakdown["planning"] for n in (2, 4, 8)} == pytest.approx({2: 1e-3, 4: 1e-3, 8: 1e-3})
+    for n, leavers in ((2, None), (4, 7e-4), (8, 3 * 7e-4)):
+        with_lead, without = est(n, lead_s=7e-4), est(n)
+        assert with_lead.breakdown.get("leavers") == (None if leavers is None else pytest.approx(leavers))
+        assert with_lead.time_s - without.time_s == pytest.approx(leavers or 0.0)
+        assert "leavers" not in est(n, lead_s=7e-4, control=False).breakdown
 
 
 def test_the_estimator_the_run_computes_prices_its_advantages(tmp_path):
