@@ -130,7 +130,8 @@ def quality_table(res: CalibrationResult) -> Table:
                   f"{prof.fsdp_unit_s * 1e3:.2f} ms/unit x micro-batch, {prof.fsdp_tensor_s * 1e6:.0f} us/tensor "
                   f"per optimizer step, weight sync {prof.reshard_tensor_s * 1e6:.0f} us/tensor + "
                   f"{prof.reshard_byte_s * 1e9:.2f} ns/byte (busy {prof.reshard_busy:.2f}, waking "
-                  f"{prof.reshard_wake_s * 1e3:.2f} ms)", "-", "-",
+                  f"{prof.reshard_wake_s * 1e3:.2f} ms), step start {prof.train_lead_s * 1e3:.2f} ms + "
+                  f"{prof.train_lead_tensor_s * 1e6:.1f} us/tensor", "-", "-",
                   "-", f"{_pct(fq['fit_median_err'])} (fit)")
     t.caption = (f"op overhead {prof.op_overhead_s * 1e6:.2f} us; attention backend "
                  f"{prof.stamp.get('attention', '?')}; peak {prof.hardware.peak_flops / 1e9:.1f} GFLOP/s, "
