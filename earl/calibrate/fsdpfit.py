@@ -70,8 +70,8 @@ PROCS = (2, 4)  # ranks measured (the process counts `earl validate` checks)
 # a training step's start to its first collective (`timed_step`) is also timed on the tiny
 # model this deep (98 parameter tensors, as many as the held-out qwen2-27m's; the cases' 26 and
 # 50 alone put the per-tensor term's slope on a 0.1 ms difference), LEAD_REPEATS times, where
-# the ranks have a core each. 2 ranks, 2026-12-07: 0.36-0.42 ms at 26 tensors, 0.74-1.07 at 98
-# (tiny widths) and 0.90-1.13 (qwen2-27m), medians of 20
+# the ranks have a core each. 2 ranks on a 2-vCPU AMD EPYC VM, 2026-12-07: 0.36-0.42 ms at 26
+# tensors, 0.74-1.07 at 98 (tiny widths) and 0.90-1.13 (qwen2-27m), medians of 20
 LEAD_CASE = (8, 16, 96, 16384)
 LEAD_REPEATS = 12
 # The runtime's ranks reach the weight sync one after another (their training steps end apart:

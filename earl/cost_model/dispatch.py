@@ -256,15 +256,15 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
         # process's host work (calibrated alone). The window runs from the last rank's start, and
         # the ranks reach a runtime dispatch apart: the ones before it have planned and sleep in
         # their first receives (300 4-rank dispatches of the fifteen Xeon passes of 2026-12-07:
-        # in 299 at most one other rank started within 0.6 ms before the last, so no more ranks
-        # plan at once than 2 cores hold; until the thirty-eighth session this was shared over
-        # the cores as if all planned at once: x ppn / host_parallel)
+        # in 299 at most one other rank started within 0.6 ms before the last, 80 of 80 in four
+        # EPYC passes; so no more ranks plan at once than 2 cores hold; until the thirty-eighth
+        # session this was shared over the cores as if all planned at once: x ppn / host_parallel)
         br["planning"] = cm.profile.dispatch_fixed_s
         if lead_s and world > 1 and ppn > path.host_parallel:
             # the first ranks out start their next stage on the cores the last one still needs:
             # while they do `lead_s` each, ppn ranks share host_parallel cores, so the last one
             # runs at host_parallel / ppn of a core and loses lead_s x (ppn / host_parallel - 1)
-            # (4 gloo ranks on 2 cores, a dispatch followed by 0-1 ms of busy work before an
+            # (4 gloo ranks on 2 EPYC vCPUs, a dispatch followed by 0-1 ms of busy work before an
             # all-reduce: its window grew ~1 ms per ms of it up to ~1 ms, thirty-eighth session)
             br["leavers"] = lead_s * (ppn / path.host_parallel - 1.0)
     ctrl_bytes = at_ctrl if central is not None else float(tplan.metadata_bytes)
