@@ -293,10 +293,10 @@ class HardwareProfile:
     # collective (the dp all-reduce of the token counts, earl.runtime.trainer.train_step): the
     # learning rate, the mini-batch order and the model's `zero_grad`, a fixed part (`train_lead_s`)
     # and one per parameter tensor of the model (`train_lead_tensor_s`: FSDP2's DTensor
-    # parameters, 4-10 us each in six fits on a 2-vCPU AMD EPYC VM). The ranks that leave a runtime dispatch
-    # first do it on the cores the last one still needs (`CostModel.train_lead_s`, priced by
-    # earl.cost_model.dispatch where the ranks outnumber the cores). Timed by the fsdp phase on
-    # the runtime's own step; 0: not measured, s
+    # parameters, 4.3-10.5 us each in nine fits on a 2-vCPU AMD EPYC VM). The ranks that leave a
+    # runtime dispatch first do it on the cores the last one still needs (`CostModel.train_lead_s`,
+    # priced by earl.cost_model.dispatch where the ranks outnumber the cores). Timed by the fsdp
+    # phase on the runtime's own step; 0: not measured, s
     train_lead_s: float = 0.0
     train_lead_tensor_s: float = 0.0
     # the share of its wall a rank of that weight sync computes with a core of its own (CPU over
