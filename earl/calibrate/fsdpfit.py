@@ -182,7 +182,7 @@ def worker(cases, repeats: int, sync_repeats: int) -> dict:
 
 
     torch.set_num_threads(1)
-    world, rank = dist.get_world_size(), dist.get_rank()
+    world = dist.get_world_size()
     plan, roll_plan = ParallelPlan(dp=world, sharded_optimizer=True), ParallelPlan(dp=world)
     groups = build_plan_groups(plan)
     base = TrainerConfig(algo="grpo", lr=1e-5)
@@ -193,26 +193,15 @@ def worker(cases, repeats: int, sync_repeats: int) -> dict:
             spec = spec_of(layers)
             model, shapes, roll, optim = _fsdp_model(spec, plan, groups, base)
             for case in (c for c in cases if c[0] == layers):
-                _, seqs, longest, budget = case
-                trainer = Trainer(model, dataclasses.replace(base, token_budget=budget), temperature=1.0,
-                                  lockstep=groups.dp_group)
-                local = _batch(seqs, longest, spec.vocab_size).select(rank_share(seqs, world, rank))
-                times, leads = [], []
-                for i in range(repeats + 1):
-                    step_gc.step_done(i)
-                    out["probe"].append(probe.time())
-                    dist.barrier()
-                    wall, lead = timed_step(trainer, optim, local)
-                    times.append(wall)
-                    leads.append(lead)
-                out["train"][case] = times
-                out["lead"][case] = leads
+                out["train"][case], out["lead"][case] = _case_steps(model, optim, case, groups, base, repeats,
+                                                                    step_gc, probe, out["probe"])
             out["sync"][(layers, False)] = _sync_times(optim, shapes, roll, plan, roll_plan, sync_repeats,
                                                        step_gc, probe, out["probe"])
             out["wake"][(layers, False)] = _staggered_syncs(optim, shapes, roll, plan, roll_plan,
                                                             wake_repeats(sync_repeats), step_gc)
-        if world <= cores() and LEAD_CASE[0] not in depths(cases):
-            out["lead"][LEAD_CASE] = _lead_times(LEAD_CASE, plan, groups, base, LEAD_REPEATS, step_gc)
+        if world <= cores() and LEAD_CASE[0] not in depths(cases):  # one more model on every rank
+            model, _, _, optim = _fsdp_model(spec_of(LEAD_CASE[0]), plan, groups, base)
+            out["lead"][LEAD_CASE] = _case_steps(model, optim, LEAD_CASE, groups, base, LEAD_REPEATS, step_gc)[1]
         spec = spec_of(min(depths(cases)), wide=True)
         _, shapes, roll, optim = _fsdp_model(spec, plan, groups, base)
         out["sync"][(spec.num_layers, True)] = _sync_times(optim, shapes, roll, plan, roll_plan, sync_repeats,
@@ -222,22 +211,27 @@ def worker(cases, repeats: int, sync_repeats: int) -> dict:
     return out
 
 
-def _lead_times(case, plan, groups, base, repeats: int, step_gc) -> list[float]:
-    """`timed_step`'s seconds to the first collective, `repeats` + 1 times (the first a
-    warm-up), on the tiny model `case[0]` layers deep (one more model built on every rank)."""
-    layers, seqs, longest, budget = case
-    spec = spec_of(layers)
-    model, _, _, optim = _fsdp_model(spec, plan, groups, base)
+def _case_steps(model, optim, case, groups, base, repeats: int, step_gc, probe=None, probes=None
+                ) -> tuple[list[float], list[float]]:
+    """(wall seconds, seconds to the first collective) of the runtime's training step on `case`
+    (layers, sequences, longest, token budget) with `model` and `optim`, `repeats` + 1 times
+    (the first a warm-up), each after a barrier (and a host-probe reading into `probes` where
+    `probe` is given). The garbage collector runs by hand between them (`step_gc`)."""
+    _, seqs, longest, budget = case
+    world, rank = dist.get_world_size(), dist.get_rank()
     trainer = Trainer(model, dataclasses.replace(base, token_budget=budget), temperature=1.0,
                       lockstep=groups.dp_group)
-    world, rank = dist.get_world_size(), dist.get_rank()
-    local = _batch(seqs, longest, spec.vocab_size).select(rank_share(seqs, world, rank))
-    leads = []
+    local = _batch(seqs, longest, spec_of(case[0]).vocab_size).select(rank_share(seqs, world, rank))
+    times, leads = [], []
     for i in range(repeats + 1):
         step_gc.step_done(i)
+        if probe is not None:
+            probes.append(probe.time())
         dist.barrier()
-        leads.append(timed_step(trainer, optim, local)[1])
-    return leads
+        wall, lead = timed_step(trainer, optim, local)
+        times.append(wall)
+        leads.append(lead)
+    return times, leads
 
 
 def timed_step(trainer, optim, local) -> tuple[float, float]:
@@ -402,11 +396,11 @@ def price(profile: HardwareProfile, point: FsdpPoint, host_parallel: int, cases=
     """`point` with what `profile` prices for it (its FSDP host terms zeroed) and its stretch:
     the profile's host_share over the share its ranks got (measured, else theirs on an idle host
     of `host_parallel` CPUs), which at no other load is procs / host_parallel when above 1."""
+    if point.kind == "lead":  # host work of one rank's own: nothing priced without the fitted terms
+        return dataclasses.replace(point, priced_s=0.0, stretch=1.0)
     prof = dataclasses.replace(profile, **dict.fromkeys(FITTED, 0.0))
     cm = local_cost_model(prof, point.procs, spec_of(point.layers, point.wide))
     plan = ParallelPlan(dp=point.procs, sharded_optimizer=True)
-    if point.kind == "lead":  # host work of one rank's own: nothing priced without the fitted terms
-        return dataclasses.replace(point, priced_s=0.0, stretch=1.0)
     if point.kind in ("sync", "wake"):
         priced = cm.reshard(plan, ParallelPlan(dp=point.procs), fsdp=True).time_s
     else:

@@ -82,6 +82,13 @@ class Estimate:
         }
 
 
+def runs_fsdp2(plan: ParallelPlan, fsdp: bool) -> bool:
+    """Whether a training plan is priced as the PyTorch runtime's FSDP2 path: asked for (`fsdp`)
+    and a `zero` plan with dp > 1, as earl.runtime.parallelize.uses_fsdp decides (the cost
+    model stays free of torch)."""
+    return fsdp and plan.sharded_optimizer and plan.dp > 1
+
+
 def _infeasible(stage: str, plan: ParallelPlan, mem: MemoryBreakdown, gpus: int, what: str) -> Estimate:
     gib = 2**30
     reason = (f"{what}: needs {mem.total / gib:.1f} GiB per GPU > {mem.capacity / gib:.1f} GiB "
@@ -139,7 +146,7 @@ class CostModel:
         prices it) or the profile never measured it. What the ranks that leave a runtime
         dispatch first do on the cores the last one still needs (earl.cost_model.dispatch)."""
         prof = self.profile
-        if not (fsdp and plan.sharded_optimizer and plan.dp > 1):
+        if not runs_fsdp2(plan, fsdp):
             return 0.0
         return prof.train_lead_s + prof.train_lead_tensor_s * math.ceil(param_tensors(self.model) / plan.pp)
 
@@ -507,7 +514,7 @@ class CostModel:
                 + self.profile.train_token_s * tokens)
         p_local = memory.params_per_gpu(self.model, plan)
         fsdp_c = fsdp_host = step_coll = 0.0
-        sharded_weights = fsdp and plan.sharded_optimizer and plan.dp > 1
+        sharded_weights = runs_fsdp2(plan, fsdp)
         if sharded_weights:  # one FSDP unit per layer + the root (embeddings, final norm, head)
             units = layers + 1
             unit_bytes = p_local / units * self.model.dtype_bytes
@@ -688,7 +695,7 @@ class CostModel:
         # FSDP2 weights leaving the training layout: all-gathers over dp of the fp32 shards, one
         # per bucket of consecutive tensors (earl.runtime.optim.FSDPAdamW.weights, sync_buckets)
         gather = host = 0.0
-        if fsdp and src.sharded_optimizer and src.dp > 1 and not include_optimizer:
+        if runs_fsdp2(src, fsdp) and not include_optimizer:
             tensors, whole = fsdp_sync_counts(self.model, src.tp, src.pp)
             # buckets by bytes: a tensor larger than a bucket, gathered alone, counts as its bytes' worth
             buckets = min(tensors, max(1, math.ceil(whole / src.dp / SYNC_BUCKET_BYTES)))
