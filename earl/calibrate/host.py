@@ -92,13 +92,15 @@ def local_cost_model(profile: HardwareProfile, nproc: int, spec: ModelSpec | Non
     return CostModel(spec or MODEL_CATALOG["tiny"], local_cluster(profile, nproc), profile)
 
 
-def random_checkpoint(name: str, directory: Path, dtype: str, device: str = "cpu") -> Path:
-    """A random-initialised HF checkpoint of a catalog model's shapes (no weights downloaded),
-    with the runtime's built-in tokenizer, so the runtime can load a real-size model. The
-    weights are initialised on `device` (a GPU does a 1.5B model in a second)."""
+def random_checkpoint(name: str | ModelSpec, directory: Path, dtype: str, device: str = "cpu") -> Path:
+    """A random-initialised HF checkpoint of a catalog model's shapes, or of a `ModelSpec`'s (no
+    weights downloaded), with the runtime's built-in tokenizer, so the runtime can load a
+    real-size model. The weights are initialised on `device` (a GPU does a 1.5B model in a
+    second)."""
     if (directory / "config.json").is_file():
         return directory
-    spec = MODEL_CATALOG[name]
+    spec = MODEL_CATALOG[name] if isinstance(name, str) else name
+    name = spec.name
     cfg = hf_config_from_spec(spec, dtype)
     with torch.random.fork_rng(devices=[]), torch.device(device):
         torch.manual_seed(0)

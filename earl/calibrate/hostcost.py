@@ -61,11 +61,16 @@ CASES = {
     "cuda": {"model": "qwen2.5-0.5b", "steps": ((8, 256, 1), (32, 512, 1), (16, 1024, 1), (64, 256, 1)),
              "depths": (6, 12, 24)},
 }
-# bytes streamed (read and written) before the experience stage's cold run: more than a core's L2
-# and a VM's share of the last-level cache, as a rollout of a model larger than the caches streams
-# its weights every decode step (the stage ran 2.4-2.6x its warm time after 64-128 MB of copies or
-# GEMM weights on the 2-core Xeon VM, thirty-first session)
-COLD_FLUSH_BYTES = 64 << 20
+# the model whose rollout precedes the experience stage's cold run (CPU): the calibration model's
+# family widened to 17.7M parameters, 68 MiB of fp32 weights, more than a core's L2 and a VM's
+# share of the last-level cache, so every decode step streams them through the caches as a larger
+# model's rollout does in `earl run`. A real rollout, not a synthetic flush: streaming 64 MiB
+# through a tensor priced the stage after it x1.17-1.46 on a 2-vCPU AMD EPYC VM, where after this
+# rollout, as after qwen2-27m's, it ran x1.07-1.12 (the runtime's decode steps keep touching the
+# host state the stage reads; docs/fidelity.md, thirty-ninth session); on the Xeon VM of sessions
+# 29-37 the flush's x1.35 matched the held-out runtime's
+COLD_MODEL = dataclasses.replace(MODEL_CATALOG["tiny"], name="tiny-cold", num_layers=4, hidden_size=640,
+                                 num_heads=10, num_kv_heads=2, head_dim=64, ffn_hidden=1792)
 REPS = 6  # timed repetitions of each case (after one warm-up); rollouts alternate engine batching
 GROUP = 4  # episodes per synthetic GRPO group
 ROLLOUT_ENV = "tic-tac-toe"  # the environment of the replayed rollouts (the runtime's default)
@@ -94,7 +99,7 @@ class HostCostFit:
     rollout_fixed_s: float = 0.0
     rollout_batch_s: float = 0.0
     rollout_episode_s: float = 0.0
-    host_cold_factor: float = 1.0  # the experience stage after COLD_FLUSH_BYTES over its time after the rollout
+    host_cold_factor: float = 1.0  # the experience stage after COLD_MODEL's rollout over its time after the rollout
     host_cache_bytes: float = 0.0  # the per-core (L2) cache the OS reports, 0: unknown
     host_spread: float = 0.0  # the hand-off and batch's robust spread over repetitions (`spread`)
     points: dict = field(default_factory=dict)  # part -> [{"label", "measured_s", "explained_s"}]
@@ -128,12 +133,6 @@ def spread(times: list[float]) -> float:
         return 0.0
     m = statistics.median(times)
     return 1.4826 * statistics.median(abs(t - m) for t in times) / m if m > 0 else 0.0
-
-
-def flush_caches(buf: torch.Tensor) -> None:
-    """Read and write every byte of `buf` (a CPU tensor of COLD_FLUSH_BYTES): what caches held
-    before is evicted, as a large model's decode step evicts it."""
-    buf.add_(1.0)
 
 
 def synthetic_trajectories(n: int, length: int, vocab: int, gen: torch.Generator):
@@ -260,7 +259,12 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
         # one per round (the first round warms up): each case's median then comes from the same
         # stretch of the host's time, not from a spell of its own (earl.calibrate.timing.
         # time_host_interleaved; the fits below split the cases' times into fixed parts and slopes)
-        flush = torch.zeros(COLD_FLUSH_BYTES // 4) if device.type == "cpu" else None
+        cold = None  # the cold run's rollout: COLD_MODEL's (CPU only: a GPU's decode steps stream
+        if device.type == "cpu":  # its weights through the GPU's caches, not the host's)
+            cold_path = random_checkpoint(COLD_MODEL, Path(tmp) / "cold", dtype_name, device.type)
+            cold = Worker(dataclasses.replace(run_cfg, model=dataclasses.replace(run_cfg.model, path=str(cold_path)),
+                                              groups=2, group_size=GROUP),
+                          StagePlan(rollout=ONE, experience=ONE, train=ONE), rank=0, world=1)
         cold_ratios, spreads = [], []
         todo = []
         for n, length, ranks in cases["steps"]:
@@ -305,11 +309,12 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
             spans = {sp.name: sp.duration_s for sp in wk.spans}
             disp_share = spans["layout-aware"] / max(spans["layout-aware"] + spans["train_step"], 1e-12)
             wk.spans = []
-            # the experience stage once more, right after streaming COLD_FLUSH_BYTES: what it costs
-            # after the rollout of a model larger than the caches (host_cold_factor; CPU only: a
-            # GPU's decode steps stream its weights through the GPU's caches, not the host's)
-            if flush is not None:
-                flush_caches(flush)
+            # the experience stage once more, right after a rollout of COLD_MODEL: what it costs
+            # after the rollout of a model larger than the caches (host_cold_factor)
+            if cold is not None:
+                _, t_cold_ro = _timed(lambda r=rep: play(cold, r + 1), device)
+                cold.spans = []
+                parts.setdefault("rollout_cold", []).append(t_cold_ro)
                 (store, layout, _), t_cold = _timed(lambda w=wk, tr=trajs, sa=samples, me=meta: prepare_experience(
                     w, ctx, 1, tr, sa, me), device)
                 train(wk, ctx, 1, store, layout, samples, meta)  # untimed: the next rollout meets what a step leaves
@@ -351,6 +356,8 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
             if "experience_cold" in med:
                 note("experience_cold", f"n={n} tokens={tokens}", med["experience_cold"], med["experience_warm"])
                 cold_ratios.append(med["experience_cold"] / max(med["experience_warm"], 1e-12))
+                note("rollout_cold", f"{COLD_MODEL.name} {COLD_MODEL.num_params * spec.dtype_bytes / 2**20:.0f} MiB "
+                     f"n={2 * GROUP}", med["rollout_cold"])
             exp_rows.append([1.0, n, tokens])  # batch building has a fixed part: 0.4 ms at n=2 here
             exp_y.append(med["experience"])
             note("experience", f"n={n} tokens={tokens}", med["experience"])

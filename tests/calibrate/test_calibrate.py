@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from earl.calibrate import current_stamp, run_calibration
+from earl.calibrate import current_stamp, hostcost, run_calibration
 from earl.cli import app
 from earl.cost_model import CostModel
 from earl.cost_model.profile import check_stamp, load_profile
@@ -68,9 +68,14 @@ def test_tiny_calibration_writes_a_loadable_stamped_profile(calibration, tmp_pat
     assert loaded.handoff_fixed_s + loaded.handoff_seq_s + loaded.handoff_token_s > 0
     assert {"optimizer", "experience", "logprob", "train", "dispatch", "rollout", "handoff"} <= set(
         loaded.fit_quality["host_costs"]["points"])
-    # the experience stage run again after the cache flush, once per case: the factor is the
-    # median of the cases' cold / warm times (their ratios recorded as measured / explained)
+    # the experience stage run again after a rollout of a model past the caches, once per case:
+    # the factor is the median of the cases' cold / warm times (their ratios recorded as measured
+    # / explained)
     cold = loaded.fit_quality["host_costs"]["points"]["experience_cold"]
+    cold_rollouts = loaded.fit_quality["host_costs"]["points"]["rollout_cold"]
+    assert len(cold_rollouts) == len(cold) and all(p["measured_s"] > 0 for p in cold_rollouts)
+    assert cold_rollouts[0]["label"].startswith("tiny-cold 68 MiB")
+    assert hostcost.COLD_MODEL.num_params * 4 > max(64 << 20, loaded.host_cache_bytes)
     assert len(cold) == len(loaded.fit_quality["host_costs"]["points"]["handoff"])
     ratios = sorted(p["measured_s"] / p["explained_s"] for p in cold)
     assert loaded.host_cold_factor == pytest.approx(max(0.5, statistics.median(ratios)), abs=1e-3)
