@@ -257,9 +257,11 @@ class HardwareProfile:
     # experience batch's host terms above are measured after a small model's rollout and cost
     # `host_cold_factor` x as much once a rank's rollout weights exceed `host_cache_bytes` (the
     # per-core cache, L2, `earl calibrate` reads from the OS). The factor is measured by `earl
-    # calibrate` on the same stage code run again after streaming COLD_FLUSH_BYTES
-    # (earl.calibrate.hostcost; CPU hosts only: a GPU's decode steps stream its weights through the
-    # GPU's caches). 1 / 0: never cold (datasheets, GPU calibrations, profiles before it)
+    # calibrate` on the same stage code run again right after a rollout of a 68 MiB model
+    # (earl.calibrate.hostcost.COLD_MODEL; until the thirty-ninth session after streaming 64 MiB
+    # through a tensor, which over-stated it on an AMD EPYC VM; CPU hosts only: a GPU's decode
+    # steps stream its weights through the GPU's caches). 1 / 0: never cold (datasheets, GPU
+    # calibrations, profiles before it)
     host_cold_factor: float = 1.0
     host_cache_bytes: float = 0.0
     # the spread of that host work from one run to the next (a robust coefficient of variation:
