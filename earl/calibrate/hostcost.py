@@ -66,9 +66,10 @@ CASES = {
 # share of the last-level cache, so every decode step streams them through the caches as a larger
 # model's rollout does in `earl run`. A real rollout, not a synthetic flush: streaming 64 MiB
 # through a tensor priced the stage after it x1.17-1.46 on a 2-vCPU AMD EPYC VM, where after this
-# rollout, as after qwen2-27m's, it ran x1.07-1.12 (the runtime's decode steps keep touching the
-# host state the stage reads; docs/fidelity.md, thirty-ninth session); on the Xeon VM of sessions
-# 29-37 the flush's x1.35 matched the held-out runtime's
+# rollout, as after qwen2-27m's, it ran x1.07-1.12 (docs/fidelity.md, thirty-ninth session; why
+# is not measured: a decode step touches the engine's and the episodes' host state between its
+# weight reads, a flush touches none of it); on the Xeon VM of sessions 29-37 the flush's x1.35
+# matched the held-out runtime's
 COLD_MODEL = dataclasses.replace(MODEL_CATALOG["tiny"], name="tiny-cold", num_layers=4, hidden_size=640,
                                  num_heads=10, num_kv_heads=2, head_dim=64, ffn_hidden=1792)
 REPS = 6  # timed repetitions of each case (after one warm-up); rollouts alternate engine batching
