@@ -193,15 +193,17 @@ def worker(cases, repeats: int, sync_repeats: int) -> dict:
             spec = spec_of(layers)
             model, shapes, roll, optim = _fsdp_model(spec, plan, groups, base)
             for case in (c for c in cases if c[0] == layers):
-                out["train"][case], out["lead"][case] = _case_steps(model, optim, case, groups, base, repeats,
-                                                                    step_gc, probe, out["probe"])
+                out["train"][case], out["lead"][case] = _case_steps(model, optim, case, spec.vocab_size, groups,
+                                                                    base, repeats, step_gc, probe, out["probe"])
             out["sync"][(layers, False)] = _sync_times(optim, shapes, roll, plan, roll_plan, sync_repeats,
                                                        step_gc, probe, out["probe"])
             out["wake"][(layers, False)] = _staggered_syncs(optim, shapes, roll, plan, roll_plan,
                                                             wake_repeats(sync_repeats), step_gc)
         if world <= cores() and LEAD_CASE[0] not in depths(cases):  # one more model on every rank
-            model, _, _, optim = _fsdp_model(spec_of(LEAD_CASE[0]), plan, groups, base)
-            out["lead"][LEAD_CASE] = _case_steps(model, optim, LEAD_CASE, groups, base, LEAD_REPEATS, step_gc)[1]
+            lead_spec = spec_of(LEAD_CASE[0])
+            model, _, _, optim = _fsdp_model(lead_spec, plan, groups, base)
+            out["lead"][LEAD_CASE] = _case_steps(model, optim, LEAD_CASE, lead_spec.vocab_size, groups, base,
+                                                 LEAD_REPEATS, step_gc)[1]
         spec = spec_of(min(depths(cases)), wide=True)
         _, shapes, roll, optim = _fsdp_model(spec, plan, groups, base)
         out["sync"][(spec.num_layers, True)] = _sync_times(optim, shapes, roll, plan, roll_plan, sync_repeats,
@@ -211,17 +213,17 @@ def worker(cases, repeats: int, sync_repeats: int) -> dict:
     return out
 
 
-def _case_steps(model, optim, case, groups, base, repeats: int, step_gc, probe=None, probes=None
+def _case_steps(model, optim, case, vocab: int, groups, base, repeats: int, step_gc, probe=None, probes=None
                 ) -> tuple[list[float], list[float]]:
     """(wall seconds, seconds to the first collective) of the runtime's training step on `case`
-    (layers, sequences, longest, token budget) with `model` and `optim`, `repeats` + 1 times
+    (layers, sequences, longest, token budget) with `model` (of `vocab` tokens) and `optim`, `repeats` + 1 times
     (the first a warm-up), each after a barrier (and a host-probe reading into `probes` where
     `probe` is given). The garbage collector runs by hand between them (`step_gc`)."""
     _, seqs, longest, budget = case
     world, rank = dist.get_world_size(), dist.get_rank()
     trainer = Trainer(model, dataclasses.replace(base, token_budget=budget), temperature=1.0,
                       lockstep=groups.dp_group)
-    local = _batch(seqs, longest, spec_of(case[0]).vocab_size).select(rank_share(seqs, world, rank))
+    local = _batch(seqs, longest, vocab).select(rank_share(seqs, world, rank))
     times, leads = [], []
     for i in range(repeats + 1):
         step_gc.step_done(i)

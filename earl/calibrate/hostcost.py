@@ -358,7 +358,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
                 note("experience_cold", f"n={n} tokens={tokens}", med["experience_cold"], med["experience_warm"])
                 cold_ratios.append(med["experience_cold"] / max(med["experience_warm"], 1e-12))
                 note("rollout_cold", f"{COLD_MODEL.name} {COLD_MODEL.num_params * spec.dtype_bytes / 2**20:.0f} MiB "
-                     f"n={2 * GROUP}", med["rollout_cold"])
+                     f"n={cold.cfg.episodes_per_step}", med["rollout_cold"])
             exp_rows.append([1.0, n, tokens])  # batch building has a fixed part: 0.4 ms at n=2 here
             exp_y.append(med["experience"])
             note("experience", f"n={n} tokens={tokens}", med["experience"])

@@ -75,6 +75,7 @@ def test_tiny_calibration_writes_a_loadable_stamped_profile(calibration, tmp_pat
     cold_rollouts = loaded.fit_quality["host_costs"]["points"]["rollout_cold"]
     assert len(cold_rollouts) == len(cold) and all(p["measured_s"] > 0 for p in cold_rollouts)
     assert cold_rollouts[0]["label"].startswith("tiny-cold 68 MiB")
+    assert cold_rollouts[0]["label"].endswith(f"n={2 * hostcost.GROUP}")  # the cold worker's episodes
     assert hostcost.COLD_MODEL.num_params * 4 > max(64 << 20, loaded.host_cache_bytes)
     assert len(cold) == len(loaded.fit_quality["host_costs"]["points"]["handoff"])
     ratios = sorted(p["measured_s"] / p["explained_s"] for p in cold)
