@@ -137,6 +137,22 @@ class CostModel:
         spread = self.profile.host_spread
         return 1.0 + spread * expected_max_normal(ranks) if spread and ranks > 1 else 1.0
 
+    def collate_s(self, seqs: float, tokens: float) -> float:
+        """Host seconds one rank spends collating `seqs` sequences of `tokens` tokens in all into
+        its padded batch (earl.runtime.step.padded_batch): the profile's `experience_*` terms,
+        which `earl calibrate` fits on the experience stage's batch building (0 on datasheets)."""
+        prof = self.profile
+        return prof.experience_fixed_s + prof.experience_seq_s * seqs + prof.experience_token_s * tokens
+
+    def dispatch_lead_s(self, plan: ParallelPlan, seqs: int, tokens: float, fsdp: bool = False) -> float:
+        """Host seconds each rank does after it leaves the training dispatch of `seqs` sequences
+        (`tokens` in all) to `plan`, before its training step's first collective: it collates its
+        share into its padded batch (`collate_s`; earl.runtime.step.train, outside every stage's
+        span) and starts the step (`train_lead_s`). The `lead_s` of the dispatch's price: where
+        ranks outnumber cores, the ranks that leave first spend it on the cores the last one
+        still needs (earl.cost_model.dispatch, `leavers`)."""
+        return self.collate_s(math.ceil(seqs / plan.dp), tokens / plan.dp) + self.train_lead_s(plan, fsdp)
+
     def train_lead_s(self, plan: ParallelPlan, fsdp: bool = False) -> float:
         """Host seconds a rank spends in an FSDP2 training step under `plan` before the step's
         first collective (earl.runtime.trainer.train_step: the learning rate, the mini-batch
@@ -644,10 +660,8 @@ class CostModel:
         if stage == "train":
             once = last.breakdown["dp_grad_sync"] + last.breakdown["optimizer"] + last.breakdown["step_collectives"]
         else:  # each dp group collates its share of the sequences (calibrated; 0 on datasheets)
-            prof = self.profile
-            once = (prof.experience_fixed_s + prof.experience_seq_s * -(-len(ctx) // plan.dp)
-                    + prof.experience_token_s * sum(ctx) / plan.dp * imbalance) * self.host_cold_factor(plan) \
-                * self.slowest_of(plan.world_size)
+            once = self.collate_s(-(-len(ctx) // plan.dp), sum(ctx) / plan.dp * imbalance) \
+                * self.host_cold_factor(plan) * self.slowest_of(plan.world_size)
         t = passes * (stream * imbalance + fill + p2p) + once
         mem = self.memory(stage, plan, len(ctx), ctx[-1])
         return Estimate(stage=stage, time_s=t, feasible=mem.fits, reason="" if mem.fits else "longest sequence",

@@ -550,7 +550,7 @@ class Simulation:
                                       world=max(src.world_size, dst.world_size), plan=dst,
                                       cold=self.sc.logprob_passes > 0, estimator=self.estimator,
                                       host_factor=self.cm.host_cold_factor(src),  # as `_dispatch`
-                                      lead_s=self.cm.train_lead_s(dst, self.fsdp))
+                                      lead_s=self.cm.dispatch_lead_s(dst, n, n * context, self.fsdp))
             self._what_if[(key, context)] = est.time_s, float(est.extras.get("moved_bytes", 0))
         return self._what_if[(key, context)]
 
@@ -628,7 +628,8 @@ class Simulation:
                                   cold=self.sc.logprob_passes > 0 or not self._handoff_waited,
                                   estimator=self.estimator,
                                   host_factor=self.cm.host_cold_factor(ex),  # after the rollout, cold
-                                  lead_s=self.cm.train_lead_s(tr, self.fsdp))  # the training step's start
+                                  # its share's batch and the training step's start
+                                  lead_s=self.cm.dispatch_lead_s(tr, len(samples), int(kept_tok.sum()), self.fsdp))
         self.events += 1
         yield self.env.timeout(est.time_s)
         self.span(f"dispatch ({tplan.kind})", "dispatch", tplan.controller, t0, self.env.now, step,

@@ -296,6 +296,24 @@ def test_a_training_steps_start_is_a_fixed_part_and_one_per_parameter_tensor():
     assert fsdpfit.local_cost_model(PROF, 4, spec).train_lead_s(zero, fsdp=True) == PROF.train_lead_s == 0.0
 
 
+def test_a_rank_leaving_the_training_dispatch_collates_its_share_then_starts_the_step():
+    """`CostModel.dispatch_lead_s`: the rank's share of the batch collated at the profile's
+    `experience_*` terms (fixed, per sequence of its share, per token of its share) and the
+    training step's start (`train_lead_s`, FSDP2 only); the share is ceil(seqs / dp) sequences
+    and tokens / dp tokens. Datasheet profiles carry none of it."""
+    prof = dataclasses.replace(PROF, train_lead_s=3e-4, train_lead_tensor_s=6e-6, experience_fixed_s=2e-4,
+                               experience_seq_s=1e-5, experience_token_s=1e-7)
+    spec = MODEL_CATALOG["tiny"]
+    cm = fsdpfit.local_cost_model(prof, 4, spec)
+    zero = ParallelPlan(dp=4, sharded_optimizer=True)
+    collate = 2e-4 + 5 * 1e-5 + 1000 / 4 * 1e-7  # 18 sequences over dp 4: 5 on the busiest rank
+    assert cm.collate_s(5, 250) == pytest.approx(collate)
+    assert cm.dispatch_lead_s(zero, 18, 1000, fsdp=True) == pytest.approx(collate + cm.train_lead_s(zero, fsdp=True))
+    assert cm.dispatch_lead_s(ParallelPlan(dp=4), 18, 1000) == pytest.approx(collate)  # no FSDP2 start
+    sheet = CostModel(spec, cm.cluster, load_profile("h100-sxm-80gb"))
+    assert sheet.dispatch_lead_s(zero, 18, 1000, fsdp=True) == 0.0
+
+
 def test_the_start_is_fitted_where_ranks_have_a_core_each():
     """Lead points (a step's start to its first collective, one rank's own work) fit the fixed
     and per-tensor terms from the points whose ranks fit the cores; those beyond them (ranks

@@ -284,3 +284,25 @@ def test_the_training_dispatch_starts_warm_only_right_after_a_hand_off_that_ran_
         assert ("cold_start" in s.args["breakdown_s"]) == cold
         if cold:
             assert s.args["breakdown_s"]["cold_start"] > 0
+
+
+def test_the_ranks_leaving_the_training_dispatch_first_collate_their_batch_on_the_last_ones_cores():
+    """The training dispatch's `leavers`: each rank that leaves it collates its share into its
+    padded batch before its training step (`CostModel.dispatch_lead_s`); where the node's ranks
+    outnumber its cores the last one loses that x (ranks / cores - 1). A fixed collation cost F
+    on 8 ranks of 2 cores: 3 F; a per-sequence one adds to it; none where every rank has a core."""
+    sc = load_scenario("connect-four-small", small(scenario__steps=2))
+
+    def leavers(host_parallel: int, **collate) -> list[float]:
+        sim = Simulation(sc, "static", "layout-aware", handoff=True, train_placement="balanced")
+        prof = sim.cm.profile
+        sim.cm = sim.cm.with_profile(dataclasses.replace(
+            prof, dispatch_path=dataclasses.replace(prof.dispatch_path, host_parallel=host_parallel),
+            **{"experience_fixed_s": 0.0, "experience_seq_s": 0.0, "experience_token_s": 0.0, **collate}))
+        sim.run()
+        return [s.args["breakdown_s"].get("leavers", 0.0) for s in sim.spans if s.stage == "dispatch"]
+
+    fixed = leavers(2, experience_fixed_s=4e-4)
+    assert fixed and all(x == pytest.approx(3 * 4e-4) for x in fixed)
+    assert all(a > b for a, b in zip(leavers(2, experience_fixed_s=4e-4, experience_seq_s=1e-5), fixed, strict=True))
+    assert set(leavers(8, experience_fixed_s=4e-4)) == {0.0} and set(leavers(2)) == {0.0}
