@@ -161,7 +161,8 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
     caches cannot hold), and on a CPU host on the executor's own work (its phases and the
     advantages) where it waits; its rounds and wake-ups are waits and keep their price.
     `lead_s`: host seconds each rank does after it leaves the dispatch before its next
-    collective (a runtime training dispatch: the FSDP2 step's start, `CostModel.train_lead_s`);
+    collective (a runtime training dispatch: its share of the batch collated, then the FSDP2
+    step's start, `CostModel.dispatch_lead_s`);
     with the control plane, where the node's ranks outnumber its cores, the ranks that leave
     first do it on the cores the last one still needs (`leavers` in the breakdown)."""
     if not advantages:

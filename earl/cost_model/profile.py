@@ -238,6 +238,8 @@ class HardwareProfile:
     experience_fixed_s: float = 0.0  # experience stage: fixed per rank (its batch's tensors allocated)
     experience_seq_s: float = 0.0  # experience stage: per sequence (collating, advantages)
     experience_token_s: float = 0.0  # experience stage: per token (padded tensors built on the host)
+    # (the three also price the batch each rank collates after the training dispatch:
+    # CostModel.collate_s, part of the dispatch's `leavers` lead)
     dispatch_fixed_s: float = 0.0  # a dispatch's host work: planning and executing it, fixed
     # (per sample, dispatch_seq_s prices the one-process path, where the runtime re-orders rows in
     # place; across processes dispatch_path's per-piece and per-sample terms price the executor)
