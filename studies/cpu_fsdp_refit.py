@@ -21,21 +21,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from earl.calibrate.fsdpfit import FsdpPoint, fit_fsdp_costs  # noqa: E402
+from earl.calibrate.fsdpfit import STAGGER_S, FsdpPoint, fit_fsdp_costs, spec_of, sync_counts  # noqa: E402
 from earl.cost_model.profile import load_profile  # noqa: E402
 
 
 def points(quality: dict) -> list[FsdpPoint]:
-    """The recorded points of a profile's fsdp fit (its `fit_quality["fsdp"]`)."""
+    """The recorded points of a profile's fsdp fit (its `fit_quality["fsdp"]`), a weight sync's
+    counted quantities as the current fit counts them (`fsdpfit.sync_counts`: the fits before the
+    forty-first session counted no fixed part and no shard bytes)."""
     out = []
     for r in quality["points"]:
-        lab = r["label"]
-        if r["kind"] == "train":  # "2L 16x96 budget 192"
+        lab, counts = r["label"], r["counts"]
+        if r["kind"] in ("train", "lead"):  # "2L 16x96 budget 192[ start]"
             layers, wide = int(lab.split("L")[0]), False
-        else:  # "weight sync 2 layers[ wide]"
-            layers, wide = int(lab.split()[2]), lab.endswith(" wide")
+        else:  # "weight sync 2 layers[ wide][ staggered]"
+            layers, wide = int(lab.split()[2]), " wide" in lab
+            counts = sync_counts(spec_of(layers, wide), r["procs"])
+        # a staggered sync's ranks arrived STAGGER_S apart (their measured leads are not recorded)
+        leads = tuple(STAGGER_S * i for i in range(r["procs"])) if r["kind"] == "wake" else ()
         out.append(FsdpPoint(kind=r["kind"], procs=r["procs"], layers=layers, wide=wide, label=lab,
-                             measured_s=r["measured_s"], counts=r["counts"], share=r["share"]))
+                             measured_s=r["measured_s"], counts=counts, share=r["share"], leads=leads))
     return out
 
 

@@ -1,5 +1,6 @@
 """Fit the host costs of the multi-process runtime's FSDP2 path (calibration phase "fsdp"):
-`HardwareProfile.fsdp_unit_s`, `fsdp_tensor_s`, `reshard_tensor_s`, `reshard_byte_s`, the
+`HardwareProfile.fsdp_unit_s`, `fsdp_tensor_s`, `reshard_fixed_s`, `reshard_tensor_s`,
+`reshard_byte_s`, `reshard_shard_byte_s`, the
 weight sync's busy share `reshard_busy`, its wake-up term `reshard_wake_s`, and a training
 step's start before its first collective (`train_lead_s`, `train_lead_tensor_s`).
 
@@ -56,7 +57,8 @@ TRAIN_CASES: tuple[tuple[int, int, int, int], ...] = ((2, 16, 96, 16384), (2, 16
 # a small budget: the tiny model at 1 and 4 micro-batches per rank, 2 ranks, 2 repeats
 QUICK_CASES = (TRAIN_CASES[0], TRAIN_CASES[2])
 # the profile fields each kind of point fits
-FIELDS = {"train": ("fsdp_unit_s", "fsdp_tensor_s"), "sync": ("reshard_tensor_s", "reshard_byte_s"),
+FIELDS = {"train": ("fsdp_unit_s", "fsdp_tensor_s"),
+          "sync": ("reshard_fixed_s", "reshard_tensor_s", "reshard_byte_s", "reshard_shard_byte_s"),
           "lead": ("train_lead_s", "train_lead_tensor_s")}
 FITTED = tuple(f for names in FIELDS.values() for f in names)
 # the weight sync is also timed on a wider model (sync only): the same 26 tensors at ~32x the
@@ -163,11 +165,13 @@ def spec_of(layers: int, wide: bool = False):
     return dataclasses.replace(MODEL_CATALOG[MODEL], num_layers=layers, **(WIDE if wide else {}))
 
 
-def sync_counts(spec) -> dict[str, float]:
-    """A weight sync's counted quantities: the parameter tensors a rank gathers and their bytes
-    (its tp shard, gathered whole: earl.cost_model.model.CostModel.reshard)."""
+def sync_counts(spec, procs: int) -> dict[str, float]:
+    """A weight sync's counted quantities on `procs` ranks: the sync itself, the parameter
+    tensors a rank gathers, their bytes (its tp shard, gathered whole) and those of its own
+    shard (over the ranks: earl.cost_model.model.CostModel.reshard)."""
     tensors, whole = fsdp_sync_counts(spec)
-    return {"reshard_tensor_s": tensors, "reshard_byte_s": whole}
+    return {"reshard_fixed_s": 1, "reshard_tensor_s": tensors, "reshard_byte_s": whole,
+            "reshard_shard_byte_s": whole / procs}
 
 
 def depths(cases) -> list[int]:
@@ -372,7 +376,7 @@ def measure(procs=PROCS, cases=TRAIN_CASES, repeats: int = REPEATS, sync_repeats
             runs = [r["sync"][key] for r in res]  # per rank: (wall, CPU) per repeat
             points.append(FsdpPoint(kind="sync", procs=n, layers=layers, wide=wide,
                                     label=f"weight sync {layers} layers{' wide' if wide else ''}",
-                                    share=load.share(), probe_s=probe_s, counts=sync_counts(spec_of(layers, wide)),
+                                    share=load.share(), probe_s=probe_s, counts=sync_counts(spec_of(layers, wide), n),
                                     measured_s=per_repeat([[t for t, _ in run] for run in runs], min),
                                     busy=statistics.median(c / t for run in runs for t, c in run[1:])))
         for key in res[0].get("wake", {}):
@@ -380,7 +384,7 @@ def measure(procs=PROCS, cases=TRAIN_CASES, repeats: int = REPEATS, sync_repeats
             window, leads = staggered_window([r["wake"][key] for r in res])
             points.append(FsdpPoint(kind="wake", procs=n, layers=layers, wide=wide,
                                     label=f"weight sync {layers} layers{' wide' if wide else ''} staggered",
-                                    share=load.share(), probe_s=probe_s, counts=sync_counts(spec_of(layers, wide)),
+                                    share=load.share(), probe_s=probe_s, counts=sync_counts(spec_of(layers, wide), n),
                                     measured_s=window, leads=leads))
     return points
 

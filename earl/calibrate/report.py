@@ -128,8 +128,10 @@ def quality_table(res: CalibrationResult) -> Table:
     if fq:
         t.add_row("FSDP2 host costs (gloo)", f"{len(fq['points'])} points",
                   f"{prof.fsdp_unit_s * 1e3:.2f} ms/unit x micro-batch, {prof.fsdp_tensor_s * 1e6:.0f} us/tensor "
-                  f"per optimizer step, weight sync {prof.reshard_tensor_s * 1e6:.0f} us/tensor + "
-                  f"{prof.reshard_byte_s * 1e9:.2f} ns/byte (busy {prof.reshard_busy:.2f}, waking "
+                  f"per optimizer step, weight sync {prof.reshard_fixed_s * 1e3:.2f} ms + "
+                  f"{prof.reshard_tensor_s * 1e6:.0f} us/tensor + "
+                  f"{prof.reshard_byte_s * 1e9:.2f} ns/byte + {prof.reshard_shard_byte_s * 1e9:.2f} ns/shard byte "
+                  f"(busy {prof.reshard_busy:.2f}, waking "
                   f"{prof.reshard_wake_s * 1e3:.2f} ms), step start {prof.train_lead_s * 1e3:.2f} ms + "
                   f"{prof.train_lead_tensor_s * 1e6:.1f} us/tensor", "-", "-",
                   "-", f"{_pct(fq['fit_median_err'])} (fit)")

@@ -723,10 +723,12 @@ class CostModel:
                 dp_link = dataclasses.replace(dp_link, alpha_s=0.0)
             share = comm.bytes_group(self.cluster, self.profile, src.dp, src.model_parallel)
             gather = buckets * (comm.allgather_s(whole / buckets, src.dp, dp_link, share) + rnd)
-            # + per tensor gathered and per byte of it: slicing it out of its bucket, the
-            # concatenation, the cast and the copy into the destination (calibrated on the weight
-            # sync itself: earl.calibrate.fsdpfit)
-            host = tensors * self.profile.reshard_tensor_s + whole * self.profile.reshard_byte_s
+            # + once per sync, per tensor gathered, per byte of it and per byte of the rank's own
+            # shard: packing the shard, slicing each tensor out of its bucket, the concatenation,
+            # the cast and the copy into the destination (calibrated on the weight sync itself:
+            # earl.calibrate.fsdpfit)
+            host = (self.profile.reshard_fixed_s + tensors * self.profile.reshard_tensor_s
+                    + whole * self.profile.reshard_byte_s + whole / src.dp * self.profile.reshard_shard_byte_s)
         wake = self.sync_wake_s(src) if asleep and gather else 0.0
         moved = worst * world
         return Estimate(stage="reshard", time_s=t + gather + host + wake, feasible=True, gpus=world, plan=dst,

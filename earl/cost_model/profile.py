@@ -285,6 +285,14 @@ class HardwareProfile:
     # into the bucket, slicing it out, the concatenation, cast and copy into the destination), s
     reshard_byte_s: float = 0.0  # ... and per byte of the fp32 shards a rank gathers (the same work's
     # per-byte part: copies, the cast, the gather's bytes beyond the link's price), s/byte
+    reshard_shard_byte_s: float = 0.0  # ... and per byte of the rank's own fp32 shard (whole / dp:
+    # packing it into its buckets), s/byte
+    reshard_fixed_s: float = 0.0  # ... and once per sync, whatever the model (the optimizer's
+    # `weights()` walk, the destination's parameter dict, the buckets' first round), s. The four
+    # are fitted on the same points (2- and 4-layer and wide models at 2 and 4 ranks); with the
+    # per-tensor and whole-byte terms alone the 2-layer and the wide model's syncs at 2 ranks
+    # ran x1.1-1.25 their fitted price and the wide one at 4 x0.9 in the calibrations of 15 Xeon
+    # and 24 EPYC passes (docs/fidelity.md, forty-first session)
     # ... and once per sync whose ranks outnumber the host_parallel cores and come to it from
     # other work: the first gather round's wake-ups of the ranks asleep in it (the runtime's sync
     # follows its ranks' training steps, which end apart; its early ranks sleep in the first
@@ -566,7 +574,8 @@ HOST_COST_FIELDS = ("step_seq_overhead_s", "step_kv_token_s", "turn_overhead_s",
                     "dispatch_fixed_s",
                     "dispatch_seq_s", "handoff_fixed_s", "handoff_seq_s", "handoff_token_s", "handoff_sample_s",
                     "rollout_fixed_s", "rollout_batch_s", "rollout_episode_s",
-                    "fsdp_unit_s", "fsdp_tensor_s", "reshard_tensor_s", "reshard_byte_s", "reshard_wake_s",
+                    "fsdp_unit_s", "fsdp_tensor_s", "reshard_tensor_s", "reshard_byte_s", "reshard_shard_byte_s",
+                    "reshard_fixed_s", "reshard_wake_s",
                     "train_lead_s", "train_lead_tensor_s")
 
 

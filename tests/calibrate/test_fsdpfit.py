@@ -106,20 +106,33 @@ def test_collective_bytes_on_a_cpu_host_stay_at_the_fitted_two_rank_share():
 
 
 @pytest.mark.parametrize("dp", [2, 4])
-def test_fsdp_weight_sync_prices_each_gathered_tensor_and_byte(dp):
+def test_fsdp_weight_sync_prices_the_sync_each_gathered_tensor_and_byte(dp):
     src, dst = ParallelPlan(dp=dp, sharded_optimizer=True), ParallelPlan(dp=dp)
     base = _cm(ZERO, dp).reshard(src, dst, fsdp=True)
-    got = _cm(dataclasses.replace(ZERO, reshard_tensor_s=2e-4, reshard_byte_s=1e-9), dp).reshard(src, dst, fsdp=True)
+    terms = dataclasses.replace(ZERO, reshard_fixed_s=7e-4, reshard_tensor_s=2e-4, reshard_shard_byte_s=3e-9)
+    got = _cm(terms, dp).reshard(src, dst, fsdp=True)
     spec = MODEL_CATALOG["tiny"]
-    tensors, whole = param_tensors(spec), spec.num_params * FSDP_SHARD_BYTES  # the rank's shard, gathered whole
-    assert fsdpfit.sync_counts(fsdpfit.spec_of(2)) == {"reshard_tensor_s": tensors, "reshard_byte_s": whole}
+    tensors, whole = param_tensors(spec), spec.num_params * FSDP_SHARD_BYTES  # the model's fp32 bytes
+    assert fsdpfit.sync_counts(fsdpfit.spec_of(2), dp) == {"reshard_fixed_s": 1, "reshard_tensor_s": tensors,
+                                                          "reshard_byte_s": whole, "reshard_shard_byte_s": whole / dp}
     assert base.breakdown["host"] == 0.0
-    assert got.breakdown["host"] == pytest.approx(tensors * 2e-4 + whole * 1e-9)
-    assert got.time_s - base.time_s == pytest.approx(tensors * 2e-4 + whole * 1e-9)
-    assert _cm(PROF, dp).reshard(src, dst).breakdown["host"] == 0.0  # not FSDP2: no gather, no term
-    # the wide sync point's tensors are the tiny model's, each ~30x the bytes: the two terms separate
-    wide = fsdpfit.sync_counts(fsdpfit.spec_of(2, wide=True))
+    priced = 7e-4 + tensors * 2e-4 + whole / dp * 3e-9  # the rank's own shard's bytes
+    assert got.breakdown["host"] == pytest.approx(priced)
+    assert got.time_s - base.time_s == pytest.approx(priced)
+    assert _cm(terms, dp).reshard(src, dst).breakdown["host"] == 0.0  # not FSDP2: no gather, no term
+    # the sync's fixed part is paid once, whatever the model: twice the layers, the same term
+    deep = fsdpfit.sync_counts(fsdpfit.spec_of(2 * spec.num_layers), dp)
+    deep_cm = CostModel(fsdpfit.spec_of(2 * spec.num_layers), _cm(terms, dp).cluster, terms)
+    got_deep = deep_cm.reshard(src, dst, fsdp=True)
+    assert got_deep.breakdown["host"] == pytest.approx(
+        7e-4 + deep["reshard_tensor_s"] * 2e-4 + deep["reshard_shard_byte_s"] * 3e-9)
+    # the whole model's bytes are paid whatever the ranks, the shard's over them
+    both = _cm(dataclasses.replace(terms, reshard_byte_s=1e-9), dp).reshard(src, dst, fsdp=True)
+    assert both.breakdown["host"] == pytest.approx(priced + whole * 1e-9)
+    # the wide sync point's tensors are the tiny model's, each ~30x the bytes: the terms separate
+    wide = fsdpfit.sync_counts(fsdpfit.spec_of(2, wide=True), dp)
     assert wide["reshard_tensor_s"] == tensors and wide["reshard_byte_s"] > 30 * whole
+    assert wide["reshard_fixed_s"] == 1
 
 
 def _synthetic_points(truth: dict[str, float], host_parallel: int, prof: HardwareProfile = PROF,
@@ -141,7 +154,7 @@ def _synthetic_points(truth: dict[str, float], host_parallel: int, prof: Hardwar
         for layers, wide in ((2, False), (4, False), (2, True)):
             points.append(fsdpfit.FsdpPoint(kind="sync", procs=n, layers=layers, wide=wide, label="sync",
                                             measured_s=0.0, share=share,
-                                            counts=fsdpfit.sync_counts(fsdpfit.spec_of(layers, wide))))
+                                            counts=fsdpfit.sync_counts(fsdpfit.spec_of(layers, wide), n)))
     out = []
     for p in points:
         priced = fsdpfit.price(prof, p, host_parallel=host_parallel)
@@ -149,8 +162,10 @@ def _synthetic_points(truth: dict[str, float], host_parallel: int, prof: Hardwar
     return out
 
 
-def test_fit_recovers_known_constants_from_synthetic_measurements():
-    truth = {"fsdp_unit_s": 3.5e-3, "fsdp_tensor_s": 1.6e-3, "reshard_tensor_s": 4e-4, "reshard_byte_s": 1.2e-9}
+@pytest.mark.parametrize("fixed", [0.0, 8e-4])
+def test_fit_recovers_known_constants_from_synthetic_measurements(fixed):
+    truth = {"fsdp_unit_s": 3.5e-3, "fsdp_tensor_s": 1.6e-3, "reshard_fixed_s": fixed, "reshard_tensor_s": 4e-4,
+             "reshard_byte_s": 6e-10, "reshard_shard_byte_s": 1.2e-9}
     points = _synthetic_points(truth, host_parallel=2)
     assert [p.counts["fsdp_tensor_s"] for p in points[:4]] == [26, 26, 26, 50]  # the tiny model's 26
     fields, quality = fsdpfit.fit_fsdp_costs(PROF, points, host_parallel=2)
@@ -184,7 +199,8 @@ def test_fit_weighs_points_by_their_relative_error():
     constant and left the 2-rank weight sync under-priced by ~2x. Weighted by 1 / measured, a
     2-rank sync measured 30% above the truth and a 4-rank one 30% below miss by about as
     much each way."""
-    truth = {"fsdp_unit_s": 3.5e-3, "fsdp_tensor_s": 1.6e-3, "reshard_tensor_s": 1e-3, "reshard_byte_s": 0.0}
+    truth = {"fsdp_unit_s": 3.5e-3, "fsdp_tensor_s": 1.6e-3, "reshard_fixed_s": 0.0, "reshard_tensor_s": 1e-3,
+             "reshard_byte_s": 0.0, "reshard_shard_byte_s": 0.0}
     points = [dataclasses.replace(p, measured_s=p.measured_s * (1.3 if p.procs == 2 else 0.7))
               if p.kind == "sync" else p for p in _synthetic_points(truth, host_parallel=2)]
     _, quality = fsdpfit.fit_fsdp_costs(PROF, points, host_parallel=2)
@@ -227,14 +243,15 @@ def test_fit_reads_the_wake_term_from_staggered_syncs_beyond_the_cores():
     """Staggered syncs measured at their validate price plus 0.7 ms at 4 ranks on 2 cores (and
     at their price at 2): the fit's `reshard_wake_s` is 0.7 ms, the other constants as before;
     no staggered point beyond the cores (a quick set): 0."""
-    truth = {"fsdp_unit_s": 3.5e-3, "fsdp_tensor_s": 1.6e-3, "reshard_tensor_s": 4e-4, "reshard_byte_s": 1.2e-9}
+    truth = {"fsdp_unit_s": 3.5e-3, "fsdp_tensor_s": 1.6e-3, "reshard_fixed_s": 5e-4, "reshard_tensor_s": 4e-4,
+             "reshard_byte_s": 6e-10, "reshard_shard_byte_s": 1.2e-9}
     points = _synthetic_points(truth, host_parallel=2)
     known = dataclasses.replace(PROF, **truth)
     for n in fsdpfit.PROCS:
         for layers, wide in ((2, False), (4, False), (2, True)):
             p = fsdpfit.FsdpPoint(kind="wake", procs=n, layers=layers, wide=wide, label="staggered",
                                   measured_s=0.0, leads=tuple(0.004 * i for i in range(n)),
-                                  counts=fsdpfit.sync_counts(fsdpfit.spec_of(layers, wide)))
+                                  counts=fsdpfit.sync_counts(fsdpfit.spec_of(layers, wide), n))
             priced = fsdpfit.price(known, p, host_parallel=2)
             points.append(dataclasses.replace(p, measured_s=priced.predicted_s(truth) + (7e-4 if n > 2 else 0.0)))
     fields, quality = fsdpfit.fit_fsdp_costs(PROF, points, host_parallel=2)
@@ -256,7 +273,8 @@ def test_overlap_factor_charges_waits_only_where_ranks_outnumber_cores():
 def test_sync_busy_is_measured_where_ranks_fit_and_stretches_only_the_oversubscribed_syncs():
     """Synthetic points whose 4-rank syncs ran at 0.6 x the oversubscription stretch: the fit
     reads the busy share from the 2-rank syncs (the median) and recovers the constants."""
-    truth = {"fsdp_unit_s": 3.5e-3, "fsdp_tensor_s": 1.6e-3, "reshard_tensor_s": 4e-4, "reshard_byte_s": 1.2e-9}
+    truth = {"fsdp_unit_s": 3.5e-3, "fsdp_tensor_s": 1.6e-3, "reshard_fixed_s": 3e-4, "reshard_tensor_s": 4e-4,
+             "reshard_byte_s": 6e-10, "reshard_shard_byte_s": 1.2e-9}
     busy = dataclasses.replace(PROF, reshard_busy=0.6)
     points = []
     for p in _synthetic_points(truth, host_parallel=2, prof=busy):

@@ -120,7 +120,9 @@ def test_validate_stretch_is_the_profiles_share_over_the_runs():
 def test_fsdp_fit_recovers_constants_from_points_measured_under_load():
     """Synthetic points at per-point shares (1/6 of a core at 2 ranks, 1/5 at 4): the wall time
     is the profile-share time x host_share / share; the fit recovers the constants exactly."""
-    truth = {"fsdp_unit_s": 2.5e-3, "fsdp_tensor_s": 9e-4, "reshard_tensor_s": 3e-4, "reshard_byte_s": 8e-10}
+    truth = {"fsdp_unit_s": 2.5e-3, "fsdp_tensor_s": 9e-4,
+             "reshard_fixed_s": 6e-4, "reshard_tensor_s": 3e-4, "reshard_byte_s": 8e-10,
+             "reshard_shard_byte_s": 1.6e-9}
     # reshard_busy 1: the sync's ranks overlap nothing (the overlap factor has its own tests)
     prof = dataclasses.replace(PROF, host_share=0.4, reshard_busy=1.0)
     synth = _synthetic_points(truth, 2, prof, shares={2: 1 / 6, 4: 1 / 5})
