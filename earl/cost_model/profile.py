@@ -290,9 +290,9 @@ class HardwareProfile:
     reshard_fixed_s: float = 0.0  # ... and once per sync, whatever the model (the optimizer's
     # `weights()` walk, the destination's parameter dict, the buckets' first round), s. The four
     # are fitted on the same points (2- and 4-layer and wide models at 2 and 4 ranks); with the
-    # per-tensor and whole-byte terms alone the 2-layer and the wide model's syncs at 2 ranks
-    # ran x1.1-1.25 their fitted price and the wide one at 4 x0.9 in the calibrations of 15 Xeon
-    # and 24 EPYC passes (docs/fidelity.md, forty-first session)
+    # per-tensor and whole-byte terms alone those fits priced the 2-layer and the wide syncs at 2
+    # ranks at x0.88 and x0.83 their measured time and the wide one at 4 ranks at x1.12 (medians
+    # over 40 recorded calibrations, 16 Xeon and 24 EPYC; docs/fidelity.md, forty-first session)
     # ... and once per sync whose ranks outnumber the host_parallel cores and come to it from
     # other work: the first gather round's wake-ups of the ranks asleep in it (the runtime's sync
     # follows its ranks' training steps, which end apart; its early ranks sleep in the first

@@ -305,6 +305,24 @@ def test_fsdp_refit_reprices_a_committed_calibrations_points(tmp_path):
     assert bad.returncode == 2 and "cannot create it" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_fsdp_refit_reads_a_calibration_with_step_start_points_and_fits_the_four_sync_terms(tmp_path):
+    """A calibration of 2026-12-07 (cf179: training-step-start points, which the study could not
+    parse before): refitted, its sync points are counted as the fit counts them now, the four
+    sync terms come out, and each sync point is priced within 25% of its measured time."""
+    from earl.calibrate.fsdpfit import FIELDS
+    from earl.cost_model.profile import load_profile
+
+    src = ROOT / "docs" / "cpu" / "epyc-2026-12-07" / "cf179" / "profile-cpu.json"
+    r = study("studies/cpu_fsdp_refit.py", str(src), "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    got = load_profile(tmp_path / "cf179.json")
+    assert got.reshard_fixed_s > 0 and got.reshard_shard_byte_s > 0
+    for f in FIELDS["sync"]:
+        assert re.search(rf"{f} \S+ -> \S+", r.stdout), f
+    syncs = [float(x) for x in re.findall(r"\dr \d layers(?: wide)? x([\d.]+)", r.stdout)]
+    assert len(syncs) == 6 and all(0.75 <= x <= 1.25 for x in syncs), syncs
+
+
 def test_dispatch_reading_study_reads_each_step_three_ways_and_refuses_a_folder_without_runs():
     passes = [ROOT / "docs" / "cpu" / "epyc-2026-12-05" / p for p in ("cf54", "cf56")] + \
         [ROOT / "docs" / "cpu" / "epyc-2026-12-05b" / p for p in ("cf57", "cf58", "cf59")]
