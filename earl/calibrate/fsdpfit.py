@@ -169,9 +169,8 @@ def sync_counts(spec, procs: int) -> dict[str, float]:
     """A weight sync's counted quantities on `procs` ranks: the sync itself, the parameter
     tensors a rank gathers, their bytes (its tp shard, gathered whole) and those of its own
     shard (over the ranks: earl.cost_model.model.CostModel.reshard)."""
-    tensors, whole = fsdp_sync_counts(spec)
-    return {"reshard_fixed_s": 1, "reshard_tensor_s": tensors, "reshard_byte_s": whole,
-            "reshard_shard_byte_s": whole / procs}
+    tensors, whole, own = fsdp_sync_counts(spec, dp=procs)
+    return {"reshard_fixed_s": 1, "reshard_tensor_s": tensors, "reshard_byte_s": whole, "reshard_shard_byte_s": own}
 
 
 def depths(cases) -> list[int]:

@@ -710,7 +710,7 @@ class CostModel:
         # per bucket of consecutive tensors (earl.runtime.optim.FSDPAdamW.weights, sync_buckets)
         gather = host = 0.0
         if runs_fsdp2(src, fsdp) and not include_optimizer:
-            tensors, whole = fsdp_sync_counts(self.model, src.tp, src.pp)
+            tensors, whole, own = fsdp_sync_counts(self.model, src.tp, src.pp, src.dp)
             # buckets by bytes: a tensor larger than a bucket, gathered alone, counts as its bytes' worth
             buckets = min(tensors, max(1, math.ceil(whole / src.dp / SYNC_BUCKET_BYTES)))
             dp_link = comm.group_link(self.cluster, self.profile, src.dp, src.model_parallel, collective="allgather")
@@ -728,7 +728,7 @@ class CostModel:
             # the cast and the copy into the destination (calibrated on the weight sync itself:
             # earl.calibrate.fsdpfit)
             host = (self.profile.reshard_fixed_s + tensors * self.profile.reshard_tensor_s
-                    + whole * self.profile.reshard_byte_s + whole / src.dp * self.profile.reshard_shard_byte_s)
+                    + whole * self.profile.reshard_byte_s + own * self.profile.reshard_shard_byte_s)
         wake = self.sync_wake_s(src) if asleep and gather else 0.0
         moved = worst * world
         return Estimate(stage="reshard", time_s=t + gather + host + wake, feasible=True, gpus=world, plan=dst,
@@ -744,11 +744,12 @@ class CostModel:
         return self.profile.reshard_wake_s if ppn > self.profile.dispatch_path.host_parallel else 0.0
 
 
-def fsdp_sync_counts(model: ModelSpec, tp: int = 1, pp: int = 1) -> tuple[int, float]:
-    """An FSDP2 weight sync's counted quantities on one rank: the parameter tensors it gathers
-    and the bytes of its tp x pp shard, gathered whole (fp32), as `CostModel.reshard` prices
-    them and `earl.calibrate.fsdpfit` fits their constants."""
-    return math.ceil(param_tensors(model) / pp), model.num_params / (tp * pp) * FSDP_SHARD_BYTES
+def fsdp_sync_counts(model: ModelSpec, tp: int = 1, pp: int = 1, dp: int = 1) -> tuple[int, float, float]:
+    """An FSDP2 weight sync's counted quantities on one rank: the parameter tensors it gathers,
+    the bytes of its tp x pp shard, gathered whole (fp32), and those of its own dp shard of it,
+    as `CostModel.reshard` prices them and `earl.calibrate.fsdpfit` fits their constants."""
+    whole = model.num_params / (tp * pp) * FSDP_SHARD_BYTES
+    return math.ceil(param_tensors(model) / pp), whole, whole / dp
 
 
 # the runtime's trainer runs a shared prompt prefix once when that saves at least this fraction

@@ -122,8 +122,7 @@ def test_fsdp_weight_sync_prices_the_sync_each_gathered_tensor_and_byte(dp):
     assert _cm(terms, dp).reshard(src, dst).breakdown["host"] == 0.0  # not FSDP2: no gather, no term
     # the sync's fixed part is paid once, whatever the model: twice the layers, the same term
     deep = fsdpfit.sync_counts(fsdpfit.spec_of(2 * spec.num_layers), dp)
-    deep_cm = CostModel(fsdpfit.spec_of(2 * spec.num_layers), _cm(terms, dp).cluster, terms)
-    got_deep = deep_cm.reshard(src, dst, fsdp=True)
+    got_deep = fsdpfit.local_cost_model(terms, dp, fsdpfit.spec_of(2 * spec.num_layers)).reshard(src, dst, fsdp=True)
     assert got_deep.breakdown["host"] == pytest.approx(
         7e-4 + deep["reshard_tensor_s"] * 2e-4 + deep["reshard_shard_byte_s"] * 3e-9)
     # the whole model's bytes are paid whatever the ranks, the shard's over them
