@@ -15,7 +15,8 @@ from earl.cost_model.profile import HardwareProfile, load_profile
 from earl.specs import MODEL_CATALOG, ParallelPlan
 
 PROF = load_profile("cpu-measured")
-ZERO = dataclasses.replace(PROF, fsdp_unit_s=0.0, fsdp_tensor_s=0.0, reshard_tensor_s=0.0, reshard_byte_s=0.0)
+ZERO = dataclasses.replace(PROF, fsdp_unit_s=0.0, fsdp_tensor_s=0.0, reshard_tensor_s=0.0, reshard_byte_s=0.0,
+                           reshard_fixed_s=0.0, reshard_shard_byte_s=0.0)
 
 
 def _cm(prof: HardwareProfile, n: int = 2) -> CostModel:
@@ -221,7 +222,8 @@ def test_the_weight_sync_pays_its_wake_ups_once_where_ranks_outnumber_cores_and_
     two = ParallelPlan(dp=2, sharded_optimizer=True)
     assert _cm(prof, 2).reshard(two, ParallelPlan(dp=2), fsdp=True, asleep=True).breakdown["wake"] == 0.0
     assert _cm(prof, 4).reshard(src, dst, asleep=True).breakdown["wake"] == 0.0  # the cost model's own zero
-    assert _cm(PROF, 4).reshard(src, dst, fsdp=True, asleep=True).breakdown["wake"] == 0.0  # not measured
+    unmeasured = dataclasses.replace(PROF, reshard_wake_s=0.0)  # a profile calibrated before the term
+    assert _cm(unmeasured, 4).reshard(src, dst, fsdp=True, asleep=True).breakdown["wake"] == 0.0
 
 
 def test_staggered_window_reads_from_the_last_arrival_to_the_first_end_over_the_faster_half():
@@ -310,7 +312,8 @@ def test_a_training_steps_start_is_a_fixed_part_and_one_per_parameter_tensor():
         pytest.approx(3e-4 + 49 * 6e-6)
     for plan, fsdp in ((zero, False), (ParallelPlan(dp=4), True), (ParallelPlan(tp=4, sharded_optimizer=True), True)):
         assert cm.train_lead_s(plan, fsdp=fsdp) == 0.0
-    assert fsdpfit.local_cost_model(PROF, 4, spec).train_lead_s(zero, fsdp=True) == PROF.train_lead_s == 0.0
+    unmeasured = dataclasses.replace(PROF, train_lead_s=0.0, train_lead_tensor_s=0.0)  # calibrated before the terms
+    assert fsdpfit.local_cost_model(unmeasured, 4, spec).train_lead_s(zero, fsdp=True) == 0.0
 
 
 def test_a_rank_leaving_the_training_dispatch_collates_its_share_then_starts_the_step():

@@ -21,6 +21,16 @@ from earl.policies import make_dispatcher
 from earl.policies.dispatch_cost import dispatch_layouts, estimate_dispatch
 from earl.specs import ParallelPlan
 
+
+def _cpu_profile() -> HardwareProfile:
+    """The shipped CPU calibration with the dispatch-side terms these tests do not set themselves
+    at their "not measured" values (a cold start's per-byte part, the hand-off's per-sample part,
+    the weight sync's wake-up, the ranks' spread and cold-cache factor): each test prices the terms
+    it names, against a profile where the rest are the model's zeros."""
+    prof = load_profile("cpu-measured")
+    return dataclasses.replace(prof, dispatch_path=dataclasses.replace(prof.dispatch_path, cold_byte_s=0.0),
+                               handoff_sample_s=0.0, reshard_wake_s=0.0, host_spread=0.0, host_cold_factor=1.0)
+
 # EARL paper (Tan et al. 2025, Fig. 4): centralized / layout-aware dispatch latency measured on
 # 128 H100 over 200 Gbps TCP, Qwen2.5-72B, tp4, batch 1024
 PAPER_FIG4 = {8192: 9.7, 16384: 11.0, 32768: 11.2}
@@ -86,7 +96,7 @@ def test_layout_aware_wins_at_scale_and_controller_carries_only_metadata():
 
 
 def test_host_parallel_caps_a_node_and_oversubscription_adds_rounds():
-    prof = load_profile("cpu-measured")
+    prof = _cpu_profile()
     path = prof.dispatch_path
     one = dataclasses.replace(prof, dispatch_path=dataclasses.replace(path, host_parallel=1))
     many = dataclasses.replace(prof, dispatch_path=dataclasses.replace(path, host_parallel=64, sync_s=0.0))
@@ -118,7 +128,7 @@ def test_profile_round_trips_dispatch_path_with_infinite_controller(tmp_path):
 
 
 def test_shipped_cpu_profile_has_a_fitted_dispatch_path():
-    prof = load_profile("cpu-measured")
+    prof = _cpu_profile()
     assert "dispatch" in prof.stamp["measured"]
     assert not prof.dispatch_path.full_duplex and prof.dispatch_path.host_parallel >= 1
     assert prof.fit_quality["dispatch_path"]["n"] >= 10
@@ -130,7 +140,7 @@ def test_fit_recovers_known_parameters_from_synthetic_points(loop_extra):
     4: round_s + sync_s); the fit then recovers the per-message cost through the one price, and
     the oversubscribed round from the executor's runs themselves where the barrier loop measured
     a worse one (`loop_extra` above the truth: the loop's every rank asleep at every round)."""
-    prof = load_profile("cpu-measured")
+    prof = _cpu_profile()
     truth = dataclasses.replace(prof.dispatch_path, message_s=150e-6, round_s=4e-4, sync_s=1e-3, host_parallel=2,
                                 full_duplex=False, reduce_s=3e-4, reduce_sync_s=6e-4)
     true_prof = dataclasses.replace(prof, dispatch_path=truth)
@@ -167,7 +177,7 @@ def test_a_runtime_dispatchs_rounds_beyond_the_cores_cost_the_wake_up_loop():
     wake_sync_s (the barrier loop's figure); the executor alone (control=False, as the
     calibration's points and the benchmarks run it back to back) pays sync_s; at or under the
     cores, and on a profile that measured no wake-up (0), nothing changes."""
-    prof = load_profile("cpu-measured")
+    prof = _cpu_profile()
     path = dataclasses.replace(prof.dispatch_path, round_s=5e-4, sync_s=2e-4, wake_sync_s=1.8e-3, host_parallel=2)
     woken = dataclasses.replace(prof, dispatch_path=path)
     plain = dataclasses.replace(prof, dispatch_path=dataclasses.replace(path, wake_sync_s=0.0))
@@ -193,7 +203,7 @@ def test_a_runtime_dispatchs_asleep_rounds_take_the_weight_syncs_wake_term_where
     gloo receive until a late peer sends) prices a runtime dispatch's rounds beyond the cores where
     it exceeds the barrier loop's wake_sync_s (as under SCHED_BATCH loop threads); where it is
     smaller, at or under the cores, and for the executor alone (control=False), nothing changes."""
-    prof = load_profile("cpu-measured")
+    prof = _cpu_profile()
     path = dataclasses.replace(prof.dispatch_path, round_s=5e-4, sync_s=2e-4, wake_sync_s=3e-4, host_parallel=2)
     assert path.round_cost_s(4, asleep=True, wake_s=1.1e-3) == pytest.approx(5e-4 + 1.1e-3)
     assert path.round_cost_s(4, asleep=True, wake_s=1e-4) == pytest.approx(5e-4 + 3e-4)
@@ -219,7 +229,7 @@ def test_every_synchronising_round_costs_the_measured_round():
     two rounds at DispatchPath.reduce_cost_s(N), two rounds where the profile measured no
     reduction; the measured rounds stand for the statistics all-reduce's latency (the link's
     alpha)."""
-    prof = load_profile("cpu-measured")
+    prof = _cpu_profile()
     path = dataclasses.replace(prof.dispatch_path, round_s=5e-4, sync_s=2e-3, host_parallel=2, reduce_s=0.0,
                                reduce_sync_s=0.0)
     with_rounds = dataclasses.replace(prof, dispatch_path=path)
@@ -266,7 +276,7 @@ def test_quick_fit_keeps_the_oversubscription_terms():
     """Two processes on two cores never oversubscribe: a quick (2-process) fit moves only the
     per-message cost and keeps the base profile's sync_s (no point measured a round beyond the
     cores) and oversubscribed_exp (a full fit once returned it at its starting guess)."""
-    prof = load_profile("cpu-measured")
+    prof = _cpu_profile()
     truth = dataclasses.replace(prof.dispatch_path, message_s=150e-6, host_parallel=2, full_duplex=False)
     true_prof = dataclasses.replace(prof, dispatch_path=truth)
     points = [dispatchfit.DispatchPoint(procs=2, per_rank=per, context=ctx, kind=kind, seconds=t, busiest_bytes=0.0)
@@ -334,7 +344,7 @@ def test_the_gloo_points_dispatch_as_the_runtime_does_and_old_points_keep_their_
 
     got = run_local(_timed_worker, 2, timeout_s=120)
     assert got[0] == got[1] == {"centralized": (0, True), "layout-aware": (0, True)}
-    prof = load_profile("cpu-measured")
+    prof = _cpu_profile()
     truth = dataclasses.replace(prof.dispatch_path, message_s=150e-6, round_s=4e-4, sync_s=1e-3, host_parallel=2,
                                 full_duplex=False, reduce_s=3e-4, reduce_sync_s=6e-4)
     true_prof = dataclasses.replace(prof, dispatch_path=truth)
@@ -369,7 +379,7 @@ def test_gloo_measurement_runs_both_dispatchers():
 
 def test_one_process_dispatch_is_its_calibrated_host_cost():
     """On one process the runtime re-orders rows in place: dispatch_fixed_s + dispatch_seq_s."""
-    prof = load_profile("cpu-measured")
+    prof = _cpu_profile()
     cm = dispatchfit.local_cost_model(prof, 1)
     samples, s, d = dispatch_layouts(ParallelPlan(), ParallelPlan(), 16, 150)
     est = price_transfer_plan(cm, make_dispatcher("layout-aware").plan(s, d, samples), samples=16, producers=1,
@@ -389,7 +399,7 @@ def test_a_handoff_that_waits_for_no_one_is_its_calibrated_host_work(dp):
     from earl.policies.balance import balance_aligned
     from earl.policies.types import Layout, Sample
 
-    prof = dataclasses.replace(load_profile("cpu-measured"), handoff_fixed_s=1e-3, handoff_seq_s=2e-4,
+    prof = dataclasses.replace(_cpu_profile(), handoff_fixed_s=1e-3, handoff_seq_s=2e-4,
                                handoff_token_s=1e-6, handoff_sample_s=3e-5)
     samples = [Sample(id=i, tokens=100 + 37 * i, group=i // 4) for i in range(16)]
     plan = ParallelPlan(dp=dp)
@@ -424,7 +434,7 @@ def test_handoff_is_priced_without_advantages():
     """The rollout -> experience hand-off runs the same plan with tensors only
     (`execute_dispatch(tensors=...)`): no advantage host work, no statistics all-reduce and
     none of its two synchronising rounds; the moves themselves cost the same."""
-    prof = load_profile("cpu-measured")
+    prof = _cpu_profile()
     cm = dispatchfit.local_cost_model(prof, 2)
     for kind, tplan in dispatchfit.transfer_plans(2, 4, 2048).items():
         full = price_transfer_plan(cm, tplan, samples=8, producers=2, world=2)
@@ -459,7 +469,7 @@ def test_a_phase_of_local_copies_is_no_round(dp):
     moved = make_dispatcher("layout-aware").plan(aligned, Layout(plan, balance_samples(samples, dp)[0]), samples)
     assert any(tr.src != tr.dst for tr in moved.transfers)
     assert sync_rounds(moved) == len(moved.phases) + (2 if moved.reduce_bytes else 0)
-    prof = load_profile("cpu-measured")
+    prof = _cpu_profile()
     est = price_transfer_plan(dispatchfit.local_cost_model(prof, dp), hand, samples=16, producers=dp, world=dp,
                               advantages=False)
     assert "rounds" not in est.breakdown and "cold_start" not in est.breakdown
@@ -492,7 +502,7 @@ def test_cold_start_is_rounds_times_a_fitted_constant():
     the executor (sync_rounds: its phases, the advantage statistics' two rounds);
     a benchmark's back-to-back dispatch (control=False) does not; the fit recovers the constant
     from the cold runs' extra time."""
-    prof = load_profile("cpu-measured")
+    prof = _cpu_profile()
     cold = dataclasses.replace(prof, dispatch_path=dataclasses.replace(prof.dispatch_path, cold_round_s=5e-4))
     warm = dataclasses.replace(prof, dispatch_path=dataclasses.replace(prof.dispatch_path, cold_round_s=0.0))
     for kind, tplan in dispatchfit.transfer_plans(2, 4, 2048).items():
@@ -525,7 +535,7 @@ def test_cold_start_also_pays_per_byte_and_the_fit_separates_rounds_from_bytes()
     """`cold_byte_s`: a cold dispatch pays rounds x cold_round_s + the busiest rank's bytes x
     cold_byte_s; `fit_cold` recovers both from (rounds, bytes, cold - warm) points, and a single
     repeat that met a spinning loop (+2 ms) does not pull them; the calibration's fit stores both."""
-    prof = load_profile("cpu-measured")
+    prof = _cpu_profile()
     path = dataclasses.replace(prof.dispatch_path, cold_round_s=1e-4, cold_byte_s=2e-11)
     cold = dataclasses.replace(prof, dispatch_path=path)
     tplan = dispatchfit.transfer_plans(2, 4, 2048)["layout-aware"]
@@ -634,7 +644,7 @@ def test_each_statistics_reduction_is_a_gather_and_a_scatter_cold_once(reduce_s)
     TransferPlan.reductions) pays one more reduction than one of a single reduction, at
     reduce_cost_s(N) (two rounds at round_cost_s(N) where the profile measured none), and no
     more cold start: the second runs on what the first warmed."""
-    prof = load_profile("cpu-measured")
+    prof = _cpu_profile()
     path = dataclasses.replace(prof.dispatch_path, round_s=5e-4, sync_s=2e-3, cold_round_s=7e-4, host_parallel=2,
                                reduce_s=reduce_s, reduce_sync_s=7e-4)
     prof = dataclasses.replace(prof, dispatch_path=path)
@@ -660,7 +670,7 @@ def test_the_last_rank_plans_alone_and_pays_for_the_leavers_start_beyond_the_cor
     `lead_s` (what each rank does after the dispatch before its next collective) costs the last
     rank lead_s x (ranks / cores - 1) where the ranks outnumber the cores, nothing where they
     fit, and nothing without the control plane (a benchmark's back-to-back dispatches)."""
-    prof = dataclasses.replace(load_profile("cpu-measured"), dispatch_fixed_s=1e-3)
+    prof = dataclasses.replace(_cpu_profile(), dispatch_fixed_s=1e-3)
     prof = dataclasses.replace(prof, dispatch_path=dataclasses.replace(prof.dispatch_path, host_parallel=2))
 
     def est(n, **kw):
@@ -682,7 +692,7 @@ def test_the_estimator_the_run_computes_prices_its_advantages(tmp_path):
     and a bad one is refused by name."""
     from earl.runtime.advantages import AdvantageSpec
 
-    base = load_profile("cpu-measured")
+    base = _cpu_profile()
     prof = dataclasses.replace(base, estimator_s={"reinforce++/per-turn": (40e-6, 5e-8), "grpo": (15e-6, 1e-9)})
     cm = dispatchfit.local_cost_model(prof, 2)
     tplan = dispatchfit.transfer_plans(2, 4, 2048)["layout-aware"]
@@ -724,7 +734,7 @@ def test_estimator_keys_and_their_fit():
     assert set(host["estimator_s"]) == set(dispatchfit.ESTIMATOR_SPECS) | summed
     assert all(x >= 0 for pair in host["estimator_s"].values() for x in pair)
     # a profile from before the filling-in was timed apart prices it as the whole estimator
-    prof = load_profile("cpu-measured")
+    prof = _cpu_profile()
     old = dataclasses.replace(prof, estimator_s={k: v for k, v in prof.estimator_s.items() if k not in summed})
     assert old.advantage_s("reinforce++/per-turn/summed", 200) == old.advantage_s("reinforce++/per-turn", 200)
     assert old.advantage_s("grpo", 200) == prof.advantage_s("grpo", 200)
@@ -735,7 +745,7 @@ def test_a_waiting_dispatchs_own_work_runs_cold_on_a_cpu_host_after_a_rollout_pa
     hold) multiplies a waiting dispatch's own work on a CPU host (its phases and the advantages)
     and nothing else: its rounds, wake-ups, cold start, metadata and planning keep their price;
     a full-duplex (GPU) path's phases are link time and keep theirs."""
-    prof = load_profile("cpu-measured")
+    prof = _cpu_profile()
     assert not prof.dispatch_path.full_duplex
     for n in (2, 4):
         tplan = dispatchfit.runtime_plans(n, 4, 2048)["layout-aware"]
