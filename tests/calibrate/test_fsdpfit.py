@@ -114,6 +114,7 @@ def test_fsdp_weight_sync_prices_the_sync_each_gathered_tensor_and_byte(dp):
     got = _cm(terms, dp).reshard(src, dst, fsdp=True)
     spec = MODEL_CATALOG["tiny"]
     tensors, whole = param_tensors(spec), spec.num_params * FSDP_SHARD_BYTES  # the model's fp32 bytes
+    assert PROF.reshard_fixed_s > 0 and PROF.reshard_shard_byte_s > 0  # the shipped calibration fitted them
     assert fsdpfit.sync_counts(fsdpfit.spec_of(2), dp) == {"reshard_fixed_s": 1, "reshard_tensor_s": tensors,
                                                           "reshard_byte_s": whole, "reshard_shard_byte_s": whole / dp}
     assert base.breakdown["host"] == 0.0
@@ -222,7 +223,8 @@ def test_the_weight_sync_pays_its_wake_ups_once_where_ranks_outnumber_cores_and_
     two = ParallelPlan(dp=2, sharded_optimizer=True)
     assert _cm(prof, 2).reshard(two, ParallelPlan(dp=2), fsdp=True, asleep=True).breakdown["wake"] == 0.0
     assert _cm(prof, 4).reshard(src, dst, asleep=True).breakdown["wake"] == 0.0  # the cost model's own zero
-    unmeasured = dataclasses.replace(PROF, reshard_wake_s=0.0)  # a profile calibrated before the term
+    assert PROF.reshard_wake_s > 0  # the shipped calibration measured it ...
+    unmeasured = dataclasses.replace(PROF, reshard_wake_s=0.0)  # ... one calibrated before the term did not
     assert _cm(unmeasured, 4).reshard(src, dst, fsdp=True, asleep=True).breakdown["wake"] == 0.0
 
 
@@ -312,7 +314,8 @@ def test_a_training_steps_start_is_a_fixed_part_and_one_per_parameter_tensor():
         pytest.approx(3e-4 + 49 * 6e-6)
     for plan, fsdp in ((zero, False), (ParallelPlan(dp=4), True), (ParallelPlan(tp=4, sharded_optimizer=True), True)):
         assert cm.train_lead_s(plan, fsdp=fsdp) == 0.0
-    unmeasured = dataclasses.replace(PROF, train_lead_s=0.0, train_lead_tensor_s=0.0)  # calibrated before the terms
+    assert PROF.train_lead_s > 0 and PROF.train_lead_tensor_s > 0  # the shipped calibration fitted both
+    unmeasured = dataclasses.replace(PROF, train_lead_s=0.0, train_lead_tensor_s=0.0)  # calibrated before them
     assert fsdpfit.local_cost_model(unmeasured, 4, spec).train_lead_s(zero, fsdp=True) == 0.0
 
 

@@ -128,7 +128,7 @@ def test_profile_round_trips_dispatch_path_with_infinite_controller(tmp_path):
 
 
 def test_shipped_cpu_profile_has_a_fitted_dispatch_path():
-    prof = _cpu_profile()
+    prof = load_profile("cpu-measured")
     assert "dispatch" in prof.stamp["measured"]
     assert not prof.dispatch_path.full_duplex and prof.dispatch_path.host_parallel >= 1
     assert prof.fit_quality["dispatch_path"]["n"] >= 10
