@@ -4,7 +4,11 @@ copies, `FSDPAdamW.weights`) on gloo: one all-gather per bucket of consecutive t
 before buckets; `bucket_bytes=1`), side by side in the same processes and alternating, so load
 changes hit both alike. Both must return the same tensors (checked). The cost model's price
 of the bucketed sync (`CostModel.reshard(..., fsdp=True)` with the given profile) is printed
-next to them.
+next to them, bare (a dedicated core per rank) and as `earl validate` stretches it on a CPU host
+(`earl.calibrate.hostload.sync_stretch`: N ranks on the profile's `host_parallel` cores, arriving
+together from the barrier, no other tenant). "bucketed ms" is the slowest rank's median, "first
+end" the first rank's: `earl validate` reads a runtime step's sync from its last rank's arrival to
+its first rank's end (earl.calibrate.validate.measured_stages), the window "on host" prices.
 
 Models: the built-in `tiny` (2 layers, 20 tensors: latency-bound) and `qwen2-27m` (8 layers,
 27M parameters, random weights: closer to bandwidth-bound).
@@ -23,6 +27,7 @@ import time
 import torch
 
 from earl.calibrate.host import local_cluster
+from earl.calibrate.hostload import sync_stretch
 from earl.cost_model import CostModel
 from earl.cost_model.model import SYNC_BUCKET_BYTES
 from earl.cost_model.profile import load_profile
@@ -78,18 +83,22 @@ def main() -> None:
     args = ap.parse_args()
     prof = load_profile(args.profile)
     print(f"{'model':10s} {'world':>5s} {'tensors':>7s} {'per tensor ms':>13s} {'bucketed ms':>11s} "
-          f"{'speed-up':>8s} {'predicted':>10s}  same")
+          f"{'speed-up':>8s} {'first end':>9s} {'predicted':>10s} {'on host':>9s}  same")
     for name in args.models:
         spec = dataclasses.replace(MODEL_CATALOG[name], dtype="fp32")
         for world in args.worlds:
             res = run_local(_worker, world, name, world, args.repeats, args.bucket_mib * 2**20, timeout_s=600)
             slow = max(res, key=lambda r: r["bucketed"])  # the last rank to finish sets the stage
             per, buck = max(r["per tensor"] for r in res), slow["bucketed"]
+            first = min(r["bucketed"] for r in res)  # the first rank done: where validate's window ends
             cm = CostModel(spec, local_cluster(prof, world), prof)
             src, dst = ParallelPlan(dp=world, sharded_optimizer=True), ParallelPlan(dp=world)
             pred = cm.reshard(src, dst, fsdp=True).time_s
+            cores = prof.dispatch_path.host_parallel
+            host = pred * sync_stretch(prof, world, "cpu", min(1.0, cores / world), [0.0] * world, pred)
             print(f"{name:10s} {world:5d} {slow['tensors']:7d} {per * 1e3:13.2f} {buck * 1e3:11.2f} "
-                  f"{per / buck:7.2f}x {pred * 1e3:8.2f}ms  {all(r['same'] for r in res)}")
+                  f"{per / buck:7.2f}x {first * 1e3:7.2f}ms {pred * 1e3:8.2f}ms {host * 1e3:7.2f}ms  "
+                  f"{all(r['same'] for r in res)}")
 
 
 if __name__ == "__main__":
