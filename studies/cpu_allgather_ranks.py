@@ -6,7 +6,7 @@ at gathered (reduced) sizes of 0.25-64 MiB.
 The cost model prices an all-gather's bytes as (p - 1) / p of the gathered tensor over the link
 (a ring's share, right for NVLink and NICs). On a CPU host the ranks move the bytes with their
 own CPU time; this study measures what each rank's share comes to as p grows, the evidence
-behind `earl.cost_model.comm.bytes_group` (docs/fidelity.md, nineteenth session; the
+behind `earl.cost_model.comm.bytes_group` (docs/validate-history.md, nineteenth session; the
 reduce-scatter, which adds what it receives and grows as the ring's share: thirty-sixth session).
 
     OMP_NUM_THREADS=1 python studies/cpu_allgather_ranks.py                        # about a minute

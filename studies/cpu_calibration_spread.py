@@ -11,7 +11,7 @@ bytes/s, the probe's readings), largest spread first; constants zero in every pr
 out, as are bookkeeping fields (dates, versions, flags). The fixed and per-unit parameters of one
 affine fit trade off against each other, so a stage's price spreads less than its parameters do:
 `earl validate --rescore <run> --hardware <profile>` of one recorded run under each profile gives
-the price's own spread (docs/fidelity.md, fifteenth session).
+the price's own spread (docs/validate-history.md, fifteenth session).
 
     python studies/cpu_calibration_spread.py docs/cpu/epyc-2026-12-03b/cf2{3,4,5,6} docs/cpu/epyc-2026-12-04/cf2{7,8}
 """

@@ -6,7 +6,7 @@ calibration's warm repeats read) and the wall around the call (the start barrier
 included, what its cold repeats read until 2026-12-05). The slowest rank's, median of repeats.
 
 `cold_round_s` is fitted as (cold - warm) per synchronising round: timed around the call, the
-cold repeats also carried the barrier's round (docs/fidelity.md, twentieth session).
+cold repeats also carried the barrier's round (docs/validate-history.md, twentieth session).
 
     OMP_NUM_THREADS=1 python studies/cpu_dispatch_cold.py                 # about a minute
     OMP_NUM_THREADS=1 python studies/cpu_dispatch_cold.py --worlds 2 --reps 5

@@ -16,7 +16,7 @@ that reached the stage before the last apart from the last, and in how many of t
 was mostly waiting for a core (the rest it slept). Four ranks on two cores, cf142-cf145: 28 of
 192 before the last (all waiting for a core), 3 of 64 the last (held-out model: 12 of 48, 11
 waiting, and 0 of 16); validate reads the stage from the
-last rank since then (docs/fidelity.md, thirty-fifth session).
+last rank since then (docs/validate-history.md, thirty-fifth session).
 
     python studies/cpu_experience_modes.py /tmp/cf35 /tmp/cf36            # one line per run
     python studies/cpu_experience_modes.py docs/cpu/xeon-2026-12-07/cf14[2-5]

@@ -1,7 +1,7 @@
 """Refit a calibrated profile's FSDP2 host constants from the points its calibration recorded,
 under the current code's prices: what `earl calibrate`'s fsdp phase (earl.calibrate.fsdpfit)
 would have fitted from the same measurements. For re-pricing committed passes after a change
-to how the cost model prices the FSDP2 gathers (docs/fidelity.md, nineteenth session).
+to how the cost model prices the FSDP2 gathers (docs/validate-history.md, nineteenth session).
 
 Each profile's `fit_quality.fsdp.points` (measured seconds, counts, the ranks' core share) go
 through `fsdpfit.fit_fsdp_costs` again with its own `reshard_busy`, and a copy of

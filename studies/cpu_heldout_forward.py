@@ -7,7 +7,7 @@ overhead, LM head, attention) as shares of the measured time. A profile with a G
 penalty (`gemm_rows_half`) is priced a second time without it ("rows 0"), side by side.
 
 This is the forward-level half of `earl validate --model qwen2-27m`: no engine, no runtime
-host costs, so a miss here is the compute model's (docs/fidelity.md, thirteenth session).
+host costs, so a miss here is the compute model's (docs/validate-history.md, thirteenth session).
 `--gemm-sequence` also times, at decode batches 1-16, the model's own Linear layers called in
 the forward's order on its own weights (each read from memory once a step when the model is
 larger than the cache) against each profile's price of those GEMMs, and the whole decode step

@@ -11,7 +11,7 @@ the file, so a profile refitted with no reduction figures reproduces its own dis
 `from:` takes the median of the named calibrations' own loop figures (reduce_s at the fitting
 count, reduce_s + reduce_sync_s beyond it). Prints the terms before and after and the fit's
 median / max error; writes OUT with the refitted path and its fit quality (`refit` names what was
-given). docs/fidelity.md, twenty-fifth session.
+given). docs/validate-history.md, twenty-fifth session.
 """
 
 from __future__ import annotations

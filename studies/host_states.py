@@ -8,7 +8,7 @@ On the 2-vCPU EPYC VM (2026-12-04): readings 47-108 us per iteration, ~2/3 of th
 last 0.01-0.6 s; per-second medians 50-108 us; no steal in the slow mode; a matmul loop pinned
 to the other vCPU does not make the probe slow. A stage of a few hundred milliseconds meets a
 host whose speed is set by someone else, which is what bounds `earl validate`'s per-step
-error there (docs/fidelity.md, thirteenth session).
+error there (docs/validate-history.md, thirteenth session).
 
     OMP_NUM_THREADS=1 python studies/host_states.py --seconds 30
 """

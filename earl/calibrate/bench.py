@@ -28,7 +28,7 @@ KINDS = ("matmul", "attention", "attention_decode", "memory")
 # larger than the cache finds them. With 8 sets the small shapes (under 4 MB) ran warm, 1.8-2.1x
 # faster than cold at 1-16 rows (medians; 2-vCPU EPYC, 32 MiB L3, 2026-12-04), and the fit
 # priced qwen2-27m's decode GEMMs (108 MB of weights, each read from memory once a step)
-# x0.49-0.75 at 1-16 sequences; a fit on cold points x0.61-0.89 (docs/fidelity.md, nineteenth
+# x0.49-0.75 at 1-16 sequences; a fit on cold points x0.61-0.89 (docs/validate-history.md, nineteenth
 # session; studies/cpu_heldout_forward.py --gemm-sequence)
 CPU_MATMUL_MAX_SETS = 4096
 

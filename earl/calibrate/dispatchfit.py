@@ -62,7 +62,7 @@ FITTED = ("message_s", "oversubscribed_exp", "controller_bw_bytes_s", "wire_bw_b
 # between pieces of work, where a waking rank often finds its peers' messages already sent (4
 # gloo ranks on 2 cores, 2026-12-02: the loop 2.0 ms a round, the executor's small-payload
 # dispatches 0.6-1.2 ms a round). The loop's figure itself is kept as `wake_sync_s`: the runtime's
-# rounds, whose ranks come from other work, pay it (docs/fidelity.md, twenty-ninth session)
+# rounds, whose ranks come from other work, pay it (docs/validate-history.md, twenty-ninth session)
 OVERSUBSCRIBED_ROUND = 0.05
 QUICK_BUDGET_S = 3.0  # seconds of dispatch budget below which only the quick set runs
 START_METHOD = "spawn"  # fresh rank processes for every measurement (see `measure`)
@@ -208,7 +208,7 @@ def _timed_span(tplan, store, samples, src, dst, check: bool, rewards: dict[int,
     seconds after that barrier, which the price counted as a round the points did not hold, and
     the cold ones the wall around the call, so `cold_round_s` took the barrier's round for the
     caches' cost (0.4-1.0 ms at 2 ranks, 1.7-4.5 ms at 4 on the 2-vCPU EPYC;
-    studies/cpu_dispatch_cold.py, docs/fidelity.md, twentieth session)."""
+    studies/cpu_dispatch_cold.py, docs/validate-history.md, twentieth session)."""
     dist.barrier()
     t0 = time.perf_counter()
     _, stats = execute_dispatch(tplan, store, samples, src, dst, check=check, rewards=rewards)
@@ -260,7 +260,7 @@ def reduce_seconds(repeats: int = REDUCE_REPEATS, samples: int = REDUCE_SAMPLES)
     `DispatchPath.reduce_s` / `reduce_sync_s`. Neither a barrier round pair nor a back-to-back
     loop of reductions is that: on 2 gloo ranks on 2 cores here (2026-12-05) a reduction read
     0.46-0.74 ms in situ (two, averaged), 0.20-0.33 ms back to back, 0.39-1.0 ms as two barrier
-    rounds; at 4 ranks 1.3-2.2, 0.5-1.2 and 3.9-4.4 ms (docs/fidelity.md, twenty-fifth session);
+    rounds; at 4 ranks 1.3-2.2, 0.5-1.2 and 3.9-4.4 ms (docs/validate-history.md, twenty-fifth session);
     a lone one in situ 0.45-0.89 / 1.8-2.4 ms (six calibrations, twenty-sixth session)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     spec = AdvantageSpec(estimator="reinforce++", per_turn=True)

@@ -173,7 +173,7 @@ def fit_gemm(flops: Sequence[float], rows: Sequence[float], times_s: Sequence[fl
 # a CPU BLAS runs 1-3 rows on other kernels than its packed GEMM, which no smooth penalty in
 # 1 / rows follows. MKL's kernels for 2 and 3 rows ran slower than its 4-row one on the 2-core
 # EPYC VM (qwen2-27m's shapes 1.3-2.6x the 4-row time, one process, cold weights;
-# docs/fidelity.md, twenty-third session); on the 2-core Xeon VM 1-3 rows stream the weights at
+# docs/validate-history.md, twenty-third session); on the 2-core Xeon VM 1-3 rows stream the weights at
 # ~17 GB/s and 4 rows and more pack them first at ~9 GB/s (4 rows take ~2x the 3-row time), so a
 # penalty fitted through 1 row as well priced >= 4 rows 20-30% low (thirty-first session)
 ROW_FACTOR_ROWS = (1, 2, 3)

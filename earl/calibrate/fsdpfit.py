@@ -84,7 +84,7 @@ LEAD_REPEATS = 12
 # arrival to the first rank's end. What that window holds beyond the sync's price (with the
 # stretch validate gives it, `sync_stretch`) where the ranks outnumber the cores is
 # `reshard_wake_s` (4 gloo ranks on 2 cores, a throwaway run of 30 repeats: the gather took
-# ~0.9 ms after the last rank's packing vs ~0.4 at 2 ranks; docs/fidelity.md, thirty-third session)
+# ~0.9 ms after the last rank's packing vs ~0.4 at 2 ranks; docs/validate-history.md, thirty-third session)
 STAGGER_S = 0.004
 # the staggered syncs' repeats: their windows spread widely (4 ranks on 2 cores, 2026-12-06:
 # 2.1-7.8 ms in one run of 40 for a median of 3.3-3.8), so more of them than SYNC_REPEATS

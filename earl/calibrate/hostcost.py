@@ -66,7 +66,7 @@ CASES = {
 # share of the last-level cache, so every decode step streams them through the caches as a larger
 # model's rollout does in `earl run`. A real rollout, not a synthetic flush: streaming 64 MiB
 # through a tensor priced the stage after it x1.17-1.46 on a 2-vCPU AMD EPYC VM, where after this
-# rollout, as after qwen2-27m's, it ran x1.07-1.12 (docs/fidelity.md, thirty-ninth session; why
+# rollout, as after qwen2-27m's, it ran x1.07-1.12 (docs/validate-history.md, thirty-ninth session; why
 # is not measured: a decode step touches the engine's and the episodes' host state between its
 # weight reads, a flush touches none of it); on the Xeon VM of sessions 29-37 the flush's x1.35
 # matched the held-out runtime's

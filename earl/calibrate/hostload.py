@@ -143,7 +143,7 @@ def corun_slowdown(procs: int | None = None, iters: int = 800, repeats: int = 25
     windows often land in different modes (single pairs read x0.62-2.13 on the 2-vCPU EPYC,
     the median of nine moved x1.01-1.32 between calibrations; re-estimated from the same pairs,
     the sums put 100 of 160 recorded stage-runs within 25% against 96;
-    docs/fidelity.md, fifteenth session); many short pairs, summed, average the modes out as a
+    docs/validate-history.md, fifteenth session); many short pairs, summed, average the modes out as a
     stage's time does. Validate scores a stage of the ranks' own work as
     its slowest rank's, which on a shared host is slower than one rank alone twice over: the
     ranks slow each other (caches, memory bandwidth, SMT siblings; in CPU time too, so a CPU

@@ -2,7 +2,7 @@
 every fitted number is the median of its values over the calibrations.
 
 Why: on a shared host one calibration's constants move from run to run by as much as the
-errors they leave (docs/fidelity.md, fifteenth session: x1.1-2.9 between calibrations minutes
+errors they leave (docs/validate-history.md, fifteenth session: x1.1-2.9 between calibrations minutes
 apart). Taken one by one, each constant's median over several calibrations is the estimate the
 others' outliers move least. Measured on the 2-core VM (seventeenth session): the median of five
 calibrations priced the same twenty recorded multi-process runs within 25% in 74 of 100

@@ -244,7 +244,7 @@ def measure_engine(*, device: torch.device, dtype: torch.dtype, prof: HardwarePr
     # the fit below splits each case's time into a fixed part and slopes in batch and cache:
     # the cases are timed round-robin so that no case alone meets a slow spell of the host
     # (timed one after another, back-to-back calibrations put step_overhead_s at 0.21-1.21 ms;
-    # docs/fidelity.md, fifteenth session)
+    # docs/validate-history.md, fifteenth session)
     timed = time_host_interleaved(calls, device=device, reps=5)
     for k, (b, prompt) in enumerate(cases):
         long, short = timed[2 * k], timed[2 * k + 1]

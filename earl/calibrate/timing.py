@@ -96,7 +96,7 @@ def time_host_interleaved(fns: Sequence[Callable[[], object]], *, device: torch.
     """`time_host` of several calls whose times are fitted together, taken round-robin: each
     round times every call once (the order rotated by one each round), so each call's median is
     drawn from the same stretch of the host's time. On a host whose speed switches between
-    modes for spells of a second or so (docs/fidelity.md, thirteenth session), calls timed one
+    modes for spells of a second or so (docs/validate-history.md, thirteenth session), calls timed one
     after the other each land in a mode of their own, and a fit across them (a fixed term and
     a slope) reads the modes as a shape; interleaved, they share the mix."""
     if not fns:

@@ -68,14 +68,14 @@ COLLECTIVE_MOVES = ("dispatch", "reshard")
 # earl.calibrate.dispatchfit._timed_span; the slowest rank from a common start before) are read
 # so: from the last rank's arrival to the last rank's end (`measured_stages`). The
 # shortest span is the last arrival's own end, which at 4 ranks on 2 cores came ~2 ms (median)
-# before the last end (2026-12-05 passes, docs/fidelity.md, twenty-third session)
+# before the last end (2026-12-05 passes, docs/validate-history.md, twenty-third session)
 DISPATCH_MOVES = ("dispatch",)
 # ... and the weight sync, which `earl calibrate` times as its fastest rank after a barrier
 # (earl.calibrate.fsdpfit._sync_times), is read so: from the last rank's arrival (the common
 # start) to the first rank's end. After that end the rank that left starts its rollout, which
 # takes cores from the ranks still unpacking: a stretch the next stage's work causes. The
 # shortest span, the last arrival's own end, held it in most 4-rank steps of the 2026-12-05
-# passes (docs/fidelity.md, twenty-fourth session)
+# passes (docs/validate-history.md, twenty-fourth session)
 SYNC_MOVES = ("reshard",)
 # spans of other stages that are such moves where their `waits` arg says so: the rollout ->
 # experience hand-off is a dispatch (earl.runtime.step.prepare_experience: `execute_dispatch`),
@@ -138,7 +138,7 @@ class VariantResult:
     # the host's speed during the run over its speed during the calibration (`host_speed`): the
     # run's median host-probe reading over the profile's at its process count, 1 where either
     # side has no reading (GPU runs, older runs and profiles). Recorded, not applied: scaling the
-    # predictions by it did not beat leaving them (docs/fidelity.md, twelfth session); the
+    # predictions by it did not beat leaving them (docs/validate-history.md, twelfth session); the
     # scorecard counts both.
     host_speed: float = 1.0
     host_probe_s: float | None = None  # the run's median reading, CPU s per probe iteration

@@ -81,7 +81,7 @@ def allgather_s(nbytes: float, p: int, link: LinkParams, bytes_p: int | None = N
 # reduce-scatter is not so: each rank adds what it receives, and its CPU a rank grew in every run,
 # x1.26-1.45 at 4-16 MiB and x1.14-1.18 at 64 MiB from 2 to 4 ranks (the Xeon, 2026-12-07, three
 # runs, `studies/cpu_allgather_ranks.py --op reduce_scatter`; a ring says x1.5): its bytes keep
-# the group's share (REDUCING; docs/fidelity.md, thirty-sixth session)
+# the group's share (REDUCING; docs/validate-history.md, thirty-sixth session)
 HOST_COPY_BYTES_P = 2
 REDUCING = ("reducescatter",)
 

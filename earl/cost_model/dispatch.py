@@ -214,7 +214,7 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
     # on a host whose sends and receives are the ranks' own CPU work (not full duplex: a CPU
     # host), the executor's work after a rollout the caches could not hold runs as cold as the
     # hand-off's (`host_factor`; the held-out model's 2-rank dispatch ran x1.2-1.5 its hot price,
-    # docs/fidelity.md, thirty-fourth session)
+    # docs/validate-history.md, thirty-fourth session)
     cold_host = 1.0 if path.full_duplex else host_factor
     if advantages:
         br["advantages"] = adv_s * cold_host
@@ -230,7 +230,7 @@ def price_transfer_plan(cm: CostModel, tplan, *, samples: int, producers: int, w
     # as the runtime's do (`HardwareProfile.reshard_wake_s`). Under the runtime's SCHED_BATCH loop
     # threads (earl.runtime.gloo_loops) the back-to-back barrier loop no longer spins and reads
     # 0.18-0.34 ms at 4 ranks on 2 cores, the staggered sync 0-1.2 ms (median 0.83 over eight
-    # calibrations; docs/fidelity.md, thirty-fourth session). Without it, the executor called back
+    # calibrations; docs/validate-history.md, thirty-fourth session). Without it, the executor called back
     # to back keeps them awake
     round_s = path.round_cost_s(ppn, asleep=control, wake_s=prof.reshard_wake_s) if world > 1 else 0.0
     rounds = sync_rounds(tplan)

@@ -101,7 +101,7 @@ class DispatchPath:
     # calibrate` measures (earl.calibrate.dispatchfit.round_seconds). The executor called back to
     # back, as the calibration's points and the benchmarks call it, keeps its ranks awake and fits
     # `sync_s` below it (4 gloo ranks on 2 cores, thirteen calibrations of 2026-12-06: 0.08-0.68 ms
-    # fitted in nine, 0.8-1.6 ms in four, against 1.6-2.0 ms in the loop; docs/fidelity.md,
+    # fitted in nine, 0.8-1.6 ms in four, against 1.6-2.0 ms in the loop; docs/validate-history.md,
     # twenty-ninth session). 0: not measured (`sync_s` stands for it)
     wake_sync_s: float = 0.0
     # A statistics reduction of the advantages (earl.runtime.advantages.reduce_small: a gather of
@@ -132,7 +132,7 @@ class DispatchPath:
     # the same per byte the busiest rank sends and receives: the caches its buffers refill (the
     # calibration's cold-minus-warm times grow with the bytes, +0.05-0.2 ms at 0.5-8K tokens and
     # +0.2-1.2 ms at 65-131K at 2 gloo ranks on the 2-vCPU Xeon, not with the rounds alone;
-    # docs/fidelity.md, thirtieth session); 0: rounds alone (profiles from before), s/byte
+    # docs/validate-history.md, thirtieth session); 0: rounds alone (profiles from before), s/byte
     cold_byte_s: float = 0.0
     # the share of a core the fitted gloo runs' ranks got beyond their own oversubscription
     # (earl.calibrate.hostload: measured / an idle host's); 1: no other load (datasheets)
@@ -292,7 +292,7 @@ class HardwareProfile:
     # are fitted on the same points (2- and 4-layer and wide models at 2 and 4 ranks); with the
     # per-tensor and whole-byte terms alone those fits priced the 2-layer and the wide syncs at 2
     # ranks at x0.88 and x0.83 their measured time and the wide one at 4 ranks at x1.12 (medians
-    # over 40 recorded calibrations, 16 Xeon and 24 EPYC; docs/fidelity.md, forty-first session)
+    # over 40 recorded calibrations, 16 Xeon and 24 EPYC; docs/validate-history.md, forty-first session)
     # ... and once per sync whose ranks outnumber the host_parallel cores and come to it from
     # other work: the first gather round's wake-ups of the ranks asleep in it (the runtime's sync
     # follows its ranks' training steps, which end apart; its early ranks sleep in the first
@@ -350,13 +350,13 @@ class HardwareProfile:
     # 2mkn (1 + gemm_rows_half / m) FLOPs on the `matmul` curve. A CPU BLAS packs the k x n
     # operand on every call, and a few rows do not amortise that: at 16 rows qwen2-27m's GEMMs
     # reach ~30-47 GFLOP/s on the 2-core EPYC VM where 256 rows reach ~60-75 (fitted ~8-12 rows
-    # there; docs/fidelity.md, thirteenth session). 0: efficiency depends on FLOPs alone (the
+    # there; docs/validate-history.md, thirteenth session). 0: efficiency depends on FLOPs alone (the
     # datasheet GPU profiles, whose small-batch penalty is `gemm_norm`'s)
     gemm_rows_half: float = 0.0
     # row count (as a string, "2") -> a multiplier on that GEMM's priced FLOPs beyond the row
     # penalty: a BLAS whose kernels for a few rows are slower than the smooth penalty says (MKL on
     # the 2-core EPYC VM: 2- and 3-row GEMMs of qwen2-27m's shapes took 1.3-2.6x the 4-row ones'
-    # time; docs/fidelity.md, twenty-third session). Fitted by `earl calibrate` on its GEMMs of
+    # time; docs/validate-history.md, twenty-third session). Fitted by `earl calibrate` on its GEMMs of
     # those rows (`earl.calibrate.fit.fit_row_factors`); none: 1
     gemm_row_factors: dict = field(default_factory=dict)
     # advantage estimator (earl.runtime.advantages.AdvantageSpec.key: "grpo", "reinforce++/per-turn",
@@ -364,7 +364,7 @@ class HardwareProfile:
     # (`advantage_s`); `earl calibrate` times each (earl.calibrate.dispatchfit.measure_host). An
     # estimator it did not time costs dispatch_path.sample_s, GRPO's, what the calibration's gloo
     # dispatches compute. On the 2-vCPU EPYC a 200-token sample took ~16 us under GRPO and ~51 us
-    # under the runtime's default REINFORCE++ with its per-turn baseline (docs/fidelity.md,
+    # under the runtime's default REINFORCE++ with its per-turn baseline (docs/validate-history.md,
     # twenty-fourth session)
     estimator_s: dict = field(default_factory=dict)
     dp_grad_overlap: bool = True  # data-parallel gradient reduction bucketed and overlapped with backward

@@ -8,7 +8,7 @@ lock's holder is the rank's own thread, posting an `isend`/`irecv`. Under CFS a 
 that wakes after sleeping preempts the running thread of its core at once (wakeup preemption),
 and when that thread is the lock's holder the loop spins until the next scheduler tick (4 ms at
 `CONFIG_HZ=250`) hands the core back. On a host whose ranks share cores (2 ranks on 2 vCPUs, 4 on
-2) this is the slow mode of the runtime's millisecond-scale exchanges (docs/fidelity.md,
+2) this is the slow mode of the runtime's millisecond-scale exchanges (docs/validate-history.md,
 seventeenth and thirty-fourth sessions). SCHED_BATCH keeps the thread's share of the CPU (nice 0,
 unlike a lower priority, which starves the loop behind other ranks' compute and slowed FSDP2
 training) and only turns off wakeup preemption for it. Any user may set it; nothing changes

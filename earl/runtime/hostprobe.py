@@ -12,7 +12,7 @@ repeats) and a run with `host_probe` > 0 times it on every rank at each step's s
 records the run's median over the calibration's reading (earl.calibrate.validate.host_speed).
 On the 2-vCPU VM the readings are bimodal, ~50 or ~90-110 us, and across runs they follow the
 run's level; the calibration's own readings did not place its constants' level, so validate
-does not scale its predictions by them (docs/fidelity.md, twelfth session).
+does not scale its predictions by them (docs/validate-history.md, twelfth session).
 
 The loop: eager forwards of small Linear layers at batch 8 on one thread, as a tiny model's
 decode steps are on a CPU rank (per-op dispatch and cache-resident GEMMs); 50-110 us per

@@ -123,7 +123,7 @@ def kernel_usage() -> tuple[float, int]:
     (`getrusage(RUSAGE_SELF)`); (0.0, 0) where the platform has no `resource` module. A span's
     share of system time is kernel work on its behalf: gloo's socket copies, page faults on
     freshly mapped memory. The held-out model's 4-rank training step spent 0.28-0.30 s of it a
-    rank in the runtime against 0.16 run alone (docs/fidelity.md, thirty-sixth session); a later
+    rank in the runtime against 0.16 run alone (docs/validate-history.md, thirty-sixth session); a later
     pair under `perf` read 0.215 against 0.173 s, page faults ~1.2% of the step (thirty-seventh)."""
     if resource is None:
         return 0.0, 0
@@ -372,7 +372,7 @@ class Worker:
         """The weights' re-shard plan from `src`'s layout to `dst`'s, made once per pair: it
         depends on nothing else (the parameter shapes and world are fixed), and planning costs
         ~30 us a tensor in Python, 0.8 ms of a 2-layer model's 2.7 ms sync at 2 ranks every
-        step (docs/fidelity.md, twentieth session); `earl calibrate` times the sync without it."""
+        step (docs/validate-history.md, twentieth session); `earl calibrate` times the sync without it."""
         key = (src, dst)
         if key not in self._reshard_plans:
             self._reshard_plans[key] = plan_reshard(self.shapes, src, dst, self.world)
@@ -405,7 +405,7 @@ class Worker:
         that ran it (`args["thread_cpu_s"]`). Over the span's wall time, `cpu_s` is the share of
         a core the process got (earl.calibrate.validate reads it); the thread's leaves out gloo's
         own threads, whose event loop can spin for milliseconds while a message waits
-        (studies/cpu_gloo_loop.py reads both; docs/fidelity.md, seventeenth session). `wait_s`:
+        (studies/cpu_gloo_loop.py reads both; docs/validate-history.md, seventeenth session). `wait_s`:
         the seconds the thread waited for a core meanwhile (`thread_wait_s`; 0 off Linux);
         `loop_wait_s`: those its process's gloo loop threads waited (`loops_wait_s`); `sys_s`
         and `minflt`: the process's system CPU seconds (part of `cpu_s`) and minor page faults

@@ -621,7 +621,7 @@ class Simulation:
         tplan = self._priced(self.dispatcher.plan(src, dst, samples))
         # the executor's rounds start warm only right after the hand-off ran them (a hand-off
         # that waited for its peers) with no log-prob pass since; after local copies only, they
-        # start as cold as the rollout left them (docs/fidelity.md, twentieth and twenty-third
+        # start as cold as the rollout left them (docs/validate-history.md, twentieth and twenty-third
         # sessions)
         est = price_transfer_plan(self.cm, tplan, samples=len(samples), producers=ex.dp,
                                   world=max(ex.world_size, tr.world_size), plan=tr,

@@ -82,7 +82,7 @@ def test_validation_runs_runtime_and_simulator(calibrated_profile, tmp_path):
     same = rescore_validation(source=tmp_path / "v", profile=calibrated_profile, out_dir=tmp_path / "again")
     assert same.table == res.table and [v.predicted for v in same.variants] == [v.predicted for v in res.variants]
     # the host probe: every scored step read it; validate records the run's speed over the
-    # calibration's and does not scale the predictions by it (docs/fidelity.md, twelfth session)
+    # calibration's and does not scale the predictions by it (docs/validate-history.md, twelfth session)
     assert all(v.host_probe_s and not v.host_speed_applied for v in res.variants)
     slow = json.loads(open(calibrated_profile).read())
     assert slow["host_probe_s"] > 0
@@ -460,7 +460,7 @@ def test_compute_share_pools_the_ranks_compute_spans_and_caps_at_the_cores_split
 def test_experience_share_is_its_own_spans_uncapped_with_the_local_hand_off():
     """The experience stage's share: its log-prob spans and the hand-offs that waited for no
     one (a local copy, the rank's own work), all ranks pooled and capped at one core, not at
-    cores / nproc: ranks reach it one after another (traces of 2026-12-04, docs/fidelity.md)."""
+    cores / nproc: ranks reach it one after another (traces of 2026-12-04, docs/validate-history.md)."""
     def sp(name, rank, wall, cpu, waits=None):
         args = {"cpu_s": cpu} | ({} if waits is None else {"waits": waits})
         return Span(name=name, stage="experience", rank=rank, t_start=0.0, t_end=wall, step=1, args=args)
