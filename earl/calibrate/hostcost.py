@@ -183,6 +183,14 @@ def _timed(fn, device: torch.device) -> tuple[object, float]:
     return out, clock() - t
 
 
+def experience_parts(spans) -> tuple[float, float]:
+    """(the hand-off's seconds, the log-prob span's) of one process's `prepare_experience`, read
+    from its spans as `earl validate` reads the experience stage (validate.measured_stages: the
+    stage's spans summed); its work outside them is in no stage's window, so in no price."""
+    got = {sp.name: sp.duration_s for sp in spans if sp.stage == "experience"}
+    return got["handoff"], got["logprob"]
+
+
 def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: HardwareProfile,
                        budget_s: float, on_case=None) -> HostCostFit:
     """Time the runtime's stage code on synthetic batches and fit its host costs. Each case
@@ -292,18 +300,19 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
                 mine, every, plan = c["share"]
                 _, t_share = _timed(lambda m=mine, e=every, p=plan: hand_off(
                     ctx.dispatcher, m, e, p, p, len(e), tensors=HANDOFF_TENSORS + legal, rank=0), device)
-            # the stage = the hand-off and the log-prob span, split by their spans' shares: the
-            # hand-off on one process waits for no one, the `handoff_*` terms (the price of
-            # any hand-off that copies locally only: earl.cost_model.dispatch); with one
-            # optimizer step the runtime runs no log-prob forward (its training forward stands
-            # for the old policy's) and the log-prob span is batch building, the
-            # `experience_*` terms; else its host work beyond the priced forward is the
-            # `logprob_*` terms'
-            (store, layout, _), t_exp = _timed(lambda w=wk, tr=trajs, sa=samples, me=meta: prepare_experience(
+            # the stage = its two spans, as `earl validate` reads it (not prepare_experience's
+            # wall: its work outside them, the weight sync's check and the mismatch's inputs,
+            # ~0.15 ms of ~2.5 a step on one process, 2026-12-08, is in no stage's window). The
+            # hand-off on one process waits for no one: the `handoff_*` terms (the price of any
+            # hand-off that copies locally only: earl.cost_model.dispatch); with one optimizer
+            # step the runtime runs no log-prob forward (its training forward stands for the old
+            # policy's) and the log-prob span is batch building, the `experience_*` terms; else
+            # its host work beyond the priced forward is the `logprob_*` terms'
+            (store, layout, _), _ = _timed(lambda w=wk, tr=trajs, sa=samples, me=meta: prepare_experience(
                 w, ctx, 1, tr, sa, me), device)
-            spans = {sp.name: sp.duration_s for sp in wk.spans}
-            t_span = t_exp * spans["logprob"] / max(spans["logprob"] + spans["handoff"], 1e-12)
-            parts.setdefault("handoff", []).append(t_exp - t_span if t_share is None else t_share)
+            t_hand, t_span = experience_parts(wk.spans)
+            t_exp = t_hand + t_span
+            parts.setdefault("handoff", []).append(t_hand if t_share is None else t_share)
             t_batch, t_lp = (t_span, 0.0) if skip_old else (0.0, t_span)
             _, t_train_all = _timed(lambda w=wk, st=store, lay=layout, sa=samples, me=meta: train(
                 w, ctx, 1, st, lay, sa, me), device)
@@ -316,8 +325,9 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
                 _, t_cold_ro = _timed(lambda r=rep: play(cold, r + 1), device)
                 cold.spans = []
                 parts.setdefault("rollout_cold", []).append(t_cold_ro)
-                (store, layout, _), t_cold = _timed(lambda w=wk, tr=trajs, sa=samples, me=meta: prepare_experience(
+                (store, layout, _), _ = _timed(lambda w=wk, tr=trajs, sa=samples, me=meta: prepare_experience(
                     w, ctx, 1, tr, sa, me), device)
+                t_cold = sum(experience_parts(wk.spans))
                 train(wk, ctx, 1, store, layout, samples, meta)  # untimed: the next rollout meets what a step leaves
                 wk.spans = []
                 parts.setdefault("experience_warm", []).append(t_exp)

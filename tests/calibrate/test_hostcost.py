@@ -309,3 +309,40 @@ def test_host_work_of_n_ranks_is_priced_as_their_slowest():
     with pytest.raises(ValueError, match="host_spread"):
         dataclasses.replace(flat, host_spread=1.5)
     assert HardwareProfile.from_dict(spread_prof.to_dict()) == spread_prof
+
+
+def test_the_calibrations_experience_point_is_the_stage_validate_reads():
+    """`earl calibrate` prices the experience stage from the same spans `earl validate` reads it
+    by (measured_stages), not from `prepare_experience`'s wall time, whose work outside the two
+    spans no stage's window holds: a real one-process step of the tiny model, its spans read both
+    ways."""
+    import time
+
+    from earl.calibrate.hostcost import experience_parts
+    from earl.calibrate.validate import measured_stages
+    from earl.policies import make_dispatcher
+    from earl.policies.types import Sample
+    from earl.runtime.dist import process_group
+    from earl.runtime.run_config import EnvConfig, ModelConfig, PolicyConfig, RunConfig, TrainerConfig
+    from earl.runtime.step import SampleMeta, StepContext, play, prepare_experience
+    from earl.runtime.worker import ONE, Worker
+    from earl.specs import StagePlan
+
+    torch.manual_seed(0)
+    cfg = RunConfig(model=ModelConfig(path="tiny", dtype="fp32", device="cpu"), trainer=TrainerConfig(lr=1e-6),
+                    env=EnvConfig(name="calculator"), policy=PolicyConfig(dispatcher="layout-aware"),
+                    groups=2, group_size=2, steps=1, seed=0)
+    with process_group():
+        w = Worker(cfg, StagePlan(rollout=ONE, experience=ONE, train=ONE), rank=0, world=1)
+        trajs, _ = play(w, 1)
+        w.spans = []
+        samples = [Sample(id=t.episode_id, tokens=len(t.token_ids), group=t.group_id) for t in trajs]
+        meta = {t.episode_id: SampleMeta.of(t) for t in trajs}
+        t0 = time.perf_counter()
+        prepare_experience(w, StepContext(selector=None, dispatcher=make_dispatcher("layout-aware")), 1,
+                           trajs, samples, meta)
+        wall = time.perf_counter() - t0
+    hand, batch = experience_parts(w.spans)
+    assert hand > 0 and batch > 0
+    assert hand + batch == pytest.approx(measured_stages(w.spans, [1])[0]["experience"], rel=1e-9)
+    assert hand + batch < wall
