@@ -19,6 +19,7 @@ where validate only recorded it, without it where validate applied it (runs of 2
 
     python studies/cpu_fidelity_scorecard.py /tmp/cf16 /tmp/cf17     # cpu_fidelity.sh prints it too
     python studies/cpu_fidelity_scorecard.py --runs heldout-nproc /tmp/cf42   # the held-out model's runs
+    python studies/cpu_fidelity_scorecard.py --runs model /tmp/cf42   # ... and its one-process runs
     python studies/cpu_fidelity_scorecard.py --common /tmp/cf60 /tmp/cf61     # + one level for all runs
 """
 
@@ -38,11 +39,12 @@ BAR = 0.25
 def runs(folder: Path, prefix: str = "nproc") -> list[tuple[str, int, dict, dict]]:
     """(name, nproc, stage -> its validation.json row, its first variant) of each multi-process
     run in `folder` whose folder name starts with `prefix` (cpu_fidelity.sh: "nproc", the tiny
-    model's runs; "heldout-nproc", the held-out model's)."""
+    model's runs; "heldout-nproc", the held-out model's); "model" takes the held-out model's
+    one-process runs (model-tictactoe, model-calculator) instead, with the process count 1."""
     out = []
     for f in sorted(folder.glob(f"{prefix}*/validation.json")):
         d = json.loads(f.read_text())
-        if d.get("nproc", 1) > 1:
+        if (d.get("nproc", 1) > 1) != (prefix == "model"):
             out.append((f.parent.name, int(d["nproc"]), {s["stage"]: s for s in d["stages"]}, d["variants"][0]))
     return out
 
@@ -90,13 +92,14 @@ def scorecard(folders: list[Path], prefix: str = "nproc", common: bool = False) 
     for folder in folders:
         got = runs(folder, prefix)
         if not got:
-            raise ValueError(f"{folder}: no {prefix}*/validation.json of a multi-process run; "
+            raise ValueError(f"{folder}: no {prefix}*/validation.json of a "
+                             f"{'one' if prefix == 'model' else 'multi'}-process run; "
                              f"give the OUT folder of studies/cpu_fidelity.sh")
         for name, nproc, by, variant in got:
             cells = []
             probed += bool(variant.get("host_probe_s"))
             scaled += applied(variant)
-            for st in STAGES:
+            for st in (st for st in STAGES if st in by):  # one process: no reshard
                 s = by[st]
                 e, lvl = s["median_err"], s.get("spread_err", float("nan"))
                 ratio = s["predicted_s"] / s["measured_s"] if s["measured_s"] else float("nan")
@@ -110,7 +113,7 @@ def scorecard(folders: list[Path], prefix: str = "nproc", common: bool = False) 
             lines.append(f"{folder.name:>8s} {name:24s} " + " | ".join(cells) + speed)
         for nproc in sorted({n for _, n, _, _ in got}):
             group = [v for _, n, _, v in got if n == nproc]
-            for st in STAGES:
+            for st in (st for st in STAGES if (nproc, st) in total):
                 per_pass[(nproc, st)] += pass_level(group, st)
                 everyone.setdefault((nproc, st), []).extend(group)
     lines.append("")
@@ -133,8 +136,9 @@ def scorecard(folders: list[Path], prefix: str = "nproc", common: bool = False) 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folders", nargs="+", type=Path, help="OUT folders of studies/cpu_fidelity.sh")
-    ap.add_argument("--runs", default="nproc", choices=("nproc", "heldout-nproc"),
-                    help="which runs: the tiny model's (nproc*) or the held-out model's (heldout-nproc*)")
+    ap.add_argument("--runs", default="nproc", choices=("nproc", "heldout-nproc", "model"),
+                    help="which runs: the tiny model's (nproc*), the held-out model's (heldout-nproc*) or "
+                         "the held-out model's on one process (model-*)")
     ap.add_argument("--common", action="store_true",
                     help="also count what one level for every run given reaches, per process count and stage")
     try:

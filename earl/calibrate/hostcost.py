@@ -314,10 +314,11 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
             t_exp = t_hand + t_span
             parts.setdefault("handoff", []).append(t_hand if t_share is None else t_share)
             t_batch, t_lp = (t_span, 0.0) if skip_old else (0.0, t_span)
-            _, t_train_all = _timed(lambda w=wk, st=store, lay=layout, sa=samples, me=meta: train(
-                w, ctx, 1, st, lay, sa, me), device)
+            # the dispatch and the training step likewise, each its own span (the batch collated
+            # between them is in neither stage's window: CostModel.collate_s prices it apart)
+            _timed(lambda w=wk, st=store, lay=layout, sa=samples, me=meta: train(w, ctx, 1, st, lay, sa, me), device)
             spans = {sp.name: sp.duration_s for sp in wk.spans}
-            disp_share = spans["layout-aware"] / max(spans["layout-aware"] + spans["train_step"], 1e-12)
+            t_disp, t_train = spans["layout-aware"], spans["train_step"]
             wk.spans = []
             # the experience stage once more, right after a rollout of COLD_MODEL: what it costs
             # after the rollout of a model larger than the caches (host_cold_factor)
@@ -335,7 +336,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
             key = "rollout" if chunk == n else "rollout_chunked"
             parts.setdefault(key + "_pred", []).append(_sim_rollout(cm, played, chunk, run_cfg.engine))
             for k, v in ((key, t_ro), ("experience", t_batch), ("logprob", t_lp),
-                         ("dispatch", t_train_all * disp_share), ("train", t_train_all * (1 - disp_share))):
+                         ("dispatch", t_disp), ("train", t_train)):
                 parts.setdefault(k, []).append(v)
 
         for rep in range(REPS + 1):  # past the deadline, stop after the warm-up and two timed rounds
