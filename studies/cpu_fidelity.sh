@@ -68,6 +68,9 @@ fi
 if ls "$OUT_DIR"/heldout-nproc*/validation.json >/dev/null 2>&1; then
   "$PY" "$(dirname "$0")/cpu_fidelity_scorecard.py" --runs heldout-nproc "$OUT_DIR" | tee "$OUT_DIR/scorecard-heldout.txt"
 fi
+if ls "$OUT_DIR"/model-*/validation.json >/dev/null 2>&1; then  # ... and its one-process runs
+  "$PY" "$(dirname "$0")/cpu_fidelity_scorecard.py" --runs model "$OUT_DIR" | tee "$OUT_DIR/scorecard-model.txt"
+fi
 # keep what is worth committing: the random checkpoints' weights and the runs' HF exports are
 # rebuilt on demand; a checkpoint's config.json stays (`earl validate --rescore` prices its shape)
 find "$OUT_DIR" -path '*/model/*' -type f ! -name config.json -delete
