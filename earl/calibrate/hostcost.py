@@ -183,11 +183,18 @@ def _timed(fn, device: torch.device) -> tuple[object, float]:
     return out, clock() - t
 
 
-def experience_parts(spans) -> tuple[float, float]:
+def span_s(sp, device: torch.device) -> float:
+    """A runtime span's seconds on `host_clock`'s terms: its process's CPU seconds (`cpu_s`)
+    where that clock is the process's CPU time (a one-thread CPU process: a dedicated core's
+    time, whatever other tenants take), else its wall time."""
+    return float(sp.args["cpu_s"]) if host_clock(device) is time.process_time else sp.duration_s
+
+
+def experience_parts(spans, device: torch.device) -> tuple[float, float]:
     """(the hand-off's seconds, the log-prob span's) of one process's `prepare_experience`, read
     from its spans as `earl validate` reads the experience stage (validate.measured_stages: the
-    stage's spans summed); its work outside them is in no stage's window, so in no price."""
-    got = {sp.name: sp.duration_s for sp in spans if sp.stage == "experience"}
+    stage's spans summed; `span_s`); its work outside them is in no stage's window, so in no price."""
+    got = {sp.name: span_s(sp, device) for sp in spans if sp.stage == "experience"}
     return got["handoff"], got["logprob"]
 
 
@@ -310,14 +317,14 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
             # its host work beyond the priced forward is the `logprob_*` terms'
             (store, layout, _), _ = _timed(lambda w=wk, tr=trajs, sa=samples, me=meta: prepare_experience(
                 w, ctx, 1, tr, sa, me), device)
-            t_hand, t_span = experience_parts(wk.spans)
+            t_hand, t_span = experience_parts(wk.spans, device)
             t_exp = t_hand + t_span
             parts.setdefault("handoff", []).append(t_hand if t_share is None else t_share)
             t_batch, t_lp = (t_span, 0.0) if skip_old else (0.0, t_span)
             # the dispatch and the training step likewise, each its own span (the batch collated
             # between them is in neither stage's window: CostModel.collate_s prices it apart)
             _timed(lambda w=wk, st=store, lay=layout, sa=samples, me=meta: train(w, ctx, 1, st, lay, sa, me), device)
-            spans = {sp.name: sp.duration_s for sp in wk.spans}
+            spans = {sp.name: span_s(sp, device) for sp in wk.spans}
             t_disp, t_train = spans["layout-aware"], spans["train_step"]
             wk.spans = []
             # the experience stage once more, right after a rollout of COLD_MODEL: what it costs
@@ -328,7 +335,7 @@ def measure_host_costs(*, device: torch.device, dtype: torch.dtype, prof: Hardwa
                 parts.setdefault("rollout_cold", []).append(t_cold_ro)
                 (store, layout, _), _ = _timed(lambda w=wk, tr=trajs, sa=samples, me=meta: prepare_experience(
                     w, ctx, 1, tr, sa, me), device)
-                t_cold = sum(experience_parts(wk.spans))
+                t_cold = sum(experience_parts(wk.spans, device))
                 train(wk, ctx, 1, store, layout, samples, meta)  # untimed: the next rollout meets what a step leaves
                 wk.spans = []
                 parts.setdefault("experience_warm", []).append(t_exp)

@@ -313,9 +313,9 @@ def test_host_work_of_n_ranks_is_priced_as_their_slowest():
 
 def test_the_calibrations_experience_point_is_the_stage_validate_reads():
     """`earl calibrate` prices the experience stage from the same spans `earl validate` reads it
-    by (measured_stages), not from `prepare_experience`'s wall time, whose work outside the two
-    spans no stage's window holds: a real one-process step of the tiny model, its spans read both
-    ways."""
+    by (measured_stages), not from `prepare_experience`'s whole call, whose work outside the two
+    spans no stage's window holds; on its own clock (a one-thread CPU process's CPU seconds): a
+    real one-process step of the tiny model, its spans read both ways."""
     import time
 
     from earl.calibrate.hostcost import experience_parts
@@ -342,7 +342,13 @@ def test_the_calibrations_experience_point_is_the_stage_validate_reads():
         prepare_experience(w, StepContext(selector=None, dispatcher=make_dispatcher("layout-aware")), 1,
                            trajs, samples, meta)
         wall = time.perf_counter() - t0
-    hand, batch = experience_parts(w.spans)
+    exp = {sp.name: sp for sp in w.spans if sp.stage == "experience"}
+    assert sorted(exp) == ["handoff", "logprob"]
+    walls = sum(sp.duration_s for sp in exp.values())
+    assert walls == pytest.approx(measured_stages(w.spans, [1])[0]["experience"], rel=1e-9)
+    assert walls < wall  # prepare_experience's work outside the spans is in neither
+    # on the calibration's clock: a one-thread CPU process's CPU seconds, as every host term
+    cpu = torch.get_num_threads() == 1
+    hand, batch = experience_parts(w.spans, torch.device("cpu"))
+    assert (hand, batch) == tuple(exp[n].args["cpu_s"] if cpu else exp[n].duration_s for n in ("handoff", "logprob"))
     assert hand > 0 and batch > 0
-    assert hand + batch == pytest.approx(measured_stages(w.spans, [1])[0]["experience"], rel=1e-9)
-    assert hand + batch < wall
