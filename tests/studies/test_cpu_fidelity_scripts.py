@@ -370,3 +370,19 @@ def test_gemm_rows_study_times_and_prices_each_row_count_and_refuses_an_unknown_
     assert len(re.findall(r"rows +\d+ \(k \d+, n \d+\): measured", r.stdout)) == 5 * 6  # 4 projections + LM head
     bad = study("studies/cpu_gemm_rows.py", "--model", "no-such-model")
     assert bad.returncode == 2 and "no-such-model" in bad.stderr
+
+
+def test_scorecard_of_the_held_out_models_one_process_runs():
+    """`--runs model` scores the held-out model's one-process runs (model-tictactoe,
+    model-calculator: four stages each, no weight sync), as the pass printed it
+    (cpu_fidelity.sh's scorecard-model.txt, since 2026-12-08); the other scorecards leave them out."""
+    cf198 = ROOT / "docs" / "cpu" / "epyc-2026-12-08" / "cf198"
+    one = study("studies/cpu_fidelity_scorecard.py", "--runs", "model", str(cf198))
+    assert one.returncode == 0, one.stderr
+    assert one.stdout.strip() == (cf198 / "scorecard-model.txt").read_text().strip()
+    assert len(re.findall(r"model-(tictactoe|calculator) ", one.stdout)) == 2 and "of 8 stage-runs" in one.stdout
+    assert "resh" not in one.stdout and "nproc 1 experience" in one.stdout
+    assert "model-" not in study("studies/cpu_fidelity_scorecard.py", str(cf198)).stdout
+    cf190 = ROOT / "docs" / "cpu" / "epyc-2026-12-07" / "cf190"  # its one-process runs kept no validation.json
+    bad = study("studies/cpu_fidelity_scorecard.py", "--runs", "model", str(cf190))
+    assert bad.returncode == 2 and "one-process run" in bad.stderr
