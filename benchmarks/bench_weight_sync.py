@@ -81,7 +81,10 @@ def main() -> None:
     ap.add_argument("--bucket-mib", type=float, default=SYNC_BUCKET_BYTES / 2**20,
                     help="bucket size of the bucketed side (the runtime's: %(default)s)")
     args = ap.parse_args()
-    prof = load_profile(args.profile)
+    try:
+        prof = load_profile(args.profile)
+    except (ValueError, OSError) as e:
+        ap.error(f"--profile: {e}")
     print(f"{'model':10s} {'world':>5s} {'tensors':>7s} {'per tensor ms':>13s} {'bucketed ms':>11s} "
           f"{'speed-up':>8s} {'first end':>9s} {'predicted':>10s} {'on host':>9s}  same")
     for name in args.models:

@@ -1,5 +1,6 @@
-"""The multi-process scorecard of one or more `studies/cpu_fidelity.sh` outputs: per
-`earl validate --nproc N` run and stage, three errors of the calibrated prediction:
+"""The validate scorecard of one or more `studies/cpu_fidelity.sh` outputs: per `earl validate
+--nproc N` run (`--runs model`: the held-out model's one-process runs) and stage, three errors
+of the calibrated prediction:
 
 - the median per-step |error| (validate's headline; `*` above 25%, issue #24's bar);
 - the level-fitted error (`spread_err`): what remains with the prediction's level fitted to the
